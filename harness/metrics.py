@@ -1,0 +1,271 @@
+"""Every metric batchlab reports, defined once. ``docs/metrics.md`` gives the same formulas.
+
+Inputs are ``RequestTimeline`` records; nothing here knows whether they came from simulation or
+from a live server. Let, for one request, ``start`` = actual send instant (= arrival in
+simulation), ``c_1 .. c_k`` the chunk instants with ``m_1 .. m_k`` tokens, ``N = Σ m_j`` output
+tokens and ``end`` the finish instant:
+
+    ttft_s            = c_1 - start
+    e2e_s             = end - start
+    tpot_s            = (e2e - ttft) / (N - 1)            vLLM's TPOT; only when N > 1
+    tpot_guidellm_s   = (c_k - start) / N                 GuideLLM's TPOT (includes TTFT)
+    itl_s             = pooled per-token gaps: each gap (c_j - c_{j-1}) split evenly over the
+                        m_j tokens of chunk j, i.e. m_j copies of gap/m_j
+    itl_chunk_s       = pooled chunk gaps c_j - c_{j-1}   vLLM bench's "ITL"
+    itl_guidellm_s    = (c_k - c_1) / (N - 1)             GuideLLM's ITL, per request; only N > 1
+
+Latency distributions are over successful requests. Counts and goodput divide by requests sent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from harness.timeline import RequestTimeline
+
+PERCENTILES = (50, 90, 95, 99)
+LATENCY_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+EXTRA_LATENCY_METRICS = ("tpot_guidellm_s", "itl_chunk_s", "itl_guidellm_s", "send_lag_s")
+DEFAULT_CLIENT_LAG_THRESHOLD_S = 0.010
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Service-level objectives; a request is "good" when it succeeded and meets every one set."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Slo:
+        """Parse ``ttft_s=0.5,tpot_s=0.05,e2e_s=10``."""
+        values: dict[str, float] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, value = part.partition("=")
+            key = key.strip()
+            if not sep or key not in ("ttft_s", "tpot_s", "e2e_s"):
+                raise ValueError(
+                    f"--slo: {part!r} is not KEY=SECONDS with KEY one of ttft_s, tpot_s, e2e_s"
+                )
+            try:
+                values[key] = float(value)
+            except ValueError:
+                raise ValueError(f"--slo: {key} must be a number of seconds, got {value!r}") from None
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s),
+                                  ("e2e_s", self.e2e_s)) if v is not None}
+
+    def met(self, ttft_s: float, tpot_s: float, e2e_s: float) -> bool:
+        # A single-token request has no TPOT; it cannot violate a TPOT SLO.
+        return (
+            (self.ttft_s is None or ttft_s <= self.ttft_s)
+            and (self.tpot_s is None or math.isnan(tpot_s) or tpot_s <= self.tpot_s)
+            and (self.e2e_s is None or e2e_s <= self.e2e_s)
+        )
+
+
+# ---------------------------------------------------------------- per request
+
+
+def tpot_s(tl: RequestTimeline) -> float:
+    n = tl.output_tokens
+    if not tl.ok or n <= 1:
+        return math.nan
+    return (tl.e2e_s() - tl.ttft_s()) / (n - 1)
+
+
+def tpot_guidellm_s(tl: RequestTimeline) -> float:
+    n = tl.output_tokens
+    if not tl.ok or n < 1 or not tl.chunk_times_s:
+        return math.nan
+    return (tl.chunk_times_s[-1] - tl.start_s) / n
+
+
+def itl_guidellm_s(tl: RequestTimeline) -> float:
+    n = tl.output_tokens
+    if not tl.ok or n <= 1 or not tl.chunk_times_s:
+        return math.nan
+    return (tl.chunk_times_s[-1] - tl.chunk_times_s[0]) / (n - 1)
+
+
+def chunk_gaps_s(tl: RequestTimeline) -> np.ndarray:
+    return np.diff(np.asarray(tl.chunk_times_s, dtype=np.float64))
+
+
+def token_gaps_s(tl: RequestTimeline) -> np.ndarray:
+    """Per-token gaps: each chunk gap spread evenly over the tokens that chunk carried."""
+    gaps = chunk_gaps_s(tl)
+    if gaps.size == 0:
+        return gaps
+    counts = np.asarray(tl.chunk_num_tokens[1:], dtype=np.int64)
+    if counts.size != gaps.size or np.all(counts == 1):
+        return gaps
+    counts = np.maximum(counts, 1)
+    return np.repeat(gaps / counts, counts)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMetrics:
+    """One request's derived latencies (NaN where undefined)."""
+
+    ttft_s: float
+    tpot_s: float
+    e2e_s: float
+    tpot_guidellm_s: float
+    itl_guidellm_s: float
+
+
+def request_metrics(tl: RequestTimeline) -> RequestMetrics:
+    ok = tl.ok
+    return RequestMetrics(
+        ttft_s=tl.ttft_s() if ok else math.nan,
+        tpot_s=tpot_s(tl),
+        e2e_s=tl.e2e_s() if ok else math.nan,
+        tpot_guidellm_s=tpot_guidellm_s(tl),
+        itl_guidellm_s=itl_guidellm_s(tl),
+    )
+
+
+# ---------------------------------------------------------------- distributions
+
+
+def distribution(values: Iterable[float] | np.ndarray) -> dict[str, float | None]:
+    """``{mean, p50, p90, p95, p99, max, count}`` over the finite values; None when there are none."""
+    arr = np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=np.float64)
+    arr = arr[np.isfinite(arr)]
+    if arr.size == 0:
+        out: dict[str, float | None] = {"mean": None}
+        out.update({f"p{p}": None for p in PERCENTILES})
+        out.update({"max": None, "count": 0})
+        return out
+    pct = np.percentile(arr, PERCENTILES)
+    out = {"mean": float(arr.mean())}
+    out.update({f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)})
+    out["max"] = float(arr.max())
+    out["count"] = int(arr.size)
+    return out
+
+
+def _concat(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.empty(0)
+
+
+def run_duration_s(timelines: Sequence[RequestTimeline]) -> float:
+    """From the first scheduled arrival to the last instant anything happened."""
+    if not timelines:
+        return 0.0
+    first = min(tl.arrival_s for tl in timelines)
+    last = first
+    for tl in timelines:
+        for t in (tl.finished_s, tl.chunk_times_s[-1] if tl.chunk_times_s else None):
+            if t is not None and t > last:
+                last = t
+    return last - first
+
+
+def summarize(
+    timelines: Sequence[RequestTimeline],
+    *,
+    slo: Slo | None = None,
+    duration_s: float | None = None,
+    client_lag_threshold_s: float = DEFAULT_CLIENT_LAG_THRESHOLD_S,
+    by_priority: bool = True,
+) -> dict[str, Any]:
+    """The summary written to ``summary.json``; identical for simulated and live runs."""
+    duration = run_duration_s(timelines) if duration_s is None else duration_s
+    per_req = [request_metrics(tl) for tl in timelines]
+    ok = [tl for tl in timelines if tl.ok]
+    failures: dict[str, int] = {}
+    for tl in timelines:
+        if not tl.ok:
+            kind = tl.error_kind or "not_finished"
+            failures[kind] = failures.get(kind, 0) + 1
+
+    def rate(x: float) -> float:
+        return x / duration if duration > 0 else 0.0
+
+    num_out = sum(tl.output_tokens for tl in ok)
+    num_in = sum(tl.num_prompt_tokens for tl in ok)
+    summary: dict[str, Any] = {
+        "num_requests": len(timelines),
+        "num_completed": len(ok),
+        "num_failed": len(timelines) - len(ok),
+        "failures": dict(sorted(failures.items())),
+        "duration_s": duration,
+        "num_preemptions": sum(tl.num_preemptions for tl in timelines),
+        "num_input_tokens": num_in,
+        "num_output_tokens": num_out,
+        "throughput": {
+            "requests_per_s": rate(len(ok)),
+            "input_tokens_per_s": rate(num_in),
+            "output_tokens_per_s": rate(num_out),
+            "total_tokens_per_s": rate(num_in + num_out),
+        },
+        "ttft_s": distribution(m.ttft_s for m in per_req),
+        "tpot_s": distribution(m.tpot_s for m in per_req),
+        "itl_s": distribution(_concat([token_gaps_s(tl) for tl in ok])),
+        "e2e_s": distribution(m.e2e_s for m in per_req),
+        "tpot_guidellm_s": distribution(m.tpot_guidellm_s for m in per_req),
+        "itl_chunk_s": distribution(_concat([chunk_gaps_s(tl) for tl in ok])),
+        "itl_guidellm_s": distribution(m.itl_guidellm_s for m in per_req),
+        "output_length_fidelity": {
+            "num_reached_target": sum(1 for tl in ok if tl.reached_target_length),
+            "fraction_reached_target": (
+                sum(1 for tl in ok if tl.reached_target_length) / len(ok) if ok else None
+            ),
+        },
+    }
+    lags = [tl.send_lag_s for tl in timelines if tl.sent_s is not None]
+    if lags:
+        lag = distribution(lags)
+        summary["send_lag_s"] = lag
+        p99 = lag["p99"]
+        summary["client_limited"] = bool(p99 is not None and p99 > client_lag_threshold_s)
+        summary["client_lag_threshold_s"] = client_lag_threshold_s
+    if slo is not None and slo.as_dict():
+        good = sum(
+            1
+            for tl, m in zip(timelines, per_req, strict=True)
+            if tl.ok and slo.met(m.ttft_s, m.tpot_s, m.e2e_s)
+        )
+        summary["slo"] = slo.as_dict()
+        summary["goodput"] = {
+            "num_good": good,
+            "requests_per_s": rate(good),
+            # divided by requests sent, not requests that succeeded
+            "slo_attainment": good / len(timelines) if timelines else None,
+        }
+    if by_priority:
+        classes = sorted({tl.priority for tl in timelines if tl.priority is not None})
+        if classes:
+            summary["by_priority"] = {
+                str(p): summarize(
+                    [tl for tl in timelines if tl.priority == p],
+                    slo=slo,
+                    duration_s=duration,
+                    client_lag_threshold_s=client_lag_threshold_s,
+                    by_priority=False,
+                )
+                for p in classes
+            }
+    return summary
+
+
+def flatten(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"ttft_s": {"p50": 1}}`` -> ``{"ttft_s.p50": 1}``; handy for tables."""
+    out: dict[str, Any] = {}
+    for key, value in summary.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out

@@ -1,0 +1,90 @@
+"""The one record every engine's run is reduced to: a ``RequestTimeline`` per request.
+
+A simulated run (the reference engine on its virtual clock) and a live run (the replay client
+against a real server) both produce these; ``harness.metrics`` summarises them without knowing
+which produced them.
+
+All instants are seconds (float) relative to the start of the run (``*_s``). A "chunk" is one
+streamed delivery: one token in simulation, one SSE event (possibly several tokens) live.
+
+    arrival_s      sent_s        chunk_times_s[0]          chunk_times_s[-1]   finished_s
+       |-- lag -->|---- TTFT ---->|--- gaps ... --------------->|------------->|
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# Stable error kinds. A failed request is a row with one of these, never an exception.
+ERROR_KINDS = (
+    "http_error",  # non-2xx status other than overload
+    "overloaded",  # 429 / 503
+    "stream_error",  # an error event inside a 200 stream
+    "stream_cut",  # connection closed before the stream finished
+    "invalid_json",  # a chunk that is not valid JSON
+    "timeout",  # no completion within the client's timeout
+    "connect_error",  # could not connect / connection refused
+    "rejected",  # the engine refused the request (too long, bad config)
+    "not_finished",  # the run ended (crash, Ctrl-C, window) before the request finished
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimeline:
+    """What happened to one request, from scheduled arrival to finish (or failure)."""
+
+    request_id: str
+    arrival_s: float  # scheduled arrival (trace time, after rescaling)
+    num_prompt_tokens: int
+    num_target_output_tokens: int  # what the trace asked for
+    priority: int | None = None
+    sent_s: float | None = None  # actual send instant (live); None means == arrival_s
+    chunk_times_s: tuple[float, ...] = ()  # instant each chunk arrived
+    chunk_num_tokens: tuple[int, ...] = ()  # tokens carried by each chunk (same length)
+    finished_s: float | None = None  # instant the request completed; None if it did not
+    num_output_tokens: int | None = None  # tokens produced; None -> sum(chunk_num_tokens)
+    num_preemptions: int = 0
+    error_kind: str | None = None
+    error_message: str = ""
+    finish_reason: str | None = None  # "length", "stop", ... as the engine reported it
+    token_count_source: str = "engine"  # "engine" (sim), "usage", "tokenizer", "chunks"
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def start_s(self) -> float:
+        """The instant latency is measured from: the actual send, else the arrival."""
+        return self.arrival_s if self.sent_s is None else self.sent_s
+
+    @property
+    def send_lag_s(self) -> float:
+        return 0.0 if self.sent_s is None else self.sent_s - self.arrival_s
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None and self.finished_s is not None
+
+    @property
+    def output_tokens(self) -> int:
+        if self.num_output_tokens is not None:
+            return self.num_output_tokens
+        return sum(self.chunk_num_tokens)
+
+    @property
+    def first_token_s(self) -> float | None:
+        return self.chunk_times_s[0] if self.chunk_times_s else None
+
+    @property
+    def reached_target_length(self) -> bool:
+        return self.output_tokens >= self.num_target_output_tokens
+
+    def ttft_s(self) -> float:
+        if not self.chunk_times_s:
+            return math.nan
+        return self.chunk_times_s[0] - self.start_s
+
+    def e2e_s(self) -> float:
+        if self.finished_s is None:
+            return math.nan
+        return self.finished_s - self.start_s
