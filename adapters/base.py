@@ -7,8 +7,9 @@ and is then recorded, never silently dropped.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field, fields
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Protocol
 
 Policy = Literal["fcfs", "priority", "static"]
@@ -47,7 +48,9 @@ class Knobs:
         known = set(cls.names())
         for key in values:
             if key not in known:
-                raise KnobError(f"{where}: unknown knob {key!r}; known knobs: {', '.join(sorted(known))}")
+                raise KnobError(
+                    f"{where}: unknown knob {key!r}; known knobs: {', '.join(sorted(known))}"
+                )
         kw = dict(values)
         if "extra_args" in kw:
             kw["extra_args"] = tuple(str(a) for a in kw["extra_args"])
@@ -73,11 +76,23 @@ class Knobs:
                 raise KnobError(f"{where}.{name}: must be a positive integer, got {value!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise KnobError(
-                f"{where}.gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}"
+                f"{where}.gpu_memory_utilization: must be in (0, 1], "
+                f"got {self.gpu_memory_utilization!r}"
+            )
+        if self.max_model_len is not None and (
+            not isinstance(self.max_model_len, int)
+            or isinstance(self.max_model_len, bool)
+            or self.max_model_len < 1
+        ):
+            raise KnobError(
+                f"{where}.max_model_len: must be a positive integer or unset, "
+                f"got {self.max_model_len!r}"
             )
         for name in ("chunked_prefill", "prefix_caching"):
             if not isinstance(getattr(self, name), bool):
-                raise KnobError(f"{where}.{name}: must be true or false, got {getattr(self, name)!r}")
+                raise KnobError(
+                    f"{where}.{name}: must be true or false, got {getattr(self, name)!r}"
+                )
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -94,9 +109,195 @@ class MappedKnob:
     note: str = ""
 
 
+# ---------------------------------------------------------------- telemetry description
+#
+# Adapters describe where each canonical signal lives in their engine's /metrics; the scraper
+# (harness/telemetry.py) reads them. A signal an engine does not export is left out, and is then
+# reported as missing (None), never as zero.
+
+CANONICAL_SIGNALS = ("num_running", "num_waiting", "kv_usage", "num_preemptions", "batch_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSource:
+    """Where one canonical signal comes from in a Prometheus exposition.
+
+    ``names`` are sample names, newest first: the first one present in a scrape wins, which is
+    how names renamed between engine versions are resolved (aliases).
+    """
+
+    names: tuple[str, ...]
+    # gauge: the value; counter: the increase since the previous scrape; ratio: names/denominator;
+    # histogram: ``<name>_sum`` and ``<name>_count`` increases (tokens and engine steps).
+    kind: Literal["gauge", "counter", "ratio", "histogram"] = "gauge"
+    denominator: tuple[str, ...] = ()  # ratio only, aliases as for names
+    reduce: Literal["sum", "mean"] = "sum"  # across label sets (several engines or models)
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySpec:
+    """How to read an engine's telemetry: where, in which format, and which names mean what."""
+
+    path: str = "/metrics"
+    format: Literal["prometheus", "trtllm_json", "none"] = "prometheus"
+    signals: tuple[tuple[str, MetricSource], ...] = ()  # canonical name -> source
+
+    def source(self, signal: str) -> MetricSource | None:
+        for name, src in self.signals:
+            if name == signal:
+                return src
+        return None
+
+
+# ---------------------------------------------------------------- the mapping table
+#
+# Each adapter has ONE table: a ``KnobRule`` per uniform knob. A rule turns the knobs into a
+# ``Setting`` (argv, config-file keys, environment) or says the engine cannot honour the value
+# (``Unsupported``), with what approximation, if any, ``--allow-approximate`` uses instead.
+
+CONFIG_DIR = "{config_dir}"  # placeholder in argv for the folder generated config files go to
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """What a knob value becomes on an engine: any mix of argv, config-file keys and env."""
+
+    argv: tuple[str, ...] = ()
+    config: tuple[tuple[str, Any], ...] = ()  # dotted key in the generated config file -> value
+    env: tuple[tuple[str, str], ...] = ()
+    note: str = ""  # a semantic difference worth recording even though the value is applied
+
+    def fragments(self) -> tuple[str, ...]:
+        """Human-readable pieces for the manifest: ``--flag v``, ``key: v``, ``ENV=v``."""
+        out: list[str] = []
+        if self.argv:
+            out.append(shlex.join(self.argv))
+        out.extend(f"{key}: {_yaml_scalar(value)}" for key, value in self.config)
+        out.extend(f"{key}={value}" for key, value in self.env)
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Unsupported:
+    """The engine cannot honour this value: a plan-time error unless approximation is allowed."""
+
+    reason: str
+    instead: Setting = Setting()  # what --allow-approximate does instead (often nothing)
+    approximated_as: str = ""  # set: recorded as "approximated as ..."; empty: "not applied"
+
+
+@dataclass(frozen=True, slots=True)
+class KnobRule:
+    """One row of an adapter's mapping table."""
+
+    knob: str
+    target: str  # the engine setting(s) this knob drives, as shown in `batchlab engines`
+    map: Callable[[Knobs], Setting | Unsupported]
+    depends_on: tuple[str, ...] = ()  # other knobs ``map`` reads (the docs show each case)
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _flag_name(token: str) -> str | None:
+    """``--no-enable-x=1`` -> ``enable-x``: the flag a token sets, ignoring ``no-`` and values."""
+    if not token.startswith("-") or token == "-" or token == "--":
+        return None
+    name = token.lstrip("-").split("=", 1)[0]
+    return name[3:] if name.startswith("no-") else name
+
+
+def map_knobs(
+    engine: str, rules: tuple[KnobRule, ...], knobs: Knobs, *, allow_approximate: bool
+) -> tuple[tuple[MappedKnob, ...], Setting]:
+    """Apply a mapping table to knobs: every knob recorded, every refusal raised at once.
+
+    ``extra_args`` win over mapped flags: a mapped flag that ``extra_args`` also sets is dropped
+    and recorded as not applied, so the engine never sees the same flag twice.
+    """
+    by_knob = {rule.knob: rule for rule in rules}
+    missing = [name for name in Knobs.names() if name not in by_knob]
+    if missing:  # a programming error in an adapter, caught by the table tests
+        raise KnobError(f"{engine}: mapping table has no rule for {', '.join(missing)}")
+    extra_flags = {f for f in map(_flag_name, knobs.extra_args) if f}
+    mapped: list[MappedKnob] = []
+    refusals: list[str] = []
+    argv: list[str] = []
+    config: list[tuple[str, Any]] = []
+    env: list[tuple[str, str]] = []
+    for name in Knobs.names():
+        value = getattr(knobs, name)
+        result = by_knob[name].map(knobs)
+        if isinstance(result, Unsupported):
+            if not allow_approximate:
+                refusals.append(f"{name}={value!r}: {result.reason}")
+                continue
+            setting = result.instead
+            status: Literal["applied", "approximated", "not_applied"] = (
+                "approximated" if result.approximated_as else "not_applied"
+            )
+            note = (
+                f"approximated as {result.approximated_as}: {result.reason}"
+                if result.approximated_as
+                else f"not applied: {result.reason}"
+            )
+        else:
+            setting, status, note = result, "applied", result.note
+        if name != "extra_args":
+            overridden = {f for f in map(_flag_name, setting.argv) if f} & extra_flags
+            if overridden:
+                flags = ", ".join(f"--{f}" for f in sorted(overridden))
+                setting = replace(setting, argv=())
+                status, note = "not_applied", f"overridden by extra_args ({flags})"
+        argv.extend(setting.argv)
+        config.extend(setting.config)
+        env.extend(setting.env)
+        mapped.append(MappedKnob(name, value, setting.fragments(), status, note))
+    if refusals:
+        raise KnobError(
+            f"{engine} cannot honour: " + "; ".join(refusals)
+            + ". Change the knob, or pass --allow-approximate to record it as approximated "
+            "or not applied instead."
+        )
+    return tuple(mapped), Setting(tuple(argv), tuple(config), tuple(env))
+
+
+ATTACHED = "attached to a running server: its own configuration applies"
+
+
+def not_launched_mapping(knobs: Knobs, why: str) -> tuple[MappedKnob, ...]:
+    """The mapping of a server batchlab did not start: no knob reaches it."""
+    return tuple(
+        MappedKnob(name, getattr(knobs, name), (), "not_applied", why) for name in Knobs.names()
+    )
+
+
+def config_tree(items: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    """Dotted keys -> nested dict (``kv_cache_config.dtype`` -> ``{kv_cache_config: {dtype}}``)."""
+    tree: dict[str, Any] = {}
+    for key, value in items:
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+# ---------------------------------------------------------------- the launch plan
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchPlan:
-    """Everything needed to start an engine, decided before anything starts."""
+    """Everything needed to start an engine, decided before anything starts.
+
+    ``argv`` may contain ``{config_dir}``; ``resolved_argv`` substitutes the run folder the
+    generated ``config_files`` are written to. A plan with ``launch=False`` describes a server
+    batchlab attaches to and does not own (``argv`` is then empty).
+    """
 
     engine: str
     argv: tuple[str, ...]
@@ -105,6 +306,39 @@ class LaunchPlan:
     mapping: tuple[MappedKnob, ...] = ()
     base_url: str = "http://127.0.0.1:8000"
     protocol: str = "openai"
+    model: str = ""  # the model name requests carry
+    launch: bool = True
+    health_path: str = "/health"
+    version_paths: tuple[str, ...] = ("/version",)  # probed in order; the first JSON answer wins
+    telemetry: TelemetrySpec = TelemetrySpec()
+    stop_argv: tuple[str, ...] = ()  # run after the group is signalled (container cleanup)
+    notes: tuple[str, ...] = ()
+
+    def resolved_argv(self, config_dir: str) -> tuple[str, ...]:
+        return tuple(a.replace(CONFIG_DIR, config_dir) for a in self.argv)
+
+    def describe(self) -> str:
+        """The dry-run text: argv, environment, generated files and the knob mapping."""
+        lines = [f"engine: {self.engine}", f"url: {self.base_url}  (protocol {self.protocol})"]
+        if self.launch:
+            lines.append("argv:")
+            lines.append("  " + shlex.join(self.argv))
+        else:
+            lines.append("argv: none (attaching to a running server)")
+        if self.env:
+            lines.append("environment:")
+            lines.extend(f"  {k}={v}" for k, v in sorted(self.env.items()))
+        for name, content in self.config_files.items():
+            lines.append(f"config file {CONFIG_DIR}/{name}:")
+            lines.extend("  " + line for line in content.rstrip("\n").splitlines())
+        lines.append("knob mapping:")
+        width = max((len(m.knob) for m in self.mapping), default=0)
+        for m in self.mapping:
+            flags = "; ".join(m.flags) if m.flags else "(no flag)"
+            note = f"  [{m.note}]" if m.note else ""
+            lines.append(f"  {m.knob:<{width}} = {m.value!r:<10} {m.status:<12} {flags}{note}")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,19 +351,23 @@ class TokenEvent:
     finish_reason: str | None = None
 
 
-class Engine(Protocol):
-    """The small interface the harness drives. See adapters/<engine>.py for implementations."""
 
-    name: str
+
+class Engine(Protocol):
+    """An engine adapter: one mapping table, and knobs in, a ``LaunchPlan`` out.
+
+    Everything after planning is the same for every served engine and lives elsewhere: the
+    process lifecycle in ``adapters.process`` (launch, readiness, teardown), generation in the
+    harness replay client (HTTP), telemetry in ``harness.telemetry`` (driven by
+    ``LaunchPlan.telemetry``), orchestration in ``harness.live``.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def rules(self) -> tuple[KnobRule, ...]: ...
 
     def plan(self, knobs: Knobs, *, allow_approximate: bool = False) -> LaunchPlan: ...
 
-    async def launch(self, plan: LaunchPlan, run_dir: str) -> None: ...
-
-    async def wait_ready(self, timeout_s: float) -> None: ...
-
-    def generate(self, request: Any) -> AsyncIterator[TokenEvent]: ...
-
-    async def telemetry(self) -> dict[str, float | None]: ...
-
-    async def shutdown(self) -> None: ...
+    def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan: ...

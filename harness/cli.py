@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from adapters.reference import ReferenceConfig
     from harness.metrics import Slo
+    from harness.traces import Trace, TraceOptions
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -28,8 +29,156 @@ class UserError(Exception):
 
 
 def _add_trace_options(p: argparse.ArgumentParser) -> None:
-    """Trace options shared by simulate, replay, validate. (Filled in with harness.traces.)"""
-    p.add_argument("--trace", help="trace file (Azure CSV, Mooncake JSONL[.gz], ...)")
+    """Trace options shared by simulate, replay, validate and trace info (docs/traces.md)."""
+    from harness.traces import ARRIVALS, FORMATS, ON_TOO_LONG
+
+    g = p.add_argument_group(
+        "trace", "which requests to send and when; see docs/traces.md for the order they apply in"
+    )
+    g.add_argument(
+        "--trace", metavar="FILE",
+        help="trace file: Azure 2023 CSV, Mooncake JSONL (or .jsonl.gz), BurstGPT CSV, Vidur "
+        "CSV, length-only CSV (ShareGPT/arXiv stats); or 'synthetic' (also synthetic:poisson, "
+        "synthetic:gamma, synthetic:constant) for generated requests",
+    )
+    g.add_argument("--format", choices=FORMATS,
+                   help="trace format; default: detected from the extension and header")
+    g.add_argument("--limit", type=int, metavar="N",
+                   help="keep only the first N requests (after the window and --max-model-len)")
+    g.add_argument("--start-s", type=float, metavar="S",
+                   help="window start in trace seconds; arrivals are then measured from S")
+    g.add_argument("--end-s", type=float, metavar="S",
+                   help="window end in trace seconds (requests arriving before S are kept)")
+    g.add_argument("--time-scale", type=float, metavar="X",
+                   help="multiply every trace arrival time by X (0.5 = twice as fast)")
+    g.add_argument("--rate", type=float, metavar="R",
+                   help="mean rate in requests/s: rescales trace times, or sets the rate of "
+                   "synthetic arrivals (required for length-only and synthetic traces); "
+                   "inf sends everything at 0 s")
+    g.add_argument("--arrival", choices=ARRIVALS,
+                   help="synthesize arrivals instead of using trace times (default for "
+                   "length-only and synthetic traces: poisson)")
+    g.add_argument("--burstiness", type=float, metavar="B",
+                   help="gamma shape of synthetic inter-arrival gaps, as in vLLM bench: 1 = "
+                   "Poisson, <1 burstier, >1 smoother, inf = constant; implies --arrival gamma")
+    g.add_argument("--num-requests", type=int, metavar="N",
+                   help="number of requests of a synthetic trace")
+    g.add_argument("--lengths-from", metavar="FILE",
+                   help="synthetic trace: sample (prompt, output) lengths from this trace file")
+    g.add_argument("--prompt-tokens", type=int, metavar="N",
+                   help="give every request N prompt tokens (overrides the trace)")
+    g.add_argument("--output-tokens", type=int, metavar="N",
+                   help="give every request N output tokens (overrides the trace)")
+    g.add_argument("--max-model-len", type=int, metavar="N",
+                   help="context length: prompt + output must fit in N tokens (also the engine's "
+                   "max model length); see --on-too-long")
+    g.add_argument("--on-too-long", choices=ON_TOO_LONG, default="error",
+                   help="requests longer than --max-model-len: error (default), drop them, or "
+                   "clip them (prompt truncated first); the count is reported")
+    g.add_argument("--priority-fraction", type=float, metavar="F",
+                   help="a seeded random fraction F of requests gets priority 0 (high), the "
+                   "rest 1; a 'priority' column in the trace wins")
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed for synthetic arrivals, sampled lengths and priorities (0)")
+    g.add_argument("--skip-bad-rows", action="store_true",
+                   help="skip malformed trace rows (and report how many) instead of failing")
+
+
+def _trace_options(args: argparse.Namespace) -> TraceOptions:
+    from harness.traces import TraceError, TraceOptions
+
+    try:
+        return TraceOptions(
+            format=args.format,
+            limit=args.limit,
+            start_s=args.start_s,
+            end_s=args.end_s,
+            time_scale=args.time_scale,
+            rate=args.rate,
+            arrival=args.arrival,
+            burstiness=args.burstiness,
+            num_requests=args.num_requests,
+            lengths_from=args.lengths_from,
+            prompt_tokens=args.prompt_tokens,
+            output_tokens=args.output_tokens,
+            max_model_len=args.max_model_len,
+            on_too_long=args.on_too_long,
+            priority_fraction=args.priority_fraction,
+            seed=args.seed,
+            skip_bad_rows=args.skip_bad_rows,
+        )
+    except TraceError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _load_trace(args: argparse.Namespace) -> Trace:
+    from harness.traces import TraceError, load_trace
+
+    if not args.trace and args.format != "synthetic":
+        raise UserError("--trace is required: a trace file, or 'synthetic'")
+    options = _trace_options(args)
+    try:
+        return load_trace(args.trace, options)
+    except TraceError as exc:
+        raise UserError(str(exc)) from None
+
+
+# ---------------------------------------------------------------- trace info
+
+
+def _add_trace(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "trace",
+        help="inspect a trace (batchlab trace info)",
+        description="Inspect traces.",
+    )
+    trace_sub = p.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+    info = trace_sub.add_parser(
+        "info",
+        help="load a trace with the given options and print its summary",
+        description="Load a trace exactly as simulate/replay would (same options) and print its\n"
+        "request count, span, mean rate, prompt/output length statistics and what the\n"
+        "options dropped, clipped or skipped.",
+        epilog="examples:\n"
+        "  batchlab trace info --trace harness/data/azure_conv_excerpt.csv\n"
+        "  batchlab trace info --trace harness/data/sharegpt_lengths_excerpt.csv --rate 4\n"
+        "  batchlab trace info --trace synthetic --num-requests 1000 --rate 2 "
+        "--burstiness 0.5 --prompt-tokens 512 --output-tokens 128",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_trace_options(info)
+    info.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _cmd_trace(args: argparse.Namespace) -> int:
+    import json
+
+    from harness.traces import describe
+
+    d = describe(_load_trace(args))
+    if args.json:
+        print(json.dumps(d, indent=2, sort_keys=True))
+        return 0
+
+    def num(value: float | None, digits: int = 0) -> str:
+        return "n/a" if value is None else f"{value:,.{digits}f}"
+
+    print(f"trace     {d['source']} ({d['format']})")
+    print(f"digest    {d['digest']}")
+    print(f"requests  {d['num_requests']:,} over {num(d['span_s'], 1)} s; mean rate "
+          f"{num(d['mean_rate_per_s'], 2)} req/s; inter-arrival CV {num(d['interarrival_cv'], 2)}")
+    for label, name in (("prompt", "prompt_tokens"), ("output", "output_tokens")):
+        print(f"{label:<10}tokens mean {num(d[name + '_mean'], 1)}, p50 {num(d[name + '_p50'])}, "
+              f"p99 {num(d[name + '_p99'])}, max {num(d[name + '_max'])}")
+    if d["num_with_priority"]:
+        print(f"priority  {d['num_high_priority']:,} of {d['num_with_priority']:,} at 0 (high)")
+    if d["num_with_prefix_hashes"]:
+        print(f"prefixes  {d['num_with_prefix_hashes']:,} requests carry prefix-block hashes")
+    counts = ", ".join(f"{k} {v:,}" for k, v in d["counts"].items() if v)
+    print(f"counts    {counts}")
+    for note in d["notes"]:
+        print(f"note      {note}")
+    return 0
 
 
 # ---------------------------------------------------------------- simulate
@@ -181,6 +330,102 @@ def _print_headline(summary: dict) -> None:  # type: ignore[type-arg]
     )
 
 
+# ---------------------------------------------------------------- run (scenarios) and report
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "run",
+        help="run a scenario: every engine x grid x load cell, then the comparative report",
+        description="Expand a scenario file (scenarios/*.yaml) into cells, run each one "
+        "(simulated or live) into OUT/<scenario>/<cell>/, then write OUT/<scenario>/report.md "
+        "comparing them. A cell that fails is recorded with its reason and the sweep goes on.",
+        epilog="examples: batchlab run scenarios/quickstart.yaml; "
+        "batchlab run scenarios/engines-h100.yaml --only 'reference*'; "
+        "batchlab run scenarios/batch-size.yaml --resume",
+    )
+    p.add_argument("scenario", metavar="SCENARIO.yaml", help="the scenario file")
+    p.add_argument("--out", default="reports", metavar="DIR",
+                   help="where the scenario's folder goes (default: reports)")
+    p.add_argument("--only", metavar="PATTERN",
+                   help="run only cells whose name (or engine name) matches a shell pattern; "
+                   "several patterns separated by commas")
+    p.add_argument("--resume", action="store_true",
+                   help="skip cells that finished earlier; redo missing, failed or interrupted ones")
+    p.add_argument("--trace", metavar="FILE",
+                   help="use this trace file instead of the scenario's (its options still apply), "
+                   "e.g. a full trace from $BATCHLAB_TRACES_DIR")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run cells as Ray tasks (live cells ask for their tensor_parallel_size "
+                   "GPUs); without ADDRESS, start or join a local Ray")
+    p.add_argument("--list", action="store_true", help="print the cells and exit")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from harness.scenario import ScenarioError, load_scenario, run_scenario, select
+
+    try:
+        scenario = load_scenario(args.scenario, trace_path=args.trace)
+        if args.list:
+            for cell in select(scenario.cells(), args.only):
+                print(f"{cell.name}\t{cell.engine.engine} ({cell.engine.mode})\t"
+                      f"{cell.load.describe()}")
+            return 0
+        result = run_scenario(scenario, args.out, only=args.only, resume=args.resume,
+                              use_ray=args.ray is not None, ray_address=args.ray or None)
+    except ScenarioError as exc:
+        raise UserError(str(exc)) from None
+    for outcome in result.outcomes:
+        if outcome.state == "failed":
+            print(f"cell {outcome.name} failed: {outcome.reason}", file=sys.stderr)
+    print(f"report: {result.report}")
+    return EXIT_FAILURE if result.num_failed else 0
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "report",
+        help="re-render a report from saved results, or compare run folders",
+        description="Render report.md from run folders on disk without re-running anything. "
+        "One scenario folder re-renders its report; one run folder its single-run report; "
+        "several folders (scenario cells, simulate or replay runs, made at any time) are "
+        "compared in one report.",
+        epilog="examples: batchlab report reports/quickstart; batchlab report reports/sim "
+        "reports/vllm-live --baseline sim -o reports/sim-vs-vllm/report.md",
+    )
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="scenario or run folders")
+    p.add_argument("--baseline", metavar="CELL",
+                   help="the cell the others are compared with (default: the scenario's, "
+                   "else the first)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="report file (default: DIR/report.md for one folder, "
+                   "reports/comparison/report.md for several)")
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from harness import report
+
+    dirs = [Path(d) for d in args.dirs]
+    for d in dirs:
+        if not d.is_dir():
+            raise UserError(f"{d}: no such folder")
+    try:
+        if len(dirs) == 1 and (dirs[0] / report.SCENARIO_FILE).exists():
+            out = report.render_scenario_report(
+                dirs[0], out_file=Path(args.output) if args.output else None,
+                baseline=args.baseline)
+        elif len(dirs) == 1 and not args.output and not args.baseline:
+            out = report.render_run_report(dirs[0])
+        else:
+            out = report.render_comparison(
+                dirs, Path(args.output or "reports/comparison/report.md"),
+                baseline=args.baseline)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    print(f"report: {out}")
+    return 0
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -196,6 +441,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
     commands: dict[str, Command] = {}
     _add_simulate(sub)
     commands["simulate"] = _cmd_simulate
+    _add_trace(sub)
+    commands["trace"] = _cmd_trace
+    _add_run(sub)
+    commands["run"] = _cmd_run
+    _add_report(sub)
+    commands["report"] = _cmd_report
     return parser, commands
 
 

@@ -56,6 +56,9 @@ def requests_table(timelines: Sequence[RequestTimeline], *, live: bool = False) 
     if live:
         cols["sent_s"] = pa.array([_nan_if_none(tl.sent_s) for tl in timelines], pa.float64())
         cols["send_lag_s"] = pa.array([tl.send_lag_s for tl in timelines], pa.float64())
+        cols["scheduled_s"] = pa.array(
+            [_nan_if_none(tl.scheduled_s) for tl in timelines], pa.float64()
+        )
         cols["num_chunks"] = pa.array([len(tl.chunk_times_s) for tl in timelines], pa.int64())
         cols["reached_target_length"] = pa.array(
             [tl.reached_target_length for tl in timelines], pa.bool_()
@@ -132,6 +135,7 @@ def read_timelines(run_dir: Path) -> list[RequestTimeline]:
         rid = row["request_id"]
         finished = row["finished_s"]
         sent = row.get("sent_s")
+        scheduled = row.get("scheduled_s")
         out.append(
             RequestTimeline(
                 request_id=rid,
@@ -140,6 +144,7 @@ def read_timelines(run_dir: Path) -> list[RequestTimeline]:
                 num_target_output_tokens=row["num_target_output_tokens"],
                 priority=row["priority"],
                 sent_s=None if sent is None or math.isnan(sent) else sent,
+                scheduled_s=None if scheduled is None or math.isnan(scheduled) else scheduled,
                 chunk_times_s=tuple(times.get(rid, ())),
                 chunk_num_tokens=tuple(counts.get(rid, ())),
                 finished_s=None if finished is None or math.isnan(finished) else finished,

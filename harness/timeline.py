@@ -41,6 +41,9 @@ class RequestTimeline:
     num_target_output_tokens: int  # what the trace asked for
     priority: int | None = None
     sent_s: float | None = None  # actual send instant (live); None means == arrival_s
+    # when the client meant to send it: the arrival, or later when a max-concurrency gate held
+    # it back (live); None means == arrival_s. send_lag_s is measured from here.
+    scheduled_s: float | None = None
     chunk_times_s: tuple[float, ...] = ()  # instant each chunk arrived
     chunk_num_tokens: tuple[int, ...] = ()  # tokens carried by each chunk (same length)
     finished_s: float | None = None  # instant the request completed; None if it did not
@@ -59,7 +62,15 @@ class RequestTimeline:
 
     @property
     def send_lag_s(self) -> float:
-        return 0.0 if self.sent_s is None else self.sent_s - self.arrival_s
+        """How late the client sent it: ``sent_s - scheduled_s`` (the client's own lateness)."""
+        if self.sent_s is None:
+            return 0.0
+        return self.sent_s - (self.arrival_s if self.scheduled_s is None else self.scheduled_s)
+
+    @property
+    def gate_wait_s(self) -> float:
+        """How long a max-concurrency gate held it past its arrival (0 without a gate)."""
+        return 0.0 if self.scheduled_s is None else self.scheduled_s - self.arrival_s
 
     @property
     def ok(self) -> bool:

@@ -1,0 +1,280 @@
+"""The served engines by name, and their mapping tables rendered for people.
+
+``batchlab engines`` prints ``mapping_text()``; ``docs/engines.md`` is ``mapping_markdown()``
+(regenerate with ``batchlab engines --markdown > docs/engines.md``; a test keeps it current).
+Every line is computed from the adapters' own tables, by running each rule on each value.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from adapters import openai, tgi, trtllm, vllm
+from adapters.base import (
+    CANONICAL_SIGNALS,
+    Engine,
+    KnobRule,
+    Knobs,
+    Setting,
+    TelemetrySpec,
+    Unsupported,
+)
+
+ENGINES = ("vllm", "tgi", "trtllm", "openai", "reference")
+
+# The served reference engine exports vLLM's metric names (and TGI's queue gauges).
+REFERENCE_TELEMETRY = vllm.TELEMETRY
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    name: str
+    title: str
+    rules: tuple[KnobRule, ...]
+    fixed: tuple[str, ...]
+    telemetry: TelemetrySpec
+    launchable: bool
+
+
+INFO: dict[str, EngineInfo] = {
+    "vllm": EngineInfo("vllm", "vLLM (V1 engine)", vllm.RULES, vllm.FIXED, vllm.TELEMETRY, True),
+    "tgi": EngineInfo("tgi", "Hugging Face TGI 3.x", tgi.RULES, tgi.FIXED, tgi.TELEMETRY, True),
+    "trtllm": EngineInfo(
+        "trtllm", "TensorRT-LLM (trtllm-serve, PyTorch backend)", trtllm.RULES, trtllm.FIXED,
+        trtllm.TELEMETRY, True,
+    ),
+    "openai": EngineInfo(
+        "openai", "any OpenAI-compatible server (attach only)", openai.RULES, openai.FIXED,
+        openai.NO_METRICS, False,
+    ),
+}
+
+
+def make_adapter(
+    name: str,
+    *,
+    model: str,
+    served_model_name: str | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    env: Mapping[str, str] | None = None,
+    executable: str | None = None,
+    runtime: str | None = None,
+    metric_map: str | Mapping[str, str] | None = None,
+) -> Engine:
+    """An adapter by engine name. ``executable``: vLLM's python, or the trtllm-serve command."""
+    env = dict(env or {})
+    if name == "vllm":
+        return vllm.VllmAdapter(
+            model=model, served_model_name=served_model_name, host=host, port=port,
+            python=executable, env=env,
+        )
+    if name == "tgi":
+        return tgi.TgiAdapter(
+            model=model, served_model_name=served_model_name, host=host, port=port,
+            runtime=runtime, env=env,
+        )
+    if name == "trtllm":
+        return trtllm.TrtllmAdapter(
+            model=model, served_model_name=served_model_name, host=host, port=port,
+            command=executable or trtllm.COMMAND, env=env,
+        )
+    if name == "openai":
+        return openai.OpenAIAdapter(model=served_model_name or model, metric_map=metric_map)
+    if name == "reference":
+        return openai.OpenAIAdapter(
+            model=served_model_name or model, name="reference", telemetry=REFERENCE_TELEMETRY
+        )
+    raise ValueError(f"unknown engine {name!r}; engines: {', '.join(ENGINES)}")
+
+
+# ---------------------------------------------------------------- rendering
+
+_DOMAINS: dict[str, tuple[Any, ...]] = {
+    "policy": ("fcfs", "priority", "static"),
+    "preemption": ("recompute", "swap", "none"),
+    "weights_dtype": ("bf16", "fp8"),
+    "kv_cache_dtype": ("bf16", "fp8"),
+    "chunked_prefill": (True, False),
+    "prefix_caching": (True, False),
+    "max_model_len": (None, "L"),
+    "extra_args": (("ARGS...",),),
+}
+_SYMBOLS = {  # numeric knobs are shown with a symbol instead of a value
+    "max_num_seqs": "N",
+    "max_num_batched_tokens": "T",
+    "gpu_memory_utilization": "F",
+    "tensor_parallel_size": "TP",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    knob: str
+    when: str  # "policy=static", "policy=static, with preemption=none", ...
+    target: str
+    outcome: str  # "applied", "refused"
+    settings: str
+    note: str
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "unset"
+    if isinstance(value, tuple):
+        return " ".join(value)
+    return str(value)
+
+
+def _cases(rule: KnobRule) -> Iterator[tuple[str, Knobs]]:
+    own = _DOMAINS.get(rule.knob, (_SYMBOLS.get(rule.knob, "V"),))
+    others = [_DOMAINS[d] for d in rule.depends_on]
+    for value in own:
+        for combo in itertools.product(*others):
+            knobs = replace(Knobs(), **{rule.knob: value}, **dict(zip(rule.depends_on, combo,
+                                                                        strict=True)))
+            when = f"{rule.knob}={_show(value)}"
+            if combo:
+                when += " (" + ", ".join(
+                    f"{d}={_show(v)}" for d, v in zip(rule.depends_on, combo, strict=True)
+                ) + ")"
+            yield when, knobs
+
+
+def _settings(setting: Setting) -> str:
+    return "; ".join(setting.fragments()) or "(no flag)"
+
+
+def rows(info: EngineInfo) -> list[Row]:
+    """Every rule on every value (and on each value of the knobs it depends on)."""
+    if not info.launchable:
+        return []  # nothing reaches a server batchlab does not start
+    out = []
+    for rule in info.rules:
+        for when, knobs in _cases(rule):
+            result = rule.map(knobs)
+            if isinstance(result, Unsupported):
+                if result.approximated_as:
+                    instead = f"with --allow-approximate: approximated as {result.approximated_as}"
+                else:
+                    instead = "with --allow-approximate: not applied"
+                if result.instead.fragments():
+                    instead += f" ({_settings(result.instead)})"
+                out.append(Row(rule.knob, when, rule.target, "refused", "",
+                               f"{result.reason}; {instead}"))
+            else:
+                out.append(Row(rule.knob, when, rule.target, "applied", _settings(result),
+                               result.note))
+    return out
+
+
+def mapping_text() -> str:
+    lines: list[str] = []
+    for info in INFO.values():
+        lines.append(f"== {info.name}: {info.title}")
+        for fixed in info.fixed:
+            lines.append(f"   always: {fixed}")
+        if not info.launchable:
+            lines.append("   knobs: none reach it; each is recorded as not applied")
+        for row in rows(info):
+            result = row.settings if row.outcome == "applied" else "REFUSED at plan time"
+            lines.append(f"   {row.when:<44} -> {result}")
+            if row.note:
+                lines.append(f"   {'':<44}    ({row.note})")
+        lines.append(f"   telemetry: {_telemetry_line(info.telemetry)}")
+        lines.append("")
+    lines.append("== reference: the served reference engine (attach with --url; vLLM metric names)")
+    return "\n".join(lines) + "\n"
+
+
+def _telemetry_line(spec: TelemetrySpec) -> str:
+    if spec.format == "none":
+        return "none by default (openai: --metric-map)"
+    if not spec.signals:
+        return f"{spec.format} at {spec.path}"
+    parts = []
+    for name, src in spec.signals:
+        source = " | ".join(src.names)
+        if src.kind == "ratio":
+            source += " / " + " | ".join(src.denominator)
+        elif src.kind != "gauge":
+            source += f" ({src.kind})"
+        parts.append(f"{name} <- {source}")
+    missing = [name for name in CANONICAL_SIGNALS if spec.source(name) is None]
+    if missing:
+        parts.append("missing: " + ", ".join(missing))
+    return f"{spec.path}: " + "; ".join(parts)
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def mapping_markdown() -> str:
+    out = [
+        "# Engines and knob mapping",
+        "",
+        "<!-- Generated by `batchlab engines --markdown > docs/engines.md`; do not edit. -->",
+        "",
+        "batchlab describes every engine with the same uniform knobs (`adapters/base.py`, "
+        "`Knobs`). Each adapter maps them through one table in code; the tables below are "
+        "computed from those tables by running every rule on every value. A value an engine "
+        "cannot honour is **refused at plan time**; with `--allow-approximate` it is recorded "
+        "in the run's `manifest.json` as *approximated* or *not applied* instead, never "
+        "silently dropped.",
+        "",
+        "Numeric knobs are shown with symbols: N (`max_num_seqs`), T (`max_num_batched_tokens`), "
+        "F (`gpu_memory_utilization`), TP (`tensor_parallel_size`), L (`max_model_len`). "
+        "`extra_args` are appended to the engine's argv as given; a mapped flag that "
+        "`extra_args` also sets is dropped and recorded as overridden.",
+        "",
+        "Try a mapping without starting anything: "
+        "`batchlab replay --engine vllm --launch --model-path models/tiny-llama "
+        "--max-num-seqs 8 --dry-run --trace harness/data/azure_conv_excerpt.csv`.",
+        "",
+    ]
+    for info in INFO.values():
+        out.append(f"## {info.name}: {info.title}")
+        out.append("")
+        out.append("Always passed:")
+        out.append("")
+        out.extend(f"- {_md(fixed)}" for fixed in info.fixed)
+        out.append("")
+        table = rows(info)
+        if table:
+            out.append("| knob value | engine setting | outcome | notes |")
+            out.append("|---|---|---|---|")
+        else:
+            out.append("No knob reaches a server batchlab does not start: each is recorded as "
+                       "not applied, and asking for a non-default value fails unless "
+                       "`--allow-approximate` is given.")
+        for row in table:
+            settings = f"`{_md(row.settings)}`" if row.settings else ""
+            out.append(f"| `{_md(row.when)}` | {settings} | {row.outcome} | {_md(row.note)} |")
+        out.append("")
+        out.append(f"Telemetry: {_md(_telemetry_line(info.telemetry))}")
+        out.append("")
+    out.extend([
+        "## reference: the served reference engine",
+        "",
+        "Attach with `--engine reference --url URL` to a running `batchlab serve reference`; "
+        "its knobs are set where it is started. Its `/metrics` carries vLLM's names, read "
+        "with the vLLM telemetry map.",
+        "",
+        "## Telemetry columns",
+        "",
+        "Every live run writes `telemetry.parquet`, scraped every 0.25 s: `t_s`, "
+        "`num_running`, `num_waiting`, `kv_usage` (0..1), `num_preemptions` (increase since "
+        "the previous scrape), `num_steps`, `num_batched_tokens`, `batch_tokens_mean`, "
+        "`missing` and `scrape_error`. A signal the engine does not export is null and named "
+        "in `missing`, never 0. Metric names renamed between engine versions are read "
+        "through aliases, newest first (vLLM `kv_cache_usage_perc`, then "
+        "`gpu_cache_usage_perc`).",
+        "",
+    ])
+    return "\n".join(out)

@@ -1,0 +1,267 @@
+"""``ReferenceConfig``: every setting of the reference engine, validated once, here.
+
+Field names match the command-line flags (``--max-num-seqs`` -> ``max_num_seqs``,
+``--tp`` -> ``tp``). Each component receives only its own section: the scheduler gets a
+``SchedulerConfig``, the executor a ``CostModel``, the block manager its block counts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from adapters.reference.cost_model import (
+    CostModel,
+    CostModelParams,
+    KvBudget,
+    ProfileError,
+    load_profile,
+    resolve_gpu,
+)
+from adapters.reference.hardware import GpuSpec, UnknownHardwareError
+from adapters.reference.models import ModelSpec, UnknownModelError, lookup_model
+
+if TYPE_CHECKING:
+    from adapters.base import Knobs
+
+POLICIES = ("fcfs", "priority", "static")
+ADMISSIONS = ("optimistic", "reserve")
+PREEMPTIONS = ("recompute", "swap", "none")
+DTYPES = ("bf16", "fp8")
+GIB = 2**30
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names the field (and the file, for profiles)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """The scheduler's own section of the configuration (already validated)."""
+
+    policy: str = "fcfs"
+    admission: str = "optimistic"
+    preemption: str = "recompute"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    chunked_prefill: bool = True
+    max_model_len: int = 131072
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """The reference engine's settings.
+
+    ``admission`` left as None follows ``preemption``: "none" means "reserve" (TGI and
+    TensorRT-LLM GUARANTEED_NO_EVICT reserve prompt + max output tokens at admission and never
+    preempt), otherwise "optimistic" (vLLM). The ``static`` policy always reserves.
+    ``max_model_len`` left as None is the model's ``max_position_embeddings``.
+    ``gpu`` left as None is the profile's device, else ``h100-sxm``.
+    """
+
+    model: str = "llama-3.1-8b"
+    gpu: str | None = None
+    tp: int = 1
+    policy: str = "fcfs"
+    admission: str | None = None
+    preemption: str = "recompute"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    chunked_prefill: bool = True
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    weights_dtype: str = "bf16"
+    kv_cache_dtype: str = "bf16"
+    max_model_len: int | None = None
+    prefix_caching: bool = False
+    swap_space_gib: float = 4.0  # host memory for swapped KV, per GPU (vLLM V0's default)
+    profile: str | None = None  # path to a calibration profile JSON
+    cost_params: CostModelParams | None = None  # or the coefficients themselves
+
+    # Resolved in __post_init__ (not arguments).
+    model_spec: ModelSpec = field(init=False, repr=False, compare=False)
+    gpu_spec: GpuSpec = field(init=False, repr=False, compare=False)
+    params: CostModelParams = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # ---- derived sections
+
+    @property
+    def resolved_admission(self) -> str:
+        if self.policy == "static":
+            return "reserve"
+        if self.admission is not None:
+            return self.admission
+        return "reserve" if self.preemption == "none" else "optimistic"
+
+    @property
+    def resolved_max_model_len(self) -> int:
+        return self.max_model_len or self.model_spec.max_position_embeddings
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            policy=self.policy,
+            admission=self.resolved_admission,
+            preemption=self.preemption,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            chunked_prefill=self.chunked_prefill and self.policy != "static",
+            max_model_len=self.resolved_max_model_len,
+        )
+
+    def cost_model(self) -> CostModel:
+        return CostModel(
+            self.model_spec, self.gpu_spec, self.params,
+            weights_dtype=self.weights_dtype, kv_cache_dtype=self.kv_cache_dtype,
+            tp=self.tp, block_size=self.block_size,
+        )
+
+    def kv_budget(self) -> KvBudget:
+        return self.cost_model().kv_budget(
+            self.gpu_memory_utilization, self.max_num_batched_tokens, self.max_num_seqs)
+
+    def resolved_num_gpu_blocks(self) -> int:
+        if self.num_gpu_blocks is not None:
+            return self.num_gpu_blocks
+        return self.kv_budget().num_blocks
+
+    def num_host_blocks(self) -> int:
+        return int(self.swap_space_gib * GIB // self.cost_model().kv_bytes_per_block)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "gpu": self.gpu_spec.name, "tp": self.tp,
+            "policy": self.policy, "admission": self.resolved_admission,
+            "preemption": self.preemption, "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "chunked_prefill": self.chunked_prefill, "block_size": self.block_size,
+            "num_gpu_blocks": self.resolved_num_gpu_blocks(),
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "weights_dtype": self.weights_dtype, "kv_cache_dtype": self.kv_cache_dtype,
+            "max_model_len": self.resolved_max_model_len, "prefix_caching": self.prefix_caching,
+            "swap_space_gib": self.swap_space_gib, "cost_model": self.params.source,
+        }
+
+    @classmethod
+    def from_knobs(
+        cls,
+        knobs: Knobs,
+        *,
+        model: str,
+        gpu: str | None,
+        admission: str | None = None,
+        num_gpu_blocks: int | None = None,
+        block_size: int = 16,
+        profile: str | None = None,
+    ) -> ReferenceConfig:
+        """Map the uniform knobs: preemption "none" means admission "reserve" (see class doc)."""
+        return cls(
+            model=model, gpu=gpu, tp=knobs.tensor_parallel_size, policy=knobs.policy,
+            admission=admission, preemption=knobs.preemption,
+            max_num_seqs=knobs.max_num_seqs, max_num_batched_tokens=knobs.max_num_batched_tokens,
+            chunked_prefill=knobs.chunked_prefill, block_size=block_size,
+            num_gpu_blocks=num_gpu_blocks, gpu_memory_utilization=knobs.gpu_memory_utilization,
+            weights_dtype=knobs.weights_dtype, kv_cache_dtype=knobs.kv_cache_dtype,
+            max_model_len=knobs.max_model_len, prefix_caching=knobs.prefix_caching,
+            profile=profile,
+        )
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def _validate(c: ReferenceConfig) -> None:
+    _choice("policy", c.policy, POLICIES)
+    _choice("preemption", c.preemption, PREEMPTIONS)
+    _choice("weights_dtype", c.weights_dtype, DTYPES)
+    _choice("kv_cache_dtype", c.kv_cache_dtype, DTYPES)
+    if c.admission is not None:
+        _choice("admission", c.admission, ADMISSIONS)
+    for name in ("tp", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+        _positive_int(name, getattr(c, name))
+    for name in ("num_gpu_blocks", "max_model_len"):
+        if getattr(c, name) is not None:
+            _positive_int(name, getattr(c, name))
+    for name in ("chunked_prefill", "prefix_caching"):
+        if not isinstance(getattr(c, name), bool):
+            raise ConfigError(f"{name}: must be true or false, got {getattr(c, name)!r}")
+    if not (isinstance(c.gpu_memory_utilization, int | float)
+            and 0 < c.gpu_memory_utilization <= 1):
+        raise ConfigError(
+            f"gpu_memory_utilization: must be in (0, 1], got {c.gpu_memory_utilization!r}")
+    if not (isinstance(c.swap_space_gib, int | float) and c.swap_space_gib >= 0
+            and math.isfinite(c.swap_space_gib)):
+        raise ConfigError(f"swap_space_gib: must be >= 0, got {c.swap_space_gib!r}")
+    if c.policy == "static" and c.admission == "optimistic":
+        raise ConfigError("admission: the static policy reserves KV for its whole batch at "
+                          "admission; use admission reserve (or leave it unset)")
+    if c.preemption == "none" and c.admission == "optimistic":
+        raise ConfigError("preemption: 'none' needs admission 'reserve' (optimistic admission "
+                          "must be able to preempt when KV blocks run out)")
+    if c.prefix_caching:
+        raise ConfigError("prefix_caching: the reference engine does not model prefix caching "
+                          "yet; set it to false")
+    if c.max_num_batched_tokens < c.max_num_seqs:
+        raise ConfigError(
+            f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be >= max_num_seqs "
+            f"({c.max_num_seqs}), as vLLM requires: every running request needs a decode token "
+            "each step")
+
+    if c.profile is not None and c.cost_params is not None:
+        raise ConfigError("profile: give either a profile path or cost_params, not both")
+    try:
+        params = load_profile(c.profile) if c.profile is not None else (
+            c.cost_params or CostModelParams())
+        params.validate(where=c.profile or "cost_params")
+    except ProfileError as exc:
+        raise ConfigError(f"profile: {exc}") from None
+    try:
+        model_spec = lookup_model(c.model)
+    except UnknownModelError as exc:
+        raise ConfigError(f"model: {exc}") from None
+    try:
+        gpu_spec = resolve_gpu(c.gpu, params)
+    except UnknownHardwareError as exc:
+        raise ConfigError(f"gpu: {exc}") from None
+    object.__setattr__(c, "params", params)
+    object.__setattr__(c, "model_spec", model_spec)
+    object.__setattr__(c, "gpu_spec", gpu_spec)
+
+    heads, kv_heads = model_spec.num_attention_heads, model_spec.num_kv_heads
+    if heads % c.tp or (kv_heads % c.tp and c.tp % kv_heads):
+        raise ConfigError(
+            f"tp: {c.tp} must divide the model's {heads} attention heads, and divide or be a "
+            f"multiple of its {kv_heads} KV heads")
+    if c.max_model_len is not None and c.max_model_len > model_spec.max_position_embeddings:
+        raise ConfigError(
+            f"max_model_len: {c.max_model_len} exceeds the model's max_position_embeddings "
+            f"({model_spec.max_position_embeddings})")
+    if not c.chunked_prefill or c.policy == "static":
+        why = "the static policy prefills" if c.policy == "static" else \
+            "with chunked prefill off a prompt is prefilled"
+        if c.max_num_batched_tokens < c.resolved_max_model_len:
+            raise ConfigError(
+                f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be >= max_model_len "
+                f"({c.resolved_max_model_len}) because {why} whole in one step (vLLM's rule); "
+                "raise --max-num-batched-tokens, lower --max-model-len"
+                + ("" if c.policy == "static" else ", or use --chunked-prefill"))
+    if c.num_gpu_blocks is None:
+        budget = c.kv_budget()
+        if budget.num_blocks < 1:
+            raise ConfigError(
+                f"gpu: {model_spec.name} needs {budget.weight_bytes / GIB:.1f} GiB of weights "
+                f"per GPU plus {budget.activation_reserve_bytes / GIB:.1f} GiB of activations, "
+                f"but {gpu_spec.name} x gpu_memory_utilization {c.gpu_memory_utilization} "
+                f"leaves {budget.usable_bytes / GIB:.1f} GiB: no room for the KV cache. "
+                "Raise --tp, use --weights-dtype fp8, or raise --gpu-memory-utilization")

@@ -1,0 +1,330 @@
+"""The executor of the reference engine: a roofline that turns one scheduled step into seconds.
+
+Per step, on one GPU of a tensor-parallel group of ``tp``::
+
+    bytes  = W_read / tp                        weights, read once per step
+           + kv_bytes_per_token * num_kv_tokens  each scheduled request's KV (context + new)
+    flops  = 2 * P_linear / tp * num_tokens      projections of every token in the step
+           + 2 * P_lm_head / tp * num_seqs       logits: one position per scheduled request
+           + 4 * L * H/tp * d * num_pairs        QK^T and PV over (query, key) pairs, causal
+
+    memory_s  = bytes / (hbm_bandwidth * memory_efficiency)
+    compute_s = flops_linear / (peak(weights dtype) * compute_efficiency)
+              + flops_attention / (peak(bf16) * compute_efficiency)
+    step_s    = max(memory_s, compute_s)
+              + step_overhead_s + per_seq_overhead_s * num_seqs + per_token_overhead_s * num_tokens
+              + all-reduce (tp > 1) + swap (blocks moved over PCIe this step)
+
+Every constant is in ``CostModelParams``, with its justification in docs/cost-model.md; a
+calibration profile (JSON, the same field names) overrides any of them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from adapters.reference.hardware import GPUS, GpuSpec, UnknownHardwareError, known_gpus
+from adapters.reference.models import ModelSpec
+
+GIB = 2**30
+DTYPE_BYTES = {"bf16": 2.0, "fp8": 1.0}
+
+
+class ProfileError(ValueError):
+    """A calibration profile file is unreadable or has a bad field (the message names both)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CostModelParams:
+    """The cost model's coefficients. Defaults are documented guesses; a profile fits them.
+
+    The hardware fields (``None`` = take the catalog figure for the GPU) let a profile correct
+    a datasheet figure by a measured one, or describe a device the catalog does not list
+    (``device`` = its name; then memory, bandwidth and BF16 peak are required).
+    """
+
+    # Fraction of peak HBM bandwidth a decode step reaches (STREAM-like kernels reach ~80-90%).
+    memory_efficiency: float = 0.8
+    # Fraction of the dense tensor-core peak large GEMMs and attention reach in serving (~50-70%).
+    compute_efficiency: float = 0.6
+    # Per-step work that does not scale with the batch: scheduling, input preparation, launch.
+    step_overhead_s: float = 0.8e-3
+    # Per scheduled request: sampling, detokenisation, output processing.
+    per_seq_overhead_s: float = 5e-6
+    # Per scheduled token (0 on GPUs; a CPU fit may need it).
+    per_token_overhead_s: float = 0.0
+    # Latency of one tensor-parallel all-reduce (two per layer) of a small message over NVLink.
+    allreduce_latency_s: float = 5e-6
+    # Fraction of the PCIe bandwidth a KV swap reaches: one small copy per block and layer.
+    swap_efficiency: float = 0.4
+    # Memory kept out of the KV cache besides weights and per-token activations: CUDA context,
+    # cuBLAS workspace, CUDA graphs, NCCL buffers.
+    activation_fixed_bytes: float = 1.5 * GIB
+
+    # Hardware overrides (None: the catalog's figure).
+    device: str | None = None
+    memory_bytes: float | None = None
+    hbm_bandwidth_bytes_per_s: float | None = None
+    peak_bf16_flops: float | None = None
+    peak_fp8_flops: float | None = None
+    pcie_bandwidth_bytes_per_s: float | None = None
+    interconnect_bandwidth_bytes_per_s: float | None = None
+    # Storage overrides (None: from --weights-dtype / --kv-cache-dtype), e.g. 4.0 for fp32 on CPU.
+    weight_bytes_per_param: float | None = None
+    kv_bytes_per_element: float | None = None
+
+    source: str = "built-in defaults (docs/cost-model.md)"
+
+    def validate(self, where: str = "cost model") -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("device", "source"):
+                if value is not None and not isinstance(value, str):
+                    raise ProfileError(f"{where}: {f.name} must be a string, got {value!r}")
+                continue
+            if value is None:
+                if f.default is not None:
+                    raise ProfileError(f"{where}: {f.name} must be a number, got null")
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ProfileError(f"{where}: {f.name} must be a number, got {value!r}")
+            if value < 0:
+                raise ProfileError(f"{where}: {f.name} must be >= 0, got {value!r}")
+        for name in ("memory_efficiency", "compute_efficiency", "swap_efficiency"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ProfileError(f"{where}: {name} must be in (0, 1], got {getattr(self, name)!r}")
+
+
+def load_profile(path: str | Path) -> CostModelParams:
+    """Read a calibration profile: a JSON object whose keys are ``CostModelParams`` fields.
+
+    Keys starting with ``_`` and a ``metadata`` object are kept out of the model (for notes and
+    fit statistics). Errors name the file and the key.
+    """
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read profile: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}: line {exc.lineno}: not valid JSON: {exc.msg}") from None
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: a profile is a JSON object of cost-model fields")
+    known = {f.name for f in fields(CostModelParams)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key.startswith("_") or key == "metadata":
+            continue
+        if key not in known:
+            raise ProfileError(
+                f"{path}: unknown profile key {key!r}; known keys: {', '.join(sorted(known))}"
+            )
+        values[key] = value
+    values.setdefault("source", str(path))
+    params = CostModelParams(**values)
+    params.validate(where=str(path))
+    return params
+
+
+_HARDWARE_OVERRIDES = (
+    "memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_bf16_flops", "peak_fp8_flops",
+    "pcie_bandwidth_bytes_per_s", "interconnect_bandwidth_bytes_per_s",
+)
+
+
+def resolve_gpu(name: str | None, params: CostModelParams) -> GpuSpec:
+    """The device a run is costed on: the catalog entry with the profile's overrides applied.
+
+    ``name`` (``--gpu``) and the profile's ``device`` must agree when both are given: a profile
+    fitted on one device says nothing about another.
+    """
+    if name and params.device and name.lower() != params.device.lower():
+        raise UnknownHardwareError(
+            f"--gpu {name!r} but the profile ({params.source}) was fitted on device "
+            f"{params.device!r}; pass --gpu {params.device} or omit --gpu"
+        )
+    device = (name or params.device or "h100-sxm").lower()
+    overrides = {k: getattr(params, k) for k in _HARDWARE_OVERRIDES if getattr(params, k) is not None}
+    base = GPUS.get(device)
+    if base is not None:
+        return replace(base, **overrides, source=base.source + (
+            f"; overridden by {params.source}: {', '.join(sorted(overrides))}" if overrides else ""))
+    missing = [k for k in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_bf16_flops")
+               if k not in overrides]
+    if missing:
+        raise UnknownHardwareError(
+            f"unknown GPU {device!r}; known GPUs: {', '.join(known_gpus())}. A --profile may "
+            f"describe another device, but it lacks {', '.join(missing)}"
+        )
+    return GpuSpec(
+        name=device,
+        memory_bytes=overrides["memory_bytes"],
+        hbm_bandwidth_bytes_per_s=overrides["hbm_bandwidth_bytes_per_s"],
+        peak_bf16_flops=overrides["peak_bf16_flops"],
+        peak_fp8_flops=overrides.get("peak_fp8_flops"),
+        pcie_bandwidth_bytes_per_s=overrides.get("pcie_bandwidth_bytes_per_s", 32e9),
+        interconnect_bandwidth_bytes_per_s=overrides.get("interconnect_bandwidth_bytes_per_s", 32e9),
+        source=f"described by profile {params.source}",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class KvBudget:
+    """How device memory is split, per GPU, and how many KV blocks that leaves."""
+
+    usable_bytes: float  # memory_bytes * gpu_memory_utilization
+    weight_bytes: float
+    activation_reserve_bytes: float
+    kv_bytes: float  # what is left for the KV cache (may be <= 0: does not fit)
+    kv_bytes_per_block: float
+    num_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """One step's cost, broken down (``CostModel.step_s`` returns only ``total_s``)."""
+
+    memory_bytes: float
+    flops: float
+    memory_s: float
+    compute_s: float
+    overhead_s: float  # fixed + per-seq + per-token + all-reduce + swap
+    total_s: float
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.memory_s >= self.compute_s else "compute"
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        return self.flops / self.memory_bytes if self.memory_bytes else math.inf
+
+
+class CostModel:
+    """Seconds per step for one model on one device; the coefficients are folded once here."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        params: CostModelParams,
+        *,
+        weights_dtype: str = "bf16",
+        kv_cache_dtype: str = "bf16",
+        tp: int = 1,
+        block_size: int = 16,
+    ) -> None:
+        self.model, self.gpu, self.params = model, gpu, params
+        self.weights_dtype, self.kv_cache_dtype, self.tp = weights_dtype, kv_cache_dtype, tp
+        self.block_size = block_size
+
+        # FP8 checkpoints quantize the attention and MLP projections; embeddings, lm_head and
+        # norms stay in BF16 (as vLLM's online fp8 and published FP8 checkpoints do).
+        linear_b = params.weight_bytes_per_param or DTYPE_BYTES[weights_dtype]
+        other_b = params.weight_bytes_per_param or DTYPE_BYTES["bf16"]
+        untied = 0 if model.tie_word_embeddings else model.num_lm_head_params
+        self.weight_bytes = (
+            model.num_linear_params * linear_b
+            + (model.num_embedding_params + untied + model.num_norm_params) * other_b
+        ) / tp
+        # The embedding table is gathered (a few rows per step), not streamed; lm_head is.
+        self.weight_bytes_read = (
+            model.num_linear_params * linear_b
+            + (model.num_lm_head_params + model.num_norm_params) * other_b
+        ) / tp
+        kv_elem_b = params.kv_bytes_per_element or DTYPE_BYTES[kv_cache_dtype]
+        self.kv_bytes_per_token = model.kv_bytes_per_token(kv_elem_b, tp)
+        self.kv_bytes_per_block = self.kv_bytes_per_token * block_size
+
+        linear_peak = gpu.peak_flops(weights_dtype) * params.compute_efficiency
+        bf16_peak = gpu.peak_bf16_flops * params.compute_efficiency
+        self.flops_per_token = 2.0 * model.num_linear_params / tp
+        self.flops_per_seq = 2.0 * model.num_lm_head_params / tp
+        self.flops_per_pair = 4.0 * model.num_layers * (model.num_attention_heads / tp) * model.head_dim
+
+        bw = gpu.hbm_bandwidth_bytes_per_s * params.memory_efficiency
+        self._mem_fixed_s = self.weight_bytes_read / bw
+        self._mem_per_kv_token_s = self.kv_bytes_per_token / bw
+        self._comp_per_token_s = self.flops_per_token / linear_peak
+        self._comp_per_seq_s = self.flops_per_seq / linear_peak
+        self._comp_per_pair_s = self.flops_per_pair / bf16_peak
+
+        # Two ring all-reduces per layer of the step's activations (bf16), when tp > 1.
+        allreduce_fixed_s = allreduce_per_token_s = 0.0
+        if tp > 1:
+            num_allreduces = 2 * model.num_layers
+            ring_bytes_per_token = 2 * (tp - 1) / tp * model.hidden_size * 2
+            allreduce_fixed_s = num_allreduces * params.allreduce_latency_s
+            allreduce_per_token_s = (num_allreduces * ring_bytes_per_token
+                                     / gpu.interconnect_bandwidth_bytes_per_s)
+        self._fixed_s = params.step_overhead_s + allreduce_fixed_s
+        self._per_token_s = params.per_token_overhead_s + allreduce_per_token_s
+        self._per_seq_s = params.per_seq_overhead_s
+        self.swap_bandwidth_bytes_per_s = gpu.pcie_bandwidth_bytes_per_s * params.swap_efficiency
+        self._swap_per_block_s = self.kv_bytes_per_block / self.swap_bandwidth_bytes_per_s
+
+    def step_s(self, num_tokens: int, num_seqs: int, num_kv_tokens: int,
+               num_attention_pairs: int, num_swap_blocks: int = 0) -> float:
+        """Duration of one step. Hot path: a few multiplications, no allocation."""
+        memory_s = self._mem_fixed_s + num_kv_tokens * self._mem_per_kv_token_s
+        compute_s = (num_tokens * self._comp_per_token_s + num_seqs * self._comp_per_seq_s
+                     + num_attention_pairs * self._comp_per_pair_s)
+        return ((memory_s if memory_s > compute_s else compute_s) + self._fixed_s
+                + num_seqs * self._per_seq_s + num_tokens * self._per_token_s
+                + num_swap_blocks * self._swap_per_block_s)
+
+    def step_cost(self, num_tokens: int, num_seqs: int, num_kv_tokens: int,
+                  num_attention_pairs: int, num_swap_blocks: int = 0) -> StepCost:
+        """``step_s`` with its parts, for tables and docs."""
+        memory_s = self._mem_fixed_s + num_kv_tokens * self._mem_per_kv_token_s
+        compute_s = (num_tokens * self._comp_per_token_s + num_seqs * self._comp_per_seq_s
+                     + num_attention_pairs * self._comp_per_pair_s)
+        total_s = self.step_s(num_tokens, num_seqs, num_kv_tokens, num_attention_pairs,
+                              num_swap_blocks)
+        return StepCost(
+            memory_bytes=self.weight_bytes_read + self.kv_bytes_per_token * num_kv_tokens,
+            flops=(self.flops_per_token * num_tokens + self.flops_per_seq * num_seqs
+                   + self.flops_per_pair * num_attention_pairs),
+            memory_s=memory_s,
+            compute_s=compute_s,
+            overhead_s=total_s - max(memory_s, compute_s),
+            total_s=total_s,
+        )
+
+    def decode_step_cost(self, batch_size: int, context_len: int) -> StepCost:
+        """One decode step of ``batch_size`` requests that each hold ``context_len`` tokens."""
+        kv = batch_size * (context_len + 1)
+        return self.step_cost(batch_size, batch_size, kv, kv)
+
+    def swap_s(self, num_blocks: int) -> float:
+        return num_blocks * self._swap_per_block_s
+
+    def activation_reserve_bytes(self, max_num_batched_tokens: int, max_num_seqs: int) -> float:
+        """Peak activation memory of the largest step, plus the fixed reserve.
+
+        The largest step holds ``max_num_batched_tokens`` tokens: the MLP's gate and up outputs
+        (2 x intermediate) and a few hidden-sized buffers per token in bf16, plus fp32 logits
+        for ``max_num_seqs`` positions (vLLM measures this with a dummy forward pass).
+        """
+        m, tp = self.model, self.tp
+        per_token = 2.0 * (4 * m.hidden_size + 2 * m.intermediate_size / tp)
+        logits = 4.0 * max_num_seqs * m.vocab_size / tp
+        return self.params.activation_fixed_bytes + per_token * max_num_batched_tokens + logits
+
+    def kv_budget(self, gpu_memory_utilization: float, max_num_batched_tokens: int,
+                  max_num_seqs: int) -> KvBudget:
+        usable = self.gpu.memory_bytes * gpu_memory_utilization
+        reserve = self.activation_reserve_bytes(max_num_batched_tokens, max_num_seqs)
+        kv_bytes = usable - self.weight_bytes - reserve
+        return KvBudget(
+            usable_bytes=usable,
+            weight_bytes=self.weight_bytes,
+            activation_reserve_bytes=reserve,
+            kv_bytes=kv_bytes,
+            kv_bytes_per_block=self.kv_bytes_per_block,
+            num_blocks=max(0, int(kv_bytes // self.kv_bytes_per_block)),
+        )

@@ -1,0 +1,280 @@
+"""The reference engine's step loop, and ``simulate`` on a virtual clock.
+
+    EngineCore.step(start_s):  schedule -> execute (the cost model says how long) -> update
+
+``EngineCore`` knows no clock: the caller says when a step starts and gets back when it ends.
+``simulate`` drives it on a ``VirtualClock`` (idle time jumps to the next arrival); a live
+server can drive the same core on the wall clock (add requests as they arrive, sleep each
+step's predicted duration, stream the tokens ``StepOutput`` lists).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+
+from adapters.reference.blocks import BlockManager, InvariantError
+from adapters.reference.config import ReferenceConfig
+from adapters.reference.cost_model import CostModel
+from adapters.reference.request import Request, RequestStatus
+from adapters.reference.scheduler import ExecutorOutput, Scheduler, SchedulerOutput, StepOutput
+from harness.timeline import RequestTimeline
+from harness.traces import TraceRequest
+
+STEP_COLUMNS = (
+    "t_s", "duration_s", "num_running", "num_waiting", "num_prefill_tokens",
+    "num_decode_tokens", "num_padded_tokens", "num_kv_blocks_used", "num_kv_blocks_total",
+    "num_preempted",
+)
+
+
+class Executor(Protocol):
+    """Runs one scheduled step. The cost model is one; a real model runner would be another."""
+
+    def execute(self, out: SchedulerOutput) -> ExecutorOutput: ...
+
+
+class CostModelExecutor:
+    """Executes a step by predicting its duration with the roofline cost model."""
+
+    def __init__(self, cost_model: CostModel) -> None:
+        self.cost_model = cost_model
+
+    def execute(self, out: SchedulerOutput) -> ExecutorOutput:
+        return ExecutorOutput(self.cost_model.step_s(
+            out.num_cost_tokens, out.num_cost_seqs, out.num_kv_tokens,
+            out.num_attention_pairs, out.num_swapped_blocks))
+
+
+class VirtualClock:
+    """Simulated seconds: advanced by each step's duration; jumps over idle periods."""
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self.now_s = start_s
+
+    def advance_to(self, t_s: float) -> None:
+        if t_s < self.now_s:
+            raise InvariantError(f"virtual clock would go back from {self.now_s} to {t_s}")
+        self.now_s = t_s
+
+
+class StepLog:
+    """One row per step, kept as columns (STEP_COLUMNS)."""
+
+    def __init__(self, num_kv_blocks_total: int) -> None:
+        self.num_kv_blocks_total = num_kv_blocks_total
+        self.columns: dict[str, list[float] | list[int]] = {name: [] for name in STEP_COLUMNS}
+
+    def record(self, start_s: float, duration_s: float, out: SchedulerOutput) -> None:
+        c = self.columns
+        c["t_s"].append(start_s)
+        c["duration_s"].append(duration_s)
+        c["num_running"].append(out.num_running)
+        c["num_waiting"].append(out.num_waiting)
+        c["num_prefill_tokens"].append(out.num_prefill_tokens)
+        c["num_decode_tokens"].append(out.num_decode_tokens)
+        c["num_padded_tokens"].append(out.num_padded_tokens)
+        c["num_kv_blocks_used"].append(out.num_kv_blocks_used)
+        c["num_kv_blocks_total"].append(self.num_kv_blocks_total)
+        c["num_preempted"].append(len(out.preempted_request_ids))
+
+    def __len__(self) -> int:
+        return len(self.columns["t_s"])
+
+    def to_table(self) -> pa.Table:
+        return pa.table({
+            name: pa.array(values, type=pa.float64() if name in ("t_s", "duration_s")
+                           else pa.int64())
+            for name, values in self.columns.items()
+        })
+
+
+class EngineCore:
+    """Scheduler + executor + step log for one configuration."""
+
+    def __init__(self, config: ReferenceConfig, executor: Executor | None = None) -> None:
+        self.config = config
+        self.cost_model = config.cost_model()
+        self.num_kv_blocks_total = config.resolved_num_gpu_blocks()
+        num_host_blocks = config.num_host_blocks() if config.preemption == "swap" else 0
+        self.blocks = BlockManager(self.num_kv_blocks_total, config.block_size, num_host_blocks)
+        self.scheduler = Scheduler(config.scheduler_config(), self.blocks)
+        self.executor: Executor = executor or CostModelExecutor(self.cost_model)
+        # Decode spans reproduce step() exactly only when steps are costed by this cost model.
+        self._spans_exact = isinstance(self.executor, CostModelExecutor)
+        self.steps = StepLog(self.num_kv_blocks_total)
+        self.num_done = 0  # finished or rejected
+
+    def add_request(self, request: Request) -> bool:
+        """Queue a request; False if it was rejected (``request.error_message`` says why)."""
+        accepted = self.scheduler.add_request(request)
+        if not accepted:
+            self.num_done += 1
+        return accepted
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self, start_s: float) -> StepOutput:
+        """Run one step that starts at ``start_s``; its output says when it ends."""
+        out = self.scheduler.schedule()
+        if out.is_empty and not out.preempted_request_ids:
+            raise InvariantError(f"scheduler stalled with unfinished requests: {out!r}")
+        executed = self.executor.execute(out)
+        self.steps.record(start_s, executed.duration_s, out)
+        result = self.scheduler.update_from_output(out, executed, start_s)
+        self.num_done += len(result.finished_request_ids)
+        return result
+
+    def run_decode_span(self, start_s: float, until_s: float) -> float | None:
+        """Run the coming pure-decode steps that start before ``until_s``; the end instant.
+
+        A shortcut with results identical to calling ``step`` once per step (the same integer
+        inputs reach the same cost function, the same floats are added in the same order), but
+        with no per-step, per-request Python work. None when the next step is not pure decode.
+        """
+        span = self.scheduler.decode_span() if self._spans_exact else None
+        if span is None:
+            return None
+        step_s = self.cost_model.step_s
+        n, padded = span.num_seqs, span.num_padded_seqs
+        tokens = n + padded
+        kv = span.num_kv_tokens
+        free, used = span.num_free_blocks, span.num_used_blocks
+        by_offset = span.num_new_blocks_by_offset
+        bs = len(by_offset)
+        starts: list[float] = []
+        durations: list[float] = []
+        ends: list[float] = []
+        used_after: list[int] = []
+        t = start_s
+        for j in range(span.max_steps):
+            if t >= until_s:
+                break  # an arrival is due: the full scheduler takes the next step
+            if bs:
+                need = by_offset[j % bs]
+                if need > free:
+                    break  # the full scheduler would preempt here
+                free -= need
+                used += need
+            kv += n
+            d = step_s(tokens, tokens, kv, kv, 0)
+            starts.append(t)
+            durations.append(d)
+            used_after.append(used)
+            t = t + d
+            ends.append(t)
+        if not ends:
+            return None
+        k = len(ends)
+        c = self.steps.columns
+        c["t_s"].extend(starts)
+        c["duration_s"].extend(durations)
+        c["num_running"].extend([n] * k)
+        c["num_waiting"].extend([span.num_waiting] * k)
+        c["num_prefill_tokens"].extend([0] * k)
+        c["num_decode_tokens"].extend([n] * k)
+        c["num_padded_tokens"].extend([padded] * k)
+        c["num_kv_blocks_used"].extend(used_after)
+        c["num_kv_blocks_total"].extend([self.num_kv_blocks_total] * k)
+        c["num_preempted"].extend([0] * k)
+        self.num_done += len(self.scheduler.advance_decode_span(ends))
+        return t
+
+    def check_invariants(self) -> None:
+        self.scheduler.check_invariants()
+
+
+# ---------------------------------------------------------------- simulate
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """A simulated run: one timeline per input request (input order) and one row per step."""
+
+    timelines: list[RequestTimeline]
+    steps: pa.Table  # columns STEP_COLUMNS; t_s is the step's start
+    num_kv_blocks_total: int
+    config: ReferenceConfig
+
+    @property
+    def num_steps(self) -> int:
+        return self.steps.num_rows
+
+
+def simulate(
+    requests: Sequence[TraceRequest],
+    config: ReferenceConfig,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    decode_spans: bool = True,
+) -> SimulationResult:
+    """Replay ``requests`` through the reference engine on a virtual clock. Deterministic.
+
+    ``progress(num_done, num_total)`` is called now and then (about 200 times a run).
+    ``decode_spans=False`` steps one at a time: the same results, slower (tests, baselines).
+    """
+    core = EngineCore(config)
+    reqs = [
+        Request(tr.request_id, tr.num_prompt_tokens, tr.num_output_tokens,
+                arrival_s=tr.arrival_s, priority=tr.priority or 0, index=i)
+        for i, tr in enumerate(requests)
+    ]
+    order = sorted(reqs, key=lambda r: (r.arrival_s, r.index))
+    total = len(order)
+    report_every = max(1, total // 200)
+    next_report = 0
+    clock = VirtualClock(order[0].arrival_s if order else 0.0)
+    next_i = 0
+    while True:
+        now = clock.now_s
+        while next_i < total and order[next_i].arrival_s <= now:
+            core.add_request(order[next_i])
+            next_i += 1
+        if not core.has_unfinished():
+            if next_i == total:
+                break
+            clock.advance_to(order[next_i].arrival_s)  # idle: jump to the next arrival
+            continue
+        until = order[next_i].arrival_s if next_i < total else math.inf
+        end = core.run_decode_span(now, until) if decode_spans else None
+        if end is None:
+            end = core.step(now).end_s
+        clock.advance_to(end)
+        if progress is not None and core.num_done >= next_report:
+            progress(core.num_done, total)
+            next_report = core.num_done + report_every
+    if progress is not None:
+        progress(core.num_done, total)
+    return SimulationResult(
+        timelines=[_timeline(r, tr) for r, tr in zip(reqs, requests, strict=True)],
+        steps=core.steps.to_table(),
+        num_kv_blocks_total=core.num_kv_blocks_total,
+        config=config,
+    )
+
+
+def _timeline(r: Request, tr: TraceRequest) -> RequestTimeline:
+    times = tuple(r.token_times_s)
+    done = r.status is RequestStatus.FINISHED
+    return RequestTimeline(
+        request_id=r.request_id,
+        arrival_s=r.arrival_s,
+        num_prompt_tokens=r.num_prompt_tokens,
+        num_target_output_tokens=r.max_output_tokens,
+        priority=tr.priority,
+        chunk_times_s=times,
+        chunk_num_tokens=(1,) * len(times),
+        finished_s=r.finished_s,
+        num_output_tokens=r.num_output_tokens,
+        num_preemptions=r.num_preemptions,
+        error_kind=r.error_kind if r.error_kind else (None if done else "not_finished"),
+        error_message=r.error_message,
+        finish_reason="length" if done else None,
+        token_count_source="engine",
+        extra={"first_scheduled_s": r.first_scheduled_s},
+    )

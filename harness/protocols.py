@@ -1,0 +1,421 @@
+"""The three streaming wire protocols the replay client speaks: request bodies and stream parsers.
+
+Everything here is pure: ``build_body`` turns a trace request and its prompt into the JSON a
+server expects, and ``StreamParser`` turns the SSE events of one response, each stamped with the
+instant its bytes arrived, into a ``StreamOutcome``. The replay client does the I/O; the tests
+feed recorded byte streams (``tests/data/sse_*.txt``) through ``parse_stream``.
+
+Protocols (``../shared/reference/engines.md`` §3 has the wire details):
+
+    openai        POST /v1/completions       vLLM / TRT-LLM / TGI dialect of OpenAI completions
+    openai-chat   POST /v1/chat/completions  the same for chat
+    tgi           POST /generate_stream      TGI's native stream: ``data:{json}``, no ``[DONE]``
+
+What counts as a *chunk*: one SSE event that carries at least one generated token. A chat
+role-only first event, a usage-only trailer, ``[DONE]`` and keep-alive comments are not chunks.
+The number of tokens in a chunk is the increase of the server's running ``usage`` where the
+server sends one with every event (vLLM's ``continuous_usage_stats``), else 1 (one event per
+token, the common case).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ProtocolName = Literal["openai", "openai-chat", "tgi"]
+PROTOCOLS: tuple[ProtocolName, ...] = ("openai", "openai-chat", "tgi")
+
+PATHS: dict[str, str] = {
+    "openai": "/v1/completions",
+    "openai-chat": "/v1/chat/completions",
+    "tgi": "/generate_stream",
+}
+
+# Where each protocol carries a request priority, or why it cannot.
+PRIORITY_FIELD: dict[str, str | None] = {
+    "openai": "priority",
+    "openai-chat": "priority",
+    "tgi": None,  # /generate_stream has no priority field
+}
+
+# How each protocol is asked for the trace's exact output length.
+OUTPUT_LENGTH_CONTROL: dict[str, str] = {
+    "openai": "exact: max_tokens + min_tokens + ignore_eos",
+    "openai-chat": "exact: max_tokens + min_tokens + ignore_eos",
+    "tgi": "upper bound only: parameters.max_new_tokens (TGI has no ignore_eos or min_tokens "
+    "over HTTP); reached_target_length records the outcome",
+}
+
+OVERLOAD_STATUSES = frozenset({429, 503})
+
+
+def error_kind_for_status(status: int) -> str:
+    """The ``error_kind`` of a non-2xx response."""
+    return "overloaded" if status in OVERLOAD_STATUSES else "http_error"
+
+
+# ---------------------------------------------------------------- prompts and bodies
+
+
+PromptMode = Literal["token_ids", "tokenizer_text", "approx_text"]
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A synthesised prompt: token ids (sent as ids) or text, and how it was made."""
+
+    mode: PromptMode
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if self.mode == "token_ids" and self.text:
+            raise ValueError("a token_ids prompt carries no text")
+
+
+def build_body(
+    protocol: ProtocolName,
+    prompt: Prompt,
+    *,
+    num_output_tokens: int,
+    model: str | None = None,
+    priority: int | None = None,
+) -> dict[str, Any]:
+    """The JSON body that asks ``protocol`` for exactly ``num_output_tokens`` streamed tokens."""
+    if num_output_tokens < 1:
+        raise ValueError(f"num_output_tokens must be >= 1, got {num_output_tokens}")
+    if protocol == "tgi":
+        if prompt.mode == "token_ids":
+            raise ValueError("tgi /generate_stream takes text, not token ids")
+        # No ignore_eos / min_tokens over HTTP: max_new_tokens is an upper bound. `details`
+        # makes the last event carry generated_tokens, the server's own count.
+        return {
+            "inputs": prompt.text,
+            "parameters": {"max_new_tokens": num_output_tokens, "details": True},
+        }
+    body: dict[str, Any] = {}
+    if model is not None:
+        body["model"] = model
+    if protocol == "openai":
+        body["prompt"] = list(prompt.token_ids) if prompt.mode == "token_ids" else prompt.text
+    elif protocol == "openai-chat":
+        if prompt.mode == "token_ids":
+            raise ValueError("openai-chat takes text messages, not token ids")
+        body["messages"] = [{"role": "user", "content": prompt.text}]
+    else:
+        raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
+    # Chat servers disagree on max_tokens vs max_completion_tokens; every one accepts
+    # max_tokens (vLLM and TRT-LLM as an alias), and TGI rejects a body carrying both.
+    body["max_tokens"] = num_output_tokens
+    body["min_tokens"] = num_output_tokens
+    body["ignore_eos"] = True
+    body["temperature"] = 0.0
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    if priority is not None:
+        body["priority"] = priority
+    return body
+
+
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+# ---------------------------------------------------------------- SSE framing
+
+
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    """One server-sent event: its ``data`` lines joined by newlines, and its ``event`` name."""
+
+    data: str
+    event: str = ""
+
+
+class SseDecoder:
+    """Incremental SSE framing over raw bytes: ``feed`` returns the events completed so far.
+
+    Accepts ``data:`` with or without the space (TGI sends none), CRLF line ends, ``:`` comment
+    lines (keep-alives), multi-line data. An event still open when the bytes end is incomplete
+    and never returned: the stream was cut inside it.
+    """
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    @property
+    def pending(self) -> bool:
+        """Whether bytes of an unfinished event are waiting."""
+        return bool(self._buffer.strip())
+
+    def feed(self, data: bytes) -> list[SseEvent]:
+        buf = self._buffer + data if self._buffer else data
+        if b"\r" in buf:
+            # A CRLF split across two reads is rejoined here because the whole tail is rescanned.
+            buf = buf.replace(b"\r\n", b"\n")
+        events: list[SseEvent] = []
+        start = 0
+        while True:
+            end = buf.find(b"\n\n", start)
+            if end < 0:
+                break
+            event = _parse_block(buf[start:end])
+            if event is not None:
+                events.append(event)
+            start = end + 2
+        self._buffer = buf[start:]
+        return events
+
+
+def _parse_block(block: bytes) -> SseEvent | None:
+    data_lines: list[str] = []
+    name = ""
+    for raw in block.decode("utf-8", errors="replace").split("\n"):
+        if not raw or raw.startswith(":"):
+            continue
+        field, _, value = raw.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if field == "data":
+            data_lines.append(value)
+        elif field == "event":
+            name = value
+        # id: and retry: carry nothing we use
+    if not data_lines and not name:
+        return None
+    return SseEvent(data="\n".join(data_lines), event=name)
+
+
+# ---------------------------------------------------------------- stream parsing
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOutcome:
+    """What one streamed response amounted to. Instants are the caller's integer nanoseconds."""
+
+    chunk_times_ns: tuple[int, ...]
+    chunk_num_tokens: tuple[int, ...]
+    text: str  # the generated text, for counting tokens with a tokenizer
+    finish_reason: str | None
+    usage_num_output_tokens: int | None  # the server's own count, where it gave one
+    usage_num_prompt_tokens: int | None
+    completed: bool  # the protocol's end of stream was seen
+    error_kind: str | None = None
+    error_message: str = ""
+
+    @property
+    def num_chunk_tokens(self) -> int:
+        return sum(self.chunk_num_tokens)
+
+
+class StreamParser:
+    """Folds one response's SSE events into a ``StreamOutcome``.
+
+    ``on_event`` returns True once nothing more should be read: the protocol's end of stream, an
+    error event, or a chunk that is not JSON. ``outcome(eof=...)`` then tells what happened; a
+    stream that ended before its protocol's end is ``stream_cut``.
+    """
+
+    def __init__(self, protocol: ProtocolName) -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(
+                f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}"
+            )
+        self.protocol = protocol
+        self.done = False
+        self._times: list[int] = []
+        self._tokens: list[int] = []
+        self._text: list[str] = []
+        self._finish_reason: str | None = None
+        self._usage_out: int | None = None
+        self._usage_in: int | None = None
+        self._running_usage = 0  # last running completion_tokens seen on a chunk
+        self._saw_done = False
+        self._error_kind: str | None = None
+        self._error_message = ""
+
+    # -- events
+
+    def on_event(self, event: SseEvent, t_ns: int) -> bool:
+        if self.done:
+            return True
+        if event.event == "error":
+            self._fail("stream_error", f"error event: {event.data[:300]}")
+            self._classify_error_payload(event.data)
+            return True
+        data = event.data.strip()
+        if not data:
+            return False
+        if data == "[DONE]":
+            self._saw_done = True
+            self.done = True
+            return True
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            self._fail("invalid_json", f"chunk is not JSON: {data[:200]!r}")
+            return True
+        if not isinstance(obj, dict):
+            self._fail("invalid_json", f"chunk is not a JSON object: {data[:200]!r}")
+            return True
+        if "error" in obj or obj.get("object") == "error":
+            self._fail(*_stream_error(obj))
+            return True
+        if self.protocol == "tgi":
+            self._on_tgi(obj, t_ns)
+        else:
+            self._on_openai(obj, t_ns)
+        return self.done
+
+    def _on_openai(self, obj: dict[str, Any], t_ns: int) -> None:
+        usage = obj.get("usage")
+        running: int | None = None
+        if isinstance(usage, dict):
+            if isinstance(usage.get("completion_tokens"), int):
+                running = usage["completion_tokens"]
+                self._usage_out = running
+            if isinstance(usage.get("prompt_tokens"), int):
+                self._usage_in = usage["prompt_tokens"]
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return  # usage-only trailer, or an empty keep-alive object
+        choice = choices[0] if isinstance(choices[0], dict) else {}
+        if self.protocol == "openai-chat":
+            delta = choice.get("delta") or {}
+            text = _first_str(delta, ("content", "reasoning_content", "reasoning"))
+        else:
+            raw = choice.get("text")
+            text = raw if isinstance(raw, str) else ""
+        if choice.get("finish_reason"):
+            self._finish_reason = str(choice["finish_reason"])
+        if running is not None:
+            n = running - self._running_usage
+            self._running_usage = running
+        else:
+            n = 1 if text else 0
+        if text:
+            self._text.append(text)
+        if n > 0:
+            self._times.append(t_ns)
+            self._tokens.append(n)
+
+    def _on_tgi(self, obj: dict[str, Any], t_ns: int) -> None:
+        token = obj.get("token")
+        if isinstance(token, dict):
+            # One event per generated token; a special token (EOS) is still a generated token.
+            self._times.append(t_ns)
+            self._tokens.append(1)
+            if not token.get("special") and isinstance(token.get("text"), str):
+                self._text.append(token["text"])
+        details = obj.get("details")
+        if isinstance(details, dict):
+            if isinstance(details.get("generated_tokens"), int):
+                self._usage_out = details["generated_tokens"]
+            if isinstance(details.get("input_length"), int):
+                self._usage_in = details["input_length"]
+            if details.get("finish_reason"):
+                self._finish_reason = str(details["finish_reason"])
+        if obj.get("generated_text") is not None:
+            self.done = True  # TGI's last event: no [DONE] follows
+
+    def _fail(self, kind: str, message: str) -> None:
+        self._error_kind = kind
+        self._error_message = message
+        self.done = True
+
+    def _classify_error_payload(self, data: str) -> None:
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return
+        if isinstance(obj, dict):
+            self._fail(*_stream_error(obj))
+
+    # -- result
+
+    def outcome(self, *, eof: bool = True) -> StreamOutcome:
+        kind, message = self._error_kind, self._error_message
+        completed = kind is None and (
+            self._saw_done
+            or (self.protocol == "tgi" and self.done)
+            # An OpenAI stream whose last chunk carried finish_reason is complete even if the
+            # connection closed before [DONE]; without it, the stream was cut.
+            or (self.protocol != "tgi" and self._finish_reason is not None)
+        )
+        if kind is None and not completed and eof:
+            kind = "stream_cut"
+            message = (
+                f"stream ended after {len(self._times)} chunks without "
+                f"{'a final event' if self.protocol == 'tgi' else '[DONE] or a finish_reason'}"
+            )
+        return StreamOutcome(
+            chunk_times_ns=tuple(self._times),
+            chunk_num_tokens=tuple(self._tokens),
+            text="".join(self._text),
+            finish_reason=self._finish_reason,
+            usage_num_output_tokens=self._usage_out,
+            usage_num_prompt_tokens=self._usage_in,
+            completed=completed,
+            error_kind=kind,
+            error_message=message,
+        )
+
+
+def _first_str(obj: Mapping[str, Any], keys: Iterable[str]) -> str:
+    for key in keys:
+        value = obj.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def _stream_error(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """``(error_kind, message)`` for an error object sent inside a 200 stream.
+
+    Shapes: vLLM ``{"error": {"message", "type", "code"}}``; older vLLM / TRT-LLM flat
+    ``{"object": "error", "message", "code"}``; TGI ``{"error": "…", "error_type": "…"}``;
+    TGI chat ``{"error": {"message", "http_status_code": 422}}``. An overload reported this
+    way (TGI answers overload on /generate_stream with HTTP 200 and an event) is ``overloaded``.
+    """
+    err = obj.get("error")
+    inner: Mapping[str, Any] = err if isinstance(err, dict) else obj
+    message = inner.get("message") if isinstance(inner.get("message"), str) else None
+    if message is None:
+        message = err if isinstance(err, str) else json.dumps(obj)[:300]
+    error_type = obj.get("error_type") or inner.get("type") or ""
+    codes = {inner.get("code"), inner.get("http_status_code"), obj.get("code")}
+    overloaded = str(error_type).lower() == "overloaded" or any(
+        c in OVERLOAD_STATUSES or str(c) in {"429", "503"} for c in codes if c is not None
+    )
+    label = f"{error_type}: " if error_type else ""
+    return ("overloaded" if overloaded else "stream_error"), f"{label}{message}"[:500]
+
+
+def parse_stream(
+    protocol: ProtocolName, pieces: Iterable[bytes], times_ns: Iterable[int] | None = None
+) -> StreamOutcome:
+    """Parse a recorded response body given as the pieces it arrived in (pure; for tests).
+
+    Each piece gets the matching instant of ``times_ns`` (default 0, 1, 2, …).
+    """
+    decoder = SseDecoder()
+    parser = StreamParser(protocol)
+    clock: Iterator[int] = iter(times_ns) if times_ns is not None else _count()
+    for piece in pieces:
+        t = next(clock)
+        for event in decoder.feed(piece):
+            if parser.on_event(event, t):
+                return parser.outcome(eof=False)
+    return parser.outcome(eof=True)
+
+
+def _count() -> Iterator[int]:
+    i = 0
+    while True:
+        yield i
+        i += 1

@@ -1,0 +1,397 @@
+"""Engine telemetry during a live run: scrape on a timer, write ``telemetry.parquet``.
+
+The engine's own view of the run (how many requests it runs and queues, KV use, preemptions,
+tokens per step) next to the client's request timeline. Each adapter says where its engine
+keeps these signals (``adapters.base.TelemetrySpec``); this module reads them under canonical
+names. A signal the engine does not export is *missing* (null, and named in the ``missing``
+column), never zero.
+
+Columns of ``telemetry.parquet`` (one row per scrape):
+
+    t_s                 seconds since the scraper started (the replay starts it with the run)
+    num_running         requests in the running batch (gauge)
+    num_waiting         requests queued (gauge)
+    kv_usage            KV-cache blocks in use, 0..1 (gauge)
+    num_preemptions     preemptions since the previous scrape (counter increase)
+    num_steps           engine steps since the previous scrape (histogram count increase)
+    num_batched_tokens  tokens scheduled over those steps (histogram sum increase)
+    batch_tokens_mean   num_batched_tokens / num_steps (NaN when no step ran)
+    missing             comma-separated canonical signals absent from this scrape
+    scrape_error        why the scrape failed (then every signal is null), else null
+
+Counter increases treat a decrease as a restart (the increase is the new value). The first
+scrape is the baseline: its increases are 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import pyarrow as pa
+from prometheus_client.parser import text_string_to_metric_families
+
+from adapters.base import CANONICAL_SIGNALS, MetricSource, TelemetrySpec
+from harness.results import write_parquet_atomic
+
+TELEMETRY_FILE = "telemetry.parquet"
+DEFAULT_INTERVAL_S = 0.25
+
+COLUMNS = (
+    "t_s",
+    "num_running",
+    "num_waiting",
+    "kv_usage",
+    "num_preemptions",
+    "num_steps",
+    "num_batched_tokens",
+    "batch_tokens_mean",
+)
+# Output columns each canonical signal fills.
+_SIGNAL_COLUMNS = {
+    "num_running": ("num_running",),
+    "num_waiting": ("num_waiting",),
+    "kv_usage": ("kv_usage",),
+    "num_preemptions": ("num_preemptions",),
+    "batch_tokens": ("num_steps", "num_batched_tokens", "batch_tokens_mean"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One scrape, in canonical columns. ``values`` maps column -> value or None (missing)."""
+
+    values: dict[str, float | None]
+    missing: tuple[str, ...] = ()  # canonical signals absent from this scrape
+    error: str | None = None  # the scrape failed as a whole
+
+
+class TelemetrySource(Protocol):
+    """Where readings come from: a live endpoint, or a fake in tests."""
+
+    async def read(self) -> Reading: ...
+
+
+# ---------------------------------------------------------------- Prometheus
+
+
+Samples = dict[str, list[float]]  # sample name -> one value per label set
+
+
+def parse_exposition(text: str) -> Samples:
+    """Prometheus text -> sample name -> values (one per label set); ``_created`` dropped."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            samples.setdefault(sample.name, []).append(float(sample.value))
+    return samples
+
+
+def _first(samples: Samples, names: Sequence[str], suffix: str = "") -> list[float] | None:
+    """The values of the first alias present (newest name first)."""
+    for name in names:
+        values = samples.get(name + suffix)
+        if values:
+            return values
+    return None
+
+
+def _reduce(values: list[float], how: str) -> float:
+    return sum(values) / len(values) if how == "mean" else sum(values)
+
+
+class CanonicalReader:
+    """Turns successive Prometheus scrapes into canonical readings (keeps counter baselines)."""
+
+    def __init__(self, spec: TelemetrySpec) -> None:
+        self.spec = spec
+        self._previous: dict[str, float] = {}  # counter key -> last value
+
+    def _increase(self, key: str, value: float) -> float:
+        previous = self._previous.get(key)
+        self._previous[key] = value
+        if previous is None:
+            return 0.0  # the first scrape is the baseline
+        return value - previous if value >= previous else value  # a decrease: restarted
+
+    def reading(self, samples: Samples) -> Reading:
+        values: dict[str, float | None] = dict.fromkeys(COLUMNS[1:])
+        missing: list[str] = []
+        for signal in CANONICAL_SIGNALS:
+            source = self.spec.source(signal)
+            got = None if source is None else self._signal(signal, source, samples)
+            if got is None:
+                missing.append(signal)
+            else:
+                values.update(got)
+        return Reading(values, tuple(missing))
+
+    def _signal(
+        self, signal: str, src: MetricSource, samples: Samples
+    ) -> dict[str, float | None] | None:
+        if src.kind == "histogram":
+            sums = _first(samples, src.names, "_sum")
+            counts = _first(samples, src.names, "_count")
+            if sums is None or counts is None:
+                return None
+            tokens = self._increase(signal + ":sum", sum(sums))
+            steps = self._increase(signal + ":count", sum(counts))
+            mean = tokens / steps if steps > 0 else math.nan
+            return {"num_steps": steps, "num_batched_tokens": tokens, "batch_tokens_mean": mean}
+        values = _first(samples, src.names)
+        if values is None:
+            return None
+        value = _reduce(values, src.reduce)
+        if src.kind == "counter":
+            value = self._increase(signal, value)
+        elif src.kind == "ratio":
+            denominator = _first(samples, src.denominator)
+            if denominator is None:
+                return None
+            total = _reduce(denominator, src.reduce)
+            if total <= 0:
+                return None  # an engine that reports a zero capacity has not told us the usage
+            value = value / total
+        (column,) = _SIGNAL_COLUMNS[signal]
+        return {column: value}
+
+
+Fetch = Callable[[], Awaitable[str]]
+
+
+class PrometheusSource:
+    """Reads a Prometheus ``/metrics`` endpoint (or any ``fetch`` returning exposition text)."""
+
+    def __init__(
+        self,
+        spec: TelemetrySpec,
+        url: str | None = None,
+        *,
+        fetch: Fetch | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        if fetch is None and url is None:
+            raise ValueError("PrometheusSource needs a url or a fetch function")
+        self.url = url
+        self._reader = CanonicalReader(spec)
+        self._client = client
+        self._fetch = fetch or self._http_fetch
+
+    async def _http_fetch(self) -> str:
+        assert self.url is not None
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
+        response = await self._client.get(self.url)
+        if response.status_code != 200:
+            raise httpx.HTTPStatusError(
+                f"HTTP {response.status_code}", request=response.request, response=response
+            )
+        return response.text
+
+    async def read(self) -> Reading:
+        try:
+            text = await self._fetch()
+            samples = parse_exposition(text)
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            return _failed(f"{type(exc).__name__}: {exc}")
+        return self._reader.reading(samples)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+def _failed(error: str) -> Reading:
+    return Reading(dict.fromkeys(COLUMNS[1:]), tuple(CANONICAL_SIGNALS), error)
+
+
+# ---------------------------------------------------------------- TensorRT-LLM JSON /metrics
+
+
+def trtllm_iterations_reading(entries: Sequence[Mapping[str, Any]]) -> Reading:
+    """TensorRT-LLM's JSON ``/metrics``: the per-iteration stats since the previous poll.
+
+    The endpoint drains its queue on every read, so each poll sees only new iterations: gauges
+    come from the last one, counts are summed over all of them. No iterations (idle, or
+    ``enable_iter_perf_stats`` off) leaves the gauges missing.
+    """
+    values: dict[str, float | None] = dict.fromkeys(COLUMNS[1:])
+    if not entries:
+        return Reading(values, ("num_running", "num_waiting", "kv_usage", "num_preemptions"))
+    last = entries[-1]
+    missing: list[str] = []
+    for column, key in (("num_running", "numActiveRequests"), ("num_waiting", "numQueuedRequests")):
+        if isinstance(last.get(key), int | float):
+            values[column] = float(last[key])
+        else:
+            missing.append(column)
+    kv = last.get("kvCacheStats") or {}
+    if kv.get("maxNumBlocks"):
+        values["kv_usage"] = float(kv.get("usedNumBlocks", 0)) / float(kv["maxNumBlocks"])
+    else:
+        missing.append("kv_usage")
+    batching = [e.get("inflightBatchingStats") or {} for e in entries]
+    if all("numPausedRequests" in b for b in batching):
+        values["num_preemptions"] = float(sum(b["numPausedRequests"] for b in batching))
+    else:
+        missing.append("num_preemptions")
+    if all("numCtxTokens" in b and "numGenRequests" in b for b in batching):
+        # one token per generating request plus the context tokens of the step
+        tokens = float(sum(b["numCtxTokens"] + b["numGenRequests"] for b in batching))
+        values.update(
+            num_steps=float(len(entries)),
+            num_batched_tokens=tokens,
+            batch_tokens_mean=tokens / len(entries),
+        )
+    else:
+        missing.append("batch_tokens")
+    return Reading(values, tuple(missing))
+
+
+class TrtllmJsonSource:
+    """Polls TensorRT-LLM's draining JSON ``/metrics``."""
+
+    def __init__(self, url: str, *, client: httpx.AsyncClient | None = None) -> None:
+        self.url = url
+        self._client = client
+
+    async def read(self) -> Reading:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
+        try:
+            response = await self._client.get(self.url)
+            response.raise_for_status()
+            entries = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            return _failed(f"{type(exc).__name__}: {exc}")
+        if not isinstance(entries, list):
+            return _failed("not a JSON list of iteration stats")
+        return trtllm_iterations_reading(entries)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+class NoTelemetry:
+    """An engine with no metrics endpoint (e.g. ``transformers serve``): all missing."""
+
+    async def read(self) -> Reading:
+        return Reading(dict.fromkeys(COLUMNS[1:]), tuple(CANONICAL_SIGNALS))
+
+
+class FakeSource:
+    """In-memory source for tests: yields exposition texts (or ready readings) in order.
+
+    After the last item the last one repeats, as a quiet engine would.
+    """
+
+    def __init__(self, items: Iterable[str | Reading], spec: TelemetrySpec | None = None) -> None:
+        self._items = list(items)
+        self._reader = CanonicalReader(spec or TelemetrySpec())
+        self._index = 0
+        self.num_reads = 0
+
+    async def read(self) -> Reading:
+        item = self._items[min(self._index, len(self._items) - 1)]
+        self._index += 1
+        self.num_reads += 1
+        if isinstance(item, Reading):
+            return item
+        return self._reader.reading(parse_exposition(item))
+
+
+def source_for(spec: TelemetrySpec, base_url: str) -> TelemetrySource:
+    """The source an adapter's spec asks for, at a server's base URL."""
+    url = base_url.rstrip("/") + spec.path
+    if spec.format == "none":
+        return NoTelemetry()
+    if spec.format == "trtllm_json":
+        return TrtllmJsonSource(url)
+    return PrometheusSource(spec, url)
+
+
+# ---------------------------------------------------------------- the scraper
+
+
+@dataclass
+class TelemetryScraper:
+    """Scrapes ``source`` every ``interval_s`` until ``stop`` is set; writes the parquet file.
+
+    Satisfies the replay client's telemetry protocol: ``async def run(stop)``. The file is
+    written when ``run`` ends, however it ends (stop, cancellation, Ctrl-C).
+    """
+
+    source: TelemetrySource
+    out_path: Path | None = None
+    interval_s: float = DEFAULT_INTERVAL_S
+    clock_ns: Callable[[], int] = time.perf_counter_ns
+    origin_ns: int | None = None  # t_s = 0; default: when run() starts
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    async def scrape_once(self) -> dict[str, Any]:
+        reading = await self.source.read()
+        if self.origin_ns is None:
+            self.origin_ns = self.clock_ns()
+        row: dict[str, Any] = {"t_s": (self.clock_ns() - self.origin_ns) / 1e9}
+        row.update(reading.values)
+        row["missing"] = ",".join(reading.missing)
+        row["scrape_error"] = reading.error
+        self.rows.append(row)
+        return row
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if self.origin_ns is None:
+            self.origin_ns = self.clock_ns()
+        try:
+            while True:
+                tick_ns = self.clock_ns()
+                await self.scrape_once()
+                if stop.is_set():
+                    break
+                # keep the period: sleep what is left of the interval after the scrape
+                left_s = self.interval_s - (self.clock_ns() - tick_ns) / 1e9
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=max(0.0, left_s))
+                if stop.is_set():
+                    await self.scrape_once()  # the state at the end of the run
+                    break
+        finally:
+            if self.out_path is not None:
+                self.write(self.out_path)
+            aclose = getattr(self.source, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+    def table(self) -> pa.Table:
+        return telemetry_table(self.rows)
+
+    def write(self, path: Path) -> None:
+        write_parquet_atomic(self.table(), Path(path))
+
+    def missing_signals(self) -> list[str]:
+        """Signals missing from every successful scrape (what the engine does not export)."""
+        ok = [r for r in self.rows if r["scrape_error"] is None]
+        if not ok:
+            return list(CANONICAL_SIGNALS)
+        sets = [set(filter(None, r["missing"].split(","))) for r in ok]
+        return [s for s in CANONICAL_SIGNALS if all(s in m for m in sets)]
+
+
+def telemetry_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    cols: dict[str, pa.Array] = {
+        name: pa.array([r.get(name) for r in rows], pa.float64()) for name in COLUMNS
+    }
+    cols["missing"] = pa.array([r.get("missing", "") for r in rows], pa.string())
+    cols["scrape_error"] = pa.array([r.get("scrape_error") for r in rows], pa.string())
+    return pa.table(cols)
