@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test lint unit clean
+.PHONY: install demo test lint unit engines clean
 
 install: $(VENV)/.installed
 
@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: install
-	$(BIN)/batchlab simulate --trace harness/data/azure_conv_excerpt.csv --model llama-3.1-8b --gpu h100-sxm --out reports/demo
+	$(BIN)/batchlab run scenarios/quickstart.yaml
 
 lint: install
 	$(BIN)/ruff check .
@@ -23,7 +23,11 @@ lint: install
 unit: install
 	$(BIN)/pytest -q -m "not real_engine"
 
-test: lint
+# Real engines for the real_engine tests: vLLM on CPU and tiny local models (cached; see script).
+engines:
+	bash scripts/setup_engines.sh
+
+test: lint engines
 	$(BIN)/pytest -q
 
 clean:

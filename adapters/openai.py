@@ -117,7 +117,7 @@ class OpenAIAdapter:
 
     def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
         return LaunchPlan(
-            engine=NAME, argv=(), launch=False,
+            engine=self.name, argv=(), launch=False,
             mapping=not_launched_mapping(knobs, ATTACHED),
             base_url=base_url.rstrip("/"), protocol=self.protocol, model=self.model,
             health_path="/v1/models",  # every OpenAI-compatible server has it, unlike /health

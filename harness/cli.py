@@ -10,7 +10,9 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from adapters.base import KnobError, Knobs
 
 if TYPE_CHECKING:
     from adapters.reference import ReferenceConfig
@@ -330,10 +332,55 @@ def _print_headline(summary: dict) -> None:  # type: ignore[type-arg]
     )
 
 
+# ---------------------------------------------------------------- costmodel
+
+
+def _add_costmodel(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from adapters.reference import known_gpus, known_models
+
+    p = sub.add_parser(
+        "costmodel",
+        help="TPOT and throughput against batch size, from the reference engine's cost model",
+        description="Print decode-step time (TPOT), output tokens/s, arithmetic intensity and "
+        "the bound (memory or compute) for batch sizes 1, 4, 16, 64, 256 and the largest batch "
+        "the KV cache holds. Formulas and constants: docs/cost-model.md.",
+        epilog="example: batchlab costmodel --model llama-3.1-8b --gpu h100-sxm "
+        "--kv-cache-dtype fp8",
+    )
+    p.add_argument("--model", default="llama-3.1-8b",
+                   help=f"one of {', '.join(known_models())}, or a HF config.json path "
+                        "(default llama-3.1-8b)")
+    p.add_argument("--gpu", help=f"one of {', '.join(known_gpus())} (default: the profile's "
+                                 "device, else h100-sxm)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    p.add_argument("--weights-dtype", choices=("bf16", "fp8"), default="bf16")
+    p.add_argument("--kv-cache-dtype", choices=("bf16", "fp8"), default="bf16")
+    p.add_argument("--context-len", type=int, default=1024,
+                   help="tokens each request holds during the decode step (default 1024)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory for weights, activations and KV (0.9)")
+    p.add_argument("--profile", help="cost-model profile JSON (calibrated coefficients)")
+
+
+def _cmd_costmodel(args: argparse.Namespace) -> int:
+    from adapters.reference import costmodel_report
+
+    if args.context_len < 1:
+        raise UserError(f"--context-len: must be a positive integer, got {args.context_len}")
+    try:
+        print(costmodel_report(
+            args.model, args.gpu, args.weights_dtype, args.kv_cache_dtype, args.tp,
+            args.context_len, profile=args.profile,
+            gpu_memory_utilization=args.gpu_memory_utilization))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
 # ---------------------------------------------------------------- run (scenarios) and report
 
 
-def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "run",
         help="run a scenario: every engine x grid x load cell, then the comparative report",
@@ -351,7 +398,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="run only cells whose name (or engine name) matches a shell pattern; "
                    "several patterns separated by commas")
     p.add_argument("--resume", action="store_true",
-                   help="skip cells that finished earlier; redo missing, failed or interrupted ones")
+                   help="skip cells that finished earlier; redo missing, failed or "
+                   "interrupted ones")
     p.add_argument("--trace", metavar="FILE",
                    help="use this trace file instead of the scenario's (its options still apply), "
                    "e.g. a full trace from $BATCHLAB_TRACES_DIR")
@@ -382,7 +430,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_FAILURE if result.num_failed else 0
 
 
-def _add_report(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "report",
         help="re-render a report from saved results, or compare run folders",
@@ -426,7 +474,386 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- replay and summarize (live)
+
+
+def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay a trace against a running server and measure every streamed chunk",
+        description="Send each trace request to a server at its arrival time (open loop) or "
+        "from N users (closed loop), streaming, and record when every chunk arrived. Writes "
+        "records.jsonl as requests finish, then requests.parquet, chunks.parquet, summary.json "
+        "and manifest.json. Ctrl-C keeps what was measured; `batchlab summarize DIR` rebuilds "
+        "the summary from records.jsonl. How timings are taken: docs/metrics.md (Live runs).",
+        epilog="examples:\n"
+        "  batchlab replay --target http://127.0.0.1:8000 --protocol openai --model m \\\n"
+        "      --trace harness/data/azure_conv_excerpt.csv --time-scale 0.5 --out reports/live\n"
+        "  batchlab replay --target http://127.0.0.1:8080 --protocol tgi --trace synthetic \\\n"
+        "      --num-requests 200 --rate 4 --prompt-tokens 512 --output-tokens 128 \\\n"
+        "      --mode closed --concurrency 16 --slo ttft_s=0.5,tpot_s=0.05",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_trace_options(p)
+    g = p.add_argument_group("replay")
+    g.add_argument("--target", metavar="URL",
+                   help="base URL of the server, e.g. http://127.0.0.1:8000")
+    g.add_argument("--protocol", choices=("openai", "openai-chat", "tgi"), default="openai",
+                   help="openai: /v1/completions (token-id prompts without --tokenizer); "
+                   "openai-chat: /v1/chat/completions; tgi: /generate_stream (default openai)")
+    g.add_argument("--model", metavar="NAME", help="model name sent in each request")
+    g.add_argument("--mode", choices=("open", "closed"), default="open",
+                   help="open: send at trace arrival times (default); closed: --concurrency "
+                   "users, each sending its next request when the last one ends")
+    g.add_argument("--concurrency", type=int, metavar="N", help="closed loop: number of users")
+    g.add_argument("--max-concurrency", type=int, metavar="N",
+                   help="open loop: at most N requests in flight; held requests go out in "
+                   "arrival order, never faster than the trace's mean rate")
+    g.add_argument("--timeout-s", type=float, default=600.0, metavar="S",
+                   help="per-request limit from send to end of stream (600)")
+    g.add_argument("--tokenizer", metavar="PATH",
+                   help="local tokenizer folder (or tokenizer.json) of the served model: "
+                   "prompts of exact token length; no hub access")
+    g.add_argument("--slo", help="SLOs for goodput, e.g. ttft_s=0.5,tpot_s=0.05,e2e_s=20")
+    g.add_argument("--client-lag-threshold-s", type=float, default=0.010, metavar="S",
+                   help="flag the run client-limited when send-lag p99 exceeds S (0.010)")
+    g.add_argument("--api-key-env", metavar="VAR",
+                   help="environment variable holding a bearer API key (the key is never "
+                   "printed or stored)")
+    g.add_argument("--out", default="reports/replay", help="run folder (reports/replay)")
+    _add_engine_options(p)
+
+
+def _replay_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``ReplayConfig`` fields from the command line, all but the target URL."""
+    return {
+        "protocol": args.protocol,
+        "model": args.model,
+        "mode": args.mode,
+        "concurrency": args.concurrency,
+        "max_concurrency": args.max_concurrency,
+        "timeout_s": args.timeout_s,
+        "tokenizer_path": args.tokenizer,
+        "slo": _parse_slo(args.slo),
+        "client_lag_threshold_s": args.client_lag_threshold_s,
+        "api_key_env": args.api_key_env,
+        "seed": args.seed,
+    }
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from harness.replay import ReplayConfig, replay_sync
+
+    if args.engine:
+        return _cmd_replay_engine(args)
+    if not args.target:
+        raise UserError("--target URL is required (the server to replay against)")
+    trace = _load_trace(args)
+    try:
+        config = ReplayConfig(target_url=args.target, **_replay_kwargs(args))
+        config.validate()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    out = Path(args.out)
+    bar = _progress_bar(len(trace.requests), "replay")
+    try:
+        summary = replay_sync(trace, config, out, progress=bar.update_to,
+                              command=["batchlab", *sys.argv[1:]])
+    except ValueError as exc:  # a tokenizer that cannot be loaded, ...
+        raise UserError(str(exc)) from None
+    finally:
+        bar.close()
+    _print_live_headline(summary)
+    print(f"results: {out}/")
+    return 0
+
+
+def _print_live_headline(summary: dict[str, Any]) -> None:
+    _print_headline(summary)
+    if summary.get("failures"):
+        print("failures: " + ", ".join(f"{k} {v}" for k, v in summary["failures"].items()))
+    lag = summary.get("send_lag_s") or {}
+    if summary.get("client_limited"):
+        print(f"warning: client-limited run: send-lag p99 {_fmt_s(lag.get('p99'))} exceeds "
+              f"{_fmt_s(summary.get('client_lag_threshold_s'))}; the client, not the server, "
+              "may have set these figures", file=sys.stderr)
+
+
+def _add_summarize(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "summarize",
+        help="rebuild a run folder's summary (after a crash or with other SLOs)",
+        description="Rebuild requests.parquet, chunks.parquet and summary.json of a live run "
+        "folder from its records.jsonl (what survives a crash or Ctrl-C), or re-summarise any "
+        "run folder's requests.parquet, e.g. under different SLOs.",
+        epilog="example: batchlab summarize reports/live --slo ttft_s=0.5,tpot_s=0.05",
+    )
+    p.add_argument("run_dir", metavar="DIR", help="run folder")
+    p.add_argument("--slo", help="SLOs for goodput (default: the run's own, from manifest.json)")
+
+
+def _cmd_summarize(args: argparse.Namespace) -> int:
+    from harness.replay import rebuild_summary
+
+    try:
+        summary = rebuild_summary(Path(args.run_dir), slo=_parse_slo(args.slo))
+    except (ValueError, OSError) as exc:
+        raise UserError(str(exc)) from None
+    _print_live_headline(summary)
+    print(f"summary: {Path(args.run_dir) / 'summary.json'}")
+    return 0
+
+
 # ---------------------------------------------------------------- main
+
+
+# ---------------------------------------------------------------- engines (live runs)
+
+ENGINE_CHOICES = ("vllm", "tgi", "trtllm", "openai", "reference")
+_KNOB_FLAGS = (  # uniform knob -> its replay flag (max_model_len comes from the trace options)
+    "max_num_seqs", "max_num_batched_tokens", "policy", "preemption", "chunked_prefill",
+    "weights_dtype", "kv_cache_dtype", "gpu_memory_utilization", "prefix_caching",
+    "tensor_parallel_size",
+)
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    """Engine and uniform-knob options of a live replay (``--engine``); see docs/engines.md."""
+    g = p.add_argument_group(
+        "engine",
+        "launch an engine with mapped knobs (--launch) or attach to one (--url); "
+        "`batchlab engines` shows each engine's mapping",
+    )
+    g.add_argument("--engine", choices=ENGINE_CHOICES,
+                   help="engine to drive; with it the run folder gets manifest.json (argv, "
+                   "knob mapping, engine version) and telemetry.parquet")
+    how = g.add_mutually_exclusive_group()
+    how.add_argument("--launch", action="store_true",
+                     help="start the engine (bound to 127.0.0.1, a free port) and stop it after")
+    how.add_argument("--url", metavar="URL", help="attach to an engine already running at URL")
+    g.add_argument("--model-path", metavar="PATH",
+                   help="what the launched engine loads (local folder or hub id); default: "
+                   "--model. Requests carry --model (default: this path)")
+    g.add_argument("--allow-approximate", action="store_true",
+                   help="record knobs the engine cannot honour as approximated or not applied "
+                   "instead of failing")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the launch argv, generated config file and knob mapping; start "
+                   "nothing")
+    g.add_argument("--engine-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for the launched server (repeatable), e.g. "
+                   "VLLM_CPU_KVCACHE_SPACE=1")
+    g.add_argument("--engine-executable", metavar="PATH",
+                   help="vllm: the python that has vLLM (default $BATCHLAB_VLLM_PYTHON, a "
+                   "`vllm` command, or .venvs/vllm/bin/python); trtllm: the trtllm-serve command")
+    g.add_argument("--container-runtime", choices=("native", "docker", "podman"),
+                   help="tgi: run text-generation-launcher natively or in the official image "
+                   "(default: native if installed, else docker/podman)")
+    g.add_argument("--metric-map", metavar="MAP",
+                   help="openai: telemetry names, a preset (llamacpp, vllm, transformers, none) "
+                   "or canonical=metric pairs, e.g. num_running=foo_running,num_waiting=foo_q")
+    g.add_argument("--port", type=int, help="port of the launched server (default: a free one)")
+    g.add_argument("--ready-timeout-s", type=float, default=900.0, metavar="S",
+                   help="how long to wait for the launched server's /health (900)")
+    g.add_argument("--telemetry-interval-s", type=float, default=0.25, metavar="S",
+                   help="seconds between /metrics scrapes (0.25)")
+    k = p.add_argument_group("uniform knobs", "unset knobs keep batchlab's defaults "
+                             "(docs/engines.md); --max-model-len is the trace option above")
+    k.add_argument("--max-num-seqs", type=int, metavar="N", help="max running requests (256)")
+    k.add_argument("--max-num-batched-tokens", type=int, metavar="T",
+                   help="token budget per engine step (8192)")
+    k.add_argument("--policy", choices=("fcfs", "priority", "static"), help="scheduling (fcfs)")
+    k.add_argument("--preemption", choices=("recompute", "swap", "none"),
+                   help="what happens when KV runs out (recompute)")
+    k.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="split long prompts across steps (on)")
+    k.add_argument("--weights-dtype", choices=("bf16", "fp8"), help="weights (bf16)")
+    k.add_argument("--kv-cache-dtype", choices=("bf16", "fp8"), help="KV cache (bf16)")
+    k.add_argument("--gpu-memory-utilization", type=float, metavar="F",
+                   help="memory fraction for the engine (0.9)")
+    k.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse KV of shared prefixes (off)")
+    k.add_argument("--tensor-parallel-size", type=int, metavar="TP", help="GPUs per model (1)")
+    k.add_argument("--extra-arg", action="append", default=[], metavar="ARG",
+                   help="one argv item appended to the engine command (repeatable; write "
+                   "--extra-arg=--enforce-eager for flags)")
+
+
+def _knobs_from_args(args: argparse.Namespace) -> Knobs:
+    """Uniform knobs from the flags that were given; the rest keep their defaults."""
+    values: dict[str, object] = {
+        name: getattr(args, name) for name in _KNOB_FLAGS if getattr(args, name, None) is not None
+    }
+    if getattr(args, "max_model_len", None) is not None:
+        values["max_model_len"] = args.max_model_len
+    if getattr(args, "extra_arg", None):
+        values["extra_args"] = tuple(args.extra_arg)
+    try:
+        return Knobs.from_mapping(values, where="command line")
+    except KnobError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _engine_env(items: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--engine-env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    return env
+
+
+def _run_engine(args: argparse.Namespace, trace: Trace, replay_kwargs: dict[str, Any],
+                out_dir: str, *, url: str | None = None,
+                progress: Callable[[int, int], None] | None = None,
+                command: Sequence[str] | None = None) -> dict[str, Any]:
+    """The live run of ``replay --engine``: plan, launch or attach, replay, tear down.
+
+    ``url`` overrides ``--url`` (the replay's own target option). KnobError and a server that
+    does not start become UserError / a printed failure.
+    """
+    from adapters.openai import parse_metric_map
+    from adapters.process import EngineStartError
+    from harness.live import run_live
+
+    url = url or args.url
+    if not args.launch and url is None:
+        raise UserError(f"--engine {args.engine}: give --launch to start it or --url URL")
+    model_path = args.model_path or getattr(args, "model", None)
+    if not model_path:
+        raise UserError(f"--engine {args.engine}: give --model-path (what the engine loads) or "
+                        "--model")
+    try:
+        return run_live(
+            args.engine, _knobs_from_args(args), trace, replay_kwargs, out_dir,
+            launch=bool(args.launch), url=url, allow_approximate=args.allow_approximate,
+            dry_run=args.dry_run, model=model_path,
+            served_model_name=getattr(args, "model", None) or model_path,
+            progress=progress, command=command, engine_env=_engine_env(args.engine_env),
+            executable=args.engine_executable, runtime=args.container_runtime,
+            metric_map=parse_metric_map(args.metric_map) if args.metric_map else None,
+            port=args.port, ready_timeout_s=args.ready_timeout_s,
+            telemetry_interval_s=args.telemetry_interval_s,
+        )
+    except KnobError as exc:
+        raise UserError(str(exc)) from None
+    except EngineStartError as exc:
+        raise UserError(f"{exc}\n(see {out_dir}/manifest.json and the server logs there)") from None
+
+
+def _cmd_replay_engine(args: argparse.Namespace) -> int:
+    """``replay --engine``: the replay above, around an engine batchlab plans and launches."""
+    if args.target and args.launch:
+        raise UserError("--target and --launch: give --launch to start the engine, or the URL "
+                        "of a running one")
+    trace = _load_trace(args)
+    command = ["batchlab", *sys.argv[1:]]
+    if args.dry_run:
+        _run_engine(args, trace, _replay_kwargs(args), args.out, url=args.target,
+                    command=command)
+        return 0
+    bar = _progress_bar(len(trace.requests), f"replay {args.engine}")
+    try:
+        summary = _run_engine(args, trace, _replay_kwargs(args), args.out, url=args.target,
+                              progress=bar.update_to, command=command)
+    except ValueError as exc:  # replay options, a tokenizer that cannot be loaded, ...
+        raise UserError(str(exc)) from None
+    finally:
+        bar.close()
+    _print_live_headline(summary)
+    print(f"results: {args.out}/ (manifest.json: engine version, argv, knob mapping)")
+    return 0
+
+
+def _add_engines(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "engines",
+        help="show how the uniform knobs map to each engine's flags",
+        description="Print every engine adapter's mapping table: which flag, config key or "
+        "environment variable each uniform knob becomes, and which values are refused at plan "
+        "time (or approximated with --allow-approximate).\n\n"
+        "example: batchlab engines\n"
+        "         batchlab engines --markdown > docs/engines.md",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--markdown", action="store_true",
+                   help="print docs/engines.md (the same tables as Markdown)")
+
+
+def _cmd_engines(args: argparse.Namespace) -> int:
+    from adapters.catalog import mapping_markdown, mapping_text
+
+    sys.stdout.write(mapping_markdown() if args.markdown else mapping_text())
+    return 0
+
+
+# ---------------------------------------------------------------- serve
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve the reference engine over vLLM's OpenAI and TGI's HTTP protocols",
+        description="Run the reference engine (the scheduler and cost model of `simulate`) on "
+        "the wall clock behind an HTTP server: each step sleeps its predicted duration, then "
+        "streams the tokens it produced. Routes: /v1/completions, /v1/chat/completions "
+        "(vLLM's dialect: stream, usage, ignore_eos, min_tokens, priority), /generate, "
+        "/generate_stream and / (TGI), /health, /v1/models, /version, /info and Prometheus "
+        "/metrics with vLLM's and TGI's metric names. Every request produces exactly its "
+        "max_tokens; token-id prompts count exactly, text prompts as described in "
+        "docs/reference-server.md. Stop it with Ctrl-C or SIGTERM.",
+        epilog="examples:\n"
+        "  batchlab serve reference --model llama-3.1-8b --gpu h100-sxm --port 8000\n"
+        "  batchlab serve reference --model llama-3.1-70b --gpu a100-80gb --tp 4 "
+        "--policy priority --port 0\n"
+        "  then: batchlab replay --target http://127.0.0.1:8000 --protocol openai "
+        "--trace harness/data/azure_conv_excerpt.csv --limit 50",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("engine", choices=("reference",),
+                   help="the engine to serve (batchlab serves only its reference engine)")
+    _add_engine_config_options(p)
+    p.add_argument("--max-model-len", type=int, metavar="N",
+                   help="context length: longer requests are refused with HTTP 400 "
+                   "(default: the model's max_position_embeddings)")
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
+    g.add_argument("--port", type=int, default=8000,
+                   help="port (default 8000; 0 picks a free one, printed at start)")
+    g.add_argument("--served-model-name", metavar="NAME",
+                   help="model name clients must send, if any (default: --model)")
+    g.add_argument("--tokenizer", metavar="PATH",
+                   help="count text prompts with this local tokenizer (default: one token per "
+                   "word and per punctuation mark)")
+    g.add_argument("--log-level", default="warning",
+                   choices=("critical", "error", "warning", "info", "debug"),
+                   help="server log level (warning)")
+    g.add_argument("--access-log", action="store_true", help="log every HTTP request")
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from adapters.reference.server import ServerOptions, serve
+
+    config = _reference_config(args)
+    options = ServerOptions(host=args.host, port=args.port,
+                            served_model_name=args.served_model_name,
+                            tokenizer_path=args.tokenizer, log_level=args.log_level,
+                            access_log=args.access_log)
+
+    def ready(url: str) -> None:
+        print(f"batchlab serve reference: {config.model} on {config.tp}x "
+              f"{config.gpu_spec.name}, policy {config.policy}, listening on {url}", flush=True)
+
+    try:
+        serve(config, options, on_ready=ready)
+    except OSError as exc:
+        raise UserError(f"--host/--port: cannot listen on {args.host}:{args.port}: {exc}") \
+            from None
+    except ValueError as exc:  # a tokenizer that cannot be loaded
+        raise UserError(str(exc)) from None
+    return 0
 
 
 Command = Callable[[argparse.Namespace], int]
@@ -441,12 +868,22 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
     commands: dict[str, Command] = {}
     _add_simulate(sub)
     commands["simulate"] = _cmd_simulate
+    _add_costmodel(sub)
+    commands["costmodel"] = _cmd_costmodel
     _add_trace(sub)
     commands["trace"] = _cmd_trace
     _add_run(sub)
     commands["run"] = _cmd_run
     _add_report(sub)
     commands["report"] = _cmd_report
+    _add_replay(sub)
+    commands["replay"] = _cmd_replay
+    _add_summarize(sub)
+    commands["summarize"] = _cmd_summarize
+    _add_engines(sub)
+    commands["engines"] = _cmd_engines
+    _add_serve(sub)
+    commands["serve"] = _cmd_serve
     return parser, commands
 
 

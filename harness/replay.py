@@ -43,6 +43,7 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
+from harness.http_pool import LifoPoolTransport
 from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo, summarize
 from harness.prompts import (
     DEFAULT_PREFIX_BLOCK_NUM_TOKENS,
@@ -112,6 +113,9 @@ class ReplayConfig:
     # Build every request body before t0 when the trace's prompts total at most this many tokens;
     # above it, each body is built just before its request (while the scheduler waits).
     prebuild_max_prompt_tokens: int = 20_000_000
+    # Sleep until this long before each send, then yield to the event loop until the instant:
+    # the loop's timers are only millisecond-precise. 0 = plain sleeps.
+    spin_window_s: float = SPIN_WINDOW_NS / 1e9
 
     def validate(self) -> None:
         url = httpx.URL(self.target_url)
@@ -133,6 +137,9 @@ class ReplayConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if not (isinstance(self.spin_window_s, int | float) and 0 <= self.spin_window_s < 1):
+            raise ValueError(
+                f"spin_window_s: must be in [0, 1) seconds, got {self.spin_window_s!r}")
         for name in ("timeout_s", "client_lag_threshold_s", "fsync_interval_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
@@ -274,6 +281,7 @@ class _Run:
         self.progress = progress
         self.url = config.url
         self.headers = _headers(config)
+        self.spin_ns = round(config.spin_window_s * 1e9)
         self.t0_ns = time.perf_counter_ns()
         self.timelines: list[RequestTimeline] = []
         self.tasks: set[asyncio.Task[None]] = set()
@@ -288,18 +296,24 @@ class _Run:
         gate = _Gate(self.config.max_concurrency) if self.config.max_concurrency else None
         gap_ns = _mean_gap_ns(requests)
         last_release_ns = self.t0_ns
+        behind = False  # the previous request was held past its arrival by the gate
         for i, req in enumerate(requests):
             request = self.http_request(req, self.bodies.take(i))  # built before the arrival
             arrival_ns = self.t0_ns + round(req.arrival_s * 1e9)
-            await sleep_until_ns(arrival_ns)
+            await sleep_until_ns(arrival_ns, spin_ns=self.spin_ns)
             scheduled_ns: int | None = None
             if gate is not None:
                 freed_ns = await gate.acquire()
-                if freed_ns is not None:
-                    # Held at the gate: go when the slot freed, but never faster than the trace's
-                    # mean rate behind the previous send, so a lump of freed slots is no burst.
-                    scheduled_ns = max(freed_ns, last_release_ns + gap_ns, arrival_ns)
-                    await sleep_until_ns(scheduled_ns)
+                earliest_ns = arrival_ns if freed_ns is None else max(arrival_ns, freed_ns)
+                if freed_ns is not None or behind:
+                    # While the gate holds requests back, send no faster than the trace's mean
+                    # rate, so slots freed in a lump never release a burst; once the schedule
+                    # is caught up (arrival later than that), requests go at their arrival.
+                    earliest_ns = max(earliest_ns, last_release_ns + gap_ns)
+                behind = earliest_ns > arrival_ns
+                if behind:
+                    scheduled_ns = earliest_ns
+                    await sleep_until_ns(scheduled_ns, spin_ns=self.spin_ns)
             last_release_ns = arrival_ns if scheduled_ns is None else scheduled_ns
             task = asyncio.create_task(self.execute(
                 req, request, req.arrival_s,
@@ -390,7 +404,7 @@ class _Run:
                 return
             decoder = SseDecoder()
             parser = att.parser
-            chunks = response.aiter_bytes()
+            chunks = response.aiter_raw()  # identity encoding was asked for; skip decoders
             async for data in chunks:
                 t_ns = time.perf_counter_ns()
                 for event in decoder.feed(data):
@@ -571,7 +585,7 @@ async def replay(
 
     cap = config.max_concurrency if config.mode == "open" else config.concurrency
     client = httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=cap, max_keepalive_connections=cap),
+        transport=LifoPoolTransport(max_connections=cap),  # O(1) per request; see http_pool
         timeout=httpx.Timeout(config.timeout_s, pool=None),
         trust_env=False,  # a proxy from the environment must not sit between us and the engine
     )

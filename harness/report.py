@@ -12,6 +12,7 @@ Layout of a report::
     ## Cells                        knobs per cell, mapped engine flags, approximations
     ## Latency / Throughput / ...   one table per metric family, deltas against the baseline
     ## Per priority class           when classes exist
+    ## Prediction fidelity          live cells against a simulated cell of the same trace
     ## Plots                        latency CDFs, engine state, throughput, batch-size sweep
     ## Reproduce                    the command, and a link to the metric definitions
 
@@ -134,6 +135,12 @@ def _with_delta(text: str, value: float | None, base: float | None, is_base: boo
     return f"{text} ({delta})" if delta else text
 
 
+def _short(text: str, limit: int = 200) -> str:
+    """A reason on one line, cut at ``limit`` characters (the cell's error.txt has it all)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
 def _code(text: Any) -> str:
     return f"`{text}`"
 
@@ -203,7 +210,11 @@ class CellResult:
         engine = self.cell.get("engine")
         if isinstance(engine, Mapping) and engine.get("engine"):
             return str(engine["engine"])
-        return str(self.manifest.get("engine") or "–")
+        return _manifest_engine(self.manifest)[0] or "–"
+
+    @property
+    def engine_version(self) -> str | None:
+        return _manifest_engine(self.manifest)[1]
 
     @property
     def mode(self) -> str:
@@ -211,6 +222,18 @@ class CellResult:
         if isinstance(engine, Mapping) and engine.get("mode"):
             return str(engine["mode"])
         return str(self.manifest.get("kind") or "–")
+
+
+def _manifest_engine(manifest: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(engine name, version): simulated runs write ``engine`` and ``engine_version``, live
+    runs an ``engine`` record with ``name`` and ``version``."""
+    engine = manifest.get("engine")
+    if isinstance(engine, Mapping):
+        version = engine.get("version")
+        return (str(engine["name"]) if engine.get("name") else None,
+                str(version) if version else None)
+    version = manifest.get("engine_version")
+    return (str(engine) if engine else None, str(version) if version else None)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -249,8 +272,8 @@ def load_scenario_dir(scenario_dir: Path) -> tuple[dict[str, Any], list[CellResu
     meta = _read_json(scenario_dir / SCENARIO_FILE)
     names = list(meta.get("cells") or [])
     if not names:
-        names = sorted(p.name for p in scenario_dir.iterdir()
-                       if p.is_dir() and ((p / STATUS_FILE).exists() or (p / SUMMARY_FILE).exists()))
+        names = sorted(p.name for p in scenario_dir.iterdir() if p.is_dir() and (
+            (p / STATUS_FILE).exists() or (p / SUMMARY_FILE).exists()))
     cells = []
     for name in names:
         cell_dir = scenario_dir / name
@@ -539,11 +562,15 @@ def _priority_findings(cells: Sequence[CellResult], base: CellResult, ctx: Repor
         for key in sorted(base_classes, key=_priority_sort_key):
             if key not in classes:
                 continue
-            phrase, r = _latency_phrase("TTFT p90", get(classes[key], "ttft_s.p90"),
-                                        get(base_classes[key], "ttft_s.p90"))
-            if phrase:
-                phrases.append(f"class {_class_name(ctx, key)} {phrase}")
-                ratios.append(r)
+            parts = []
+            for metric, label in (("ttft_s.p90", "TTFT p90"), ("tpot_s.p90", "TPOT p90")):
+                phrase, r = _latency_phrase(label, get(classes[key], metric),
+                                            get(base_classes[key], metric))
+                if phrase and (metric == "ttft_s.p90" or "about the same" not in phrase):
+                    parts.append(phrase)
+                    ratios.append(r)
+            if parts:
+                phrases.append(f"class {_class_name(ctx, key)} " + ", ".join(parts))
         if phrases:
             # A cell with another scheduling policy is what a per-class comparison is for.
             other_policy = _knob(c, "policy") != _knob(base, "policy")
@@ -579,8 +606,10 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
     """Generated sentences: the largest differences against the baseline first."""
     ok = [c for c in cells if c.ok]
     out: list[str] = []
-    if len(ok) == 1 and len(cells) == 1:
-        out.append(_single_run_sentence(ok[0]))
+    if len(ok) == 1:
+        sentence = _single_run_sentence(ok[0])
+        out.append(sentence if len(cells) == 1 else
+                   f"{_code(ok[0].name)} s{sentence[1:]}")  # "`x` served ..."
     elif ok and base is not None:
         scored = []
         for c in ok:
@@ -605,7 +634,8 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         out.append(preemption)
     for c in cells:
         if c.state in ("failed", "running"):
-            out.append(f"{_code(c.name)} did not finish: {c.reason or 'no reason recorded'}.")
+            reason = _short(c.reason) if c.reason else "no reason recorded"
+            out.append(f"{_code(c.name)} did not finish: {reason.rstrip('.')}.")
     not_run = [c.name for c in cells if c.state == "not_run"]
     if not_run:
         out.append(f"{len(not_run)} cell{'s' if len(not_run) > 1 else ''} not run "
@@ -711,7 +741,7 @@ def _header(cells: Sequence[CellResult], base: CellResult | None, ctx: ReportCon
         traces.setdefault(key, []).append(c.name)
     if traces:
         described = []
-        for key, names in traces.items():
+        for names in traces.values():
             c = next(x for x in cells if x.name == names[0])
             text = _trace_text(c)
             if len(traces) > 1:
@@ -765,7 +795,7 @@ def _trace_text(c: CellResult) -> str:
 
 
 def _engine_text(c: CellResult) -> str:
-    version = c.manifest.get("engine_version")
+    version = c.engine_version
     if not version and c.engine == "reference":
         bv = c.manifest.get("batchlab_version")
         version = f"batchlab {bv}" if bv else None
@@ -786,6 +816,8 @@ def _slo_text(slo: Mapping[str, float]) -> str:
 def _client_text(cells: Sequence[CellResult]) -> str:
     live = [c for c in cells if c.ok and c.mode == "live"]
     if not live:
+        if any(c.mode == "live" for c in cells):
+            return "not known: no live cell finished"
         return "not applicable: every cell was simulated" if any(c.ok for c in cells) else "–"
     limited = [c for c in live if _client_limited(c)]
     if not limited:
@@ -847,7 +879,7 @@ def _status_text(c: CellResult) -> str:
         return "done"
     if c.state == "not_run":
         return "not run"
-    return f"{c.state}: {c.reason}" if c.reason else c.state
+    return f"{c.state}: {_short(c.reason)}" if c.reason else c.state
 
 
 def _load_text(load: Mapping[str, Any]) -> str:
@@ -938,7 +970,7 @@ def _goodput_section(ok: Sequence[CellResult], base: CellResult | None, ctx: Rep
                      ) -> list[str]:
     lines = ["## Goodput and SLO attainment", ""]
     if not any(get(c.summary, "goodput") for c in ok):
-        return lines + ["No SLO was set, so goodput is not computed.", ""]
+        return [*lines, "No SLO was set, so goodput is not computed.", ""]
     if ctx.slo:
         lines += [f"A request is good when it succeeded and met every SLO ({_slo_text(ctx.slo)});"
                   " attainment divides by requests sent.", ""]
@@ -1015,7 +1047,8 @@ def _priority_section(ok: Sequence[CellResult], base: CellResult | None, ctx: Re
         return []
     keys.sort(key=_priority_sort_key)
     lines = ["## Per priority class", "",
-             "Lower priority values are served first. Deltas against the same class in the "
+             "Requests split by priority (lower values are served first under the priority "
+             "policy; other policies ignore them). Deltas against the same class in the "
              "baseline.", ""]
     has_slo = any(get(c.summary, "goodput") for c in ok)
     for key in keys:
@@ -1082,6 +1115,67 @@ def _plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext) -> list[
     return drawn
 
 
+def _trace_digest(c: CellResult) -> str | None:
+    trace = c.manifest.get("trace") or {}
+    digest = trace.get("digest")
+    return str(digest) if digest else None
+
+
+def fidelity_pairs(ok: Sequence[CellResult]) -> list[tuple[CellResult, CellResult]]:
+    """(live, simulated) cells that ran the same trace (same digest): the simulated one with the
+    same knobs when there is one, else the first simulated one."""
+    pairs = []
+    for live in ok:
+        if live.mode != "live" or _trace_digest(live) is None:
+            continue
+        sims = [c for c in ok if c.mode == "simulated"
+                and _trace_digest(c) == _trace_digest(live)]
+        if not sims:
+            continue
+        same_knobs = [c for c in sims if dict(c.knobs) == dict(live.knobs)]
+        pairs.append((live, (same_knobs or sims)[0]))
+    return pairs
+
+
+def _prediction_section(ok: Sequence[CellResult]) -> list[str]:
+    """How well each simulated cell predicted a live cell of the same trace."""
+    pairs = fidelity_pairs(ok)
+    if not pairs:
+        return []
+    from harness import validate
+    from harness.results import read_timelines
+    from harness.timeline import RequestTimeline
+
+    lines = ["## Prediction fidelity", "",
+             "Each live cell against the simulated cell that ran the same trace (the same knobs "
+             "where one did): error = (predicted - measured) / measured.", ""]
+    for live, sim in pairs:
+        steps = _read_table(sim.run_dir / STEPS_FILE)
+        telemetry = _read_table(live.run_dir / TELEMETRY_FILE)
+        sim_timelines: list[RequestTimeline] | None = None
+        live_timelines: list[RequestTimeline] | None = None
+        try:
+            sim_timelines = read_timelines(sim.run_dir)
+            live_timelines = read_timelines(live.run_dir)
+        except (OSError, ValueError, KeyError):
+            sim_timelines = live_timelines = None
+        fid = validate.fidelity(sim.summary or {}, live.summary or {}, sim_timelines,
+                                live_timelines, predicted_steps=steps,
+                                measured_telemetry=telemetry)
+        title = f"{_code(live.name)} measured, {_code(sim.name)} predicted"
+        lines.append(validate.render_fidelity_markdown(fid, title=title, level=3, intro=False))
+    return lines
+
+
+def _read_table(path: Path) -> Any:
+    if not path.exists():
+        return None
+    try:
+        return pq.read_table(path)
+    except (OSError, ValueError):
+        return None
+
+
 def _preempted_requests(ok: Sequence[CellResult]) -> dict[str, int | None]:
     out: dict[str, int | None] = {}
     for c in ok:
@@ -1096,8 +1190,8 @@ def _reproduce(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Path) -
     if ctx.command:
         lines += ["Run it again:", "", "```sh", shlex.join(ctx.command), "```", ""]
     else:
-        commands = [(c, c.manifest.get("command")) for c in cells]
-        commands = [(c, cmd) for c, cmd in commands if cmd]
+        commands = [(c, list(c.manifest["command"])) for c in cells
+                    if c.manifest.get("command")]
         if commands:
             lines += ["Each cell was produced by:", "", "```sh"]
             for c, cmd in commands:
@@ -1137,6 +1231,7 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
         lines += _fidelity_section(ok)
         lines += _failures_section(ok)
         lines += _priority_section(ok, base, ctx)
+        lines += _prediction_section(ok)
     drawn = _plots(ok, out_dir, ctx) if draw else []
     if drawn:
         lines += ["## Plots", ""]
@@ -1174,6 +1269,7 @@ def scenario_context(meta: Mapping[str, Any], cells: Sequence[CellResult], scena
                      *, baseline: str | None = None, metrics_doc: str | None = None
                      ) -> ReportContext:
     names = {int(p["priority"]): str(p["name"]) for p in meta.get("priority_classes") or []}
+    names.update({int(k): str(v) for k, v in (meta.get("class_names") or {}).items()})
     command = meta.get("command")
     return ReportContext(
         title=f"Scenario {meta.get('name') or scenario_dir.name}",

@@ -130,11 +130,32 @@ class PriorityClass:
 
 @dataclass(frozen=True, slots=True)
 class TraceSpec:
-    """Where the trace is and the options to load it with (``TraceOptions`` fields)."""
+    """Where the trace is and the options to load it with (``TraceOptions`` fields).
+
+    ``mix`` lists more traces replayed at the same time (merged by arrival), e.g. long
+    Mooncake prompts over chat traffic. ``priority`` gives every request of this trace that
+    priority, and ``label`` names it in the report (a traffic class).
+    """
 
     path: Path
     options: dict[str, Any] = field(default_factory=dict)
+    priority: int | None = None
+    label: str | None = None
+    mix: tuple[TraceSpec, ...] = ()
     line: int | None = None
+
+    def components(self) -> tuple[TraceSpec, ...]:
+        return (self, *self.mix)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": _display_path(self.path), "options": _jsonable(self.options)}
+        if self.priority is not None:
+            out["priority"] = self.priority
+        if self.label is not None:
+            out["label"] = self.label
+        if self.mix:
+            out["mix"] = [m.as_dict() for m in self.mix]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +201,13 @@ class EngineSpec:
     num_gpu_blocks: int | None = None  # reference: override the KV block count
     block_size: int = 16  # reference: tokens per KV block
     replay: dict[str, Any] = field(default_factory=dict)  # live: replay client options
+    model: str | None = None  # what this engine loads, when not the scenario's model
+    executable: str | None = None  # live: the engine's command, when not the default
+    runtime: str | None = None  # live: container runtime (docker, podman) where supported
+    served_model_name: str | None = None  # live: the model name requests carry
+    port: int | None = None  # live: port to serve on
+    ready_timeout_s: float | None = None  # live: how long to wait for the engine to be ready
+    env: dict[str, str] = field(default_factory=dict)  # live: extra environment for the engine
     line: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -244,11 +272,19 @@ class Scenario:
                 return cell.name
         raise ScenarioError(self.source, None, "baseline", f"no cell named {self.baseline!r}")
 
+    def class_names(self) -> dict[int, str]:
+        """Priority value -> traffic class name, from priority classes and trace labels."""
+        names = {p.priority: p.name for p in self.priority_classes}
+        for t in self.trace.components():
+            if t.priority is not None and t.label is not None:
+                names[t.priority] = t.label
+        return names
+
     def cell_digest(self, cell: Cell) -> str:
         """What determines a cell's results: resume redoes a finished cell whose digest changed."""
         payload = {
             "cell": cell.as_dict(),
-            "trace": {"path": str(self.trace.path), "options": _jsonable(self.trace.options)},
+            "trace": self.trace.as_dict(),
             "model": self.model,
             "gpu": self.gpu,
             "slo": self.slo.as_dict() if self.slo else None,
@@ -263,13 +299,13 @@ class Scenario:
             "name": self.name,
             "question": self.question,
             "source": _display_path(self.source),
-            "trace": {"path": _display_path(self.trace.path),
-                      "options": _jsonable(self.trace.options)},
+            "trace": self.trace.as_dict(),
             "loads": [lp.as_dict() for lp in self.loads],
             "model": self.model,
             "gpu": self.gpu,
             "slo": self.slo.as_dict() if self.slo else None,
             "priority_classes": [dataclasses.asdict(p) for p in self.priority_classes],
+            "class_names": {str(k): v for k, v in self.class_names().items()},
             "grid": {k: list(_jsonable(list(v))) for k, v in self.grid.items()},
             "baseline": self.baseline_cell(),
             "seed": self.seed,
@@ -463,9 +499,12 @@ SCENARIO_KEYS = (
     "engines", "grid", "baseline", "seed",
 )
 ENGINE_KEYS = (
-    "name", "engine", "mode", "knobs", "url", "launch", "allow_approximate", "admission",
-    "num_gpu_blocks", "block_size", "replay",
+    "name", "engine", "mode", "model", "knobs", "url", "launch", "allow_approximate",
+    "admission", "num_gpu_blocks", "block_size", "replay", "executable", "runtime",
+    "served_model_name", "port", "ready_timeout_s", "env",
 )
+_LIVE_ONLY = ("url", "launch", "allow_approximate", "replay", "executable", "runtime",
+              "served_model_name", "port", "ready_timeout_s", "env")
 
 
 def load_scenario(path: str | Path, *, trace_path: str | Path | None = None) -> Scenario:
@@ -501,6 +540,9 @@ def load_scenario(path: str | Path, *, trace_path: str | Path | None = None) -> 
     grid = _parse_grid(c, top["grid"], engines) if "grid" in top else {}
     baseline = c.string(top["baseline"], "baseline") if "baseline" in top else None
 
+    if trace.mix and any(lp.kind == "rate" for lp in loads):
+        raise c.fail(top["load"], "load.rates",
+                     "a mixed trace keeps each part's timing: use time_scales instead of rates")
     if any(lp.kind == "concurrency" for lp in loads):
         for e in engines:
             if e.mode == "simulated":
@@ -524,33 +566,47 @@ def load_scenario(path: str | Path, *, trace_path: str | Path | None = None) -> 
     return scenario
 
 
-def _parse_trace(c: _Checker, y: _Y, base: Path, override: str | Path | None) -> TraceSpec:
-    known = ("path", *TRACE_OPTION_TYPES)
-    items = c.mapping(y, "trace", known, required=() if override else ("path",))
+def _parse_trace(c: _Checker, y: _Y, base: Path, override: str | Path | None,
+                 *, key: str = "trace") -> TraceSpec:
+    nested = key != "trace"
+    known = ("path", "priority", "label", *TRACE_OPTION_TYPES, *(() if nested else ("mix",)))
+    items = c.mapping(y, key, known, required=() if override else ("path",))
     options: dict[str, Any] = {}
-    for key, value in items.items():
-        if key == "path":
+    for name, value in items.items():
+        if name in ("path", "priority", "label", "mix"):
             continue
-        kind = TRACE_OPTION_TYPES[key]
-        where = f"trace.{key}"
+        kind = TRACE_OPTION_TYPES[name]
+        where = f"{key}.{name}"
         if kind == "int":
-            options[key] = c.integer(value, where, minimum=0)
+            options[name] = c.integer(value, where, minimum=0)
         elif kind == "float":
-            options[key] = c.number(value, where)
+            options[name] = c.number(value, where)
         elif kind == "bool":
-            options[key] = c.boolean(value, where)
+            options[name] = c.boolean(value, where)
         elif kind == "path":
-            options[key] = str(resolve_trace_path(c.string(value, where), base, c, value, where))
+            options[name] = str(resolve_trace_path(c.string(value, where), base, c, value, where))
         else:
-            options[key] = c.string(value, where)
+            options[name] = c.string(value, where)
     if override is not None:
         path = Path(override)
         if not path.exists():
             raise ScenarioError(str(override), None, "--trace", "no such file")
     else:
-        path = resolve_trace_path(c.string(items["path"], "trace.path"), base, c,
-                                  items["path"], "trace.path")
-    return TraceSpec(path=path, options=options, line=y.line)
+        path = resolve_trace_path(c.string(items["path"], f"{key}.path"), base, c,
+                                  items["path"], f"{key}.path")
+    mix: list[TraceSpec] = []
+    if "mix" in items:
+        for i, part in enumerate(c.seq(items["mix"], "trace.mix")):
+            mix.append(_parse_trace(c, part, base, None, key=f"trace.mix[{i}]"))
+        if "rate" in options or any("rate" in m.options for m in mix):
+            raise c.fail(items["mix"], "trace.mix",
+                         "a mix keeps each trace's own timing: rescale with time_scale, not rate")
+    return TraceSpec(
+        path=path, options=options,
+        priority=c.integer(items["priority"], f"{key}.priority") if "priority" in items else None,
+        label=c.string(items["label"], f"{key}.label") if "label" in items else None,
+        mix=tuple(mix), line=y.line,
+    )
 
 
 def resolve_trace_path(text: str, base: Path, c: _Checker, y: _Y, where: str) -> Path:
@@ -664,11 +720,10 @@ def _parse_engines(c: _Checker, y: _Y) -> tuple[EngineSpec, ...]:
         if mode == "live" and not launch and url is None:
             raise c.fail(item, f"{where}.url", "a live engine that is not launched needs a url")
         reference_only = ("admission", "num_gpu_blocks", "block_size")
-        live_only = ("url", "launch", "allow_approximate", "replay")
         for key in reference_only:
             if key in f and engine != "reference":
                 raise c.fail(f[key], f"{where}.{key}", "applies to the reference engine only")
-        for key in live_only:
+        for key in _LIVE_ONLY:
             if key in f and mode != "live":
                 raise c.fail(f[key], f"{where}.{key}", "applies to live engines only")
         replay: dict[str, Any] = {}
@@ -676,6 +731,15 @@ def _parse_engines(c: _Checker, y: _Y) -> tuple[EngineSpec, ...]:
             if f["replay"].kind != "map":
                 raise c.fail(f["replay"], f"{where}.replay", "must be a mapping of options")
             replay = _plain(f["replay"])
+        env: dict[str, str] = {}
+        if "env" in f:
+            if f["env"].kind != "map":
+                raise c.fail(f["env"], f"{where}.env", "must be a mapping of NAME: value")
+            env = {k: str(v) for k, v in _plain(f["env"]).items()}
+
+        def text(key: str, f: dict[str, _Y] = f, where: str = where) -> str | None:
+            return c.string(f[key], f"{where}.{key}") if key in f else None
+
         out.append(EngineSpec(
             name=name, engine=engine, mode=mode, knobs=knobs, url=url, launch=launch,
             allow_approximate=(c.boolean(f["allow_approximate"], f"{where}.allow_approximate")
@@ -687,6 +751,14 @@ def _parse_engines(c: _Checker, y: _Y) -> tuple[EngineSpec, ...]:
             block_size=(c.integer(f["block_size"], f"{where}.block_size", minimum=1)
                         if "block_size" in f else 16),
             replay=replay,
+            model=text("model"),
+            executable=text("executable"),
+            runtime=text("runtime"),
+            served_model_name=text("served_model_name"),
+            port=c.integer(f["port"], f"{where}.port", minimum=1) if "port" in f else None,
+            ready_timeout_s=(c.number(f["ready_timeout_s"], f"{where}.ready_timeout_s",
+                                      positive=True) if "ready_timeout_s" in f else None),
+            env=env,
             line=item.line,
         ))
     return tuple(out)
@@ -744,7 +816,45 @@ def _expand_checked(c: _Checker, scenario: Scenario, top: dict[str, _Y]) -> tupl
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise c.fail(top["engines"], "engines", f"cells would share a name: {', '.join(dupes)}")
+    _check_simulated_configs(c, scenario, cells, top)
     return cells
+
+
+def _check_simulated_configs(c: _Checker, scenario: Scenario, cells: Sequence[Cell],
+                             top: dict[str, _Y]) -> None:
+    """Build each simulated cell's engine config now, so a bad combination (unknown model,
+    prompts that cannot be prefilled whole, ...) stops the sweep before it starts."""
+    if not any(cell.engine.mode == "simulated" for cell in cells):
+        return
+    from adapters.reference import ConfigError
+
+    engines_y = c.seq(top["engines"], "engines")
+    for cell in cells:
+        if cell.engine.mode != "simulated":
+            continue
+        try:
+            _reference_config(cell, scenario.model, scenario.gpu)
+        except ConfigError as exc:
+            index = scenario.engines.index(cell.engine)
+            key = str(exc).split(":", 1)[0]
+            where = f"engines[{index}]"
+            y = engines_y[index]
+            if key in ("model", "gpu"):
+                where, y = key, top[key]
+            elif key in Knobs.names():
+                where = f"{where}.knobs"
+                y = y.value["knobs"][1] if "knobs" in y.value else y
+            raise c.fail(y, where, f"cell {cell.name}: {exc}") from None
+
+
+def _reference_config(cell: Cell, model: str, gpu: str) -> Any:
+    from adapters.reference import ReferenceConfig
+
+    engine = cell.engine
+    return ReferenceConfig.from_knobs(
+        cell.knobs, model=engine.model or model, gpu=gpu, admission=engine.admission,
+        num_gpu_blocks=engine.num_gpu_blocks, block_size=engine.block_size,
+    )
 
 
 def select(cells: Sequence[Cell], patterns: str | Sequence[str] | None) -> tuple[Cell, ...]:
@@ -763,9 +873,11 @@ def select(cells: Sequence[Cell], patterns: str | Sequence[str] | None) -> tuple
 # ---------------------------------------------------------------- traces for cells
 
 
-def trace_options(scenario: Scenario, load: LoadPoint) -> dict[str, Any]:
-    """The ``TraceOptions`` keyword arguments for one load point."""
-    options = dict(scenario.trace.options)
+def trace_options(scenario: Scenario, load: LoadPoint, spec: TraceSpec | None = None
+                  ) -> dict[str, Any]:
+    """The ``TraceOptions`` keyword arguments of one trace (default: the main one) at one load
+    point."""
+    options = dict((spec or scenario.trace).options)
     if load.kind == "rate":
         options["rate"] = load.value
     elif load.kind == "time_scale":
@@ -778,12 +890,41 @@ def load_cell_trace(scenario: Scenario, load: LoadPoint) -> Any:
     """Load the scenario's trace at one load point, with its priority classes applied."""
     from harness import traces
 
-    try:
-        options = traces.TraceOptions(**trace_options(scenario, load))
-        trace = traces.load_trace(scenario.trace.path, options)
-    except (ValueError, OSError, TypeError) as exc:
-        raise ScenarioError(scenario.source, scenario.trace.line, "trace", str(exc)) from None
+    parts = []
+    for i, spec in enumerate(scenario.trace.components()):
+        try:
+            options = traces.TraceOptions(**trace_options(scenario, load, spec))
+            trace = traces.load_trace(spec.path, options)
+        except (ValueError, OSError, TypeError) as exc:
+            key = "trace" if i == 0 else f"trace.mix[{i - 1}]"
+            raise ScenarioError(scenario.source, spec.line, key, str(exc)) from None
+        if spec.priority is not None:
+            trace = dataclasses.replace(trace, requests=tuple(
+                dataclasses.replace(r, priority=spec.priority) for r in trace.requests))
+        parts.append(trace)
+    trace = parts[0] if len(parts) == 1 else merge_traces(parts)
     return assign_priorities(trace, scenario.priority_classes, seed=scenario.seed)
+
+
+def merge_traces(parts: Sequence[Any]) -> Any:
+    """Replay several traces at once: requests merged by arrival (stable), ids made unique by
+    a ``m<i>-`` prefix for the i-th added trace, digest over the parts' digests."""
+    requests = list(parts[0].requests)
+    for i, part in enumerate(parts[1:], start=1):
+        requests += [dataclasses.replace(r, request_id=f"m{i}-{r.request_id}")
+                     for r in part.requests]
+    requests.sort(key=lambda r: r.arrival_s)
+    digest = hashlib.sha256("+".join(p.digest for p in parts).encode()).hexdigest()
+    counts: dict[str, int] = {}
+    for part in parts:
+        for key, value in part.counts.items():
+            counts[key] = counts.get(key, 0) + value
+    notes = tuple(f"{Path(p.source).name}: {n}" for p in parts for n in p.notes)
+    return dataclasses.replace(
+        parts[0], requests=tuple(requests), source=" + ".join(str(p.source) for p in parts),
+        format="+".join(p.format for p in parts), digest=digest,
+        notes=(*notes, f"mix of {len(parts)} traces merged by arrival"), counts=counts,
+    )
 
 
 def assign_priorities(trace: Any, classes: Sequence[PriorityClass], *, seed: int) -> Any:
@@ -945,13 +1086,9 @@ def run_cell(job: CellJob, out_dir: Path, progress: ProgressFn) -> Mapping[str, 
     cell = job.cell
     engine = cell.engine
     if engine.mode == "simulated":
-        from adapters.reference import ReferenceConfig
         from harness.simulate import run_simulation
 
-        config = ReferenceConfig.from_knobs(
-            cell.knobs, model=job.model, gpu=job.gpu, admission=engine.admission,
-            num_gpu_blocks=engine.num_gpu_blocks, block_size=engine.block_size,
-        )
+        config = _reference_config(cell, job.model, job.gpu)
         # No per-cell report.md: the scenario's report covers every cell (and plotting each
         # cell would double the sweep's time on small runs).
         return run_simulation(job.trace, config, out_dir, slo=job.slo, progress=progress,
@@ -963,11 +1100,16 @@ def run_cell(job: CellJob, out_dir: Path, progress: ProgressFn) -> Mapping[str, 
     if cell.load.kind == "concurrency" and cell.load.value is not None:
         replay.setdefault("mode", "closed")
         replay["concurrency"] = int(cell.load.value)
+    extra: dict[str, Any] = {}
+    if engine.ready_timeout_s is not None:
+        extra["ready_timeout_s"] = engine.ready_timeout_s
     return run_live(
         engine.engine, cell.knobs, job.trace, replay, out_dir,
         launch=engine.launch, url=engine.url, allow_approximate=engine.allow_approximate,
-        dry_run=False, model=job.model, gpu=job.gpu, slo=job.slo, progress=progress,
-        command=list(job.command),
+        dry_run=False, model=engine.model or job.model, gpu=job.gpu, slo=job.slo,
+        progress=progress, command=list(job.command), served_model_name=engine.served_model_name,
+        engine_env=engine.env or None, executable=engine.executable, runtime=engine.runtime,
+        port=engine.port, **extra,
     )
 
 
@@ -1123,13 +1265,17 @@ def _run_local(scenario: Scenario, scenario_dir: Path, job: CellJob, runner: Cel
 # ---------------------------------------------------------------- Ray
 
 
+def _no_progress(done: int, total: int | None = None) -> None:
+    """Progress of a cell on a Ray worker is not shown (the driver reports cells done)."""
+
+
 def _ray_cell_task(job: CellJob) -> dict[str, Any]:
     """Run one cell on a Ray worker into a scratch folder; return its files to the driver."""
     with tempfile.TemporaryDirectory(prefix=f"batchlab-{job.cell.name}-") as tmp:
         out = Path(tmp)
         state, reason, tb = "done", "", ""
         try:
-            run_cell(job, out, lambda done, total=None: None)
+            run_cell(job, out, _no_progress)
         except Exception as exc:
             state, reason, tb = "failed", _reason(exc), traceback.format_exc()
         files = {p.relative_to(out).as_posix(): p.read_bytes()

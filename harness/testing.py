@@ -69,6 +69,7 @@ class ScheduledStreamServer:
         port: int = 0,
         keep_bodies: bool = False,
         log_events: bool = False,
+        send_usage: bool = True,
     ) -> None:
         for fault in [*(faults or {}).values(), default_fault]:
             if fault is not None and fault not in FAULTS:
@@ -86,6 +87,7 @@ class ScheduledStreamServer:
         self.port = port
         self.keep_bodies = keep_bodies
         self.log_events = log_events
+        self.send_usage = send_usage  # False: a server that ignores stream_options / details
         self.stats = ServerStats()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -200,7 +202,7 @@ class ScheduledStreamServer:
             params = request.get("parameters") or {}
             num_tokens = int(params.get("max_new_tokens") or 20)
             ignore_eos = False
-            details = bool(params.get("details"))
+            details = bool(params.get("details")) and self.send_usage
             include_usage = continuous = False
         else:
             num_tokens = int(request.get("max_tokens") or request.get("max_completion_tokens")
@@ -208,7 +210,8 @@ class ScheduledStreamServer:
             ignore_eos = bool(request.get("ignore_eos"))
             opts = request.get("stream_options") or {}
             include_usage = bool(opts.get("include_usage", True)) if opts else False
-            continuous = bool(opts.get("continuous_usage_stats"))
+            continuous = bool(opts.get("continuous_usage_stats")) and self.send_usage
+            include_usage = include_usage and self.send_usage
             details = False
         finish_reason = "length"
         if self.eos_after_tokens is not None and not ignore_eos and \

@@ -55,7 +55,8 @@ class BlockManager:
 
     def num_blocks_to_allocate(self, request: Request, num_new_tokens: int) -> int:
         """Blocks ``allocate`` would add for ``num_new_tokens`` more tokens (0 if they fit)."""
-        need = self.blocks_for(request.num_computed_tokens + num_new_tokens) - len(request.block_ids)
+        need = (self.blocks_for(request.num_computed_tokens + num_new_tokens)
+                - len(request.block_ids))
         return need if need > 0 else 0
 
     # ---- transitions
@@ -66,28 +67,45 @@ class BlockManager:
         Returns the new block ids (empty when the held blocks suffice), or None when there are
         not enough free blocks; then nothing changes.
         """
-        need = self.blocks_for(request.num_computed_tokens + num_new_tokens) - len(request.block_ids)
+        need = (self.blocks_for(request.num_computed_tokens + num_new_tokens)
+                - len(request.block_ids))
         if need <= 0:
             return []
-        free = self._free_block_ids
-        if need > len(free):
+        if need > len(self._free_block_ids):
             return None
-        new = free[-need:]
-        del free[-need:]
+        new = self._take(need)
         request.block_ids.extend(new)
         return new
 
+    def allocate_all(self, requests: list[Request], num_new_tokens: int) -> bool:
+        """``allocate(r, num_new_tokens)`` for each request, all or nothing; False if short."""
+        bs = self.block_size
+        needs = [-(-(r.num_computed_tokens + num_new_tokens) // bs) - len(r.block_ids)
+                 for r in requests]
+        free = self._free_block_ids
+        if sum(n for n in needs if n > 0) > len(free):
+            return False
+        for r, need in zip(requests, needs, strict=True):
+            if need > 0:
+                r.block_ids.extend(self._take(need))
+        return True
+
     def reserve(self, request: Request, num_tokens: int) -> list[int] | None:
-        """Hold blocks for ``num_tokens`` tokens now (reserve admission), or None if they don't fit."""
+        """Hold blocks for ``num_tokens`` tokens now (reserve admission); None if they don't fit."""
         need = self.blocks_for(num_tokens) - len(request.block_ids)
         if need <= 0:
             return []
-        free = self._free_block_ids
-        if need > len(free):
+        if need > len(self._free_block_ids):
             return None
-        new = free[-need:]
-        del free[-need:]
+        new = self._take(need)
         request.block_ids.extend(new)
+        return new
+
+    def _take(self, num_blocks: int) -> list[int]:
+        free = self._free_block_ids
+        new = free[-num_blocks:]
+        del free[-num_blocks:]
+        new.reverse()
         return new
 
     def free(self, request: Request) -> None:
@@ -98,7 +116,7 @@ class BlockManager:
         request.num_host_blocks = 0
 
     def swap_out(self, request: Request) -> int | None:
-        """Move ``request``'s computed KV to host memory; the blocks moved, or None if the host is full.
+        """Copy ``request``'s computed KV to host memory: the blocks moved (None: host full).
 
         Blocks allocated for tokens not computed yet (this step's) are freed, not copied.
         """

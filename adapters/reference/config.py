@@ -55,7 +55,8 @@ class ReferenceConfig:
 
     ``admission`` left as None follows ``preemption``: "none" means "reserve" (TGI and
     TensorRT-LLM GUARANTEED_NO_EVICT reserve prompt + max output tokens at admission and never
-    preempt), otherwise "optimistic" (vLLM). The ``static`` policy always reserves.
+    preempt), otherwise "optimistic" (vLLM). The ``static`` policy always reserves, whatever
+    ``admission`` says (``as_dict`` reports the admission actually used).
     ``max_model_len`` left as None is the model's ``max_position_embeddings``.
     ``gpu`` left as None is the profile's device, else ``h100-sxm``.
     """
@@ -203,9 +204,6 @@ def _validate(c: ReferenceConfig) -> None:
     if not (isinstance(c.swap_space_gib, int | float) and c.swap_space_gib >= 0
             and math.isfinite(c.swap_space_gib)):
         raise ConfigError(f"swap_space_gib: must be >= 0, got {c.swap_space_gib!r}")
-    if c.policy == "static" and c.admission == "optimistic":
-        raise ConfigError("admission: the static policy reserves KV for its whole batch at "
-                          "admission; use admission reserve (or leave it unset)")
     if c.preemption == "none" and c.admission == "optimistic":
         raise ConfigError("preemption: 'none' needs admission 'reserve' (optimistic admission "
                           "must be able to preempt when KV blocks run out)")
@@ -214,7 +212,7 @@ def _validate(c: ReferenceConfig) -> None:
                           "yet; set it to false")
     if c.max_num_batched_tokens < c.max_num_seqs:
         raise ConfigError(
-            f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be >= max_num_seqs "
+            f"max_num_batched_tokens: {c.max_num_batched_tokens} must be >= max_num_seqs "
             f"({c.max_num_seqs}), as vLLM requires: every running request needs a decode token "
             "each step")
 
@@ -252,7 +250,7 @@ def _validate(c: ReferenceConfig) -> None:
             "with chunked prefill off a prompt is prefilled"
         if c.max_num_batched_tokens < c.resolved_max_model_len:
             raise ConfigError(
-                f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be >= max_model_len "
+                f"max_num_batched_tokens: {c.max_num_batched_tokens} must be >= max_model_len "
                 f"({c.resolved_max_model_len}) because {why} whole in one step (vLLM's rule); "
                 "raise --max-num-batched-tokens, lower --max-model-len"
                 + ("" if c.policy == "static" else ", or use --chunked-prefill"))

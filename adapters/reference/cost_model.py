@@ -90,13 +90,15 @@ class CostModelParams:
                 if f.default is not None:
                     raise ProfileError(f"{where}: {f.name} must be a number, got null")
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            if (isinstance(value, bool) or not isinstance(value, int | float)
+                    or not math.isfinite(value)):
                 raise ProfileError(f"{where}: {f.name} must be a number, got {value!r}")
             if value < 0:
                 raise ProfileError(f"{where}: {f.name} must be >= 0, got {value!r}")
         for name in ("memory_efficiency", "compute_efficiency", "swap_efficiency"):
             if not 0 < getattr(self, name) <= 1:
-                raise ProfileError(f"{where}: {name} must be in (0, 1], got {getattr(self, name)!r}")
+                raise ProfileError(
+                    f"{where}: {name} must be in (0, 1], got {getattr(self, name)!r}")
 
 
 def load_profile(path: str | Path) -> CostModelParams:
@@ -148,11 +150,12 @@ def resolve_gpu(name: str | None, params: CostModelParams) -> GpuSpec:
             f"{params.device!r}; pass --gpu {params.device} or omit --gpu"
         )
     device = (name or params.device or "h100-sxm").lower()
-    overrides = {k: getattr(params, k) for k in _HARDWARE_OVERRIDES if getattr(params, k) is not None}
+    overrides = {k: getattr(params, k) for k in _HARDWARE_OVERRIDES
+                 if getattr(params, k) is not None}
     base = GPUS.get(device)
     if base is not None:
-        return replace(base, **overrides, source=base.source + (
-            f"; overridden by {params.source}: {', '.join(sorted(overrides))}" if overrides else ""))
+        note = f"; overridden by {params.source}: {', '.join(sorted(overrides))}"
+        return replace(base, **overrides, source=base.source + (note if overrides else ""))
     missing = [k for k in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_bf16_flops")
                if k not in overrides]
     if missing:
@@ -166,8 +169,10 @@ def resolve_gpu(name: str | None, params: CostModelParams) -> GpuSpec:
         hbm_bandwidth_bytes_per_s=overrides["hbm_bandwidth_bytes_per_s"],
         peak_bf16_flops=overrides["peak_bf16_flops"],
         peak_fp8_flops=overrides.get("peak_fp8_flops"),
+        # A device without these figures: PCIe Gen4 x16 for host copies and between devices.
         pcie_bandwidth_bytes_per_s=overrides.get("pcie_bandwidth_bytes_per_s", 32e9),
-        interconnect_bandwidth_bytes_per_s=overrides.get("interconnect_bandwidth_bytes_per_s", 32e9),
+        interconnect_bandwidth_bytes_per_s=overrides.get(
+            "interconnect_bandwidth_bytes_per_s", 32e9),
         source=f"described by profile {params.source}",
     )
 
@@ -244,7 +249,8 @@ class CostModel:
         bf16_peak = gpu.peak_bf16_flops * params.compute_efficiency
         self.flops_per_token = 2.0 * model.num_linear_params / tp
         self.flops_per_seq = 2.0 * model.num_lm_head_params / tp
-        self.flops_per_pair = 4.0 * model.num_layers * (model.num_attention_heads / tp) * model.head_dim
+        self.flops_per_pair = (4.0 * model.num_layers * (model.num_attention_heads / tp)
+                               * model.head_dim)
 
         bw = gpu.hbm_bandwidth_bytes_per_s * params.memory_efficiency
         self._mem_fixed_s = self.weight_bytes_read / bw

@@ -166,7 +166,8 @@ def model_from_hf_config(path: Path) -> ModelSpec:
             if key in cfg:
                 value = cfg[key]
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise UnknownModelError(f"{path}: {key} must be a positive integer, got {value!r}")
+                    raise UnknownModelError(
+                        f"{path}: {key} must be a positive integer, got {value!r}")
                 return value
         if default is None:
             raise UnknownModelError(f"{path}: missing {keys[0]}")

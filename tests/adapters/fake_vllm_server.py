@@ -1,0 +1,87 @@
+"""A stand-in for vLLM's OpenAI server, for launch tests without vLLM.
+
+Accepts the argv the vLLM adapter builds (``-m vllm.entrypoints.openai.api_server --model M
+--port P ...``), streams tokens on a schedule (``harness.testing``), and adds what the adapter
+and telemetry expect from vLLM: ``/version`` and a Prometheus ``/metrics`` with vLLM's names.
+``--max-num-seqs`` is honoured: requests beyond it wait, and are counted as waiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from typing import Any
+
+from harness.testing import ScheduledStreamServer, _respond
+
+
+class FakeVllm(ScheduledStreamServer):
+    def __init__(self, *, max_num_seqs: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.slots = asyncio.Semaphore(max_num_seqs)
+        self.num_running = 0
+        self.num_waiting = 0
+        self.num_steps = 0
+
+    async def _dispatch(self, method: str, path: str, headers: dict[str, str], body: bytes,
+                        recv_ns: int, writer: asyncio.StreamWriter) -> bool:
+        if method == "GET" and path == "/version":
+            return await _respond(writer, 200, b'{"version": "0.0.0-fake"}')
+        if method == "GET" and path == "/metrics":
+            self.num_steps += 1
+            text = (
+                "# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{engine="0",model_name="m"}} {self.num_running}\n'
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {self.num_waiting}\n'
+                "# TYPE vllm:gpu_cache_usage_perc gauge\n"
+                f'vllm:gpu_cache_usage_perc{{engine="0",model_name="m"}} {0.1 * self.num_running}\n'
+                "# TYPE vllm:iteration_tokens_total histogram\n"
+                f'vllm:iteration_tokens_total_sum{{engine="0"}} {4.0 * self.num_steps}\n'
+                f'vllm:iteration_tokens_total_count{{engine="0"}} {self.num_steps}\n'
+            )
+            return await _respond(writer, 200, text.encode())
+        if method == "POST" and path.startswith("/v1/"):
+            self.num_waiting += 1
+            async with self.slots:
+                self.num_waiting -= 1
+                self.num_running += 1
+                try:
+                    return await super()._dispatch(method, path, headers, body, recv_ns, writer)
+                finally:
+                    self.num_running -= 1
+        return await super()._dispatch(method, path, headers, body, recv_ns, writer)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("-m", dest="module")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--fail", help="exit at once with this message (a bad flag)")
+    args, _unknown = p.parse_known_args()
+    print(f"fake vllm argv: {sys.argv[1:]}", flush=True)
+    if args.fail:
+        print(args.fail, file=sys.stderr, flush=True)
+        return 2
+
+    async def serve() -> None:
+        server = FakeVllm(max_num_seqs=args.max_num_seqs, host=args.host, port=args.port,
+                          ttft_s=0.01, itl_s=0.01)
+        await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.stop()
+
+    asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Live runs without a real engine: dry run, launch of a stand-in vLLM, attach, failures."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from adapters import vllm
+from adapters.base import KnobError, Knobs
+from adapters.process import EngineStartError, ServerProcess, free_port
+from harness.cli import main
+from harness.live import run_live
+from harness.traces import Trace, TraceRequest
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE = REPO / "tests" / "adapters" / "fake_vllm_server.py"
+
+
+def small_trace(n: int = 6, gap_s: float = 0.0) -> Trace:
+    requests = tuple(
+        TraceRequest(f"r{i}", i * gap_s, num_prompt_tokens=8, num_output_tokens=5)
+        for i in range(n)
+    )
+    return Trace(requests, source="test", format="synthetic", digest="sha256:test")
+
+
+def fake_python(tmp_path: Path, *extra: str) -> str:
+    """A "python" for the vLLM adapter that starts the stand-in server with the same argv."""
+    script = tmp_path / "fake-python"
+    args = " ".join(extra)
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@" {args}\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: ServerProcess) -> None:
+        raise AssertionError("a dry run must not start anything")
+
+    monkeypatch.setattr(ServerProcess, "start", refuse)
+    out = io.StringIO()
+    result = run_live(
+        "trtllm", Knobs(max_num_seqs=16, preemption="none"), small_trace(), {}, "unused",
+        launch=True, dry_run=True, model="org/model", port=8123, out=out,
+    )
+    text = out.getvalue()
+    assert result["dry_run"] is True and result["argv"][0] == "trtllm-serve"
+    assert "trtllm-serve org/model --host 127.0.0.1 --port 8123" in text
+    assert "max_batch_size: 16" in text and "GUARANTEED_NO_EVICT" in text
+    assert "knob mapping:" in text
+    assert not Path("unused").exists()
+
+
+def test_dry_run_from_the_command_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main([
+        "replay", "--engine", "vllm", "--launch", "--model-path", "models/tiny-llama",
+        "--model", "tiny", "--max-num-seqs", "2", "--extra-arg=--enforce-eager",
+        "--trace", str(REPO / "harness" / "data" / "azure_conv_excerpt.csv"), "--limit", "4",
+        "--engine-executable", "/venv/python", "--dry-run", "--out", str(tmp_path / "run"),
+    ])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "/venv/python -m vllm.entrypoints.openai.api_server --model models/tiny-llama" in out
+    assert "--max-num-seqs 2" in out and "--enforce-eager" in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_command_line_refusal_is_a_user_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([
+        "replay", "--engine", "vllm", "--launch", "--model-path", "m", "--policy", "static",
+        "--trace", str(REPO / "harness" / "data" / "azure_conv_excerpt.csv"), "--dry-run",
+    ])
+    assert code == 2
+    assert "vllm cannot honour: policy='static'" in capsys.readouterr().err
+
+
+def test_launch_replay_and_teardown_with_a_stand_in_vllm(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    knobs = Knobs(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=128)
+    summary = run_live(
+        "vllm", knobs, small_trace(6), {"timeout_s": 30}, out, launch=True,
+        model="tiny-model", engine_env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        executable=fake_python(tmp_path), ready_timeout_s=60, telemetry_interval_s=0.02,
+    )
+    assert summary["num_requests"] == 6 and summary["num_completed"] == 6
+    manifest = json.loads((out / "manifest.json").read_text())
+    engine = manifest["engine"]
+    assert engine["name"] == "vllm" and engine["version"] == "0.0.0-fake"
+    assert engine["status"] == "finished" and engine["mode"] == "launch"
+    assert engine["exit"]["signal_used"] == "SIGTERM"
+    argv = manifest["launch"]["argv"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "2"
+    assert manifest["launch"]["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    mapped = {m["knob"]: m for m in manifest["mapping"]}
+    assert mapped["max_num_seqs"]["flags"] == ["--max-num-seqs 2"]
+    assert manifest["knobs"]["max_num_seqs"] == 2
+    assert manifest["trace"]["digest"] == "sha256:test"
+    assert manifest["batchlab_version"] and manifest["host"]
+    telemetry = pq.read_table(out / "telemetry.parquet").to_pylist()
+    assert telemetry and max(r["num_running"] for r in telemetry) <= 2
+    # the stand-in exports the old KV name: read through the alias
+    assert all(r["kv_usage"] is not None for r in telemetry)
+    assert manifest["telemetry"]["missing"] == ["num_preemptions"]
+    requests = pq.read_table(out / "requests.parquet").to_pylist()
+    assert len(requests) == 6 and all(r["error_kind"] is None for r in requests)
+    assert "fake vllm argv" in (out / "vllm-server.stdout.log").read_text()
+
+
+def test_a_server_that_dies_at_start_is_recorded(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(EngineStartError, match="unknown flag --max-num-sqs"):
+        run_live(
+            "vllm", Knobs(), small_trace(2), {}, out, launch=True, model="m",
+            executable=fake_python(tmp_path, "--fail", "'unknown flag --max-num-sqs'"),
+            ready_timeout_s=60,
+        )
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert "unknown flag" in manifest["error"]
+    assert manifest["engine"]["exit"]["signal_used"] == "none"
+
+
+def test_attach_to_a_running_server(tmp_path: Path) -> None:
+    port = free_port()
+    with ServerProcess([sys.executable, str(FAKE), "--port", str(port)], log_dir=tmp_path,
+                       env={"PYTHONPATH": str(REPO)}) as server:
+        server.start()
+        out = tmp_path / "run"
+        run_live("vllm", Knobs(), small_trace(3), {"timeout_s": 30}, out, launch=False,
+                 url=f"http://127.0.0.1:{port}", model="m", telemetry_interval_s=0.05)
+        assert server.poll() is None  # batchlab does not stop what it did not start
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["engine"]["mode"] == "attach" and manifest["launch"] is None
+    assert {m["status"] for m in manifest["mapping"]} == {"not_applied"}
+    assert (out / "telemetry.parquet").exists()
+
+
+def test_attach_refuses_knobs_it_cannot_apply() -> None:
+    with pytest.raises(KnobError, match="max_num_seqs"):
+        run_live("vllm", Knobs(max_num_seqs=4), small_trace(), {}, "unused", launch=False,
+                 url="http://127.0.0.1:9", model="m", dry_run=True, out=io.StringIO())
+
+
+def test_reference_and_openai_are_not_launched() -> None:
+    for engine in ("reference", "openai"):
+        with pytest.raises(KnobError, match="--url"):
+            run_live(engine, Knobs(), small_trace(), {}, "unused", launch=True, model="m",
+                     dry_run=True, out=io.StringIO())
+
+
+def test_launch_and_url_are_exclusive() -> None:
+    with pytest.raises(KnobError, match="exactly one"):
+        run_live("vllm", Knobs(), small_trace(), {}, "unused", launch=True,
+                 url="http://127.0.0.1:9", model="m", dry_run=True, out=io.StringIO())
+
+
+def test_vllm_python_env_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(vllm.PYTHON_ENV, "/custom/python")
+    result = run_live("vllm", Knobs(), small_trace(), {}, "unused", launch=True, model="m",
+                      dry_run=True, out=io.StringIO())
+    assert result["argv"][0] == "/custom/python"
+    assert os.environ[vllm.PYTHON_ENV] == "/custom/python"

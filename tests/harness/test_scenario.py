@@ -1,0 +1,282 @@
+"""Scenario files: schema errors that name file, line and key; cell expansion; shipped scenarios."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from adapters.base import Knobs
+from harness.scenario import (
+    Cell,
+    LoadPoint,
+    ScenarioError,
+    assign_priorities,
+    expand,
+    load_cell_trace,
+    load_scenario,
+    select,
+)
+
+REPO = Path(__file__).resolve().parent.parent.parent
+DATA = REPO / "tests" / "data"
+SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
+
+GOOD = """\
+name: demo
+question: Which is better?
+trace:
+  path: azure_conv_excerpt.csv
+  limit: 20
+model: llama-3.1-8b
+gpu: h100-sxm
+engines:
+  - name: static
+    engine: reference
+    knobs: {policy: static, max_model_len: 8192}
+  - name: cont
+    engine: reference
+    knobs: {policy: fcfs}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def error_of(path: Path) -> ScenarioError:
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    return info.value
+
+
+# ---------------------------------------------------------------- schema errors
+
+
+def test_committed_bad_scenario_names_file_line_key_and_suggests() -> None:
+    path = DATA / "scenario_bad_key.yaml"
+    err = error_of(path)
+    assert (err.file, err.line, err.key) == (str(path), 9, "engines[0].knobs.max_num_seq")
+    assert str(err).startswith(f"{path}:9: engines[0].knobs.max_num_seq: unknown key; "
+                               "did you mean 'max_num_seqs'?")
+
+
+def test_unknown_top_level_key_suggests(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD + "baselin: static\n")
+    err = error_of(path)
+    assert err.line == 15 and err.key == "baselin"
+    assert "did you mean 'baseline'?" in str(err)
+
+
+def test_unknown_trace_option_suggests(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD.replace("  limit: 20", "  limt: 20"))
+    err = error_of(path)
+    assert (err.line, err.key) == (5, "trace.limt")
+    assert "did you mean 'limit'?" in str(err)
+
+
+def test_wrong_type_names_line(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD.replace("  limit: 20", "  limit: twenty"))
+    err = error_of(path)
+    assert (err.line, err.key) == (5, "trace.limit")
+    assert "must be an integer, got text ('twenty')" in str(err)
+
+
+def test_knob_of_wrong_type(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD.replace("{policy: fcfs}", "{policy: fcfs, max_num_seqs: many}"))
+    err = error_of(path)
+    assert (err.line, err.key) == (14, "engines[1].knobs.max_num_seqs")
+    assert "must be a positive integer" in str(err)
+
+
+def test_bad_choice_suggests(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD.replace("engine: reference\n    knobs: {policy: fcfs}",
+                                        "engine: vlm\n    knobs: {policy: fcfs}"))
+    err = error_of(path)
+    assert (err.line, err.key) == (13, "engines[1].engine")
+    assert "did you mean 'vllm'?" in str(err)
+
+
+def test_bad_yaml_syntax_names_line(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD.replace("  limit: 20", "  limit: [20"))
+    err = error_of(path)
+    assert err.file == str(path)
+    assert err.line is not None and 5 <= err.line <= 8
+    assert "invalid YAML" in str(err)
+
+
+def test_missing_required_key(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD.replace("gpu: h100-sxm\n", ""))
+    err = error_of(path)
+    assert (err.line, err.key) == (1, "gpu")
+    assert "is required" in str(err)
+
+
+def test_duplicate_key(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD + "model: other\n")
+    err = error_of(path)
+    assert (err.line, err.key) == (15, "model")
+    assert "duplicate key (first on line 6)" in str(err)
+
+
+def test_missing_trace_file_lists_bundled(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD.replace("azure_conv_excerpt.csv", "azure_conv_exerpt.csv"))
+    err = error_of(path)
+    assert (err.line, err.key) == (4, "trace.path")
+    assert "did you mean 'azure_conv_excerpt.csv'?" in str(err)
+
+
+def test_priority_shares_must_add_up(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD + textwrap.dedent("""\
+        priority_classes:
+          - {name: a, share: 0.5, priority: 0}
+          - {name: b, share: 0.4, priority: 1}
+    """))
+    err = error_of(path)
+    assert (err.line, err.key) == (16, "priority_classes")
+    assert "add up to 0.9" in str(err)
+
+
+def test_grid_and_engine_knob_conflict(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD + "grid:\n  policy: [fcfs, priority]\n")
+    err = error_of(path)
+    assert err.key == "grid.policy" and "set it in one place" in str(err)
+
+
+def test_engine_config_checked_before_running(tmp_path: Path) -> None:
+    """A simulated cell the engine would refuse stops the sweep at load time."""
+    path = write(tmp_path, GOOD.replace("{policy: fcfs}", "{policy: fcfs, chunked_prefill: false}"))
+    err = error_of(path)
+    assert (err.line, err.key) == (14, "engines[1].knobs")
+    assert "cell cont: max_num_batched_tokens" in str(err) and "max_model_len" in str(err)
+
+
+def test_concurrency_needs_live_engines(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD + "load:\n  concurrencies: [4, 8]\n")
+    err = error_of(path)
+    assert err.key == "load.concurrencies" and "needs live engines" in str(err)
+
+
+def test_live_only_option_on_reference(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD.replace("    knobs: {policy: fcfs}",
+                                        "    knobs: {policy: fcfs}\n    url: http://x"))
+    err = error_of(path)
+    assert (err.line, err.key) == (15, "engines[1].url")
+
+
+def test_unknown_baseline_suggests(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD + "baseline: statc\n")
+    err = error_of(path)
+    assert err.key == "baseline" and "did you mean 'static'?" in str(err)
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    assert "empty" in str(error_of(write(tmp_path, "")))
+
+
+# ---------------------------------------------------------------- expansion
+
+
+def test_cells_expand_engines_by_grid_by_load() -> None:
+    scenario = load_scenario(DATA / "scenario_small.yaml")
+    names = [c.name for c in scenario.cells()]
+    assert names == ["static__max_num_seqs-4", "static__max_num_seqs-8",
+                     "continuous__max_num_seqs-4", "continuous__max_num_seqs-8"]
+    cell = scenario.cells()[3]
+    assert cell.knobs.max_num_seqs == 8 and cell.knobs.policy == "fcfs"
+    assert cell.grid == {"max_num_seqs": 8}
+    assert scenario.baseline_cell() == "static__max_num_seqs-4"
+
+
+def test_cell_names_with_loads_and_bools(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD.replace("knobs: {policy: fcfs}", "knobs: {policy: fcfs}\n")
+                 .replace("    knobs: {policy: static, max_model_len: 8192}",
+                          "    knobs: {policy: static, max_model_len: 8192,"
+                          " max_num_batched_tokens: 8192}")
+                 + "grid:\n  kv_cache_dtype: [bf16, fp8]\nload:\n  time_scales: [1, 0.5]\n")
+    scenario = load_scenario(path)
+    names = [c.name for c in scenario.cells()]
+    assert len(names) == 8
+    assert names[:2] == ["static__kv_cache_dtype-bf16__x1", "static__kv_cache_dtype-bf16__x0.5"]
+    assert all(c.load.kind == "time_scale" for c in scenario.cells())
+    assert names == [c.name for c in load_scenario(path).cells()]  # stable
+
+
+def test_select_by_pattern() -> None:
+    cells = load_scenario(DATA / "scenario_small.yaml").cells()
+    assert [c.name for c in select(cells, "static*")] == [
+        "static__max_num_seqs-4", "static__max_num_seqs-8"]
+    assert len(select(cells, "continuous")) == 2  # engine name
+    assert len(select(cells, "*-4,*-8")) == 4
+    assert select(cells, None) == cells
+
+
+def test_gpus_for_live_cells() -> None:
+    live = Cell(name="v", engine=load_scenario(DATA / "scenario_small.yaml").engines[0],
+                knobs=Knobs(tensor_parallel_size=2))
+    assert live.gpus == 0  # simulated
+    from dataclasses import replace
+    live = replace(live, engine=replace(live.engine, engine="vllm", mode="live"))
+    assert live.gpus == 2
+
+
+def test_priority_classes_assigned_by_share() -> None:
+    scenario = load_scenario(DATA / "scenario_small.yaml")
+    trace = load_cell_trace(scenario, LoadPoint())
+    prios = [r.priority for r in trace.requests]
+    assert len(prios) == 40 and set(prios) == {0, 1}
+    assert 4 <= prios.count(0) <= 18
+    again = assign_priorities(trace, scenario.priority_classes, seed=99)
+    assert again is trace  # a trace that carries priorities keeps them
+
+
+def test_trace_mix_merges_by_arrival(tmp_path: Path) -> None:
+    path = write(tmp_path, """\
+        name: mix
+        question: q
+        trace:
+          path: azure_conv_excerpt.csv
+          limit: 10
+          priority: 1
+          label: chat
+          mix:
+            - {path: mooncake_conversation_excerpt.jsonl, limit: 5, priority: 0, label: long,
+               max_model_len: 32768, on_too_long: clip}
+        model: llama-3.1-8b
+        gpu: h100-sxm
+        engines: [{name: e, engine: reference}]
+    """)
+    scenario = load_scenario(path)
+    trace = load_cell_trace(scenario, LoadPoint())
+    assert len(trace.requests) == 15
+    arrivals = [r.arrival_s for r in trace.requests]
+    assert arrivals == sorted(arrivals)
+    assert sum(1 for r in trace.requests if r.request_id.startswith("m1-")) == 5
+    assert {r.priority for r in trace.requests if r.request_id.startswith("m1-")} == {0}
+    assert scenario.class_names() == {1: "chat", 0: "long"}
+    assert " + " in trace.source
+
+
+# ---------------------------------------------------------------- shipped scenarios
+
+
+def test_scenarios_are_shipped() -> None:
+    names = {p.stem for p in SCENARIOS}
+    assert {"quickstart", "fcfs-vs-priority", "preemption", "chunked-prefill", "fp8",
+            "batch-size", "engines-h100"} <= names
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_shipped_scenario_is_valid_and_says_its_question(path: Path) -> None:
+    text = path.read_text()
+    assert text.startswith("# Question:"), "each scenario starts with the question it answers"
+    scenario = load_scenario(path)
+    cells = expand(scenario)
+    assert cells and scenario.question
+    assert any(c.engine.mode == "simulated" for c in cells), "runnable here on the reference"
+    assert scenario.trace.path.is_relative_to(REPO / "harness" / "data"), "bundled excerpt"
+    for part in scenario.trace.mix:
+        assert part.path.is_relative_to(REPO / "harness" / "data")

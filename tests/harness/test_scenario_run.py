@@ -1,0 +1,242 @@
+"""Sweeps: every cell into its folder, failed cells recorded, resume after a kill, Ray, demo."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from harness import scenario as sc
+from harness.cli import main
+
+REPO = Path(__file__).resolve().parent.parent.parent
+SMALL = REPO / "tests" / "data" / "scenario_small.yaml"
+NUM_REQUESTS = 40  # scenario_small.yaml's trace limit
+
+
+def quiet() -> sc.SweepProgress:
+    return sc.SweepProgress(4, stream=io.StringIO(), tty=False)
+
+
+class Recorder:
+    """Wraps the real cell runner: counts runs per cell, and can break one cell."""
+
+    def __init__(self, *, fail: str | None = None, kill: str | None = None) -> None:
+        self.calls: list[str] = []
+        self.fail = fail
+        self.kill = kill
+
+    def __call__(self, job: sc.CellJob, out_dir: Path, progress: sc.ProgressFn
+                 ) -> Mapping[str, Any]:
+        name = job.cell.name
+        self.calls.append(name)
+        if name == self.fail:
+            raise RuntimeError("engine would not start: simulated failure")
+        summary = sc.run_cell(job, out_dir, progress)
+        if name == self.kill:
+            # Killed mid-cell: half of the rows on disk, then the process stops.
+            table = pq.read_table(out_dir / "requests.parquet")
+            pq.write_table(table.slice(0, table.num_rows // 2), out_dir / "requests.parquet")
+            (out_dir / "summary.json").unlink()
+            raise KeyboardInterrupt
+        return summary
+
+
+def mtimes(scenario_dir: Path, cell: str) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in sorted((scenario_dir / cell).iterdir())}
+
+
+def test_sweep_writes_every_cell_and_the_report(tmp_path: Path) -> None:
+    scenario = sc.load_scenario(SMALL)
+    result = sc.run_scenario(scenario, tmp_path, progress=quiet())
+    assert [o.state for o in result.outcomes] == ["done"] * 4
+    for cell in scenario.cells():
+        d = tmp_path / "small" / cell.name
+        assert sc.read_status(d)["state"] == "done"
+        assert pq.read_metadata(d / "requests.parquet").num_rows == NUM_REQUESTS
+        manifest = json.loads((d / "manifest.json").read_text())
+        assert manifest["command"] == ["batchlab", "run", "tests/data/scenario_small.yaml",
+                                       "--out", str(tmp_path), "--only", cell.name]
+        assert manifest["knobs"]["max_num_seqs"] == cell.knobs.max_num_seqs
+    assert result.report == tmp_path / "small" / "report.md"
+    text = result.report.read_text()
+    assert "the output tokens/s of `static__max_num_seqs-4`" in text
+    assert "### Class interactive (priority 0)" in text
+    meta = json.loads((tmp_path / "small" / "scenario.json").read_text())
+    assert meta["cells"] == [c.name for c in scenario.cells()]
+
+
+def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    scenario = sc.load_scenario(SMALL)
+    broken = "static__max_num_seqs-8"
+    runner = Recorder(fail=broken)
+    result = sc.run_scenario(scenario, tmp_path, runner=runner, progress=quiet())
+    assert len(runner.calls) == 4
+    states = {o.name: o.state for o in result.outcomes}
+    assert states[broken] == "failed" and list(states.values()).count("done") == 3
+    status = sc.read_status(tmp_path / "small" / broken)
+    assert status["state"] == "failed"
+    assert status["reason"] == "RuntimeError: engine would not start: simulated failure"
+    assert "Traceback" in (tmp_path / "small" / broken / "error.txt").read_text()
+    assert result.report is not None
+    assert (f"`{broken}` did not finish: RuntimeError: engine would not start"
+            in result.report.read_text())
+
+    # Resume redoes only the failed cell.
+    again = Recorder()
+    sc.run_scenario(scenario, tmp_path, resume=True, runner=again, progress=quiet(),
+                    write_report=False)
+    assert again.calls == [broken]
+    assert sc.read_status(tmp_path / "small" / broken)["attempt"] == 2
+
+
+def test_resume_after_a_kill_mid_cell(tmp_path: Path) -> None:
+    scenario = sc.load_scenario(SMALL)
+    names = [c.name for c in scenario.cells()]
+    killed = names[2]
+    first = Recorder(kill=killed)
+    with pytest.raises(KeyboardInterrupt):
+        sc.run_scenario(scenario, tmp_path, runner=first, progress=quiet())
+    sdir = tmp_path / "small"
+    assert first.calls == names[:3]
+    assert [sc.read_status(sdir / n).get("state") for n in names] == [
+        "done", "done", "running", None]
+    before = {n: mtimes(sdir, n) for n in names[:2]}
+
+    second = Recorder()
+    result = sc.run_scenario(scenario, tmp_path, resume=True, runner=second, progress=quiet())
+    assert second.calls == names[2:], "no finished cell is run again"
+    assert {n: mtimes(sdir, n) for n in names[:2]} == before
+    assert [o.state for o in result.outcomes] == ["skipped", "skipped", "done", "done"]
+    for n in names:
+        assert sc.read_status(sdir / n)["state"] == "done"
+        assert pq.read_metadata(sdir / n / "requests.parquet").num_rows == NUM_REQUESTS, n
+    assert "did not finish" not in (sdir / "report.md").read_text()
+
+
+def test_resume_redoes_a_cell_whose_definition_changed(tmp_path: Path) -> None:
+    scenario = sc.load_scenario(SMALL)
+    sc.run_scenario(scenario, tmp_path, only="static__max_num_seqs-4", progress=quiet())
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(SMALL.read_text().replace("ttft_s: 1.0", "ttft_s: 2.0"))
+    runner = Recorder()
+    sc.run_scenario(sc.load_scenario(changed), tmp_path, only="static__max_num_seqs-4",
+                    resume=True, runner=runner, progress=quiet())
+    assert runner.calls == ["static__max_num_seqs-4"]
+
+
+def test_only_runs_matching_cells_and_reports_the_rest_as_not_run(tmp_path: Path) -> None:
+    scenario = sc.load_scenario(SMALL)
+    runner = Recorder()
+    result = sc.run_scenario(scenario, tmp_path, only="continuous*", runner=runner,
+                             progress=quiet())
+    assert runner.calls == ["continuous__max_num_seqs-4", "continuous__max_num_seqs-8"]
+    assert [o.state for o in result.outcomes] == ["not_run", "not_run", "done", "done"]
+    assert result.report is not None
+    assert "2 cells not run" in result.report.read_text()
+    with pytest.raises(sc.ScenarioError, match="no cell matches"):
+        sc.run_scenario(scenario, tmp_path, only="nothing*", progress=quiet())
+
+
+def test_live_cell_whose_engine_will_not_start_fails_cleanly(tmp_path: Path) -> None:
+    path = tmp_path / "live.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: live
+        question: Does a sweep survive an engine that will not start?
+        trace: {path: azure_conv_excerpt.csv, limit: 10}
+        model: llama-3.1-8b
+        gpu: h100-sxm
+        engines:
+          - {name: reference, engine: reference}
+          - name: vllm
+            engine: vllm
+            executable: /nonexistent/bin/vllm
+            ready_timeout_s: 5
+    """))
+    result = sc.run_scenario(sc.load_scenario(path), tmp_path / "out", progress=quiet())
+    states = {o.name: (o.state, o.reason) for o in result.outcomes}
+    assert states["reference"] == ("done", "")
+    assert states["vllm"][0] == "failed"
+    assert "EngineStartError" in states["vllm"][1]
+    assert result.report is not None
+    text = result.report.read_text()
+    assert "`vllm` did not finish: EngineStartError" in text
+    assert "`--max-num-seqs 256`" in text  # the planned flags are still shown
+
+
+def test_progress_lines_when_not_a_terminal() -> None:
+    stream = io.StringIO()
+    progress = sc.SweepProgress(2, stream=stream, tty=False, interval_s=0)
+    progress.start_cell("a", 10)
+    progress.requests(5, 10)
+    progress.finish_cell("a", "done")
+    progress.skip_cell("b", "finished earlier")
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "[0/2] a: started (10 requests)"
+    assert lines[1].startswith("[0/2] a: 5/10 requests, ") and "ETA" in lines[1]
+    assert lines[2].startswith("[1/2] a: done in ")
+    assert lines[3] == "[2/2] b: skipped (finished earlier)"
+
+
+def test_cli_run_list_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(SMALL), "--list", "--only", "static*"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in out] == ["static__max_num_seqs-4",
+                                                     "static__max_num_seqs-8"]
+    bad = REPO / "tests" / "data" / "scenario_bad_key.yaml"
+    assert main(["run", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:9: engines[0].knobs.max_num_seq: unknown key; did you mean" in err
+
+
+def test_make_demo_runs_quickstart_and_prints_the_report(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What `make demo` runs: the quickstart scenario, then the report's path."""
+    makefile = (REPO / "Makefile").read_text()
+    assert "$(BIN)/batchlab run scenarios/quickstart.yaml" in makefile
+    assert main(["run", str(REPO / "scenarios" / "quickstart.yaml"),
+                 "--out", str(tmp_path)]) == 0
+    report = tmp_path / "quickstart" / "report.md"
+    assert f"report: {report}" in capsys.readouterr().out
+    text = report.read_text()
+    findings = text.split("## Key findings")[1].split("## Cells")[0]
+    assert "of `static`" in findings and "TTFT p90 fell from" in findings
+    for png in ("latency_cdf.png", "engine_state.png", "throughput.png"):
+        assert (tmp_path / "quickstart" / png).exists()
+
+
+@pytest.mark.ray
+def test_ray_runs_two_simulated_cells(tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")
+    scenario = sc.load_scenario(SMALL)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        result = sc.run_scenario(scenario, tmp_path, only="continuous*", use_ray=True,
+                                 progress=quiet())
+    finally:
+        ray.shutdown()
+    done = [o for o in result.outcomes if o.state == "done"]
+    assert [o.name for o in done] == ["continuous__max_num_seqs-4", "continuous__max_num_seqs-8"]
+    for o in done:
+        d = tmp_path / "small" / o.name
+        assert sc.read_status(d)["state"] == "done"
+        assert pq.read_metadata(d / "requests.parquet").num_rows == NUM_REQUESTS
+        assert (d / "steps.parquet").exists() and (d / "manifest.json").exists()
+    assert result.report is not None and result.report.exists()
+    # The same cells run locally give the same results (the simulation is deterministic).
+    local = tmp_path / "local"
+    sc.run_scenario(scenario, local, only="continuous*", progress=quiet())
+    for o in done:
+        ray_summary = json.loads((tmp_path / "small" / o.name / "summary.json").read_text())
+        local_summary = json.loads((local / "small" / o.name / "summary.json").read_text())
+        for s in (ray_summary, local_summary):
+            s.pop("simulation_wall_s", None)
+        assert ray_summary == local_summary
+    shutil.rmtree(local)
