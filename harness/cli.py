@@ -191,15 +191,16 @@ def _add_engine_config_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("reference engine")
     g.add_argument("--model", default="llama-3.1-8b",
                    help="catalog model name or a local HF config.json path (default llama-3.1-8b)")
-    g.add_argument("--gpu", default="h100-sxm", help="catalog GPU (default h100-sxm)")
+    g.add_argument("--gpu", default=None,
+                   help="catalog GPU (default: the profile's device, else h100-sxm)")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
     g.add_argument("--profile", help="cost-model profile JSON (from `batchlab calibrate`)")
     g.add_argument("--policy", choices=("fcfs", "priority", "static"), default="fcfs",
                    help="scheduling policy (default fcfs)")
-    g.add_argument("--admission", choices=("optimistic", "reserve"), default="optimistic",
-                   help="optimistic: allocate KV as tokens grow, preempt when full (vLLM); "
-                        "reserve: reserve prompt+max output at admission, never preempt "
-                        "(TGI, TRT-LLM GUARANTEED_NO_EVICT)")
+    g.add_argument("--admission", choices=("optimistic", "reserve"), default=None,
+                   help="optimistic (default): allocate KV as tokens grow, preempt when full "
+                        "(vLLM); reserve: reserve prompt+max output at admission, never preempt "
+                        "(TGI, TRT-LLM GUARANTEED_NO_EVICT). The static policy always reserves.")
     g.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                    help="what optimistic admission does when KV runs out (default recompute)")
     g.add_argument("--max-num-seqs", type=int, default=256, help="max running requests (256)")
@@ -255,7 +256,7 @@ def _parse_slo(text: str | None) -> Slo | None:
         raise UserError(str(exc)) from None
 
 
-def _add_simulate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "simulate",
         help="run a trace through the reference engine on a virtual clock",
@@ -321,7 +322,7 @@ def _fmt_s(value: float | None) -> str:
     return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
-def _print_headline(summary: dict) -> None:  # type: ignore[type-arg]
+def _print_headline(summary: dict[str, Any]) -> None:
     tp = summary["throughput"]
     print(
         f"{summary['num_completed']}/{summary['num_requests']} requests completed in "

@@ -56,7 +56,9 @@ class Slo:
             try:
                 values[key] = float(value)
             except ValueError:
-                raise ValueError(f"--slo: {key} must be a number of seconds, got {value!r}") from None
+                raise ValueError(
+                    f"--slo: {key} must be a number of seconds, got {value!r}"
+                ) from None
         return cls(**values)
 
     def as_dict(self) -> dict[str, float]:
@@ -139,7 +141,8 @@ def request_metrics(tl: RequestTimeline) -> RequestMetrics:
 
 def distribution(values: Iterable[float] | np.ndarray) -> dict[str, float | None]:
     """``{mean, p50, p90, p95, p99, max, count}`` over the finite values; None when there are none."""
-    arr = np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=np.float64)
+    raw = values if isinstance(values, np.ndarray) else list(values)
+    arr = np.asarray(raw, dtype=np.float64)
     arr = arr[np.isfinite(arr)]
     if arr.size == 0:
         out: dict[str, float | None] = {"mean": None}

@@ -322,6 +322,8 @@ class _Run:
             task.add_done_callback(self.tasks.discard)
             if gate is not None:
                 task.add_done_callback(gate.on_done)
+            # Let the new request go out now, before building the next one.
+            await asyncio.sleep(0)
         await self.wait_all()
 
     async def closed_loop(self, requests: Sequence[TraceRequest]) -> None:
@@ -597,6 +599,7 @@ async def replay(
     writer = RecordWriter(out_dir / RECORDS_FILE, fsync_interval_s=config.fsync_interval_s)
     stop = asyncio.Event()
     run = _Run(config, client, writer, bodies, tokenizer, len(requests), progress)  # t0
+    sync_task = asyncio.create_task(writer.sync_loop(stop))
     telemetry_task = (asyncio.create_task(telemetry.run(stop)) if telemetry is not None
                       else None)
     status = "interrupted"
@@ -613,7 +616,10 @@ async def replay(
             stop.set()
             if telemetry_task is not None:
                 await _stop_telemetry(telemetry_task)
+            with contextlib.suppress(Exception):
+                await sync_task
     finally:
+        sync_task.cancel()
         writer.close()
         summary = _consolidate(out_dir, run.timelines, slo=config.slo,
                                client_lag_threshold_s=config.client_lag_threshold_s)

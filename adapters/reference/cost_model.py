@@ -13,6 +13,7 @@ Per step, on one GPU of a tensor-parallel group of ``tp``::
               + flops_attention / (peak(bf16) * compute_efficiency)
     step_s    = max(memory_s, compute_s)
               + step_overhead_s + per_seq_overhead_s * num_seqs + per_token_overhead_s * num_tokens
+              + per_kv_token_overhead_s * num_kv_tokens
               + all-reduce (tp > 1) + swap (blocks moved over PCIe this step)
 
 Every constant is in ``CostModelParams``, with its justification in docs/cost-model.md; a
@@ -57,6 +58,13 @@ class CostModelParams:
     per_seq_overhead_s: float = 5e-6
     # Per scheduled token (0 on GPUs; a CPU fit may need it).
     per_token_overhead_s: float = 0.0
+    # Per KV token a step reads, beyond the memory term: attention kernels that run far below
+    # the bandwidth roofline (a CPU's paged attention). 0 on GPUs; set by calibration.
+    per_kv_token_overhead_s: float = 0.0
+    # A request's trip through the server's front end (HTTP, tokenisation, hand-off to the
+    # engine loop, streaming back) that no step contains: simulated requests reach the
+    # scheduler this long after they arrive. 0: none; calibration measures it.
+    frontend_latency_s: float = 0.0
     # Latency of one tensor-parallel all-reduce (two per layer) of a small message over NVLink.
     allreduce_latency_s: float = 5e-6
     # Fraction of the PCIe bandwidth a KV swap reaches: one small copy per block and layer.
@@ -270,6 +278,7 @@ class CostModel:
         self._fixed_s = params.step_overhead_s + allreduce_fixed_s
         self._per_token_s = params.per_token_overhead_s + allreduce_per_token_s
         self._per_seq_s = params.per_seq_overhead_s
+        self._per_kv_token_s = params.per_kv_token_overhead_s
         self.swap_bandwidth_bytes_per_s = gpu.pcie_bandwidth_bytes_per_s * params.swap_efficiency
         self._swap_per_block_s = self.kv_bytes_per_block / self.swap_bandwidth_bytes_per_s
 
@@ -281,7 +290,7 @@ class CostModel:
                      + num_attention_pairs * self._comp_per_pair_s)
         return ((memory_s if memory_s > compute_s else compute_s) + self._fixed_s
                 + num_seqs * self._per_seq_s + num_tokens * self._per_token_s
-                + num_swap_blocks * self._swap_per_block_s)
+                + num_kv_tokens * self._per_kv_token_s + num_swap_blocks * self._swap_per_block_s)
 
     def step_cost(self, num_tokens: int, num_seqs: int, num_kv_tokens: int,
                   num_attention_pairs: int, num_swap_blocks: int = 0) -> StepCost:

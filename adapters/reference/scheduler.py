@@ -219,13 +219,11 @@ class Scheduler:
         preempted: list[Request] = []
         num_swapped_out = 0
 
-        # 1. Running requests first.
+        # 1. Running requests first; preempt victims until each one's blocks fit.
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            n = request.num_tokens - request.num_computed_tokens
-            if n > budget:
-                n = budget
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
             while blocks.allocate(request, n) is None:
                 victim = self._victim()
                 num_swapped_out += self._preempt(victim)
@@ -234,16 +232,15 @@ class Scheduler:
                     break
                 if victim in scheduled:  # priority: the victim may be already scheduled
                     k = scheduled.index(victim)
-                    budget += num_new[k]
-                    del scheduled[k], num_new[k]
+                    budget += num_new.pop(k)
+                    scheduled.pop(k)
                     i -= 1
-            else:
-                scheduled.append(request)
-                num_new.append(n)
-                budget -= n
-                i += 1
-                continue
-            break
+            if request.status is not RequestStatus.RUNNING:
+                break  # it was its own victim: nothing more fits this step
+            scheduled.append(request)
+            num_new.append(n)
+            budget -= n
+            i += 1
 
         # 2. Then waiting requests, unless this step preempted.
         num_swapped_in = num_padded = 0

@@ -238,6 +238,10 @@ class ServedEngine:
         request = Request(request_id or f"req-{index}", num_prompt_tokens, max_output_tokens,
                           arrival_s=arrival_s, priority=priority, index=index)
         stream = TokenStream(request)
+        if self.failure is not None:  # the step loop is gone: fail now rather than hang
+            stream.error = f"engine failure: {self.failure}"
+            stream.done = True
+            return stream
         self._pending.append(stream)
         self._wake.set()
         return stream
@@ -1042,11 +1046,16 @@ def serve(config: ReferenceConfig, options: ServerOptions,
     """Serve until SIGINT/SIGTERM (uvicorn's graceful shutdown). Blocks; main thread.
 
     ``on_ready(url)`` is called once the engine loop runs and the socket listens."""
+    url = ""  # known once bound; the server calls on_ready after that
+
+    def ready() -> None:
+        if on_ready is not None:
+            on_ready(url)
+
+    server = ReferenceServer(config, served_model_name=options.served_model_name,
+                             tokenizer_path=options.tokenizer_path, on_ready=ready)
     sock = bind_socket(options.host, options.port)
     url = socket_url(sock)
-    server = ReferenceServer(config, served_model_name=options.served_model_name,
-                             tokenizer_path=options.tokenizer_path,
-                             on_ready=None if on_ready is None else lambda: on_ready(url))
     try:
         _uvicorn_server(server, options).run(sockets=[sock])
     finally:
@@ -1078,9 +1087,9 @@ def start_server_in_thread(config: ReferenceConfig, options: ServerOptions | Non
 
     ``options`` wins over ``host``/``port``. ``stop()`` shuts it down and joins the thread."""
     options = options or ServerOptions(host=host, port=port)
-    sock = bind_socket(options.host, options.port)
     server = ReferenceServer(config, served_model_name=options.served_model_name,
                              tokenizer_path=options.tokenizer_path)
+    sock = bind_socket(options.host, options.port)
     uv = _uvicorn_server(server, options)
     failure: list[BaseException] = []
 

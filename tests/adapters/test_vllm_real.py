@@ -49,7 +49,9 @@ def trace():  # type: ignore[no-untyped-def]
 
 
 def replay_with(max_num_seqs: int, out: Path) -> tuple[dict, dict, list[dict]]:  # type: ignore[type-arg]
-    knobs = Knobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=512, max_model_len=512)
+    # --enforce-eager skips the torch.compile warm-up (about 35 s a launch on 2 cores)
+    knobs = Knobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=512, max_model_len=512,
+                  extra_args=("--enforce-eager",))
     summary = run_live(
         "vllm", knobs, trace(), {"timeout_s": 120}, out, launch=True,
         model=str(MODEL), served_model_name="tiny", executable=str(VLLM_PYTHON),

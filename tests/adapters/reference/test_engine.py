@@ -19,7 +19,7 @@ def _trace(*specs: tuple[float, int, int], priority: int | None = None) -> list[
 
 def test_timelines_one_token_per_chunk_in_input_order() -> None:
     reqs = _trace((0.5, 100, 3), (0.0, 20, 2), (0.0, 5000, 4))  # input not in arrival order
-    result = simulate(reqs, ReferenceConfig())
+    result = simulate(reqs, ReferenceConfig(num_gpu_blocks=1000), check_invariants=True)
     assert [tl.request_id for tl in result.timelines] == ["r0", "r1", "r2"]
     for tl, tr in zip(result.timelines, reqs, strict=True):
         assert tl.ok and tl.token_count_source == "engine" and tl.finish_reason == "length"
@@ -34,7 +34,8 @@ def test_timelines_one_token_per_chunk_in_input_order() -> None:
 
 
 def test_steps_table_columns_and_virtual_clock_jumps_idle_time() -> None:
-    result = simulate(_trace((0.0, 10, 2), (100.0, 10, 2)), ReferenceConfig(num_gpu_blocks=50))
+    result = simulate(_trace((0.0, 10, 2), (100.0, 10, 2)), ReferenceConfig(num_gpu_blocks=50),
+                      check_invariants=True)
     steps = result.steps
     assert tuple(steps.column_names) == STEP_COLUMNS
     assert steps.num_rows == 4 and result.num_kv_blocks_total == 50
@@ -52,7 +53,8 @@ def test_steps_table_columns_and_virtual_clock_jumps_idle_time() -> None:
 
 def test_rejected_requests_are_rows_and_the_rest_completes() -> None:
     config = ReferenceConfig(num_gpu_blocks=16, max_model_len=4096)  # 256 KV tokens
-    result = simulate(_trace((0.0, 200, 10), (0.0, 300, 20), (0.0, 4000, 200)), config)
+    result = simulate(_trace((0.0, 200, 10), (0.0, 300, 20), (0.0, 4000, 200)), config,
+                      check_invariants=True)
     ok, never_fits, too_long = result.timelines
     assert ok.ok
     assert never_fits.error_kind == "rejected" and "KV blocks" in never_fits.error_message
@@ -64,7 +66,7 @@ def test_rejected_requests_are_rows_and_the_rest_completes() -> None:
 def test_deterministic() -> None:
     reqs = _trace(*[(i * 0.01, 50 + 37 * i % 300, 1 + 13 * i % 40) for i in range(60)])
     config = ReferenceConfig(num_gpu_blocks=60, max_num_seqs=16, max_num_batched_tokens=256)
-    a, b = simulate(reqs, config), simulate(reqs, config)
+    a, b = simulate(reqs, config, check_invariants=True), simulate(reqs, config)
     assert a.timelines == b.timelines and a.steps.equals(b.steps)
     assert sum(tl.num_preemptions for tl in a.timelines) > 0  # memory pressure was real
 
@@ -80,8 +82,8 @@ def test_decode_spans_give_the_same_results_as_stepping(kw: dict[str, object]) -
     settings: dict[str, object] = dict(num_gpu_blocks=80, max_num_seqs=16,
                                        max_num_batched_tokens=256)
     config = ReferenceConfig(**{**settings, **kw})  # type: ignore[arg-type]
-    fast = simulate(reqs, config)
-    slow = simulate(reqs, config, decode_spans=False)
+    fast = simulate(reqs, config, check_invariants=True)
+    slow = simulate(reqs, config, decode_spans=False, check_invariants=True)
     assert fast.timelines == slow.timelines
     assert fast.steps.equals(slow.steps)
 
@@ -89,8 +91,9 @@ def test_decode_spans_give_the_same_results_as_stepping(kw: dict[str, object]) -
 def test_swap_adds_pcie_time_to_the_step() -> None:
     reqs = _trace(*[(0.0, 64, 64) for _ in range(6)])
     kw = dict(num_gpu_blocks=20, max_num_seqs=8, max_num_batched_tokens=512)
-    swap = simulate(reqs, ReferenceConfig(preemption="swap", **kw))  # type: ignore[arg-type]
-    recompute = simulate(reqs, ReferenceConfig(**kw))  # type: ignore[arg-type]
+    swap = simulate(reqs, ReferenceConfig(preemption="swap", **kw),  # type: ignore[arg-type]
+                    check_invariants=True)
+    recompute = simulate(reqs, ReferenceConfig(**kw), check_invariants=True)  # type: ignore[arg-type]
     assert sum(tl.num_preemptions for tl in swap.timelines) > 0
     assert all(tl.ok for tl in swap.timelines) and all(tl.ok for tl in recompute.timelines)
     cost = swap.config.cost_model()

@@ -136,8 +136,8 @@ def sim_cases(draw: st.DrawFn) -> tuple[list[TraceRequest], ReferenceConfig]:
 def test_decode_spans_never_change_results(case: tuple[list[TraceRequest], ReferenceConfig]
                                            ) -> None:
     reqs, config = case
-    fast = simulate(reqs, config)
-    slow = simulate(reqs, config, decode_spans=False)
+    fast = simulate(reqs, config, check_invariants=True)
+    slow = simulate(reqs, config, decode_spans=False, check_invariants=True)
     assert fast.timelines == slow.timelines
     assert fast.steps.equals(slow.steps)
     for tl in fast.timelines:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -29,14 +30,14 @@ from adapters.reference.server import (
     start_server_in_thread,
 )
 from harness.protocols import parse_stream
-from harness.traces import TraceOptions, load_trace
+from harness.traces import TraceOptions, TraceRequest, load_trace
 
 TRACE = "harness/data/azure_conv_excerpt.csv"
 
 # ---------------------------------------------------------------- the step loop vs simulate
 
 
-def _run_served(config: ReferenceConfig, requests: list) -> list[TokenStream]:  # type: ignore[type-arg]
+def _run_served(config: ReferenceConfig, requests: list[TraceRequest]) -> list[TokenStream]:
     engine = ServedEngine(config, clock=lambda: 0.0)
     streams = []
     for r in requests:  # every arrival known up front: pending holds the future ones
@@ -60,7 +61,7 @@ def _run_served(config: ReferenceConfig, requests: list) -> list[TokenStream]:  
     {"model": "llama-3.1-8b", "policy": "priority", "num_gpu_blocks": 150},
     {"model": "llama-3.1-8b", "preemption": "none", "num_gpu_blocks": 300},
 ], ids=["fcfs", "preempting", "priority", "reserve"])
-def test_served_step_loop_gives_the_instants_simulate_gives(settings: dict) -> None:  # type: ignore[type-arg]
+def test_served_step_loop_gives_the_instants_simulate_gives(settings: dict[str, Any]) -> None:
     config = ReferenceConfig(**settings)
     trace = load_trace(TRACE, TraceOptions(limit=60, rate=4, max_model_len=2048,
                                            on_too_long="drop", priority_fraction=0.3))
@@ -224,7 +225,8 @@ def test_min_tokens_and_ignore_eos_give_exactly_max_tokens(client: httpx.Client)
     ({"prompt": [1], "priority": 1}, 400, "Priority scheduling is not enabled"),
     ({"prompt": [1], "model": "gpt-4"}, 404, "does not exist"),
 ])
-def test_openai_errors(client: httpx.Client, body: dict, status: int, fragment: str) -> None:  # type: ignore[type-arg]
+def test_openai_errors(client: httpx.Client, body: dict[str, Any], status: int,
+                       fragment: str) -> None:
     r = client.post("/v1/completions", json=body)
     assert r.status_code == status
     error = r.json()["error"]
@@ -273,7 +275,8 @@ def test_served_model_name() -> None:
 # ---------------------------------------------------------------- priority and metrics
 
 
-async def _first_token(client: httpx.AsyncClient, body: dict, started: asyncio.Event) -> None:  # type: ignore[type-arg]
+async def _first_token(client: httpx.AsyncClient, body: dict[str, Any],
+                       started: asyncio.Event) -> None:
     async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
         async for line in r.aiter_lines():
             if line.startswith("data: {"):
@@ -399,3 +402,21 @@ def test_preemptions_are_counted() -> None:
         after = _scrape(running.url, model="qwen2.5-0.5b")
     assert after["vllm:num_preemptions_total"] > 0
     assert after["vllm:generation_tokens_total"] == 150
+
+
+def test_a_crashed_step_loop_fails_requests_and_reports_unhealthy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with start_server_in_thread(SMALL) as running:
+        def broken_step(start_s: float) -> None:
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(running.server.engine.core, "step", broken_step)
+        with httpx.Client(base_url=running.url, timeout=30, trust_env=False) as client:
+            r = client.post("/v1/completions", json={"prompt": [1], "max_tokens": 3,
+                                                     "stream": True})
+            events = _events(r.text)
+            assert "boom" in json.loads(events[0])["error"]["message"] and events[-1] == "[DONE]"
+            assert parse_stream("openai", [r.content]).error_kind == "stream_error"
+            assert client.get("/health").status_code == 503
+            after = client.post("/v1/completions", json={"prompt": [1], "max_tokens": 3})
+            assert after.status_code == 500 and "boom" in after.json()["error"]["message"]

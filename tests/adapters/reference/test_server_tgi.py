@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -140,7 +141,7 @@ def test_generate_headers_and_body(server: RunningServer) -> None:
     ("/generate_stream", {"inputs": "x", "parameters": {"decoder_input_details": True}},
      "decoder_input_details"),
 ])
-def test_tgi_validation_errors(server: RunningServer, path: str, body: dict,  # type: ignore[type-arg]
+def test_tgi_validation_errors(server: RunningServer, path: str, body: dict[str, Any],
                                fragment: str) -> None:
     r = httpx.post(server.url + path, json=body, trust_env=False)
     if path == "/generate_stream":  # TGI streams its errors: HTTP 200 and one error event
