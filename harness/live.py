@@ -64,6 +64,7 @@ def plan_for(
     runtime: str | None = None,
     metric_map: str | Mapping[str, str] | None = None,
     port: int | None = None,
+    gpu: str | None = None,
 ) -> LaunchPlan:
     """The launch plan of a live run; raises KnobError for what cannot be honoured."""
     if engine_name not in ENGINES:
@@ -73,6 +74,7 @@ def plan_for(
     adapter = make_adapter(
         engine_name, model=model, served_model_name=served_model_name, port=port,
         env=engine_env, executable=executable, runtime=runtime, metric_map=metric_map,
+        gpu=gpu,
     )
     if url is not None:
         if knobs != Knobs() and not allow_approximate:
@@ -83,11 +85,6 @@ def plan_for(
                 "--allow-approximate to record them as not applied."
             )
         return adapter.attach(url, knobs)
-    if engine_name in ("openai", "reference"):
-        raise KnobError(
-            f"--engine {engine_name} cannot be launched by batchlab; start the server yourself "
-            "and pass --url URL"
-        )
     return adapter.plan(knobs, allow_approximate=allow_approximate)
 
 
@@ -199,7 +196,7 @@ def run_live(
     plan = plan_for(
         engine_name, knobs, launch=launch, url=url, allow_approximate=allow_approximate,
         model=model, served_model_name=served_model_name, engine_env=engine_env,
-        executable=executable, runtime=runtime, metric_map=metric_map, port=port,
+        executable=executable, runtime=runtime, metric_map=metric_map, port=port, gpu=gpu,
     )
     replay_kwargs = dict(replay_config_kwargs or {})
     tokenizer = _default_tokenizer(model, replay_kwargs)

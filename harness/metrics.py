@@ -140,7 +140,7 @@ def request_metrics(tl: RequestTimeline) -> RequestMetrics:
 
 
 def distribution(values: Iterable[float] | np.ndarray) -> dict[str, float | None]:
-    """``{mean, p50, p90, p95, p99, max, count}`` over the finite values; None when there are none."""
+    """``{mean, p50, p90, p95, p99, max, count}`` over the finite values (None when none)."""
     raw = values if isinstance(values, np.ndarray) else list(values)
     arr = np.asarray(raw, dtype=np.float64)
     arr = arr[np.isfinite(arr)]

@@ -43,7 +43,7 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from harness.http_pool import LifoPoolTransport
+from harness.http_pool import WIRE_MARKS, LifoPoolTransport, WireMarks
 from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo, summarize
 from harness.prompts import (
     DEFAULT_PREFIX_BLOCK_NUM_TOKENS,
@@ -394,8 +394,20 @@ class _Run:
         self._record(att)
 
     async def _stream(self, att: _Attempt, request: httpx.Request) -> None:
+        # The socket-level instants (see harness.http_pool); until the request touches the
+        # network, its send instant is this one.
+        marks = WireMarks()
+        token = WIRE_MARKS.set(marks)
         att.sent_ns = time.perf_counter_ns()
         self.num_sent += 1
+        try:
+            await self._exchange(att, request, marks)
+        finally:
+            if marks.sent_ns:
+                att.sent_ns = marks.sent_ns
+            WIRE_MARKS.reset(token)
+
+    async def _exchange(self, att: _Attempt, request: httpx.Request, marks: WireMarks) -> None:
         response = await self.client.send(request, stream=True)
         try:
             att.http_status = response.status_code
@@ -408,7 +420,7 @@ class _Run:
             parser = att.parser
             chunks = response.aiter_raw()  # identity encoding was asked for; skip decoders
             async for data in chunks:
-                t_ns = time.perf_counter_ns()
+                t_ns = marks.last_read_ns or time.perf_counter_ns()
                 for event in decoder.feed(data):
                     if parser.on_event(event, t_ns):
                         att.end_ns = t_ns

@@ -115,13 +115,16 @@ def fmt_ratio(ratio: float) -> str:
 
 
 def fmt_delta(value: float | None, base: float | None) -> str:
-    """``+12%``, ``-94%``, ``2.8×`` (two-fold and more), or ``""`` when not comparable."""
+    """``+12%``, ``-94%``, ``2.8×`` (two-fold and more), ``1/280`` (a fall of 95% and more:
+    "-100%" would hide how large it was), or ``""`` when not comparable."""
     if _missing(value) or _missing(base) or base == 0:
         return ""
     assert value is not None and base is not None
     ratio = value / base
     if ratio >= 2:
         return fmt_ratio(ratio)
+    if 0 < ratio <= 0.05:
+        return f"1/{fmt_number(1 / ratio)}"
     change = (ratio - 1) * 100
     if abs(change) < 0.5:
         return "±0%"

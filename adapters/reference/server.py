@@ -537,7 +537,8 @@ class _Protocols:
             prompt = prompt[0]
         if isinstance(prompt, str):
             n = self.counter.count(prompt)
-        elif isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
+        elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt) \
+                and min(prompt) >= 0:  # (type(t) is int: bool is not a token id)
             n = len(prompt)
         elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list)
                                                          for p in prompt):

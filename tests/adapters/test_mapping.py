@@ -399,6 +399,27 @@ def test_reference_attaches_with_vllm_metric_names() -> None:
     assert plan.telemetry == vllm.TELEMETRY
 
 
+def test_served_reference_flags() -> None:
+    adapter = catalog.make_adapter("reference", model="llama-3.1-8b", gpu="a100-80gb", port=8100,
+                                   executable="/py")
+    knobs = Knobs(max_num_seqs=32, policy="priority", preemption="none", chunked_prefill=False,
+                  prefix_caching=True, tensor_parallel_size=2, max_model_len=4096,
+                  extra_args=("--block-size", "32"))
+    argv = adapter.plan(knobs).argv
+    assert argv[:5] == ("/py", "-m", "harness.cli", "serve", "reference")
+    assert flag_value(argv, "--model") == "llama-3.1-8b"
+    assert flag_value(argv, "--gpu") == "a100-80gb"
+    assert flag_value(argv, "--port") == "8100"
+    assert flag_value(argv, "--max-num-seqs") == "32"
+    assert flag_value(argv, "--policy") == "priority"
+    assert flag_value(argv, "--admission") == "reserve" and "--preemption" not in argv
+    assert "--no-chunked-prefill" in argv and "--prefix-caching" in argv
+    assert flag_value(argv, "--tp") == "2" and flag_value(argv, "--max-model-len") == "4096"
+    assert argv[-2:] == ("--block-size", "32")
+    swap = adapter.plan(Knobs(preemption="swap")).argv
+    assert flag_value(swap, "--preemption") == "swap" and "--admission" not in swap
+
+
 def test_make_adapter_rejects_unknown_engines() -> None:
     with pytest.raises(ValueError, match="unknown engine"):
         catalog.make_adapter("sglang", model="m")

@@ -14,13 +14,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
 from adapters.base import Knobs
 from harness.live import run_live
-from harness.traces import TraceOptions, load_trace
+from harness.traces import Trace, TraceOptions, load_trace
+
+Row = dict[str, Any]
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venvs" / "vllm" / "bin" / "python"
@@ -41,14 +44,14 @@ def engine_ready() -> None:
     pytest.skip(reason)
 
 
-def trace():  # type: ignore[no-untyped-def]
+def trace() -> Trace:
     # 16 real arrivals compressed 50x (they land within about 0.25 s), small fixed lengths so
     # a run takes seconds; max_model_len bounds vLLM's memory.
     return load_trace(TRACE, TraceOptions(limit=16, time_scale=0.02, prompt_tokens=32,
                                           output_tokens=64, max_model_len=512))
 
 
-def replay_with(max_num_seqs: int, out: Path) -> tuple[dict, dict, list[dict]]:  # type: ignore[type-arg]
+def replay_with(max_num_seqs: int, out: Path) -> tuple[Row, Row, list[Row]]:
     # --enforce-eager skips the torch.compile warm-up (about 35 s a launch on 2 cores)
     knobs = Knobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=512, max_model_len=512,
                   extra_args=("--enforce-eager",))
@@ -64,7 +67,7 @@ def replay_with(max_num_seqs: int, out: Path) -> tuple[dict, dict, list[dict]]: 
     return summary, manifest, telemetry
 
 
-def check_run(max_num_seqs: int, out: Path) -> list[dict]:  # type: ignore[type-arg]
+def check_run(max_num_seqs: int, out: Path) -> list[Row]:
     summary, manifest, telemetry = replay_with(max_num_seqs, out)
     requests = pq.read_table(out / "requests.parquet").to_pylist()
     assert len(requests) == 16

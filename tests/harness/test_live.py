@@ -147,11 +147,35 @@ def test_attach_refuses_knobs_it_cannot_apply() -> None:
                  url="http://127.0.0.1:9", model="m", dry_run=True, out=io.StringIO())
 
 
-def test_reference_and_openai_are_not_launched() -> None:
-    for engine in ("reference", "openai"):
-        with pytest.raises(KnobError, match="--url"):
-            run_live(engine, Knobs(), small_trace(), {}, "unused", launch=True, model="m",
-                     dry_run=True, out=io.StringIO())
+def test_openai_is_not_launched() -> None:
+    with pytest.raises(KnobError, match="--url"):
+        run_live("openai", Knobs(), small_trace(), {}, "unused", launch=True, model="m",
+                 dry_run=True, out=io.StringIO())
+
+
+def test_served_reference_end_to_end(tmp_path: Path) -> None:
+    """The whole live path on a real server with real Prometheus metrics, and no GPU."""
+    out = tmp_path / "run"
+    trace = Trace(
+        tuple(TraceRequest(f"r{i}", 0.0, num_prompt_tokens=64, num_output_tokens=32)
+              for i in range(12)),
+        source="test", format="synthetic", digest="sha256:test",
+    )
+    summary = run_live(
+        "reference", Knobs(max_num_seqs=4, max_num_batched_tokens=256), trace,
+        {"timeout_s": 60}, out, launch=True, model="llama-3.1-8b", gpu="h100-sxm",
+        ready_timeout_s=120, telemetry_interval_s=0.02,
+    )
+    assert summary["num_completed"] == 12
+    manifest = json.loads((out / "manifest.json").read_text())
+    argv = manifest["launch"]["argv"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "4"
+    assert manifest["engine"]["version"] is not None
+    assert manifest["engine"]["exit"]["signal_used"] in ("SIGTERM", "none")
+    telemetry = pq.read_table(out / "telemetry.parquet").to_pylist()
+    running = [r["num_running"] for r in telemetry if r["num_running"] is not None]
+    assert running and max(running) <= 4
+    assert max(r["num_waiting"] or 0 for r in telemetry) > 0
 
 
 def test_launch_and_url_are_exclusive() -> None:

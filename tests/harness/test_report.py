@@ -340,6 +340,7 @@ def test_number_and_delta_formats() -> None:
     assert report.fmt_delta(101, 100) == "+1%"
     assert report.fmt_delta(100.2, 100) == "±0%"
     assert report.fmt_delta(5, 0) == ""
+    assert report.fmt_delta(0.602, 169) == "1/281"  # a 99.6% fall is not shown as -100%
     assert report.table(["a", "b"], [["x|y", 1]]) == "| a | b |\n|:---|---:|\n| x\\|y | 1 |"
 
 

@@ -285,8 +285,8 @@ async def _first_token(client: httpx.AsyncClient, body: dict[str, Any],
 
 def test_priority_orders_the_waiting_queue() -> None:
     # One running slot. While a long request runs, a priority-5 and then a priority-0 request
-    # queue up; the priority-0 one is admitted first. (The long request needs 300 steps;
-    # the other two are queued long before it ends.)
+    # queue up; the priority-0 one is admitted first. (The long request needs 400 steps,
+    # over 2 s; the other two are queued long before it ends.)
     config = ReferenceConfig(model="llama-3.1-8b", policy="priority", max_num_seqs=1,
                              max_num_batched_tokens=2048, max_model_len=4096)
 
@@ -295,7 +295,7 @@ def test_priority_orders_the_waiting_queue() -> None:
         async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False) as client:
             started = asyncio.Event()
             long = asyncio.create_task(_first_token(
-                client, {"prompt": [1] * 10, "max_tokens": 300, "priority": 0}, started))
+                client, {"prompt": [1] * 10, "max_tokens": 400, "priority": 0}, started))
             await started.wait()
 
             async def one(priority: int) -> None:

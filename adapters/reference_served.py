@@ -1,0 +1,110 @@
+"""The reference engine served over HTTP (``batchlab serve reference``), launched like any engine.
+
+It runs the reference scheduler and cost model on the wall clock and speaks vLLM's OpenAI
+dialect with vLLM's metric names, so the whole live path (launch, replay, telemetry, teardown)
+runs without a GPU. Its flags are the uniform knobs almost one to one; the knob mapping is the
+same as the simulated reference's (``ReferenceConfig.from_knobs``): preemption "none" is
+admission "reserve".
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from adapters.base import (
+    ATTACHED,
+    KnobRule,
+    Knobs,
+    LaunchPlan,
+    Setting,
+    map_knobs,
+    not_launched_mapping,
+)
+from adapters.process import free_port
+from adapters.vllm import TELEMETRY
+
+NAME = "reference"
+
+
+def _flag(name: str, attr: str) -> KnobRule:
+    return KnobRule(attr, name, lambda k: Setting((name, str(getattr(k, attr)))))
+
+
+def _toggle(name: str, attr: str) -> KnobRule:
+    return KnobRule(attr, f"--[no-]{name[2:]}",
+                    lambda k: Setting((name if getattr(k, attr) else f"--no-{name[2:]}",)))
+
+
+def _preemption(k: Knobs) -> Setting:
+    note = "the static policy always reserves at admission" if k.policy == "static" else ""
+    if k.preemption == "none":
+        return Setting(("--admission", "reserve"), note=note or "reserve prompt + max output")
+    return Setting(("--preemption", k.preemption), note=note)
+
+
+def _max_model_len(k: Knobs) -> Setting:
+    if k.max_model_len is None:
+        return Setting(note="unset: the model's max_position_embeddings")
+    return Setting(("--max-model-len", str(k.max_model_len)))
+
+
+RULES: tuple[KnobRule, ...] = (
+    _flag("--max-num-seqs", "max_num_seqs"),
+    _flag("--max-num-batched-tokens", "max_num_batched_tokens"),
+    _flag("--policy", "policy"),
+    KnobRule("preemption", "--admission, --preemption", _preemption, ("policy",)),
+    _toggle("--chunked-prefill", "chunked_prefill"),
+    _flag("--weights-dtype", "weights_dtype"),
+    _flag("--kv-cache-dtype", "kv_cache_dtype"),
+    _flag("--gpu-memory-utilization", "gpu_memory_utilization"),
+    _toggle("--prefix-caching", "prefix_caching"),
+    _flag("--tp", "tensor_parallel_size"),
+    KnobRule("max_model_len", "--max-model-len", _max_model_len),
+    KnobRule("extra_args", "appended to argv as given (e.g. --profile P.json)",
+             lambda k: Setting(k.extra_args)),
+)
+
+FIXED = (
+    "PYTHON -m harness.cli serve reference --model MODEL [--gpu GPU] --host 127.0.0.1 "
+    "--port PORT --served-model-name NAME",
+    "telemetry: vLLM's metric names",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceServedAdapter:
+    model: str  # catalog model name or a local config.json path
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int | None = None
+    gpu: str | None = None  # catalog GPU; None: the reference's default
+    python: str | None = None  # default: the running interpreter
+    env: dict[str, str] = field(default_factory=dict)
+    name: str = NAME
+    rules: tuple[KnobRule, ...] = RULES
+
+    def plan(self, knobs: Knobs, *, allow_approximate: bool = False) -> LaunchPlan:
+        knobs.validate()
+        mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate)
+        port = self.port or free_port(self.host)
+        served = self.served_model_name or self.model
+        argv = (
+            self.python or sys.executable, "-m", "harness.cli", "serve", "reference",
+            "--model", self.model, *(("--gpu", self.gpu) if self.gpu else ()),
+            "--host", self.host, "--port", str(port), "--served-model-name", served,
+            *setting.argv,
+        )
+        return LaunchPlan(
+            engine=NAME, argv=argv, env={**dict(setting.env), **self.env}, mapping=mapping,
+            base_url=f"http://{self.host}:{port}", protocol="openai", model=served,
+            health_path="/health", version_paths=("/version",), telemetry=TELEMETRY,
+        )
+
+    def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
+        return LaunchPlan(
+            engine=NAME, argv=(), launch=False, mapping=not_launched_mapping(knobs, ATTACHED),
+            base_url=base_url.rstrip("/"), protocol="openai",
+            model=self.served_model_name or self.model,
+            health_path="/health", version_paths=("/version",), telemetry=TELEMETRY,
+        )
