@@ -81,6 +81,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.json"
 SPIN_WINDOW_NS = 2_000_000  # the last 2 ms before a send are yielded through, not slept
+PROGRESS_INTERVAL_NS = 100_000_000
 DRAIN_TIMEOUT_S = 0.5  # after the end event, wait this long for the body's end to reuse the socket
 
 
@@ -286,6 +287,7 @@ class _Run:
         self.timelines: list[RequestTimeline] = []
         self.tasks: set[asyncio.Task[None]] = set()
         self.num_sent = 0
+        self._last_progress_ns = 0
 
     def s(self, t_ns: int) -> float:
         return (t_ns - self.t0_ns) / 1e9
@@ -444,7 +446,12 @@ class _Run:
         self.writer.write(tl)
         self.timelines.append(tl)
         if self.progress is not None:
-            self.progress(len(self.timelines), self.num_total)
+            # at most every PROGRESS_INTERVAL_NS: a progress bar redraw costs the event loop
+            now = time.perf_counter_ns()
+            done = len(self.timelines)
+            if now - self._last_progress_ns >= PROGRESS_INTERVAL_NS or done == self.num_total:
+                self._last_progress_ns = now
+                self.progress(done, self.num_total)
 
     def _timeline(self, att: _Attempt) -> RequestTimeline:
         out: StreamOutcome = att.parser.outcome(eof=att.eof)

