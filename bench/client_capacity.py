@@ -13,9 +13,11 @@ replays constant-rate traces (evenly spaced arrivals) at rising rates and prints
 
 It reports the highest rate (and streamed tokens/s) at which send-lag p99 stays under 1 ms with
 no failures, and the highest rate the client kept up with at all. The send lag is measured to
-the request's first byte on the socket, so it holds the client's whole per-request cost. The baseline is ``vllm bench serve`` (vLLM's serving benchmark, from the
-``.venvs/vllm`` environment when it imports) on the same server in the same run, at the same
-rate: the script prints the ratio of the two clients' figures, or why it was skipped.
+the request's first byte on the socket, so it holds the client's whole per-request cost. The
+baseline is ``vllm bench serve`` (vLLM's serving benchmark, from the ``.venvs/vllm`` environment
+when it imports) on the same server in the same run, at the same rates (the lowest, the highest
+kept up with, and any the harness fell behind at): the script prints the ratio of the two
+clients' figures, or why it was skipped.
 
     .venv/bin/python bench/client_capacity.py [--rates 25,50,...] [--step-s 4] [--no-vllm]
 
@@ -345,7 +347,8 @@ def main() -> int:
             if args.no_vllm:
                 print("vllm bench serve: skipped (--no-vllm)")
             else:
-                compare_with_vllm(url, results, sorted({low["rate"], best["rate"]}),
+                behind = [r["rate"] for r in results if not kept_up(r)]
+                compare_with_vllm(url, results, sorted({low["rate"], best["rate"], *behind}),
                                   args.step_s, Path(tmp))
             print(f"total wall time {time.perf_counter() - wall0:.1f} s")
     finally:

@@ -327,10 +327,29 @@ def _search(shape: CostShape, samples: Sequence[StepSample], y: np.ndarray, w: n
             bandwidth_range: tuple[float, float], compute_range: tuple[float, float],
             allow_no_memory_term: bool) -> tuple[float, float, np.ndarray]:
     """Log-spaced grid over the two figures, then a finer one around the best point; NNLS
-    for the linear terms at every point."""
-    bws = list(np.geomspace(*bandwidth_range, 17))
-    if allow_no_memory_term:
-        bws.append(math.inf)
+    for the linear terms at every point.
+
+    With ``allow_no_memory_term``, a finite bandwidth must earn its place: it is kept only
+    when it cuts the weighted squared error by ``MEMORY_TERM_MIN_GAIN`` against the best fit
+    without a memory term. Otherwise a memory floor (weights / bandwidth) and the fixed
+    overhead trade off against each other and the split between them is noise.
+    """
+    best_finite = _grid_search(shape, samples, y, w, bandwidth_range, compute_range, False)
+    if not allow_no_memory_term:
+        return best_finite[1], best_finite[2], best_finite[3]
+    best_none = _grid_search(shape, samples, y, w, bandwidth_range, compute_range, True)
+    if best_finite[0] < (1 - MEMORY_TERM_MIN_GAIN) * best_none[0]:
+        return best_finite[1], best_finite[2], best_finite[3]
+    return best_none[1], best_none[2], best_none[3]
+
+
+MEMORY_TERM_MIN_GAIN = 0.05
+
+
+def _grid_search(shape: CostShape, samples: Sequence[StepSample], y: np.ndarray, w: np.ndarray,
+                 bandwidth_range: tuple[float, float], compute_range: tuple[float, float],
+                 no_memory_term: bool) -> tuple[float, float, float, np.ndarray]:
+    bws = [math.inf] if no_memory_term else list(np.geomspace(*bandwidth_range, 17))
     peaks = list(np.geomspace(*compute_range, 25))
     best: tuple[float, float, float, np.ndarray] = (math.inf, math.inf, math.inf,
                                                      np.zeros(len(LINEAR_TERMS)))
@@ -349,7 +368,7 @@ def _search(shape: CostShape, samples: Sequence[StepSample], y: np.ndarray, w: n
             sse, coef = _solve(shape, samples, y, w, bw, peak)
             if sse < best[0]:
                 best = (sse, bw, peak, coef)
-    return best[1], best[2], best[3]
+    return best
 
 
 def _group_weights(samples: Sequence[StepSample], scale: np.ndarray) -> np.ndarray:

@@ -18,9 +18,6 @@ mapping, and starts nothing.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import platform
 import re
 import sys
 import time
@@ -39,9 +36,9 @@ from adapters.process import (
     probe_version,
     terminate_on_signals,
 )
+from harness.manifest import read_manifest, run_fields, trace_manifest, update_manifest
 from harness.metrics import Slo
-from harness.replay import MANIFEST_FILE, ReplayConfig, batchlab_version, replay
-from harness.results import write_json_atomic
+from harness.replay import ReplayConfig, replay
 from harness.telemetry import DEFAULT_INTERVAL_S, TELEMETRY_FILE, TelemetryScraper, source_for
 from harness.traces import Trace
 
@@ -104,7 +101,7 @@ def _engine_manifest(plan: LaunchPlan, knobs: Knobs, trace: Trace, *, model: str
                      allow_approximate: bool, argv: Sequence[str], gpu: str | None,
                      command: Sequence[str] | None) -> dict[str, Any]:
     return {
-        "kind": "live",
+        **run_fields("live", command),
         "engine": {
             "name": plan.engine,
             "mode": "launch" if plan.launch else "attach",
@@ -125,25 +122,9 @@ def _engine_manifest(plan: LaunchPlan, knobs: Knobs, trace: Trace, *, model: str
         "knobs": _jsonable(knobs.as_dict()),
         "allow_approximate": allow_approximate,
         "mapping": [_jsonable(asdict(m)) for m in plan.mapping],
-        "trace": {
-            "source": trace.source,
-            "format": trace.format,
-            "digest": trace.digest,
-            "notes": list(trace.notes),
-            "counts": dict(trace.counts),
-            "num_requests": len(trace.requests),
-        },
+        "trace": trace_manifest(trace),
+        "model": model,
         "gpu": gpu,
-        "host": platform.node(),
-        "host_info": {
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "batchlab_version": batchlab_version(),
-        "command": list(command) if command is not None else None,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "status": "starting",
     }
 
@@ -227,7 +208,7 @@ def run_live(
     for name, content in plan.config_files.items():
         (out_path / name).write_text(content)
     argv = plan.resolved_argv(str(out_path.resolve()))
-    _write_manifest(out_path, _engine_manifest(
+    update_manifest(out_path, _engine_manifest(
         plan, knobs, trace, model=model, allow_approximate=allow_approximate, argv=argv,
         gpu=gpu, command=command,
     ))
@@ -288,7 +269,7 @@ async def _serve_and_replay(
     engine["version_probe"] = await probe_version(plan.base_url, plan.version_paths)
     engine["version"] = engine["version_probe"].get("version")
     engine["status"] = "running"
-    _write_manifest(out_dir, {"engine": _merged_engine(out_dir, engine)})
+    update_manifest(out_dir, {"engine": _merged_engine(out_dir, engine)})
     summary = await replay(trace, config, out_dir, telemetry=scraper, progress=progress,
                            command=command)
     _align_telemetry(out_dir, scraper)
@@ -316,7 +297,7 @@ async def _wait_attached(health: str, base_url: str) -> None:
 
 def _align_telemetry(out_dir: Path, scraper: TelemetryScraper) -> None:
     """Put telemetry on the replay's clock (t0 = the replay's start), then rewrite the file."""
-    t0_ns = _read_manifest(out_dir).get("t0_perf_counter_ns")
+    t0_ns = read_manifest(out_dir).get("t0_perf_counter_ns")
     if not isinstance(t0_ns, int) or scraper.origin_ns is None or not scraper.rows:
         return
     shift_s = (scraper.origin_ns - t0_ns) / 1e9
@@ -326,21 +307,8 @@ def _align_telemetry(out_dir: Path, scraper: TelemetryScraper) -> None:
     scraper.write(out_dir / TELEMETRY_FILE)
 
 
-def _read_manifest(out_dir: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads((out_dir / MANIFEST_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return manifest if isinstance(manifest, dict) else {}
-
-
-def _write_manifest(out_dir: Path, fields: Mapping[str, Any]) -> None:
-    """Merge ``fields`` into the run's manifest (the replay client writes its own keys too)."""
-    write_json_atomic({**_read_manifest(out_dir), **fields}, out_dir / MANIFEST_FILE)
-
-
 def _merged_engine(out_dir: Path, engine: Mapping[str, Any]) -> dict[str, Any]:
-    return {**(_read_manifest(out_dir).get("engine") or {}), **engine}
+    return {**(read_manifest(out_dir).get("engine") or {}), **engine}
 
 
 def _finish_manifest(out_dir: Path, engine: Mapping[str, Any], scraper: TelemetryScraper) -> None:
@@ -357,4 +325,4 @@ def _finish_manifest(out_dir: Path, engine: Mapping[str, Any], scraper: Telemetr
     if engine.get("status") in ("failed", "interrupted"):
         fields["status"] = engine["status"]
         fields["error"] = engine.get("error")
-    _write_manifest(out_dir, fields)
+    update_manifest(out_dir, fields)

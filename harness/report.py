@@ -228,15 +228,13 @@ class CellResult:
 
 
 def _manifest_engine(manifest: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """(engine name, version): simulated runs write ``engine`` and ``engine_version``, live
-    runs an ``engine`` record with ``name`` and ``version``."""
+    """(engine name, version) from the manifest's ``engine`` record (harness/manifest.py)."""
     engine = manifest.get("engine")
-    if isinstance(engine, Mapping):
-        version = engine.get("version")
-        return (str(engine["name"]) if engine.get("name") else None,
-                str(version) if version else None)
-    version = manifest.get("engine_version")
-    return (str(engine) if engine else None, str(version) if version else None)
+    if not isinstance(engine, Mapping):
+        return None, None
+    version = engine.get("version")
+    return (str(engine["name"]) if engine.get("name") else None,
+            str(version) if version else None)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -904,7 +902,8 @@ _REFERENCE_SETTINGS = ("policy", "admission", "preemption", "max_num_seqs",
 
 def _flags_text(c: CellResult) -> str:
     parts = []
-    config = c.manifest.get("engine_config")
+    engine = c.manifest.get("engine")
+    config = engine.get("config") if isinstance(engine, Mapping) else None
     if not c.manifest.get("mapping") and isinstance(config, Mapping):
         # The reference engine takes the knobs directly; show its resolved settings (the KV
         # block count and admission it derived) as `batchlab simulate` flags.

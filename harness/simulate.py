@@ -6,17 +6,15 @@ metrics and reports never need to know which kind of run produced it.
 
 from __future__ import annotations
 
-import json
-import platform
 import time
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
 from adapters.reference import ReferenceConfig, simulate
+from harness.manifest import MANIFEST_FILE, batchlab_version, run_fields, trace_manifest
 from harness.metrics import Slo, summarize
 from harness.results import (
     STEPS_FILE,
@@ -25,48 +23,15 @@ from harness.results import (
     write_parquet_atomic,
     write_timelines,
 )
-from harness.traces import Trace, describe
-
-MANIFEST_FILE = "manifest.json"
+from harness.traces import Trace
 
 
-def batchlab_version() -> str:
-    try:
-        return metadata.version("batchlab")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def trace_manifest(trace: Trace) -> dict[str, Any]:
+def reference_engine_manifest(config: ReferenceConfig, num_kv_blocks_total: int) -> dict[str, Any]:
     return {
-        "source": trace.source,
-        "format": trace.format,
-        "digest": trace.digest,
-        "notes": list(trace.notes),
-        "counts": dict(trace.counts),
-        "stats": describe(trace),
-    }
-
-
-def base_manifest(kind: str, trace: Trace, command: Sequence[str] | None) -> dict[str, Any]:
-    return {
-        "kind": kind,
-        "trace": trace_manifest(trace),
-        "command": list(command) if command is not None else None,
-        "batchlab_version": batchlab_version(),
-        "host": platform.node(),
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def reference_manifest(config: ReferenceConfig, num_kv_blocks_total: int) -> dict[str, Any]:
-    cfg = config.as_dict()
-    return {
-        "engine": "reference",
-        "engine_version": batchlab_version(),
-        "model": cfg.get("model"),
-        "gpu": cfg.get("gpu"),
-        "engine_config": cfg,
+        "name": "reference",
+        "mode": "simulated",
+        "version": batchlab_version(),
+        "config": config.as_dict(),
         "num_kv_blocks_total": num_kv_blocks_total,
     }
 
@@ -95,11 +60,18 @@ def run_simulation(
     summary["simulation_wall_s"] = wall_s
     write_json_atomic(summary, out_dir / SUMMARY_FILE)
 
-    manifest = base_manifest("simulated", trace, command)
-    manifest.update(reference_manifest(config, result.num_kv_blocks_total))
-    manifest["knobs"] = knobs
-    manifest["slo"] = slo.as_dict() if slo else None
-    manifest["client_limited"] = None
+    cfg = config.as_dict()
+    manifest = {
+        **run_fields("simulated", command),
+        "engine": reference_engine_manifest(config, result.num_kv_blocks_total),
+        "model": cfg.get("model"),
+        "gpu": cfg.get("gpu"),
+        "knobs": knobs,
+        "trace": trace_manifest(trace),
+        "slo": slo.as_dict() if slo else None,
+        "client_limited": None,
+        "status": "finished",
+    }
     write_json_atomic(manifest, out_dir / MANIFEST_FILE)
 
     if write_report:
@@ -113,11 +85,6 @@ def _write_run_report(run_dir: Path) -> None:
     except ImportError:  # the rich report module is optional for a bare simulation
         return
     render_run_report(run_dir)
-
-
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / MANIFEST_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def read_steps(run_dir: Path) -> Any:

@@ -113,7 +113,7 @@ def _write_cell(name: str, timelines: list[RequestTimeline], *, knobs: dict, man
             "batchlab_version": "0.1.0", "host": "fixture-host",
             "created_at": "2025-01-01T00:00:00Z", "approximations": []}
     write_json_atomic({**base, **manifest}, d / report.MANIFEST_FILE)
-    engine = manifest.get("engine", "reference")
+    engine = manifest["engine"]["name"]
     write_json_atomic({"name": name, "engine": {"name": name.split("__")[0], "engine": engine,
                                                 "mode": "live" if live else "simulated"},
                        "knobs": knobs, "grid": {}, "load": {"kind": "trace", "value": None},
@@ -152,16 +152,19 @@ def make_fixtures() -> None:
     cont = {**KNOBS, "chunked_prefill": False}
     chunked = dict(KNOBS)
     _write_cell("static", _timelines(3.2, 0.031), knobs=static, steps=_steps(16, 3.0),
-                manifest={"engine": "reference", "engine_version": "0.1.0",
-                          "engine_config": _reference_config(static)})
+                manifest={"engine": {"name": "reference", "mode": "simulated",
+                                     "version": "0.1.0",
+                                     "config": _reference_config(static)}})
     _write_cell("continuous", _timelines(0.41, 0.022, preempt_every=7),
                 knobs=cont, steps=_steps(16, 1.0),
-                manifest={"engine": "reference", "engine_version": "0.1.0",
-                          "engine_config": _reference_config(cont)})
+                manifest={"engine": {"name": "reference", "mode": "simulated",
+                                     "version": "0.1.0",
+                                     "config": _reference_config(cont)}})
     _write_cell("continuous-chunked", _timelines(0.18, 0.024, preempt_every=13),
                 knobs=chunked, steps=_steps(16, 0.5),
-                manifest={"engine": "reference", "engine_version": "0.1.0",
-                          "engine_config": _reference_config(chunked)})
+                manifest={"engine": {"name": "reference", "mode": "simulated",
+                                     "version": "0.1.0",
+                                     "config": _reference_config(chunked)}})
     tele_t = np.round(np.arange(0, 12, 0.25), 3)
     telemetry = pa.table({
         "t_s": tele_t, "num_running": np.minimum(16, np.arange(tele_t.size) % 12 + 1),
@@ -172,7 +175,7 @@ def make_fixtures() -> None:
         "vllm", _timelines(0.35, 0.021, live=True, fail_ids=(5, 17), short_ids=(8,)),
         knobs=chunked, steps=None, telemetry=telemetry, live=True,
         manifest={
-            "engine": "vllm", "engine_version": "0.6.3",
+            "engine": {"name": "vllm", "mode": "launch", "version": "0.6.3"},
             "mapping": [
                 {"knob": "max_num_seqs", "value": 16, "flags": ["--max-num-seqs", "16"],
                  "status": "applied", "note": ""},

@@ -1,0 +1,74 @@
+"""``manifest.json``: what a run was — engine, knobs and their mapping, trace, host, command.
+
+One shape for simulated and live runs, so reports read both the same way:
+
+    {"kind": "simulated" | "live",
+     "engine": {"name", "mode", "version", ...},   # mode: simulated | launch | attach
+     "knobs": {...}, "mapping": [...], "trace": {...}, "model", "gpu",
+     "host", "host_info", "batchlab_version", "command", "created_at", "status"}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from harness.results import write_json_atomic
+from harness.traces import Trace, describe
+
+MANIFEST_FILE = "manifest.json"
+
+
+def batchlab_version() -> str:
+    try:
+        return metadata.version("batchlab")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def trace_manifest(trace: Trace) -> dict[str, Any]:
+    return {
+        "source": trace.source,
+        "format": trace.format,
+        "digest": trace.digest,
+        "num_requests": len(trace.requests),
+        "notes": list(trace.notes),
+        "counts": dict(trace.counts),
+        "stats": describe(trace),
+    }
+
+
+def run_fields(kind: str, command: Sequence[str] | None) -> dict[str, Any]:
+    """The fields every manifest has, whatever ran."""
+    return {
+        "kind": kind,
+        "host": platform.node(),
+        "host_info": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "batchlab_version": batchlab_version(),
+        "command": list(command) if command is not None else None,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def update_manifest(run_dir: Path, fields: Mapping[str, Any]) -> None:
+    """Merge ``fields`` into the run's manifest (several writers add their own keys)."""
+    write_json_atomic({**read_manifest(run_dir), **fields}, run_dir / MANIFEST_FILE)
