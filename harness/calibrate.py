@@ -5,8 +5,8 @@ step times from the streamed token timestamps, fits the cost model's coefficient
 profile (``adapters.reference.cost_model.load_profile`` reads it)::
 
     phases (one server, one after another)        what they isolate
-      warmup        2 short requests              nothing (first-request effects)
-      prefill       1 user, prompts 16..L, 4 out  prefill cost per token, front-end latency
+      pilot         the prefill ladder, 1 user    nothing (warm-up; times the next phase)
+      prefill       prompts 16..L, one at a time  prefill cost per token, front-end latency
       decode-cN     N requests at once, short     step cost per running sequence
       decode-long-cN  N at once, long prompts     step cost per KV token
            │
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import itertools
 import math
@@ -240,29 +241,49 @@ def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 
     The optimum is the unconstrained least-squares solution on some subset of the columns
     whose coefficients are all >= 0 (the KKT conditions); every such candidate is feasible, so
-    the best of them is the optimum. Exact, and 2^n small solves for n columns.
+    the best of them is the optimum. Solved on the normal equations of unit-norm columns:
+    2^n tiny systems, fast enough to sit inside the grid search.
     """
     n = a.shape[1]
+    norms = np.linalg.norm(a, axis=0)
+    norms[norms == 0] = 1.0
+    an = a / norms
+    gram = an.T @ an
+    rhs = an.T @ y
+    yy = float(y @ y)
     best = np.zeros(n)
-    best_sse = float(y @ y)
+    best_sse = yy
+    for idx, block in _subsets(n):
+        try:
+            coef = np.linalg.solve(gram[block], rhs[idx])
+        except np.linalg.LinAlgError:
+            continue
+        if coef.min() < 0:
+            continue
+        sse = yy - float(coef @ rhs[idx])  # at the least-squares optimum of the subset
+        if sse < best_sse - 1e-15 * yy:
+            best_sse = sse
+            best = np.zeros(n)
+            best[idx] = coef
+    return best / norms
+
+
+@functools.cache
+def _subsets(n: int) -> tuple[tuple[np.ndarray, tuple[np.ndarray, ...]], ...]:
+    """Every non-empty subset of ``range(n)``: its indices and its ``np.ix_`` block."""
+    out = []
     for size in range(1, n + 1):
         for cols in itertools.combinations(range(n), size):
-            sub = a[:, cols]
-            coef, *_ = np.linalg.lstsq(sub, y, rcond=None)
-            if np.any(coef < 0):
-                continue
-            r = y - sub @ coef
-            sse = float(r @ r)
-            if sse < best_sse:
-                best_sse = sse
-                best = np.zeros(n)
-                best[list(cols)] = coef
-    return best
+            idx = np.array(cols)
+            out.append((idx, np.ix_(idx, idx)))
+    return tuple(out)
 
 
-# The linear part of the model: one coefficient per column of _linear_features.
+# The linear part of the model: one coefficient per column of _Design.x.
 LINEAR_TERMS = ("step_overhead_s", "per_seq_overhead_s", "per_kv_token_overhead_s",
                 "frontend_latency_s")
+# A finite memory bandwidth must cut the weighted squared error by this much to be kept.
+MEMORY_TERM_MIN_GAIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -285,8 +306,8 @@ class StepFit:
 
     def predict_s(self, shape: CostShape, samples: Sequence[StepSample]) -> np.ndarray:
         coef = np.array([self.coefficients[t] for t in LINEAR_TERMS])
-        return (_given(shape, samples, self.memory_bytes_per_s, self.compute_flops_per_s)
-                + _linear_features(samples) @ coef)
+        return _Design.of(shape, samples).predict(self.memory_bytes_per_s,
+                                                  self.compute_flops_per_s, coef)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -302,73 +323,109 @@ class StepFit:
         }
 
 
-def _linear_features(samples: Sequence[StepSample]) -> np.ndarray:
-    return np.array([[1.0, s.num_seqs, s.num_kv_tokens, 1.0 if s.includes_frontend else 0.0]
-                     for s in samples], dtype=np.float64).reshape(-1, len(LINEAR_TERMS))
+@dataclass(frozen=True, slots=True)
+class FitSpace:
+    """Where the fit looks. ``fit_space(config, device)`` picks it per device.
 
-
-def _given(shape: CostShape, samples: Sequence[StepSample], bw: float, peak: float) -> np.ndarray:
-    """The part the two figures decide: max(memory, compute), plus the model's all-reduce."""
-    mem = np.array([shape.memory_bytes(s) for s in samples]) / bw
-    comp = np.array([shape.flops(s) for s in samples]) / peak
-    return np.maximum(mem, comp) + np.array([shape.fixed(s) for s in samples])
-
-
-def _solve(shape: CostShape, samples: Sequence[StepSample], y: np.ndarray, w: np.ndarray,
-           bw: float, peak: float) -> tuple[float, np.ndarray]:
-    given = _given(shape, samples, bw, peak)
-    x = _linear_features(samples)
-    coef = nnls(x * w[:, None], (y - given) * w)
-    r = (y - given - x @ coef) * w
-    return float(r @ r), coef
-
-
-def _search(shape: CostShape, samples: Sequence[StepSample], y: np.ndarray, w: np.ndarray,
-            bandwidth_range: tuple[float, float], compute_range: tuple[float, float],
-            allow_no_memory_term: bool) -> tuple[float, float, np.ndarray]:
-    """Log-spaced grid over the two figures, then a finer one around the best point; NNLS
-    for the linear terms at every point.
-
-    With ``allow_no_memory_term``, a finite bandwidth must earn its place: it is kept only
-    when it cuts the weighted squared error by ``MEMORY_TERM_MIN_GAIN`` against the best fit
-    without a memory term. Otherwise a memory floor (weights / bandwidth) and the fixed
-    overhead trade off against each other and the split between them is noise.
+    A catalog GPU keeps its datasheet figures as upper bounds (efficiencies <= 1), always
+    has a memory term (decode is memory-bound) and no per-KV-token overhead: KV reads are in
+    the memory term, and a second KV coefficient would trade off against the bandwidth. Any
+    other device (a CPU) gets wide ranges, may have no memory term at all, and gets the
+    per-KV-token overhead its attention kernels need.
     """
-    best_finite = _grid_search(shape, samples, y, w, bandwidth_range, compute_range, False)
-    if not allow_no_memory_term:
-        return best_finite[1], best_finite[2], best_finite[3]
-    best_none = _grid_search(shape, samples, y, w, bandwidth_range, compute_range, True)
-    if best_finite[0] < (1 - MEMORY_TERM_MIN_GAIN) * best_none[0]:
-        return best_finite[1], best_finite[2], best_finite[3]
-    return best_none[1], best_none[2], best_none[3]
+
+    bandwidth_range: tuple[float, float] = (1e9, 1e12)  # effective bytes/s
+    compute_range: tuple[float, float] = (1e9, 1e15)  # effective FLOP/s
+    allow_no_memory_term: bool = True
+    per_kv_token_overhead: bool = True
 
 
-MEMORY_TERM_MIN_GAIN = 0.05
+@dataclass(frozen=True)
+class _Design:
+    """The samples as arrays: what the two figures divide, and the linear features."""
+
+    memory_bytes: np.ndarray
+    flops: np.ndarray
+    fixed_s: np.ndarray  # the cost model's own all-reduce terms
+    x: np.ndarray  # columns: LINEAR_TERMS
+
+    @classmethod
+    def of(cls, shape: CostShape, samples: Sequence[StepSample]) -> _Design:
+        return cls(
+            memory_bytes=np.array([shape.memory_bytes(s) for s in samples], dtype=np.float64),
+            flops=np.array([shape.flops(s) for s in samples], dtype=np.float64),
+            fixed_s=np.array([shape.fixed(s) for s in samples], dtype=np.float64),
+            x=np.array([[1.0, s.num_seqs, s.num_kv_tokens, float(s.includes_frontend)]
+                        for s in samples], dtype=np.float64).reshape(-1, len(LINEAR_TERMS)),
+        )
+
+    def subset(self, keep: np.ndarray) -> _Design:
+        return _Design(self.memory_bytes[keep], self.flops[keep], self.fixed_s[keep],
+                       self.x[keep])
+
+    def given(self, bw: float, peak: float) -> np.ndarray:
+        return np.maximum(self.memory_bytes / bw, self.flops / peak) + self.fixed_s
+
+    def predict(self, bw: float, peak: float, coef: np.ndarray) -> np.ndarray:
+        return self.given(bw, peak) + self.x @ coef
+
+    def solve(self, y: np.ndarray, w: np.ndarray, bw: float, peak: float,
+              columns: np.ndarray) -> tuple[float, np.ndarray]:
+        """The best non-negative linear terms (only ``columns``) for these two figures, and
+        the weighted SSE."""
+        target = y - self.given(bw, peak)
+        coef = np.zeros(len(LINEAR_TERMS))
+        coef[columns] = nnls(self.x[:, columns] * w[:, None], target * w)
+        r = (target - self.x @ coef) * w
+        return float(r @ r), coef
 
 
-def _grid_search(shape: CostShape, samples: Sequence[StepSample], y: np.ndarray, w: np.ndarray,
-                 bandwidth_range: tuple[float, float], compute_range: tuple[float, float],
-                 no_memory_term: bool) -> tuple[float, float, float, np.ndarray]:
-    bws = [math.inf] if no_memory_term else list(np.geomspace(*bandwidth_range, 17))
-    peaks = list(np.geomspace(*compute_range, 25))
-    best: tuple[float, float, float, np.ndarray] = (math.inf, math.inf, math.inf,
-                                                     np.zeros(len(LINEAR_TERMS)))
-    for bw in bws:
-        for peak in peaks:
-            sse, coef = _solve(shape, samples, y, w, bw, peak)
-            if sse < best[0]:
-                best = (sse, bw, peak, coef)
-    _, bw0, peak0, _ = best
-    lo_b, hi_b = bandwidth_range
-    lo_c, hi_c = compute_range
-    fine_bws = ([math.inf] if math.isinf(bw0)
-                else list(np.geomspace(max(lo_b, bw0 / 2), min(hi_b, bw0 * 2), 11)))
-    for bw in fine_bws:
-        for peak in np.geomspace(max(lo_c, peak0 / 2), min(hi_c, peak0 * 2), 11):
-            sse, coef = _solve(shape, samples, y, w, bw, peak)
-            if sse < best[0]:
-                best = (sse, bw, peak, coef)
+_Best = tuple[float, float, float, np.ndarray]  # (weighted SSE, bandwidth, FLOP/s, linear)
+
+
+def _grid_search(d: _Design, y: np.ndarray, w: np.ndarray, space: FitSpace,
+                 no_memory_term: bool) -> _Best:
+    """A log-spaced grid over the two figures, then two finer grids around the best point."""
+    best: _Best = (math.inf, math.inf, math.inf, np.zeros(len(LINEAR_TERMS)))
+    columns = np.array([t != "per_kv_token_overhead_s" or space.per_kv_token_overhead
+                        for t in LINEAR_TERMS])
+    bandwidth_range, compute_range = space.bandwidth_range, space.compute_range
+
+    def scan(bws: Sequence[float], peaks: Sequence[float]) -> None:
+        nonlocal best
+        for bw in bws:
+            for peak in peaks:
+                sse, coef = d.solve(y, w, bw, peak, columns)
+                if sse < best[0]:
+                    best = (sse, bw, peak, coef)
+
+    def around(value: float, lo: float, hi: float, factor: float) -> list[float]:
+        if math.isinf(value):
+            return [math.inf]
+        return list(np.geomspace(max(lo, value / factor), min(hi, value * factor), 9))
+
+    scan([math.inf] if no_memory_term else list(np.geomspace(*bandwidth_range, 13)),
+         list(np.geomspace(*compute_range, 19)))
+    for factor in _REFINE_FACTORS:
+        _, bw0, peak0, _ = best
+        scan(around(bw0, *bandwidth_range, factor), around(peak0, *compute_range, factor))
     return best
+
+
+# Each finer grid spans best / f .. best * f; the coarse grid's steps are about 1.8x (13
+# bandwidths over 1e9..1e12), so the first span covers a step; the last pins 0.1%.
+_REFINE_FACTORS = (2.0, 1.3, 1.08, 1.02, 1.005)
+
+
+def _search(d: _Design, y: np.ndarray, w: np.ndarray, space: FitSpace) -> _Best:
+    """The best fit; with ``allow_no_memory_term`` a finite bandwidth must earn its place
+    (``MEMORY_TERM_MIN_GAIN``): otherwise a memory floor (weights / bandwidth) and the fixed
+    overhead trade off against each other and the split between them is noise."""
+    finite = _grid_search(d, y, w, space, False)
+    if not space.allow_no_memory_term:
+        return finite
+    none = _grid_search(d, y, w, space, True)
+    return finite if finite[0] < (1 - MEMORY_TERM_MIN_GAIN) * none[0] else none
 
 
 def _group_weights(samples: Sequence[StepSample], scale: np.ndarray) -> np.ndarray:
@@ -384,20 +441,19 @@ def _group_weights(samples: Sequence[StepSample], scale: np.ndarray) -> np.ndarr
 def fit_step_model(
     samples: Sequence[StepSample],
     shape: CostShape,
+    space: FitSpace = FitSpace(),
     *,
-    bandwidth_range: tuple[float, float] = (1e9, 1e12),
-    compute_range: tuple[float, float] = (1e9, 1e15),
-    allow_no_memory_term: bool = True,
-    outlier_mads: float = 5.0,
+    outlier_mads: float = 10.0,
 ) -> StepFit:
     """Fit the step-time model (``StepFit``) to measured samples.
 
-    Weighted least squares on relative errors, iteratively reweighted by the prediction (1/y
-    would favour samples that came out short); non-negative linear terms; the two roofline
-    figures by grid search within ``*_range`` (a catalog GPU passes its datasheet figures as
-    the upper bounds, so efficiencies stay <= 1). Samples further than ``outlier_mads``
-    median absolute deviations from the fit (a shared machine's hiccups) are left out of the
-    final solve, and counted.
+    Weighted least squares on relative errors, reweighted once by the prediction (weights of
+    1/measured would favour samples that came out short), so the fit follows mean step times,
+    which is what TPOT averages. Linear terms non-negative; the two roofline figures by grid
+    search within ``space`` (``fit_space``: a catalog GPU's datasheet figures bound them, so
+    efficiencies stay <= 1). Samples further than ``outlier_mads`` median absolute
+    deviations from the fit (a step glued to an unrelated stall) are left out of the last
+    solve, and counted.
     """
     if len(samples) < len(LINEAR_TERMS) + 2:
         raise ValueError(f"calibration: only {len(samples)} usable step samples; need at least "
@@ -406,24 +462,23 @@ def fit_step_model(
         raise ValueError("calibration: no first-token sample (a request sent to an idle "
                          "engine); the prefill phase is missing or failed")
     samples = list(samples)
-    y_all = np.array([s.duration_s for s in samples])
+    design = _Design.of(shape, samples)
+    y = np.array([s.duration_s for s in samples])
     kept = np.ones(len(samples), dtype=bool)
-    scale = y_all.copy()
-    bw = peak = math.inf
-    coef = np.zeros(len(LINEAR_TERMS))
-    for rnd in range(3):  # 1/y weights; 1/prediction weights; the same without outliers
+    scale = y.copy()
+    best: _Best = (math.inf, math.inf, math.inf, np.zeros(len(LINEAR_TERMS)))
+    for rnd in range(3):  # weights 1/y; 1/prediction; 1/prediction without outliers
         sub = [s for s, k in zip(samples, kept, strict=True) if k]
-        bw, peak, coef = _search(shape, sub, y_all[kept], _group_weights(sub, scale[kept]),
-                                 bandwidth_range, compute_range, allow_no_memory_term)
-        pred = _given(shape, samples, bw, peak) + _linear_features(samples) @ coef
+        best = _search(design.subset(kept), y[kept], _group_weights(sub, scale[kept]), space)
+        pred = design.predict(best[1], best[2], best[3])
         scale = np.maximum(pred, 1e-9)
         if rnd == 1:
-            rel = (y_all - pred) / scale
+            rel = (y - pred) / scale
             centre = float(np.median(rel))
             mad = float(np.median(np.abs(rel - centre))) or 1e-9
             kept = np.abs(rel - centre) <= outlier_mads * 1.4826 * mad
-    pred = _given(shape, samples, bw, peak) + _linear_features(samples) @ coef
-    rel = np.abs(pred - y_all) / np.maximum(y_all, 1e-9)
+    _, bw, peak, coef = best
+    rel = np.abs(design.predict(bw, peak, coef) - y) / np.maximum(y, 1e-9)
     by_phase: dict[str, list[float]] = {}
     for s, e in zip(samples, rel, strict=True):
         by_phase.setdefault(s.phase, []).append(float(e))
@@ -440,19 +495,29 @@ def fit_step_model(
 # ---------------------------------------------------------------- the workload
 
 
+# Every request is sent at least this long after the replay's warm-up request and after the
+# previous response on the connection: a keep-alive connection reused within ~40 ms of the
+# previous exchange stalls the next response by ~40 ms (measured on uvicorn servers, vLLM's
+# and the served reference's alike), which would pass for front-end latency.
+SEND_GAP_S = 0.1
+
+
 @dataclass(frozen=True, slots=True)
 class Phase:
-    """One part of the calibration workload, replayed on its own against the same server."""
+    """One part of the calibration workload, replayed on its own against the same server.
+
+    Open loop: requests are sent at their ``arrival_s``. A phase with ``spaced_by`` gets its
+    arrivals after that (earlier) phase ran: one request at a time, each sent once the
+    previous one has surely finished (``space_arrivals``), so each meets an idle engine.
+    """
 
     name: str
     requests: tuple[TraceRequest, ...]
-    concurrency: int | None  # closed loop with this many users; None: all sent at 0 s
     measures: str  # what it isolates, for the profile's metadata
-
-    @property
-    def first_token_samples(self) -> bool:
-        """Sequential phases (one user) put every request on an idle engine."""
-        return self.concurrency == 1
+    concurrency: int | None = None  # closed loop with this many users (None: open loop)
+    spaced_by: str | None = None  # the phase whose durations space this one's arrivals
+    first_token_samples: bool = False  # its TTFTs are idle-engine samples
+    steps_used: bool = True  # its decode steps are samples
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,11 +573,13 @@ class WorkloadSpec:
 def design_workload(spec: WorkloadSpec) -> tuple[Phase, ...]:
     """The phases, in the order they run.
 
-    - ``prefill``: one user, prompts 16, 32, ... up to the step budget, 4 output tokens: each
-      request meets an idle engine, so its TTFT is the front end plus one prefill step (the
-      prefill cost per token and the front-end latency), and its next tokens are decode steps
-      of one sequence.
-    - ``decode-cN``: N requests at once with short prompts: after the prefills, N sequences
+    - ``pilot``: the prefill ladder once, one user: warms the engine up and times each
+      length, to space the next phase (its own numbers are not used).
+    - ``prefill``: the ladder (prompts 16, 32, ... up to the step budget) twice, 4 output
+      tokens, one request at a time on an idle engine: its TTFT is the front end plus one
+      prefill step (the prefill cost per token, the front-end latency); its next tokens are
+      decode steps of one sequence.
+    - ``decode-cN``: N requests at once with short prompts: after their prefills, N sequences
       decode together for ``num_output_tokens`` steps (the cost per running sequence).
     - ``decode-long-cN``: the same with long prompts at two batch sizes (the cost per KV
       token at equal batch sizes).
@@ -521,24 +588,46 @@ def design_workload(spec: WorkloadSpec) -> tuple[Phase, ...]:
     n_out = spec.num_output_tokens
     short = spec.short_prompt_tokens
     long_ = min(spec.long_prompt_tokens, spec.max_model_len - n_out)
-    phases = [Phase("warmup", _burst("warmup", 2, short, 8), None, "first-request effects")]
     ladder = spec.prefill_lengths()
+    pilot = tuple(TraceRequest(f"pilot-{p}", 0.0, p, 4) for p in ladder)
     prefill = tuple(TraceRequest(f"prefill-{p}-{k}", 0.0, p, 4)
                     for k in range(spec.num_repeats) for p in ladder)
-    phases.append(Phase("prefill", prefill, 1, "prefill cost per token; front-end latency"))
+    phases = [
+        Phase("pilot", pilot, "warm-up; times the prefill phase's requests", concurrency=1,
+              steps_used=False),
+        Phase("prefill", prefill, "prefill cost per token; front-end latency",
+              spaced_by="pilot", first_token_samples=True),
+    ]
     sizes = spec.batch_sizes()
     for c in sizes:
-        phases.append(Phase(f"decode-c{c}", _burst(f"decode-c{c}", c, short, n_out), None,
+        phases.append(Phase(f"decode-c{c}", _burst(f"decode-c{c}", c, short, n_out),
                             f"decode steps of {c} sequences, short contexts"))
     if long_ > 2 * short:
         for c in sorted({sizes[len(sizes) // 2], sizes[-1]}):
             phases.append(Phase(f"decode-long-c{c}", _burst(f"decode-long-c{c}", c, long_, n_out),
-                                None, f"decode steps of {c} sequences, {long_}-token contexts"))
+                                f"decode steps of {c} sequences, {long_}-token contexts"))
     return tuple(phases)
 
 
 def _burst(name: str, n: int, prompt: int, output: int) -> tuple[TraceRequest, ...]:
-    return tuple(TraceRequest(f"{name}-{i}", 0.0, prompt, output) for i in range(n))
+    return tuple(TraceRequest(f"{name}-{i}", SEND_GAP_S, prompt, output) for i in range(n))
+
+
+def space_arrivals(phase: Phase, timed: Sequence[RequestTimeline]) -> Phase:
+    """``phase`` with one request at a time: each sent 1.5x its prompt length's longest
+    end-to-end time in ``timed`` (plus ``SEND_GAP_S``) after the previous one, so that the
+    previous one has finished (the engine is idle) and its connection has rested."""
+    e2e: dict[int, float] = {}
+    for tl in timed:
+        if tl.ok:
+            e2e[tl.num_prompt_tokens] = max(e2e.get(tl.num_prompt_tokens, 0.0), tl.e2e_s())
+    fallback = max(e2e.values(), default=1.0)
+    t = SEND_GAP_S
+    spaced = []
+    for r in phase.requests:
+        spaced.append(replace(r, arrival_s=t))
+        t += 1.5 * e2e.get(r.num_prompt_tokens, fallback) + SEND_GAP_S
+    return replace(phase, requests=tuple(spaced))
 
 
 def phase_trace(phase: Phase) -> Trace:
@@ -550,7 +639,7 @@ def phase_trace(phase: Phase) -> Trace:
 
 def samples_from_phase(phase: Phase, timelines: Sequence[RequestTimeline]) -> list[StepSample]:
     """What a finished phase contributes to the fit."""
-    out = decode_step_samples(timelines, phase=phase.name)
+    out = decode_step_samples(timelines, phase=phase.name) if phase.steps_used else []
     if phase.first_token_samples:
         out += first_token_samples(timelines, phase=phase.name)
     return out
@@ -621,8 +710,11 @@ class KvCacheInfo:
 def probe_kv_cache(base_url: str, path: str = "/metrics") -> KvCacheInfo | None:
     """Block size and block count from the engine's metrics; None when it does not say."""
     text = _get_text(base_url.rstrip("/") + path)
-    if text is None:
-        return None
+    return None if text is None else kv_cache_from_metrics(text)
+
+
+def kv_cache_from_metrics(text: str) -> KvCacheInfo | None:
+    """vLLM's ``vllm:cache_config_info`` gauge carries the cache configuration as labels."""
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError:
@@ -632,9 +724,9 @@ def probe_kv_cache(base_url: str, path: str = "/metrics") -> KvCacheInfo | None:
             continue
         for sample in family.samples:
             labels = sample.labels
-            blocks = labels.get("num_gpu_blocks") or labels.get("num_blocks")
-            size = labels.get("block_size")
-            if blocks and size and blocks.isdigit() and size.isdigit() and int(blocks) > 0:
+            blocks = labels.get("num_gpu_blocks") or labels.get("num_blocks") or ""
+            size = labels.get("block_size") or ""
+            if blocks.isdigit() and size.isdigit() and int(blocks) > 0 and int(size) > 0:
                 return KvCacheInfo(block_size=int(size), num_blocks=int(blocks))
     return None
 
@@ -701,8 +793,11 @@ def run_phases(
 ) -> list[PhaseResult]:
     """Replay each phase against the server, one after another; a folder per phase."""
     counter = _step_counter(plan)
-    results = []
+    results: list[PhaseResult] = []
+    timed: dict[str, list[RequestTimeline]] = {}
     for phase in phases:
+        if phase.spaced_by is not None:
+            phase = space_arrivals(phase, timed.get(phase.spaced_by, []))
         config = ReplayConfig(
             target_url=plan.base_url, protocol=plan.protocol,  # type: ignore[arg-type]
             model=plan.model, tokenizer_path=tokenizer_path,
@@ -720,7 +815,8 @@ def run_phases(
                 f"calibration phase {phase.name}: {failed} of {len(phase.requests)} requests "
                 f"failed ({summary.get('failures')}); see {out_dir / phase.name}")
         timelines = read_timelines(out_dir / phase.name)
-        samples = [] if phase.name == "warmup" else samples_from_phase(phase, timelines)
+        timed[phase.name] = timelines
+        samples = samples_from_phase(phase, timelines)
         results.append(PhaseResult(phase, samples, summary, wall, steps))
         log(f"  {phase.name:<18} {len(phase.requests):>3} requests  {wall:6.1f} s  "
             f"{len(samples):>3} samples")
@@ -812,16 +908,15 @@ def reference_config(reference_model: str, knobs: Knobs, device: str, *,
     )
 
 
-def search_ranges(config: ReferenceConfig, device: str
-                  ) -> tuple[tuple[float, float], tuple[float, float], bool]:
-    """Where the fit looks for the effective bandwidth and FLOP/s, and whether "no memory
-    term" is allowed. A catalog GPU: up to its datasheet figures (efficiencies <= 1), and it
-    is memory-bound in decode. Any other device: wide ranges."""
+def fit_space(config: ReferenceConfig, device: str) -> FitSpace:
+    """Where the fit looks for ``device`` (see ``FitSpace``)."""
     if device.lower() in GPUS:
         gpu = config.gpu_spec
-        return ((0.02 * gpu.hbm_bandwidth_bytes_per_s, gpu.hbm_bandwidth_bytes_per_s),
-                (0.005 * gpu.peak_bf16_flops, gpu.peak_bf16_flops), False)
-    return (1e9, UNIDENTIFIED_BANDWIDTH), (1e9, 1e15), True
+        return FitSpace(
+            bandwidth_range=(0.02 * gpu.hbm_bandwidth_bytes_per_s, gpu.hbm_bandwidth_bytes_per_s),
+            compute_range=(0.005 * gpu.peak_bf16_flops, gpu.peak_bf16_flops),
+            allow_no_memory_term=False, per_kv_token_overhead=False)
+    return FitSpace(bandwidth_range=(1e9, UNIDENTIFIED_BANDWIDTH))
 
 
 def profile_params(fit: StepFit, config: ReferenceConfig, device: str,
@@ -931,9 +1026,7 @@ def calibrate(
     write_parquet_atomic(samples_table(samples), work_dir / SAMPLES_FILE)
 
     shape = CostShape.of(config.cost_model())
-    bw_range, compute_range, no_memory_term = search_ranges(config, device)
-    fit = fit_step_model(samples, shape, bandwidth_range=bw_range, compute_range=compute_range,
-                         allow_no_memory_term=no_memory_term)
+    fit = fit_step_model(samples, shape, fit_space(config, device))
     values, notes = profile_params(fit, config, device, kv)
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     profile: dict[str, Any] = {

@@ -521,6 +521,9 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     g.add_argument("--api-key-env", metavar="VAR",
                    help="environment variable holding a bearer API key (the key is never "
                    "printed or stored)")
+    g.add_argument("--http-client", choices=("lean", "httpx"), default="lean",
+                   help="lean: batchlab's streaming HTTP/1.1 client, parsing in the socket "
+                   "callback (default; several times the capacity); httpx: the httpx library")
     g.add_argument("--out", default="reports/replay", help="run folder (reports/replay)")
     _add_engine_options(p)
 
@@ -539,6 +542,7 @@ def _replay_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "client_lag_threshold_s": args.client_lag_threshold_s,
         "api_key_env": args.api_key_env,
         "seed": args.seed,
+        "http_client": args.http_client,
     }
 
 
@@ -970,9 +974,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.dry_run:
         for phase in phases:
             lengths = sorted({r.num_prompt_tokens for r in phase.requests})
+            how = (f"{phase.concurrency} user(s)" if phase.concurrency
+                   else "one at a time" if phase.spaced_by else "all at once")
             print(f"phase {phase.name}: {len(phase.requests)} requests, prompts {lengths}, "
-                  f"{'closed loop x' + str(phase.concurrency) if phase.concurrency else 'burst'}"
-                  f": {phase.measures}")
+                  f"{how}: {phase.measures}")
         print(f"device {device}; reference model {reference_model}")
         return 0
     tokenizer = args.tokenizer or (model_path if (Path(model_path) / "tokenizer.json").is_file()

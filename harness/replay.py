@@ -36,7 +36,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -74,6 +74,7 @@ from harness.results import (
     write_json_atomic,
     write_timelines,
 )
+from harness.sse_client import SseClient
 from harness.timeline import RequestTimeline
 from harness.traces import Trace, TraceRequest
 
@@ -114,6 +115,9 @@ class ReplayConfig:
     # Build every request body before t0 when the trace's prompts total at most this many tokens;
     # above it, each body is built just before its request (while the scheduler waits).
     prebuild_max_prompt_tokens: int = 20_000_000
+    # "lean": harness.sse_client parses responses in the socket callback (the fast path);
+    # "httpx": httpx with harness.http_pool's transport. Both time at the socket.
+    http_client: Literal["lean", "httpx"] = "lean"
     # Sleep until this long before each send, then yield to the event loop until the instant:
     # the loop's timers are only millisecond-precise. 0 = plain sleeps.
     spin_window_s: float = SPIN_WINDOW_NS / 1e9
@@ -124,6 +128,8 @@ class ReplayConfig:
             raise ValueError(f"target_url: {self.target_url!r} is not an http(s)://host[:port] URL")
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol: {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        if self.http_client not in ("lean", "httpx"):
+            raise ValueError(f"http_client: {self.http_client!r} is not lean or httpx")
         if self.mode not in ("open", "closed"):
             raise ValueError(f"mode: {self.mode!r} is not open or closed")
         if self.mode == "closed" and self.concurrency is None:
@@ -226,6 +232,20 @@ class _Attempt:
     error_kind: str | None = None
     error_message: str = ""
     http_status: int | None = None
+    decoder: SseDecoder = field(default_factory=SseDecoder)
+
+    # -- as the lean client's BodySink (harness.sse_client)
+
+    def on_sent(self, t_ns: int) -> None:
+        self.sent_ns = t_ns
+
+    def on_body(self, data: bytes, t_ns: int) -> bool:
+        """Feed one read's bytes; True once the stream's end (or an error in it) was seen."""
+        for event in self.decoder.feed(data):
+            if self.parser.on_event(event, t_ns):
+                self.end_ns = t_ns
+                return True
+        return False
 
     def fail(self, kind: str, message: str) -> None:
         if self.error_kind is None:
@@ -270,18 +290,16 @@ class _Bodies:
 class _Run:
     """The state of one replay: client, clock, writer, requests in flight."""
 
-    def __init__(self, config: ReplayConfig, client: httpx.AsyncClient, writer: RecordWriter,
+    def __init__(self, config: ReplayConfig, wire: _Wire, writer: RecordWriter,
                  bodies: _Bodies, tokenizer: TextTokenizer | None, num_total: int,
                  progress: Callable[[int, int], None] | None) -> None:
         self.config = config
-        self.client = client
+        self.wire = wire
         self.writer = writer
         self.bodies = bodies
         self.tokenizer = tokenizer
         self.num_total = num_total
         self.progress = progress
-        self.url = config.url
-        self.headers = _headers(config)
         self.spin_ns = round(config.spin_window_s * 1e9)
         self.t0_ns = time.perf_counter_ns()
         self.timelines: list[RequestTimeline] = []
@@ -300,7 +318,7 @@ class _Run:
         last_release_ns = self.t0_ns
         behind = False  # the previous request was held past its arrival by the gate
         for i, req in enumerate(requests):
-            request = self.http_request(req, self.bodies.take(i))  # built before the arrival
+            request = self.wire.prepare(req, self.bodies.take(i))  # built before the arrival
             arrival_ns = self.t0_ns + round(req.arrival_s * 1e9)
             await sleep_until_ns(arrival_ns, spin_ns=self.spin_ns)
             scheduled_ns: int | None = None
@@ -335,7 +353,7 @@ class _Run:
         async def user() -> None:
             for i, req in queue:
                 arrival_s = self.s(time.perf_counter_ns())
-                request = self.http_request(req, self.bodies.take(i))
+                request = self.wire.prepare(req, self.bodies.take(i))
                 await self.execute(req, request, arrival_s, None)
 
         for _ in range(min(self.config.concurrency, len(requests))):
@@ -357,29 +375,17 @@ class _Run:
 
     # -- one request
 
-    def http_request(self, req: TraceRequest, body: bytes) -> httpx.Request:
-        return self.client.build_request(
-            "POST", self.url, content=body,
-            headers={**self.headers, "X-Request-Id": req.request_id},
-        )
-
-    async def execute(self, req: TraceRequest, request: httpx.Request, arrival_s: float,
+    async def execute(self, req: TraceRequest, request: object, arrival_s: float,
                       scheduled_s: float | None) -> None:
         att = _Attempt(req, arrival_s, scheduled_s, StreamParser(self.config.protocol))
+        att.sent_ns = time.perf_counter_ns()  # until the wire knows better
+        self.num_sent += 1
         try:
             try:
                 async with asyncio.timeout(self.config.timeout_s):
-                    await self._stream(att, request)
+                    await self.wire.stream(att, request)
             except TimeoutError:
                 att.fail("timeout", f"no end of stream within {self.config.timeout_s:g} s")
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                att.fail("connect_error", f"{type(exc).__name__}: {exc}")
-            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-                att.fail("stream_cut", f"{type(exc).__name__}: {exc}")
-            except httpx.TimeoutException as exc:
-                att.fail("timeout", f"{type(exc).__name__}: {exc}")
-            except httpx.HTTPError as exc:
-                att.fail("http_error", f"{type(exc).__name__}: {exc}")
             except Exception as exc:  # a bug must not stop the replay; the row says what it was
                 log.exception("request %s failed in the client", req.request_id)
                 att.fail("http_error", f"client error {type(exc).__name__}: {exc}")
@@ -394,52 +400,6 @@ class _Run:
             self._record(att)
             raise
         self._record(att)
-
-    async def _stream(self, att: _Attempt, request: httpx.Request) -> None:
-        # The socket-level instants (see harness.http_pool); until the request touches the
-        # network, its send instant is this one.
-        marks = WireMarks()
-        token = WIRE_MARKS.set(marks)
-        att.sent_ns = time.perf_counter_ns()
-        self.num_sent += 1
-        try:
-            await self._exchange(att, request, marks)
-        finally:
-            if marks.sent_ns:
-                att.sent_ns = marks.sent_ns
-            WIRE_MARKS.reset(token)
-
-    async def _exchange(self, att: _Attempt, request: httpx.Request, marks: WireMarks) -> None:
-        response = await self.client.send(request, stream=True)
-        try:
-            att.http_status = response.status_code
-            if not 200 <= response.status_code < 300:
-                text = (await response.aread())[:300].decode("utf-8", errors="replace")
-                att.fail(error_kind_for_status(response.status_code),
-                         f"HTTP {response.status_code}: {text}")
-                return
-            decoder = SseDecoder()
-            parser = att.parser
-            chunks = response.aiter_raw()  # identity encoding was asked for; skip decoders
-            async for data in chunks:
-                t_ns = marks.last_read_ns or time.perf_counter_ns()
-                for event in decoder.feed(data):
-                    if parser.on_event(event, t_ns):
-                        att.end_ns = t_ns
-                        break
-                if parser.done:
-                    break
-            else:
-                att.eof = True
-                att.end_ns = time.perf_counter_ns()
-            if parser.done and not att.eof and parser.outcome(eof=False).error_kind is None:
-                # Read the body's end so the connection goes back to the pool.
-                with contextlib.suppress(TimeoutError, httpx.HTTPError):
-                    async with asyncio.timeout(DRAIN_TIMEOUT_S):
-                        async for _ in chunks:
-                            pass
-        finally:
-            await response.aclose()
 
     def _record(self, att: _Attempt) -> None:
         tl = self._timeline(att)
@@ -486,6 +446,142 @@ class _Run:
             token_count_source=source,
             extra=extra,
         )
+
+
+# ---------------------------------------------------------------- the wire
+
+
+class _Wire(Protocol):
+    """How requests reach the server. ``prepare`` runs before the request's instant (so its
+    cost is not send lag); ``stream`` sends it and fills the attempt: send instant, chunks
+    (through ``att.on_body``), end instant, and failures as ``att.fail`` values."""
+
+    def prepare(self, req: TraceRequest, body: bytes) -> object: ...
+
+    async def stream(self, att: _Attempt, prepared: object) -> None: ...
+
+    async def warm_up(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _LeanWire:
+    """``harness.sse_client``: the parsing runs in the socket's data callback."""
+
+    def __init__(self, config: ReplayConfig, max_connections: int | None) -> None:
+        self._path = PATHS[config.protocol]
+        headers = {k: v for k, v in _headers(config).items() if k != "Accept-Encoding"}
+        self._client = SseClient(config.target_url, max_connections=max_connections,
+                                 headers=headers, connect_timeout_s=config.timeout_s)
+
+    def prepare(self, req: TraceRequest, body: bytes) -> bytes:
+        return self._client.encode_request("POST", self._path, body,
+                                           {"X-Request-Id": req.request_id})
+
+    async def stream(self, att: _Attempt, prepared: object) -> None:
+        assert isinstance(prepared, bytes)
+        ex = await self._client.exchange(prepared, att)
+        att.sent_ns = ex.sent_ns
+        att.http_status = ex.status
+        if ex.end == "connect_error":
+            att.fail("connect_error", ex.message)
+        elif ex.status is not None and not 200 <= ex.status < 300:
+            att.fail(error_kind_for_status(ex.status), f"HTTP {ex.status}: "
+                     + ex.error_body.decode("utf-8", errors="replace"))
+        elif ex.end == "cut":
+            att.fail("stream_cut", ex.message)
+        elif ex.end == "protocol_error":
+            att.fail("http_error", f"malformed HTTP response: {ex.message}")
+        elif ex.end == "complete":  # the body ended without the sink seeing the stream's end
+            att.eof = True
+            att.end_ns = ex.end_ns
+
+    async def warm_up(self) -> None:
+        request = self._client.encode_request("GET", "/health", b"")
+        await self._client.exchange(request, _IgnoreBody())
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class _IgnoreBody:
+    def on_sent(self, t_ns: int) -> None:
+        pass
+
+    def on_body(self, data: bytes, t_ns: int) -> bool:
+        return False
+
+
+class _HttpxWire:
+    """httpx with ``harness.http_pool``'s transport (socket-level instants via WireMarks)."""
+
+    def __init__(self, config: ReplayConfig, max_connections: int | None) -> None:
+        self._url = config.url
+        self._health_url = config.target_url.rstrip("/") + "/health"
+        self._headers = _headers(config)
+        self._client = httpx.AsyncClient(
+            transport=LifoPoolTransport(max_connections=max_connections),
+            timeout=httpx.Timeout(config.timeout_s, pool=None),
+            trust_env=False,  # a proxy from the environment must not sit in between
+        )
+
+    def prepare(self, req: TraceRequest, body: bytes) -> httpx.Request:
+        return self._client.build_request(
+            "POST", self._url, content=body,
+            headers={**self._headers, "X-Request-Id": req.request_id})
+
+    async def stream(self, att: _Attempt, prepared: object) -> None:
+        assert isinstance(prepared, httpx.Request)
+        marks = WireMarks()
+        token = WIRE_MARKS.set(marks)
+        try:
+            await self._exchange(att, prepared, marks)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            att.fail("connect_error", f"{type(exc).__name__}: {exc}")
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            att.fail("stream_cut", f"{type(exc).__name__}: {exc}")
+        except httpx.TimeoutException as exc:
+            att.fail("timeout", f"{type(exc).__name__}: {exc}")
+        except httpx.HTTPError as exc:
+            att.fail("http_error", f"{type(exc).__name__}: {exc}")
+        finally:
+            if marks.sent_ns:
+                att.sent_ns = marks.sent_ns
+            WIRE_MARKS.reset(token)
+
+    async def _exchange(self, att: _Attempt, request: httpx.Request, marks: WireMarks) -> None:
+        response = await self._client.send(request, stream=True)
+        try:
+            att.http_status = response.status_code
+            if not 200 <= response.status_code < 300:
+                text = (await response.aread())[:300].decode("utf-8", errors="replace")
+                att.fail(error_kind_for_status(response.status_code),
+                         f"HTTP {response.status_code}: {text}")
+                return
+            chunks = response.aiter_raw()  # identity encoding was asked for; skip decoders
+            async for data in chunks:
+                if att.on_body(data, marks.last_read_ns or time.perf_counter_ns()):
+                    break
+            else:
+                att.eof = True
+                att.end_ns = time.perf_counter_ns()
+            if att.parser.done and not att.eof and att.parser.outcome(eof=False).completed:
+                # Read the body's end so the connection goes back to the pool.
+                with contextlib.suppress(TimeoutError, httpx.HTTPError):
+                    async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                        async for _ in chunks:
+                            pass
+        finally:
+            await response.aclose()
+
+    async def warm_up(self) -> None:
+        # Also loads httpx's lazily imported I/O backend (~50 ms, which would otherwise land
+        # on the first requests as send lag).
+        response = await self._client.get(self._health_url, headers=self._headers)
+        await response.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
 
 
 def _headers(config: ReplayConfig) -> dict[str, str]:
@@ -605,19 +701,16 @@ async def replay(
     _write_manifest(out_dir, _manifest(trace, config, builder, command))
 
     cap = config.max_concurrency if config.mode == "open" else config.concurrency
-    client = httpx.AsyncClient(
-        transport=LifoPoolTransport(max_connections=cap),  # O(1) per request; see http_pool
-        timeout=httpx.Timeout(config.timeout_s, pool=None),
-        trust_env=False,  # a proxy from the environment must not sit between us and the engine
-    )
+    wire: _Wire = (_LeanWire(config, cap) if config.http_client == "lean"
+                   else _HttpxWire(config, cap))
     try:
-        await _warm_up(client, config)
+        await _warm_up(wire, config)
     except BaseException:
-        await client.aclose()
+        await wire.aclose()
         raise
     writer = RecordWriter(out_dir / RECORDS_FILE, fsync_interval_s=config.fsync_interval_s)
     stop = asyncio.Event()
-    run = _Run(config, client, writer, bodies, tokenizer, len(requests), progress)  # t0
+    run = _Run(config, wire, writer, bodies, tokenizer, len(requests), progress)  # t0
     sync_task = asyncio.create_task(writer.sync_loop(stop))
     telemetry_task = (asyncio.create_task(telemetry.run(stop)) if telemetry is not None
                       else None)
@@ -631,7 +724,7 @@ async def replay(
             status = "finished"
         finally:
             await run.cancel_all()
-            await client.aclose()
+            await wire.aclose()
             stop.set()
             if telemetry_task is not None:
                 await _stop_telemetry(telemetry_task)
@@ -657,14 +750,12 @@ async def replay(
     return summary
 
 
-async def _warm_up(client: httpx.AsyncClient, config: ReplayConfig) -> None:
-    """One GET /health before t0: loads httpx's lazily imported I/O backend (~50 ms, which would
-    otherwise land on the first requests as send lag) and opens a first connection."""
+async def _warm_up(wire: _Wire, config: ReplayConfig) -> None:
+    """One GET /health before t0: opens a first connection, and warms what the first requests
+    would otherwise pay as send lag. Its outcome does not matter."""
     with contextlib.suppress(httpx.HTTPError, OSError):
         async with asyncio.timeout(min(config.timeout_s, 5.0)):
-            response = await client.get(config.target_url.rstrip("/") + "/health",
-                                        headers=_headers(config))
-            await response.aclose()
+            await wire.warm_up()
 
 
 async def _stop_telemetry(task: asyncio.Task[None], grace_s: float = 5.0) -> None:

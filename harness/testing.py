@@ -47,6 +47,7 @@ class ServerStats:
     num_active: int = 0
     max_active: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)  # when keep_bodies
+    headers: list[dict[str, str]] = field(default_factory=list)  # when keep_bodies
     request_ids: list[str] = field(default_factory=list)  # in the order the server read them
     # request id -> [receive instant, then each chunk's send instant] (perf_counter_ns)
     event_log: dict[str, list[int]] = field(default_factory=dict)
@@ -184,6 +185,7 @@ class ScheduledStreamServer:
         self.stats.request_ids.append(rid)
         if self.keep_bodies:
             self.stats.bodies.append(request)
+            self.stats.headers.append(headers)
         fault = self.faults.get(rid, self.default_fault)
         if fault in ("429", "500", "503"):
             assert fault is not None

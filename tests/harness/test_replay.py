@@ -64,10 +64,12 @@ def by_id(rows: list[RequestTimeline]) -> dict[str, RequestTimeline]:
 # ---------------------------------------------------------------- open loop
 
 
+@pytest.mark.parametrize("http_client", ["lean", "httpx"])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_open_loop_records_every_chunk(tmp_path: Path, protocol: str) -> None:
+def test_open_loop_records_every_chunk(tmp_path: Path, protocol: str, http_client: str) -> None:
     trace = make_trace(12, priorities=True)
-    summary, rows, server = run(trace, tmp_path, {"keep_bodies": True}, protocol=protocol)
+    summary, rows, server = run(trace, tmp_path, {"keep_bodies": True}, protocol=protocol,
+                                http_client=http_client)
     got = by_id(rows)
     assert set(got) == {r.request_id for r in trace.requests}
     for req in trace.requests:
@@ -169,8 +171,10 @@ FAULT_KINDS = {
 }
 
 
+@pytest.mark.parametrize("http_client", ["lean", "httpx"])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_faults_are_rows_and_none_are_lost(tmp_path: Path, protocol: str) -> None:
+def test_faults_are_rows_and_none_are_lost(tmp_path: Path, protocol: str,
+                                           http_client: str) -> None:
     faults = dict(FAULT_KINDS)
     if protocol == "tgi":
         faults["overload_event"] = "overloaded"
@@ -178,7 +182,7 @@ def test_faults_are_rows_and_none_are_lost(tmp_path: Path, protocol: str) -> Non
     trace = make_trace(len(names) + 4)
     server_faults = {f"r{i}": name for i, name in enumerate(names)}
     summary, rows, _ = run(trace, tmp_path, {"faults": server_faults}, protocol=protocol,
-                           timeout_s=0.5, slo=Slo(ttft_s=10.0))
+                           timeout_s=0.5, slo=Slo(ttft_s=10.0), http_client=http_client)
     got = by_id(rows)
     assert set(got) == {r.request_id for r in trace.requests}
     for i, name in enumerate(names):
@@ -196,7 +200,8 @@ def test_faults_are_rows_and_none_are_lost(tmp_path: Path, protocol: str) -> Non
     assert summary["goodput"]["slo_attainment"] == pytest.approx(4 / len(trace.requests))
 
 
-def test_server_killed_mid_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("http_client", ["lean", "httpx"])
+def test_server_killed_mid_run(tmp_path: Path, http_client: str) -> None:
     reqs = [TraceRequest(f"a{i}", 0.0, 8, 60) for i in range(3)]
     reqs += [TraceRequest(f"b{i}", 0.6, 8, 60) for i in range(3)]
     trace = Trace(tuple(reqs), source="test", format="test", digest="1" * 64)
@@ -206,7 +211,8 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
         await server.start()
         killer = asyncio.create_task(asyncio.sleep(0.25))
         killer.add_done_callback(lambda _t: asyncio.ensure_future(server.stop()))
-        await replay(trace, ReplayConfig(target_url=server.url, timeout_s=5.0), tmp_path)
+        await replay(trace, ReplayConfig(target_url=server.url, timeout_s=5.0,
+                                         http_client=http_client), tmp_path)
         await killer
 
     asyncio.run(go())
@@ -328,6 +334,7 @@ def test_telemetry_runs_alongside_and_stops(tmp_path: Path) -> None:
     ({"max_concurrency": 0}, "max_concurrency"),
     ({"timeout_s": 0}, "timeout_s"),
     ({"api_key_env": "BATCHLAB_TEST_SURELY_UNSET"}, "api_key_env"),
+    ({"http_client": "curl"}, "http_client"),
 ])
 def test_config_errors_name_the_field(kwargs: dict[str, Any], field: str) -> None:
     base: dict[str, Any] = {"target_url": "http://127.0.0.1:1"}
@@ -335,10 +342,14 @@ def test_config_errors_name_the_field(kwargs: dict[str, Any], field: str) -> Non
         ReplayConfig(**{**base, **kwargs}).validate()
 
 
-def test_api_key_goes_in_the_header_and_nowhere_else(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("http_client", ["lean", "httpx"])
+def test_api_key_goes_in_the_header_and_nowhere_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, http_client: str) -> None:
     monkeypatch.setenv("BATCHLAB_TEST_KEY", "sk-secret-123")
-    run(make_trace(2), tmp_path, api_key_env="BATCHLAB_TEST_KEY")
+    _, rows, server = run(make_trace(2), tmp_path, {"keep_bodies": True},
+                          api_key_env="BATCHLAB_TEST_KEY", http_client=http_client)
+    assert all(tl.ok for tl in rows)
+    assert [h["authorization"] for h in server.stats.headers] == ["Bearer sk-secret-123"] * 2
     for path in tmp_path.iterdir():
         assert b"sk-secret-123" not in path.read_bytes(), path.name
 

@@ -1,0 +1,378 @@
+"""Calibration without a real engine: step extraction, the fit, the workload, the profile.
+
+The reference engine itself is the stand-in for a live one: its timelines stream one token per
+request at the end of every step, as vLLM does, and its cost model with known coefficients
+generates the "measured" step times the fit must recover.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapters.base import Knobs
+from adapters.reference import ReferenceConfig, simulate
+from adapters.reference.cost_model import CostModel, CostModelParams, load_profile
+from harness import calibrate as cal
+from harness.calibrate import (
+    CostShape,
+    KvCacheInfo,
+    StepSample,
+    WorkloadSpec,
+    decode_step_samples,
+    design_workload,
+    first_token_samples,
+    fit_step_model,
+    nnls,
+)
+from harness.timeline import RequestTimeline
+from harness.traces import TraceRequest
+
+SMALL_LLAMA = {  # the shape of models/small-llama (28M parameters), as config.json says
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 768,
+    "num_hidden_layers": 4, "num_attention_heads": 12, "num_key_value_heads": 4,
+    "head_dim": 64, "intermediate_size": 2048, "vocab_size": 2048,
+    "max_position_embeddings": 2048, "tie_word_embeddings": False,
+}
+CPU_KNOBS = Knobs(max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=1024,
+                  extra_args=("--dtype", "float32"))
+# A CPU-like device: memory-bound at batch 1, compute-bound beyond ~5 sequences.
+CPU_TRUTH = CostModelParams(
+    device="testcpu", memory_bytes=8e9, hbm_bandwidth_bytes_per_s=2e10,
+    peak_bf16_flops=5e10, memory_efficiency=1.0, compute_efficiency=1.0,
+    step_overhead_s=0.02, per_seq_overhead_s=5e-4, per_kv_token_overhead_s=2e-6,
+    frontend_latency_s=0.015, weight_bytes_per_param=4.0, kv_bytes_per_element=4.0,
+    activation_fixed_bytes=0.0,
+)
+
+
+@pytest.fixture(scope="module")
+def small_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = tmp_path_factory.mktemp("small-llama")
+    (folder / "config.json").write_text(json.dumps(SMALL_LLAMA))
+    return str(folder)
+
+
+def cpu_config(model: str, params: CostModelParams = CPU_TRUTH) -> ReferenceConfig:
+    return cal.reference_config(model, CPU_KNOBS, "testcpu", params=params,
+                                kv=KvCacheInfo(block_size=128, num_blocks=1024))
+
+
+# ---------------------------------------------------------------- NNLS
+
+
+def test_nnls_matches_unconstrained_when_feasible_and_clips_otherwise() -> None:
+    rng = np.random.default_rng(1)
+    a = rng.uniform(0.5, 2.0, size=(40, 3))
+    x_true = np.array([1.0, 0.5, 2.0])
+    assert np.allclose(nnls(a, a @ x_true), x_true)
+    # a target that wants a negative second coefficient gets 0 there, and the rest refitted
+    y = a @ np.array([1.0, -0.7, 2.0])
+    x = nnls(a, y)
+    assert x[1] == 0.0 and (x >= 0).all()
+    free, *_ = np.linalg.lstsq(a[:, [0, 2]], y, rcond=None)
+    assert np.allclose(x[[0, 2]], free)
+
+
+# ---------------------------------------------------------------- step extraction
+
+
+def test_decode_steps_from_a_burst_are_exact_engine_steps(small_llama: str) -> None:
+    config = cpu_config(small_llama)
+    cm = config.cost_model()
+    burst = [TraceRequest(f"r{i}", 0.0, 40 + 10 * i, 24) for i in range(6)]
+    result = simulate(burst, config)
+    samples = decode_step_samples(result.timelines, phase="burst")
+    # one prefill step for all six, then 23 decode steps of six sequences
+    assert len(samples) == 23
+    for s in samples:
+        assert s.num_seqs == s.num_tokens == 6 and not s.includes_frontend
+        expected = cm.step_s(s.num_tokens, s.num_seqs, s.num_kv_tokens, s.num_attention_pairs)
+        assert s.duration_s == pytest.approx(expected, rel=1e-9)
+    assert [s.num_kv_tokens for s in samples] == [sum(40 + 10 * i + j for i in range(6))
+                                                  for j in range(1, 24)]
+
+
+def test_decode_steps_skip_steps_with_unseen_work(small_llama: str) -> None:
+    """A request that arrives mid-burst and needs several steps of prefill (a 1500-token prompt
+    over a 2048 budget shared with decodes fits; 3000 does not) must not leak its chunks into
+    the samples: every kept sample is a pure decode step whose cost the model reproduces."""
+    config = cpu_config(small_llama)
+    cm = config.cost_model()
+    reqs = [TraceRequest(f"r{i}", 0.0, 64, 40) for i in range(4)]
+    reqs.append(TraceRequest("late", 0.3, 900, 10))
+    result = simulate(reqs, config)
+    samples = decode_step_samples(result.timelines)
+    assert samples
+    for s in samples:
+        expected = cm.step_s(s.num_tokens, s.num_seqs, s.num_kv_tokens, s.num_attention_pairs)
+        assert s.duration_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_decode_steps_tolerate_delivery_jitter(small_llama: str) -> None:
+    config = cpu_config(small_llama)
+    result = simulate([TraceRequest(f"r{i}", 0.0, 32, 30) for i in range(8)], config)
+    rng = np.random.default_rng(7)
+    jittered = [dataclasses.replace(tl, chunk_times_s=tuple(
+        t + float(rng.uniform(0, 0.002)) for t in tl.chunk_times_s)) for tl in result.timelines]
+    exact = decode_step_samples(result.timelines)
+    noisy = decode_step_samples(jittered)
+    assert len(noisy) == len(exact) == 29
+    for a, b in zip(exact, noisy, strict=True):
+        assert b.num_kv_tokens == a.num_kv_tokens
+        assert b.duration_s == pytest.approx(a.duration_s, abs=0.0025)
+
+
+def test_multi_token_chunks_break_the_chain_instead_of_faking_a_step() -> None:
+    def tl(rid: str, times: tuple[float, ...], counts: tuple[int, ...]) -> RequestTimeline:
+        return RequestTimeline(rid, 0.0, 10, sum(counts), chunk_times_s=times,
+                               chunk_num_tokens=counts, finished_s=times[-1])
+
+    a = tl("a", (0.1, 0.2, 0.3, 0.5, 0.6), (1, 1, 1, 2, 1))  # 0.5 carries two steps' tokens
+    b = tl("b", (0.1, 0.2, 0.3, 0.5, 0.6), (1, 1, 1, 2, 1))
+    samples = decode_step_samples([a, b])
+    assert [round(s.duration_s, 6) for s in samples] == [0.1, 0.1, 0.1]
+    assert all(s.num_seqs == 2 for s in samples)
+
+
+def test_first_token_samples_are_frontend_plus_one_prefill_step(small_llama: str) -> None:
+    config = cpu_config(small_llama)
+    cm = config.cost_model()
+    reqs = [TraceRequest(f"p{p}", 10.0 * i, p, 3) for i, p in enumerate((16, 128, 700))]
+    samples = first_token_samples(simulate(reqs, config).timelines)
+    assert [s.num_tokens for s in samples] == [16, 128, 700]
+    for s in samples:
+        p = s.num_tokens
+        assert s.includes_frontend and s.num_attention_pairs == p * (p + 1) // 2
+        expected = CPU_TRUTH.frontend_latency_s + cm.step_s(p, 1, p, p * (p + 1) // 2)
+        assert s.duration_s == pytest.approx(expected, rel=1e-9)
+    # b is sent while a decodes: a met an idle engine, b did not (nor would a request sent
+    # during a's prefill, which might have joined it)
+    busy = simulate([TraceRequest("a", 0.0, 500, 20), TraceRequest("b", 1.0, 100, 3)], config)
+    assert busy.timelines[0].chunk_times_s[0] < 1.0 < busy.timelines[0].chunk_times_s[-1]
+    assert [s.num_tokens for s in first_token_samples(busy.timelines)] == [500]
+
+
+# ---------------------------------------------------------------- the fit
+
+
+def synthetic_samples(cm: CostModel, frontend_s: float, *, noise: float = 0.0,
+                      batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16),
+                      prefill: tuple[int, ...] = (16, 64, 256, 512, 1000),
+                      seed: int = 0) -> list[StepSample]:
+    rng = np.random.default_rng(seed)
+
+    def jitter() -> float:
+        return float(1.0 + noise * rng.standard_normal()) if noise else 1.0
+
+    out = []
+    for c in batch_sizes:
+        for context in (32, 512):
+            for j in range(1, 40, 3):
+                kv = c * (context + j)
+                out.append(StepSample(cm.step_s(c, c, kv, kv) * jitter(), c, c, kv, kv,
+                                      phase=f"c{c}"))
+    for p in prefill:
+        for _ in range(2):
+            pairs = p * (p + 1) // 2
+            out.append(StepSample((frontend_s + cm.step_s(p, 1, p, pairs)) * jitter(), 1, p,
+                                  p, pairs, includes_frontend=True, phase="prefill"))
+    return out
+
+
+def test_fit_recovers_a_cpu_like_device(small_llama: str) -> None:
+    config = cpu_config(small_llama)
+    cm = config.cost_model()
+    samples = synthetic_samples(cm, CPU_TRUTH.frontend_latency_s)
+    fit = fit_step_model(samples, CostShape.of(cm))
+    assert fit.memory_bytes_per_s == pytest.approx(2e10, rel=0.03)
+    assert fit.compute_flops_per_s == pytest.approx(5e10, rel=0.03)
+    c = fit.coefficients
+    assert c["step_overhead_s"] == pytest.approx(0.02, rel=0.05)
+    assert c["per_seq_overhead_s"] == pytest.approx(5e-4, rel=0.15)
+    assert c["per_kv_token_overhead_s"] == pytest.approx(2e-6, rel=0.1)
+    assert c["frontend_latency_s"] == pytest.approx(0.015, rel=0.1)
+    assert fit.median_abs_relative_error < 0.01 and fit.num_outliers == 0
+
+
+def test_fit_with_noise_predicts_within_the_noise(small_llama: str) -> None:
+    config = cpu_config(small_llama)
+    cm = config.cost_model()
+    noisy = synthetic_samples(cm, CPU_TRUTH.frontend_latency_s, noise=0.05, seed=3)
+    fit = fit_step_model(noisy, CostShape.of(cm))
+    truth = synthetic_samples(cm, CPU_TRUTH.frontend_latency_s)
+    pred = fit.predict_s(CostShape.of(cm), truth)
+    rel = np.abs(pred / np.array([s.duration_s for s in truth]) - 1)
+    assert np.median(rel) < 0.02 and rel.max() < 0.08
+
+
+def test_fit_recovers_gpu_efficiencies_on_a_catalog_device() -> None:
+    truth = CostModelParams(memory_efficiency=0.72, compute_efficiency=0.55,
+                            step_overhead_s=2e-3, per_seq_overhead_s=2e-5,
+                            frontend_latency_s=4e-3)
+    knobs = Knobs(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192)
+    config = cal.reference_config("llama-3.1-8b", knobs, "h100-sxm", params=truth)
+    cm = config.cost_model()
+    samples = synthetic_samples(cm, truth.frontend_latency_s,
+                                batch_sizes=(1, 4, 16, 64, 128, 256),
+                                prefill=(128, 512, 2048, 4096, 8000))
+    space = cal.fit_space(config, "h100-sxm")
+    assert not space.allow_no_memory_term and not space.per_kv_token_overhead
+    fit = fit_step_model(samples, CostShape.of(cm), space)
+    values, notes = cal.profile_params(fit, config, "h100-sxm", None)
+    assert values["memory_efficiency"] == pytest.approx(0.72, rel=0.03)
+    assert values["compute_efficiency"] == pytest.approx(0.55, rel=0.03)
+    assert values["step_overhead_s"] == pytest.approx(2e-3, rel=0.1)
+    assert values["frontend_latency_s"] == pytest.approx(4e-3, rel=0.1)
+    assert "hbm_bandwidth_bytes_per_s" not in values and not notes  # the datasheet stays
+
+
+def test_fit_refuses_too_little_data(small_llama: str) -> None:
+    shape = CostShape.of(cpu_config(small_llama).cost_model())
+    with pytest.raises(ValueError, match="usable step samples"):
+        fit_step_model([StepSample(0.01, 1, 1, 10, 10)] * 3, shape)
+    with pytest.raises(ValueError, match="no first-token sample"):
+        fit_step_model([StepSample(0.01, 1, 1, 10 + i, 10 + i) for i in range(20)], shape)
+
+
+# ---------------------------------------------------------------- the whole loop
+
+
+def run_phase_on_reference(phase: cal.Phase, config: ReferenceConfig) -> list[RequestTimeline]:
+    """A phase on the simulated engine: a burst at once; a spaced or one-user phase one
+    request at a time (each alone, placed one after another)."""
+    if phase.concurrency is None and phase.spaced_by is None:
+        return simulate(phase.requests, config).timelines
+    out: list[RequestTimeline] = []
+    t0 = 0.0
+    for req in phase.requests:
+        (tl,) = simulate([dataclasses.replace(req, arrival_s=0.0)], config).timelines
+        assert tl.finished_s is not None
+        out.append(dataclasses.replace(
+            tl, arrival_s=t0, chunk_times_s=tuple(t + t0 for t in tl.chunk_times_s),
+            finished_s=tl.finished_s + t0))
+        t0 += tl.finished_s + 0.01
+    return out
+
+
+def test_calibrating_the_reference_recovers_its_own_profile(small_llama: str,
+                                                            tmp_path: Path) -> None:
+    truth = cpu_config(small_llama)
+    spec = WorkloadSpec(max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=1024)
+    samples = []
+    for phase in design_workload(spec):
+        if phase.name != "pilot":
+            samples += cal.samples_from_phase(phase, run_phase_on_reference(phase, truth))
+    kv = KvCacheInfo(block_size=128, num_blocks=1024)
+    placeholder = cal.reference_config(small_llama, CPU_KNOBS, "testcpu", kv=kv)
+    shape = CostShape.of(placeholder.cost_model())
+    fit = fit_step_model(samples, shape, cal.fit_space(placeholder, "testcpu"))
+    values, notes = cal.profile_params(fit, placeholder, "testcpu", kv)
+    assert not notes
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({**values, "metadata": {"fit": fit.as_dict()}}))
+    fitted = cal.reference_config(small_llama, CPU_KNOBS, "testcpu", profile=str(path), kv=kv)
+    # the fitted profile reproduces the truth's step times over the whole workload
+    pred = fit.predict_s(shape, samples)
+    measured = np.array([s.duration_s for s in samples])
+    assert np.abs(pred / measured - 1).max() < 0.01
+    # and its KV budget, without being told the block count, leaves the engine's cache
+    assert load_profile(path).per_kv_token_overhead_s == pytest.approx(2e-6, rel=0.1)
+    unsized = cal.reference_config(small_llama, CPU_KNOBS, "testcpu", profile=str(path))
+    tokens = unsized.resolved_num_gpu_blocks() * unsized.block_size
+    assert tokens == pytest.approx(1024 * 128, rel=0.01)
+    assert fitted.gpu_spec.name == "testcpu"
+
+
+# ---------------------------------------------------------------- the workload
+
+
+@pytest.mark.parametrize(("seqs", "budget", "model_len"), [(16, 2048, 1024), (256, 8192, 8192),
+                                                           (3, 512, 300), (8, 4096, 100)])
+def test_workload_fits_the_engine_limits(seqs: int, budget: int, model_len: int) -> None:
+    spec = WorkloadSpec(max_num_seqs=seqs, max_num_batched_tokens=budget,
+                        max_model_len=model_len, num_output_tokens=48 if model_len > 100 else 16)
+    phases = design_workload(spec)
+    names = [p.name for p in phases]
+    assert names[:3] == ["pilot", "prefill", "decode-c1"]
+    assert len(set(names)) == len(names)
+    for phase in phases:
+        assert len(phase.requests) == len({r.request_id for r in phase.requests})
+        for r in phase.requests:
+            assert r.num_prompt_tokens + r.num_output_tokens <= model_len
+            assert r.num_prompt_tokens <= budget
+        if phase.name.startswith("decode"):
+            assert len(phase.requests) <= seqs
+    assert max(spec.batch_sizes()) == min(seqs, 256)
+    assert cal.phase_trace(phases[1]).digest == cal.phase_trace(design_workload(spec)[1]).digest
+
+
+def test_spaced_phase_sends_one_request_at_a_time() -> None:
+    spec = WorkloadSpec(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=600)
+    pilot, prefill = design_workload(spec)[:2]
+    assert prefill.spaced_by == "pilot" and prefill.first_token_samples
+    timed = [RequestTimeline(r.request_id, 0.0, r.num_prompt_tokens, 4, chunk_times_s=(0.1,),
+                             chunk_num_tokens=(4,), finished_s=0.01 * r.num_prompt_tokens)
+             for r in pilot.requests]
+    spaced = cal.space_arrivals(prefill, timed).requests
+    arrivals = [r.arrival_s for r in spaced]
+    assert arrivals[0] == cal.SEND_GAP_S
+    for before, after, r in zip(arrivals, arrivals[1:], spaced, strict=False):
+        assert after - before == pytest.approx(1.5 * 0.01 * r.num_prompt_tokens
+                                               + cal.SEND_GAP_S)
+
+
+def test_workload_spec_errors_name_the_field() -> None:
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        WorkloadSpec(max_num_seqs=0, max_num_batched_tokens=8, max_model_len=100).validate()
+    with pytest.raises(ValueError, match="max_model_len 40"):
+        WorkloadSpec(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=40).validate()
+
+
+# ---------------------------------------------------------------- engine facts
+
+
+def test_kv_cache_from_vllm_metrics() -> None:
+    text = (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",'
+        'num_cpu_blocks="None",num_gpu_blocks="1024",prefix_caching_hash_algo="sha256"} 1.0\n'
+    )
+    assert cal.kv_cache_from_metrics(text) == KvCacheInfo(block_size=128, num_blocks=1024)
+    assert cal.kv_cache_from_metrics("# nothing\n") is None
+    assert cal.kv_cache_from_metrics("not { prometheus") is None
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
+    ("NVIDIA H200", "h200"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+    ("NVIDIA L4", "l4"),
+])
+def test_gpu_catalog_names(name: str, expected: str) -> None:
+    assert cal.gpu_catalog_name(name) == expected
+
+
+def test_engine_dtype_from_extra_args() -> None:
+    assert cal.engine_dtype_bytes(CPU_KNOBS) == 4.0
+    assert cal.engine_dtype_bytes(Knobs(extra_args=("--dtype=bfloat16",))) == 2.0
+    assert cal.engine_dtype_bytes(Knobs()) is None
+
+
+def test_cpu_profile_fields_load_and_describe_the_device(small_llama: str) -> None:
+    config = cpu_config(small_llama)
+    cm = config.cost_model()
+    fit = fit_step_model(synthetic_samples(cm, 0.01), CostShape.of(cm),
+                         cal.FitSpace(allow_no_memory_term=False))
+    kv = KvCacheInfo(block_size=128, num_blocks=1024)
+    values, _ = cal.profile_params(fit, config, "testcpu", kv)
+    params = CostModelParams(**values)
+    params.validate()
+    assert params.device == "testcpu" and params.weight_bytes_per_param == 4.0
+    assert params.per_token_overhead_s == 0.0 and params.memory_efficiency == 1.0
+    assert math.isfinite(params.hbm_bandwidth_bytes_per_s or math.nan)

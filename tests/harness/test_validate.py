@@ -1,0 +1,117 @@
+"""Prediction fidelity: the comparison, its JSON shape and its markdown section."""
+
+from __future__ import annotations
+
+import math
+
+import pyarrow as pa
+import pytest
+
+from harness.metrics import summarize
+from harness.timeline import RequestTimeline
+from harness.traces import Trace, TraceRequest
+from harness.validate import (
+    METRICS,
+    PERCENTILES,
+    as_sent,
+    batch_size_comparison,
+    compare,
+    fidelity,
+    per_request_errors,
+    render_fidelity_markdown,
+)
+
+
+def timeline(rid: str, start: float, ttft: float, itl: float, n: int, *,
+             sent: float | None = None, error: str | None = None) -> RequestTimeline:
+    t0 = start if sent is None else sent
+    times = tuple(t0 + ttft + i * itl for i in range(n))
+    return RequestTimeline(rid, start, 100, n, sent_s=sent, chunk_times_s=times,
+                           chunk_num_tokens=(1,) * n, finished_s=times[-1],
+                           error_kind=error, num_output_tokens=n)
+
+
+def run(ttft: float, itl: float) -> list[RequestTimeline]:
+    return [timeline(f"r{i}", float(i), ttft * (1 + i / 10), itl, 11) for i in range(10)]
+
+
+def test_compare_is_signed_relative_to_measured() -> None:
+    assert compare(1.1, 1.0) == {"predicted": 1.1, "measured": 1.0,
+                                 "relative_error": pytest.approx(0.1)}
+    assert compare(0.5, 1.0)["relative_error"] == pytest.approx(-0.5)
+    assert compare(1.0, None)["relative_error"] is None
+    assert compare(1.0, 0.0)["relative_error"] is None
+    assert compare(math.nan, 1.0) == {"predicted": None, "measured": 1.0, "relative_error": None}
+
+
+def test_fidelity_has_every_metric_and_percentile() -> None:
+    predicted, measured = run(0.2, 0.05), run(0.25, 0.04)
+    fid = fidelity(summarize(predicted), summarize(measured), predicted, measured)
+    for metric in METRICS:
+        for pct in PERCENTILES:
+            c = fid[metric][pct]
+            assert set(c) == {"predicted", "measured", "relative_error"}
+            assert c["relative_error"] == pytest.approx((c["predicted"] - c["measured"])
+                                                        / c["measured"])
+    assert fid["ttft_s"]["p50"]["relative_error"] == pytest.approx(-0.2)
+    assert fid["tpot_s"]["p50"]["relative_error"] == pytest.approx(0.25)
+    assert set(fid["output_tokens_per_s"]) == {"predicted", "measured", "relative_error"}
+    per = fid["per_request"]
+    assert per["num_matched"] == 10
+    assert per["ttft_s"]["median_abs"] == pytest.approx(0.2)
+    assert per["ttft_s"]["median"] == pytest.approx(-0.2)  # signed: predicted too low
+    assert per["tpot_s"]["median"] == pytest.approx(0.25)
+    assert "running_batch_size" not in fid  # no steps / telemetry given
+
+
+def test_per_request_errors_match_by_id_and_skip_failures() -> None:
+    predicted = [timeline("a", 0, 0.1, 0.01, 5), timeline("b", 0, 0.1, 0.01, 5),
+                 timeline("c", 0, 0.1, 0.01, 5)]
+    measured = [timeline("b", 0, 0.2, 0.01, 5), timeline("a", 0, 0.05, 0.01, 5),
+                timeline("c", 0, 0.1, 0.01, 5, error="stream_cut"),
+                timeline("z", 0, 0.1, 0.01, 5)]
+    table = per_request_errors(predicted, measured).to_pylist()
+    assert [r["request_id"] for r in table] == ["b", "a"]
+    assert table[0]["ttft_s_relative_error"] == pytest.approx(-0.5)
+    assert table[1]["ttft_s_relative_error"] == pytest.approx(1.0)
+    assert table[0]["tpot_s_measured"] == pytest.approx(0.01)
+
+
+def test_live_latencies_count_from_the_send() -> None:
+    """A late client send is not an engine latency: TTFT runs from sent_s."""
+    late = timeline("a", 0.0, 0.1, 0.01, 3, sent=0.5)
+    assert late.ttft_s() == pytest.approx(0.1)
+    trace = Trace((TraceRequest("a", 0.0, 100, 3), TraceRequest("b", 0.2, 100, 3)),
+                  source="t.csv", format="azure", digest="d")
+    shifted = as_sent(trace, [late, timeline("b", 0.2, 0.1, 0.01, 3)])
+    assert [(r.request_id, r.arrival_s) for r in shifted.requests] == [("b", 0.2), ("a", 0.5)]
+    assert shifted.digest == "d" and shifted.source == "t.csv"
+
+
+def test_running_batch_size_compares_steps_with_telemetry() -> None:
+    steps = pa.table({"t_s": [0.0, 1.0, 2.0, 5.0], "duration_s": [1.0, 1.0, 1.0, 1.0],
+                      "num_running": [2, 4, 4, 2]})  # idle from 3 s to 5 s
+    telemetry = pa.table({"t_s": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+                          "num_running": [2.0, 4.0, 4.0, 0.0, 0.0, 2.0, 0.0]})
+    got = batch_size_comparison(steps, telemetry, grid_s=0.5)
+    assert got is not None
+    assert got["mean"]["relative_error"] == pytest.approx(0.0)
+    assert got["max"] == {"predicted": 4.0, "measured": 4.0, "relative_error": 0.0}
+    assert got["mean_abs_difference"] == pytest.approx(0.0)
+    assert len(got["series"]["t_s"]) == len(got["series"]["measured"])
+    half = pa.table({"t_s": [0.0, 1.0], "num_running": [1.0, 1.0]})
+    assert batch_size_comparison(steps, half)["mean"]["relative_error"] > 0
+    assert batch_size_comparison(steps, pa.table({"t_s": [0.0]})) is None
+
+
+def test_markdown_section_shows_errors_and_dashes() -> None:
+    predicted, measured = run(0.2, 0.05), run(0.25, 0.04)
+    fid = fidelity(summarize(predicted), summarize(measured), predicted, measured)
+    fid["e2e_s"]["p99"] = compare(None, 1.0)
+    text = render_fidelity_markdown(fid)
+    assert text.startswith("## Prediction fidelity\n")
+    assert "| TTFT p50 | " in text and "-20.0%" in text and "+25.0%" in text
+    assert "| E2E latency p99 | – | 1 s | – |" in text
+    assert "Per request (10 matched)" in text
+    sub = render_fidelity_markdown(fid, title="`sim` predicting `live`", level=3, intro=False)
+    assert sub.startswith("### `sim` predicting `live`\n\n| metric |")
