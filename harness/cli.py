@@ -521,6 +521,12 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     g.add_argument("--api-key-env", metavar="VAR",
                    help="environment variable holding a bearer API key (the key is never "
                    "printed or stored)")
+    g.add_argument("--length-control", choices=("vllm", "transformers", "max_tokens"),
+                   default="vllm",
+                   help="how an OpenAI server is asked for exactly the trace's output length: "
+                        "vllm = max_tokens+min_tokens+ignore_eos (vLLM, TRT-LLM, llama.cpp); "
+                        "transformers = generation_config min/max_new_tokens (transformers "
+                        "serve); max_tokens = upper bound only (default vllm)")
     g.add_argument("--http-client", choices=("lean", "httpx"), default="lean",
                    help="lean: batchlab's streaming HTTP/1.1 client, parsing in the socket "
                    "callback (default; several times the capacity); httpx: the httpx library")
@@ -543,6 +549,7 @@ def _replay_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "api_key_env": args.api_key_env,
         "seed": args.seed,
         "http_client": args.http_client,
+        "length_control": args.length_control,
     }
 
 

@@ -49,6 +49,14 @@ OUTPUT_LENGTH_CONTROL: dict[str, str] = {
     "over HTTP); reached_target_length records the outcome",
 }
 
+# How an OpenAI-compatible server is told to produce exactly N tokens. Servers disagree:
+#   vllm          max_tokens + min_tokens + ignore_eos   (vLLM, TRT-LLM, llama.cpp's server)
+#   transformers  max_tokens + generation_config='{"min_new_tokens": N, "max_new_tokens": N}'
+#                 (`transformers serve` answers 422 to ignore_eos and min_tokens)
+#   max_tokens    max_tokens alone: an upper bound; reached_target_length records the outcome
+LengthControl = Literal["vllm", "transformers", "max_tokens"]
+LENGTH_CONTROLS: tuple[str, ...] = ("vllm", "transformers", "max_tokens")
+
 OVERLOAD_STATUSES = frozenset({429, 503})
 
 
@@ -83,8 +91,10 @@ def build_body(
     num_output_tokens: int,
     model: str | None = None,
     priority: int | None = None,
+    length_control: LengthControl = "vllm",
 ) -> dict[str, Any]:
-    """The JSON body that asks ``protocol`` for exactly ``num_output_tokens`` streamed tokens."""
+    """The JSON body that asks ``protocol`` for exactly ``num_output_tokens`` streamed tokens
+    (``length_control`` says how an OpenAI server is asked; see LENGTH_CONTROLS)."""
     if num_output_tokens < 1:
         raise ValueError(f"num_output_tokens must be >= 1, got {num_output_tokens}")
     if protocol == "tgi":
@@ -110,8 +120,16 @@ def build_body(
     # Chat servers disagree on max_tokens vs max_completion_tokens; every one accepts
     # max_tokens (vLLM and TRT-LLM as an alias), and TGI rejects a body carrying both.
     body["max_tokens"] = num_output_tokens
-    body["min_tokens"] = num_output_tokens
-    body["ignore_eos"] = True
+    if length_control == "vllm":
+        body["min_tokens"] = num_output_tokens
+        body["ignore_eos"] = True
+    elif length_control == "transformers":
+        body["generation_config"] = json.dumps(
+            {"min_new_tokens": num_output_tokens, "max_new_tokens": num_output_tokens,
+             "do_sample": False})
+    elif length_control != "max_tokens":
+        raise ValueError(f"length_control: {length_control!r} is not one of "
+                         f"{', '.join(LENGTH_CONTROLS)}")
     body["temperature"] = 0.0
     body["stream"] = True
     body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}

@@ -53,10 +53,12 @@ from harness.prompts import (
     load_tokenizer,
 )
 from harness.protocols import (
+    LENGTH_CONTROLS,
     OUTPUT_LENGTH_CONTROL,
     PATHS,
     PRIORITY_FIELD,
     PROTOCOLS,
+    LengthControl,
     ProtocolName,
     SseDecoder,
     StreamOutcome,
@@ -118,6 +120,7 @@ class ReplayConfig:
     # "lean": harness.sse_client parses responses in the socket callback (the fast path);
     # "httpx": httpx with harness.http_pool's transport. Both time at the socket.
     http_client: Literal["lean", "httpx"] = "lean"
+    length_control: LengthControl = "vllm"  # how an OpenAI server is asked for exact lengths
     # Sleep until this long before each send, then yield to the event loop until the instant:
     # the loop's timers are only millisecond-precise. 0 = plain sleeps.
     spin_window_s: float = SPIN_WINDOW_NS / 1e9
@@ -128,6 +131,9 @@ class ReplayConfig:
             raise ValueError(f"target_url: {self.target_url!r} is not an http(s)://host[:port] URL")
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol: {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        if self.length_control not in LENGTH_CONTROLS:
+            raise ValueError(f"length_control: {self.length_control!r} is not one of "
+                             f"{', '.join(LENGTH_CONTROLS)}")
         if self.http_client not in ("lean", "httpx"):
             raise ValueError(f"http_client: {self.http_client!r} is not lean or httpx")
         if self.mode not in ("open", "closed"):
@@ -284,7 +290,8 @@ class _Bodies:
         priority = req.priority if PRIORITY_FIELD[self._config.protocol] else None
         return encode_body(build_body(self._config.protocol, prompt,
                                       num_output_tokens=max(req.num_output_tokens, 1),
-                                      model=self._config.model, priority=priority))
+                                      model=self._config.model, priority=priority,
+                                      length_control=self._config.length_control))
 
 
 class _Run:

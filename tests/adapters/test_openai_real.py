@@ -52,7 +52,8 @@ def test_transformers_serve_through_the_openai_adapter(tmp_path: Path) -> None:
         server.start()
         asyncio.run(server.wait_ready(f"http://127.0.0.1:{port}/health", timeout_s=300))
         summary = run_live(
-            "openai", Knobs(), trace, {"timeout_s": 120}, out, launch=False,
+            "openai", Knobs(), trace, {"timeout_s": 120, "length_control": "transformers"}, out,
+            launch=False,
             url=f"http://127.0.0.1:{port}", model=str(MODEL), metric_map="transformers",
             telemetry_interval_s=0.1,
         )
@@ -65,10 +66,7 @@ def test_transformers_serve_through_the_openai_adapter(tmp_path: Path) -> None:
         "num_running", "num_waiting", "kv_usage", "num_preemptions", "batch_tokens"]
     telemetry = pq.read_table(out / "telemetry.parquet").to_pylist()
     assert telemetry and all(r["num_running"] is None for r in telemetry)
-    rejected = [r for r in requests if r["error_kind"] == "http_error"
-                and "ignore_eos" in (r["error_message"] or "")]
-    if len(rejected) == len(requests):
-        # transformers serve 5.19 answers 422 to the fields the replay client uses to force
-        # the output length; the adapter side above works either way.
-        pytest.xfail("transformers serve rejects ignore_eos/min_tokens (HTTP 422)")
+    # transformers serve rejects ignore_eos/min_tokens (HTTP 422); generation_config forces
+    # the length instead.
     assert summary["num_completed"] == 8, [(r["error_kind"], r["error_message"]) for r in requests]
+    assert all(r["reached_target_length"] for r in requests)

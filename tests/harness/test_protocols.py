@@ -170,3 +170,19 @@ def test_token_ids_only_where_accepted() -> None:
         build_body("openai-chat", Prompt("token_ids", token_ids=(1,)), num_output_tokens=1)
     with pytest.raises(ValueError, match="num_output_tokens"):
         build_body("openai", Prompt("token_ids", token_ids=(1,)), num_output_tokens=0)
+
+
+def test_length_control_variants_ask_for_exact_length_differently() -> None:
+    import json as _json
+
+    from harness.protocols import Prompt, build_body
+
+    prompt = Prompt(mode="token_ids", token_ids=(1, 2, 3))
+    vllm = build_body("openai", prompt, num_output_tokens=7)
+    assert (vllm["max_tokens"], vllm["min_tokens"], vllm["ignore_eos"]) == (7, 7, True)
+    hf = build_body("openai", prompt, num_output_tokens=7, length_control="transformers")
+    assert "ignore_eos" not in hf and "min_tokens" not in hf
+    assert _json.loads(hf["generation_config"])["min_new_tokens"] == 7
+    bound = build_body("openai", prompt, num_output_tokens=7, length_control="max_tokens")
+    assert bound["max_tokens"] == 7
+    assert "min_tokens" not in bound and "generation_config" not in bound
