@@ -13,9 +13,10 @@ profile (``adapters.reference.cost_model.load_profile`` reads it)::
            ▼  token timestamps of all requests of a phase, clustered into engine steps
     StepSample(duration_s, num_seqs, num_tokens, num_kv_tokens, num_attention_pairs, ...)
            │
-           ▼  weighted non-negative least squares (fit_step_model)
-    step_s = max(memory_s, compute_s) + step_overhead + per_seq·seqs + per_kv_token·kv
-    ttft_s = frontend_latency + step_s(the prefill step)
+           ▼  weighted non-negative least squares inside a grid search (fit_step_model)
+    step_s = max(bytes / B, flops / F) + step_overhead + per_seq·seqs + per_kv_token·kv
+             + per_attention_pair·pairs
+    ttft_s = frontend_latency + step_s(the prefill step)          (on an idle engine)
            │
            ▼
     PROFILE.json: CostModelParams fields (+ "metadata": the fit, its residuals, the workload)
@@ -23,9 +24,9 @@ profile (``adapters.reference.cost_model.load_profile`` reads it)::
 Why token timestamps work: a running request gets exactly one token per engine step (vLLM V1,
 TGI, TensorRT-LLM all stream each step's token as soon as the step ends), so the tokens of all
 running requests arrive together, one cluster per step, and the gap between a request's
-consecutive tokens is one step's duration. A step is used only when everything it computed is
-visible: every member advanced by one token since the previous cluster and no request was
-waiting for its first token (an unseen prefill chunk could hide in such a step).
+consecutive tokens is one step's duration. A span of steps is used only when everything it
+computed is visible: the same members throughout, each advanced by the same number of tokens,
+and no request waiting for its first token (an unseen prefill chunk could hide in it).
 docs/cost-model.md ("Calibration") describes the method and its limits.
 """
 
@@ -60,7 +61,13 @@ from adapters.reference.hardware import GPUS
 from harness.live import ATTACH_READY_TIMEOUT_S, DEFAULT_READY_TIMEOUT_S, plan_for
 from harness.replay import ReplayConfig, batchlab_version, replay_sync
 from harness.results import read_timelines, write_json_atomic, write_parquet_atomic
-from harness.telemetry import parse_exposition
+from harness.telemetry import (
+    DEFAULT_INTERVAL_S,
+    TELEMETRY_FILE,
+    TelemetryScraper,
+    parse_exposition,
+    source_for,
+)
 from harness.timeline import RequestTimeline
 from harness.traces import Trace, TraceRequest
 
@@ -76,13 +83,14 @@ class StepSample:
     latency (HTTP, tokenisation, streaming back) plus one prefill step.
     """
 
-    duration_s: float
+    duration_s: float  # of one step (the mean, over ``num_steps`` steps)
     num_seqs: int
     num_tokens: int
-    num_kv_tokens: int  # sum over scheduled requests of (computed + new) tokens
-    num_attention_pairs: int  # causal (query, key) pairs
+    num_kv_tokens: float  # sum over scheduled requests of (computed + new) tokens
+    num_attention_pairs: float  # causal (query, key) pairs
     includes_frontend: bool = False
     phase: str = ""
+    num_steps: int = 1  # consecutive steps this sample averages (the fit weighs it so)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +118,8 @@ class CostShape:
         # With every overhead zeroed, what a step's overhead still holds is the all-reduce.
         bare = CostModel(cm.model, cm.gpu, replace(
             cm.params, step_overhead_s=0.0, per_seq_overhead_s=0.0, per_token_overhead_s=0.0,
-            per_kv_token_overhead_s=0.0), weights_dtype=cm.weights_dtype,
+            per_kv_token_overhead_s=0.0, per_attention_pair_overhead_s=0.0),
+            weights_dtype=cm.weights_dtype,
             kv_cache_dtype=cm.kv_cache_dtype, tp=cm.tp, block_size=cm.block_size)
         fixed_s = bare.step_cost(0, 0, 0, 0).overhead_s
         per_token_s = bare.step_cost(1, 0, 0, 0).overhead_s - fixed_s
@@ -150,14 +159,20 @@ def _cluster_threshold_s(timelines: Sequence[RequestTimeline]) -> float:
 
 def decode_step_samples(timelines: Sequence[RequestTimeline], *, phase: str = "",
                         threshold_s: float | None = None) -> list[StepSample]:
-    """Engine steps whose every scheduled token is visible in the stream: pure decode steps.
+    """Pure decode steps, timed between clusters of tokens that were delivered on time.
 
     Chunks of all requests are sorted and cut into clusters where consecutive instants are
-    more than ``threshold_s`` apart (default: 0.3 x the median token gap); each cluster is the
-    output of one step. A cluster is kept when each member advanced by exactly one token since
-    the previous cluster, every request that was decoding is a member, and no request had been
-    sent without having its first token (its prefill may have run, unseen, in that step). Its
-    duration is the median of the members' gaps since the previous cluster.
+    more than ``threshold_s`` apart (default: 0.3 x the median token gap): each cluster is one
+    step's output. A cluster is *on time* when each of its chunks carries one token and the
+    gaps on both sides are at least half the median gap: a server that fell behind (rendering
+    /metrics, say) delivers several steps' tokens late and in a lump, and the cluster next to
+    such a lump is not an instant to time anything from.
+
+    Between two on-time clusters with the same members, each of them advanced by the same
+    number of tokens D >= 1, and no other request in flight (a request waiting for its first
+    token may have had an unseen prefill chunk in those steps), the engine ran D pure decode
+    steps of those members. That span is one sample: its mean step duration (median over the
+    members), ``num_steps`` D, and the KV tokens of the average step.
     """
     timelines = [tl for tl in timelines if tl.ok and tl.chunk_times_s]
     if not timelines:
@@ -174,44 +189,44 @@ def decode_step_samples(timelines: Sequence[RequestTimeline], *, phase: str = ""
         if c.t_s - clusters[-1][-1].t_s > tau:
             clusters.append([])
         clusters[-1].append(c)
+    times = np.array([np.median([c.t_s for c in cl]) for cl in clusters])
+    gaps = np.diff(times)
+    short = 0.5 * float(np.median(gaps)) if gaps.size else 0.0
 
-    first_t = [tl.chunk_times_s[0] for tl in timelines]
-    last_t = [tl.chunk_times_s[-1] for tl in timelines]
-    sent = [tl.start_s for tl in timelines]
+    def on_time(k: int) -> bool:
+        cl = clusters[k]
+        return (all(c.num_tokens == 1 for c in cl)
+                and len({c.request_index for c in cl}) == len(cl)
+                and (k == 0 or gaps[k - 1] >= short)
+                and (k == len(clusters) - 1 or gaps[k] >= short))
+
+    spans = [(tl.start_s, tl.chunk_times_s[-1]) for tl in timelines]
     out: list[StepSample] = []
-    previous: dict[int, _Chunk] = {}
+    anchor: dict[int, _Chunk] | None = None
+    t_anchor = 0.0
     for k, cluster in enumerate(clusters):
+        if not on_time(k):
+            continue
         members = {c.request_index: c for c in cluster}
-        t_k = float(np.median([c.t_s for c in cluster]))
-        clean = k > 0 and len(members) == len(cluster)
-        if clean:
-            for i, c in members.items():
-                prev = previous.get(i)
-                if (prev is None or c.num_tokens != 1
-                        or c.last_token_index != prev.last_token_index + 1):
-                    clean = False
-                    break
-        if clean:
-            t_prev_hi = max(c.t_s for c in clusters[k - 1])
-            for i in range(len(timelines)):
-                decoding = first_t[i] <= t_prev_hi and last_t[i] >= t_k - tau
-                pending = sent[i] < t_k and first_t[i] > t_k + tau
-                if pending or (decoding and i not in members):
-                    clean = False
-                    break
-        if clean:
-            gaps = [c.t_s - previous[i].t_s for i, c in members.items()]
-            kv = sum(timelines[i].num_prompt_tokens + c.last_token_index
-                     for i, c in members.items())
-            out.append(StepSample(
-                duration_s=float(np.median(gaps)), num_seqs=len(members),
-                num_tokens=len(members), num_kv_tokens=kv, num_attention_pairs=kv, phase=phase,
-            ))
-        for i, c in members.items():
-            previous[i] = c
-        for i in list(previous):  # a request absent from this cluster breaks its chain
-            if i not in members:
-                del previous[i]
+        t_k = float(times[k])
+        if anchor is not None and set(anchor) == set(members):
+            advanced = {c.last_token_index - anchor[i].last_token_index
+                        for i, c in members.items()}
+            others = any(i not in members and start < t_k + tau and end > t_anchor - tau
+                         for i, (start, end) in enumerate(spans))
+            if len(advanced) == 1 and (d := advanced.pop()) >= 1 and not others:
+                durations = [c.t_s - anchor[i].t_s for i, c in members.items()]
+                # KV of the average step: request i holds prompt + j tokens at the step that
+                # produces its token j, for j = anchor's + 1 .. this cluster's
+                kv = sum(timelines[i].num_prompt_tokens
+                         + (anchor[i].last_token_index + 1 + c.last_token_index) / 2
+                         for i, c in members.items())
+                out.append(StepSample(
+                    duration_s=float(np.median(durations)) / d, num_seqs=len(members),
+                    num_tokens=len(members), num_kv_tokens=kv, num_attention_pairs=kv,
+                    phase=phase, num_steps=d,
+                ))
+        anchor, t_anchor = members, t_k
     return out
 
 
@@ -281,7 +296,8 @@ def _subsets(n: int) -> tuple[tuple[np.ndarray, tuple[np.ndarray, ...]], ...]:
 
 # The linear part of the model: one coefficient per column of _Design.x.
 LINEAR_TERMS = ("step_overhead_s", "per_seq_overhead_s", "per_kv_token_overhead_s",
-                "frontend_latency_s")
+                "per_attention_pair_overhead_s", "frontend_latency_s")
+_ATTENTION_TERMS = ("per_kv_token_overhead_s", "per_attention_pair_overhead_s")
 # A finite memory bandwidth must cut the weighted squared error by this much to be kept.
 MEMORY_TERM_MIN_GAIN = 0.05
 
@@ -292,6 +308,7 @@ class StepFit:
 
         step_s = max(bytes / memory_bytes_per_s, flops / compute_flops_per_s)
                  + step_overhead_s + per_seq_overhead_s * seqs + per_kv_token_overhead_s * kv
+                 + per_attention_pair_overhead_s * pairs
         ttft_s on an idle engine = frontend_latency_s + step_s(its prefill step)
     """
 
@@ -328,16 +345,17 @@ class FitSpace:
     """Where the fit looks. ``fit_space(config, device)`` picks it per device.
 
     A catalog GPU keeps its datasheet figures as upper bounds (efficiencies <= 1), always
-    has a memory term (decode is memory-bound) and no per-KV-token overhead: KV reads are in
-    the memory term, and a second KV coefficient would trade off against the bandwidth. Any
-    other device (a CPU) gets wide ranges, may have no memory term at all, and gets the
-    per-KV-token overhead its attention kernels need.
+    has a memory term (decode is memory-bound) and no attention overheads: KV reads are in
+    the memory term and attention FLOPs in the compute term, and extra KV or pair
+    coefficients would trade off against the bandwidth. Any other device (a CPU) gets wide
+    ranges, may have no memory term at all, and gets the per-KV-token and per-pair overheads
+    its attention kernels need (they run far below its matmul rate).
     """
 
     bandwidth_range: tuple[float, float] = (1e9, 1e12)  # effective bytes/s
     compute_range: tuple[float, float] = (1e9, 1e15)  # effective FLOP/s
     allow_no_memory_term: bool = True
-    per_kv_token_overhead: bool = True
+    attention_overheads: bool = True  # per-KV-token and per-pair terms
 
 
 @dataclass(frozen=True)
@@ -355,7 +373,8 @@ class _Design:
             memory_bytes=np.array([shape.memory_bytes(s) for s in samples], dtype=np.float64),
             flops=np.array([shape.flops(s) for s in samples], dtype=np.float64),
             fixed_s=np.array([shape.fixed(s) for s in samples], dtype=np.float64),
-            x=np.array([[1.0, s.num_seqs, s.num_kv_tokens, float(s.includes_frontend)]
+            x=np.array([[1.0, s.num_seqs, s.num_kv_tokens, s.num_attention_pairs,
+                         float(s.includes_frontend)]
                         for s in samples], dtype=np.float64).reshape(-1, len(LINEAR_TERMS)),
         )
 
@@ -387,7 +406,7 @@ def _grid_search(d: _Design, y: np.ndarray, w: np.ndarray, space: FitSpace,
                  no_memory_term: bool) -> _Best:
     """A log-spaced grid over the two figures, then two finer grids around the best point."""
     best: _Best = (math.inf, math.inf, math.inf, np.zeros(len(LINEAR_TERMS)))
-    columns = np.array([t != "per_kv_token_overhead_s" or space.per_kv_token_overhead
+    columns = np.array([t not in _ATTENTION_TERMS or space.attention_overheads
                         for t in LINEAR_TERMS])
     bandwidth_range, compute_range = space.bandwidth_range, space.compute_range
 
@@ -431,7 +450,7 @@ def _search(d: _Design, y: np.ndarray, w: np.ndarray, space: FitSpace) -> _Best:
 def _group_weights(samples: Sequence[StepSample], scale: np.ndarray) -> np.ndarray:
     """Relative errors (1 / the expected duration) count; first-token samples weigh as much in
     total as the steps, because they are few and alone pin the prefill cost and front end."""
-    w = 1.0 / np.maximum(scale, 1e-9)
+    w = np.sqrt([s.num_steps for s in samples]) / np.maximum(scale, 1e-9)
     front = np.array([s.includes_frontend for s in samples])
     if front.any() and (~front).any():
         w[front] *= math.sqrt((~front).sum() / front.sum())
@@ -533,7 +552,7 @@ class WorkloadSpec:
     long_prompt_tokens: int = 512  # capped by max_model_len
     max_batch_size: int = 256  # batch sizes 1, 2, 4, ... up to min(this, max_num_seqs)
     max_prefill_tokens: int = 4096  # the prefill ladder's top (capped by the budgets)
-    num_repeats: int = 2  # of each prefill length
+    num_repeats: int = 3  # of each prefill length (first-token samples are noisy)
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
@@ -575,7 +594,7 @@ def design_workload(spec: WorkloadSpec) -> tuple[Phase, ...]:
 
     - ``pilot``: the prefill ladder once, one user: warms the engine up and times each
       length, to space the next phase (its own numbers are not used).
-    - ``prefill``: the ladder (prompts 16, 32, ... up to the step budget) twice, 4 output
+    - ``prefill``: the ladder (prompts 16, 32, ... up to the step budget) 3 times, 4 output
       tokens, one request at a time on an idle engine: its TTFT is the front end plus one
       prefill step (the prefill cost per token, the front-end latency); its next tokens are
       decode steps of one sequence.
@@ -789,9 +808,16 @@ def run_phases(
     out_dir: Path,
     *,
     tokenizer_path: str | None,
+    telemetry_interval_s: float | None = DEFAULT_INTERVAL_S,
     log: Callable[[str], None] = print,
 ) -> list[PhaseResult]:
-    """Replay each phase against the server, one after another; a folder per phase."""
+    """Replay each phase against the server, one after another; a folder per phase.
+
+    The engine's metrics are scraped during each phase as a live run scrapes them (every
+    ``telemetry_interval_s``; None: not at all): on a CPU, rendering vLLM's /metrics takes
+    ~0.1 s of the server's time and slows its steps by several percent at 4 Hz, and the
+    profile must describe the engine as ``validate`` and ``replay --engine`` will measure it.
+    """
     counter = _step_counter(plan)
     results: list[PhaseResult] = []
     timed: dict[str, list[RequestTimeline]] = {}
@@ -805,7 +831,11 @@ def run_phases(
         )
         before = counter()
         start = time.perf_counter()
-        summary = replay_sync(phase_trace(phase), config, out_dir / phase.name)
+        scraper = None if telemetry_interval_s is None else TelemetryScraper(
+            source_for(plan.telemetry, plan.base_url), out_dir / phase.name / TELEMETRY_FILE,
+            interval_s=telemetry_interval_s)
+        summary = replay_sync(phase_trace(phase), config, out_dir / phase.name,
+                              telemetry=scraper)
         wall = time.perf_counter() - start
         after = counter()
         steps = after[0] - before[0] if before is not None and after is not None else None
@@ -915,7 +945,7 @@ def fit_space(config: ReferenceConfig, device: str) -> FitSpace:
         return FitSpace(
             bandwidth_range=(0.02 * gpu.hbm_bandwidth_bytes_per_s, gpu.hbm_bandwidth_bytes_per_s),
             compute_range=(0.005 * gpu.peak_bf16_flops, gpu.peak_bf16_flops),
-            allow_no_memory_term=False, per_kv_token_overhead=False)
+            allow_no_memory_term=False, attention_overheads=False)
     return FitSpace(bandwidth_range=(1e9, UNIDENTIFIED_BANDWIDTH))
 
 
@@ -942,18 +972,15 @@ def profile_params(fit: StepFit, config: ReferenceConfig, device: str,
     values.update(
         step_overhead_s=c["step_overhead_s"], per_seq_overhead_s=c["per_seq_overhead_s"],
         per_token_overhead_s=0.0, per_kv_token_overhead_s=c["per_kv_token_overhead_s"],
+        per_attention_pair_overhead_s=c["per_attention_pair_overhead_s"],
         frontend_latency_s=c["frontend_latency_s"],
     )
-    dtype_b = engine_dtype_bytes_of(config)
+    dtype_b = config.params.weight_bytes_per_param  # set from the engine's --dtype
     if dtype_b is not None:
         values.update(weight_bytes_per_param=dtype_b, kv_bytes_per_element=dtype_b)
     if device.lower() not in GPUS:
         values["memory_bytes"] = _device_memory_bytes(config, values, kv, notes)
     return values, notes
-
-
-def engine_dtype_bytes_of(config: ReferenceConfig) -> float | None:
-    return config.params.weight_bytes_per_param
 
 
 def _device_memory_bytes(config: ReferenceConfig, values: Mapping[str, Any],
@@ -997,6 +1024,7 @@ def calibrate(
     work_dir: Path,
     spec: WorkloadSpec | None = None,
     tokenizer_path: str | None = None,
+    telemetry_interval_s: float | None = DEFAULT_INTERVAL_S,
     command: Sequence[str] | None = None,
     log: Callable[[str], None] = print,
 ) -> CalibrationResult:
@@ -1020,7 +1048,8 @@ def calibrate(
         f"{device}: {len(phases)} phases, "
         f"{sum(len(p.requests) for p in phases)} requests")
     started = time.perf_counter()
-    results = run_phases(plan, phases, work_dir, tokenizer_path=tokenizer_path, log=log)
+    results = run_phases(plan, phases, work_dir, tokenizer_path=tokenizer_path,
+                         telemetry_interval_s=telemetry_interval_s, log=log)
     engine_s = time.perf_counter() - started
     samples = [s for r in results for s in r.samples]
     write_parquet_atomic(samples_table(samples), work_dir / SAMPLES_FILE)
@@ -1051,6 +1080,7 @@ def calibrate(
             "fit": fit.as_dict(),
             "notes": notes,
             "workload": [r.as_dict() for r in results],
+            "telemetry_interval_s": telemetry_interval_s,
             "engine_time_s": round(engine_s, 3),
             "work_dir": str(work_dir),
         },
@@ -1073,9 +1103,10 @@ def samples_table(samples: Sequence[StepSample]) -> pa.Table:
         "duration_s": pa.array([s.duration_s for s in samples], pa.float64()),
         "num_seqs": pa.array([s.num_seqs for s in samples], pa.int64()),
         "num_tokens": pa.array([s.num_tokens for s in samples], pa.int64()),
-        "num_kv_tokens": pa.array([s.num_kv_tokens for s in samples], pa.int64()),
-        "num_attention_pairs": pa.array([s.num_attention_pairs for s in samples], pa.int64()),
+        "num_kv_tokens": pa.array([s.num_kv_tokens for s in samples], pa.float64()),
+        "num_attention_pairs": pa.array([s.num_attention_pairs for s in samples], pa.float64()),
         "includes_frontend": pa.array([s.includes_frontend for s in samples], pa.bool_()),
+        "num_steps": pa.array([s.num_steps for s in samples], pa.int64()),
     })
 
 

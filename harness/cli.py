@@ -996,7 +996,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                      ready_timeout_s=args.ready_timeout_s) as plan:
             result = calibrate(plan, knobs, reference_model=reference_model, device=device,
                                out_path=out, work_dir=work_dir, spec=spec,
-                               tokenizer_path=tokenizer, command=["batchlab", *sys.argv[1:]])
+                               tokenizer_path=tokenizer,
+                               telemetry_interval_s=args.telemetry_interval_s,
+                               command=["batchlab", *sys.argv[1:]])
     except KnobError as exc:
         raise UserError(str(exc)) from None
     except (EngineStartError, CalibrationError, ValueError) as exc:
@@ -1006,7 +1008,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"step = max(bytes / {_fmt_rate(fit.memory_bytes_per_s, 'B/s')}, "
           f"FLOPs / {_fmt_rate(fit.compute_flops_per_s, 'FLOP/s')}) + "
           f"{_fmt_s(c['step_overhead_s'])} + {_fmt_s(c['per_seq_overhead_s'])}/seq + "
-          f"{c['per_kv_token_overhead_s'] * 1e6:.2f} µs/KV token; front end "
+          f"{c['per_kv_token_overhead_s'] * 1e6:.2f} µs/KV token + "
+          f"{c['per_attention_pair_overhead_s'] * 1e9:.1f} ns/attention pair; front end "
           f"{_fmt_s(c['frontend_latency_s'])}")
     print(f"fit: {fit.num_samples} samples ({fit.num_outliers} outliers), median |error| "
           f"{fit.median_abs_relative_error:.1%}, p90 {fit.p90_abs_relative_error:.1%}")
@@ -1083,7 +1086,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             fid = run_validation(plan, knobs, trace, profile=args.profile,
                                  reference_model=reference_model, out_dir=out, model=model_path,
                                  replay_kwargs=replay_kwargs, slo=_parse_slo(args.slo),
-                                 command=["batchlab", *sys.argv[1:]], progress=bar.update_to)
+                                 command=["batchlab", *sys.argv[1:]], progress=bar.update_to,
+                                 telemetry_interval_s=args.telemetry_interval_s)
     except KnobError as exc:
         raise UserError(str(exc)) from None
     except (EngineStartError, ValueError) as exc:

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from adapters.base import Knobs, LaunchPlan
 from harness.metrics import Slo, request_metrics
 from harness.results import STEPS_FILE, read_timelines, write_json_atomic, write_parquet_atomic
-from harness.telemetry import TELEMETRY_FILE
+from harness.telemetry import DEFAULT_INTERVAL_S, TELEMETRY_FILE
 from harness.timeline import RequestTimeline
 from harness.traces import Trace
 
@@ -324,6 +324,7 @@ def run_validation(
     slo: Slo | None = None,
     command: Sequence[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    telemetry_interval_s: float = DEFAULT_INTERVAL_S,
 ) -> dict[str, Any]:
     """Replay ``trace`` live against the server ``plan`` describes and simulate it on the
     reference engine (same knobs, ``profile``, the engine's KV cache); write both run folders
@@ -352,7 +353,7 @@ def run_validation(
     measured = run_live(
         plan.engine, Knobs(), trace, replay_kwargs, live_dir, launch=False, url=plan.base_url,
         model=model, served_model_name=plan.model, slo=slo, progress=progress,
-        command=command,
+        command=command, telemetry_interval_s=telemetry_interval_s,
     )
     _record_knobs(live_dir, plan, knobs)
     live_timelines = read_timelines(live_dir)

@@ -14,6 +14,7 @@ Per step, on one GPU of a tensor-parallel group of ``tp``::
     step_s    = max(memory_s, compute_s)
               + step_overhead_s + per_seq_overhead_s * num_seqs + per_token_overhead_s * num_tokens
               + per_kv_token_overhead_s * num_kv_tokens
+              + per_attention_pair_overhead_s * num_attention_pairs
               + all-reduce (tp > 1) + swap (blocks moved over PCIe this step)
 
 Every constant is in ``CostModelParams``, with its justification in docs/cost-model.md; a
@@ -61,6 +62,9 @@ class CostModelParams:
     # Per KV token a step reads, beyond the memory term: attention kernels that run far below
     # the bandwidth roofline (a CPU's paged attention). 0 on GPUs; set by calibration.
     per_kv_token_overhead_s: float = 0.0
+    # Per causal (query, key) pair, beyond the attention FLOPs in the compute term: attention
+    # kernels far below the matmul rate (a CPU's prefill attention). 0 on GPUs; calibration.
+    per_attention_pair_overhead_s: float = 0.0
     # A request's trip through the server's front end (HTTP, tokenisation, hand-off to the
     # engine loop, streaming back) that no step contains: simulated requests reach the
     # scheduler this long after they arrive. 0: none; calibration measures it.
@@ -279,6 +283,7 @@ class CostModel:
         self._per_token_s = params.per_token_overhead_s + allreduce_per_token_s
         self._per_seq_s = params.per_seq_overhead_s
         self._per_kv_token_s = params.per_kv_token_overhead_s
+        self._per_pair_s = params.per_attention_pair_overhead_s
         self.swap_bandwidth_bytes_per_s = gpu.pcie_bandwidth_bytes_per_s * params.swap_efficiency
         self._swap_per_block_s = self.kv_bytes_per_block / self.swap_bandwidth_bytes_per_s
 
@@ -290,7 +295,8 @@ class CostModel:
                      + num_attention_pairs * self._comp_per_pair_s)
         return ((memory_s if memory_s > compute_s else compute_s) + self._fixed_s
                 + num_seqs * self._per_seq_s + num_tokens * self._per_token_s
-                + num_kv_tokens * self._per_kv_token_s + num_swap_blocks * self._swap_per_block_s)
+                + num_kv_tokens * self._per_kv_token_s + num_attention_pairs * self._per_pair_s
+                + num_swap_blocks * self._swap_per_block_s)
 
     def step_cost(self, num_tokens: int, num_seqs: int, num_kv_tokens: int,
                   num_attention_pairs: int, num_swap_blocks: int = 0) -> StepCost:

@@ -46,8 +46,8 @@ CPU_TRUTH = CostModelParams(
     device="testcpu", memory_bytes=8e9, hbm_bandwidth_bytes_per_s=2e10,
     peak_bf16_flops=5e10, memory_efficiency=1.0, compute_efficiency=1.0,
     step_overhead_s=0.02, per_seq_overhead_s=5e-4, per_kv_token_overhead_s=2e-6,
-    frontend_latency_s=0.015, weight_bytes_per_param=4.0, kv_bytes_per_element=4.0,
-    activation_fixed_bytes=0.0,
+    per_attention_pair_overhead_s=5e-7, frontend_latency_s=0.015, weight_bytes_per_param=4.0,
+    kv_bytes_per_element=4.0, activation_fixed_bytes=0.0,
 )
 
 
@@ -196,6 +196,7 @@ def test_fit_recovers_a_cpu_like_device(small_llama: str) -> None:
     assert c["step_overhead_s"] == pytest.approx(0.02, rel=0.05)
     assert c["per_seq_overhead_s"] == pytest.approx(5e-4, rel=0.15)
     assert c["per_kv_token_overhead_s"] == pytest.approx(2e-6, rel=0.1)
+    assert c["per_attention_pair_overhead_s"] == pytest.approx(5e-7, rel=0.1)
     assert c["frontend_latency_s"] == pytest.approx(0.015, rel=0.1)
     assert fit.median_abs_relative_error < 0.01 and fit.num_outliers == 0
 
@@ -222,7 +223,7 @@ def test_fit_recovers_gpu_efficiencies_on_a_catalog_device() -> None:
                                 batch_sizes=(1, 4, 16, 64, 128, 256),
                                 prefill=(128, 512, 2048, 4096, 8000))
     space = cal.fit_space(config, "h100-sxm")
-    assert not space.allow_no_memory_term and not space.per_kv_token_overhead
+    assert not space.allow_no_memory_term and not space.attention_overheads
     fit = fit_step_model(samples, CostShape.of(cm), space)
     values, notes = cal.profile_params(fit, config, "h100-sxm", None)
     assert values["memory_efficiency"] == pytest.approx(0.72, rel=0.03)

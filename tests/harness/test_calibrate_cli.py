@@ -114,7 +114,7 @@ def test_calibrate_dry_run_lists_the_phases(capsys: pytest.CaptureFixture[str],
                  "llama-3.1-8b", "--device", "h100-sxm", "--max-num-seqs", "64",
                  "--max-model-len", "4096", "--out", str(tmp_path / "p.json")]) == 0
     text = capsys.readouterr().out
-    assert ("phase prefill: 18 requests, prompts [16, 32, 64, 128, 256, 512, 1024, 2048, "
+    assert ("phase prefill: 27 requests, prompts [16, 32, 64, 128, 256, 512, 1024, 2048, "
             "4092], one at a time") in text
     assert "phase decode-c64: 64 requests" in text
     assert "device h100-sxm; reference model llama-3.1-8b" in text
