@@ -798,8 +798,16 @@ class PhaseResult:
             "num_completed": self.summary.get("num_completed"),
             "num_samples": len(self.samples),
             "num_engine_steps": self.num_engine_steps,
+            "mean_decode_step_s": self.mean_decode_step_s,
             "wall_s": round(self.wall_s, 3),
         }
+
+    @property
+    def mean_decode_step_s(self) -> float | None:
+        """Mean duration of the phase's measured decode steps (its speed, for probes)."""
+        steps = [s for s in self.samples if not s.includes_frontend]
+        total = sum(s.num_steps for s in steps)
+        return sum(s.duration_s * s.num_steps for s in steps) / total if total else None
 
 
 def run_phases(
@@ -851,6 +859,39 @@ def run_phases(
         log(f"  {phase.name:<18} {len(phase.requests):>3} requests  {wall:6.1f} s  "
             f"{len(samples):>3} samples")
     return results
+
+
+def speed_probe(plan: LaunchPlan, reference: Mapping[str, Any], out_dir: Path, *,
+                tokenizer_path: str | None,
+                telemetry_interval_s: float | None = DEFAULT_INTERVAL_S) -> float | None:
+    """How much slower (+) or faster (-) the engine runs now than when it was calibrated.
+
+    ``reference`` is a decode phase of the profile's workload (``metadata.workload``); the
+    same burst runs again and its mean decode step is compared with the one measured then.
+    A machine whose speed drifts (neighbours on a shared host) shows here, apart from any
+    error of the model. None when the reference has no figure or the burst no usable step.
+    """
+    then = reference.get("mean_decode_step_s")
+    prompts, outputs = reference.get("prompt_tokens") or [], reference.get("output_tokens") or []
+    n = reference.get("num_requests")
+    if not then or len(prompts) != 1 or len(outputs) != 1 or not isinstance(n, int):
+        return None
+    phase = Phase("probe", _burst("probe", n, int(prompts[0]), int(outputs[0])),
+                  "the engine's speed, now")
+    (result,) = run_phases(plan, [phase], out_dir, tokenizer_path=tokenizer_path,
+                           telemetry_interval_s=telemetry_interval_s, log=lambda _: None)
+    now = result.mean_decode_step_s
+    return None if now is None else now / float(then) - 1.0
+
+
+def probe_reference(workload: Sequence[Mapping[str, Any]], max_num_seqs: int
+                    ) -> Mapping[str, Any] | None:
+    """The calibration phase a speed probe repeats: the short-context burst of 4 (or fewer)."""
+    bursts = [w for w in workload if str(w.get("name", "")).startswith("decode-c")
+              and isinstance(w.get("num_requests"), int) and w["num_requests"] <= max_num_seqs]
+    if not bursts:
+        return None
+    return min(bursts, key=lambda w: abs(int(w["num_requests"]) - 4))
 
 
 class CalibrationError(RuntimeError):

@@ -889,14 +889,23 @@ def _add_calibration_target_options(p: argparse.ArgumentParser) -> None:
 
 
 def _reference_model(args: argparse.Namespace) -> str:
+    """The model's shape for the cost model: --reference-model, else the served model when it
+    is a local folder, a catalog name, or a hub id the catalog lists (``-Instruct`` variants
+    share their base model's shape)."""
     from adapters.reference.models import MODELS
 
     if args.reference_model:
         return str(args.reference_model)
     for candidate in (args.model_path, args.model):
-        if candidate and ((Path(candidate) / "config.json").is_file()
-                          or candidate.lower() in MODELS):
+        if not candidate:
+            continue
+        if (Path(candidate) / "config.json").is_file() or candidate.lower() in MODELS:
             return str(candidate)
+        base = candidate.lower().split("/")[-1].replace("-instruct", "")
+        for name, spec in MODELS.items():
+            hub_id = spec.source.split()[0].lower()
+            if candidate.lower() == hub_id or base == name:
+                return name
     raise UserError(f"--reference-model: {args.model!r} is neither a local model folder nor a "
                     "catalog model; give the model's shape with --reference-model NAME or "
                     "--reference-model path/to/config.json")
@@ -1095,6 +1104,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     print(render_fidelity_markdown(fid, title="Prediction fidelity", intro=False), end="")
+    speed = fid.get("engine_speed_vs_calibration") or {}
+    if speed.get("before") is not None and speed.get("after") is not None:
+        print(f"Engine speed since calibration (burst {speed['burst']} again): "
+              f"{speed['before']:+.1%} before the replay, {speed['after']:+.1%} after "
+              "(+: slower; a drifting machine, not the model).\n")
+    in_flight = fid.get("in_flight_requests")
+    if in_flight:
+        print(f"Requests in flight (send to finish, both sides from their timelines), mean: "
+              f"predicted {in_flight['mean']['predicted']:.2f}, measured "
+              f"{in_flight['mean']['measured']:.2f}.\n")
     print(f"results: {out}/fidelity.json  (compare: batchlab report {out}/live "
           f"{out}/simulated)")
     return 0

@@ -9,6 +9,7 @@ simulates it on the reference engine with the same knobs and a calibration profi
     OUT/fidelity.json            predicted vs measured (the schema below)
     OUT/per_request_errors.parquet   one row per request present in both runs
     OUT/fidelity.md              the same as the report's "Prediction fidelity" section
+    OUT/probes/{before,after}/   a calibration burst again, around the replay: speed drift
 
 ``fidelity.json``::
 
@@ -16,7 +17,9 @@ simulates it on the reference engine with the same knobs and a calibration profi
      "tpot_s": {...}, "e2e_s": {...},
      "output_tokens_per_s": {"predicted": x, "measured": x, "relative_error": e},
      "per_request": {"num_matched": n, "ttft_s": {"median_abs": e, "p90_abs": e, "median": e}, ...},
-     "running_batch_size": {"mean": {...}, "p90": {...}, "max": {...}}}   (when both sides have it)
+     "running_batch_size": {"mean": {...}, "p90": {...}, "max": {...}, "series": ...},
+     "in_flight_requests": {"mean": {...}, "max": {...}},     (when both sides have them)
+     "engine_speed_vs_calibration": {"before": e, "after": e, "burst": name}}  (validate)
 
 ``relative_error = (predicted - measured) / measured``: signed, so +0.1 means the reference
 predicted 10% too high; None when the measured value is missing or zero. ``fidelity`` and
@@ -39,6 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from adapters.base import Knobs, LaunchPlan
+from harness.manifest import read_manifest, update_manifest
 from harness.metrics import Slo, request_metrics
 from harness.results import STEPS_FILE, read_timelines, write_json_atomic, write_parquet_atomic
 from harness.telemetry import DEFAULT_INTERVAL_S, TELEMETRY_FILE
@@ -49,13 +53,13 @@ FIDELITY_FILE = "fidelity.json"
 FIDELITY_MARKDOWN_FILE = "fidelity.md"
 PER_REQUEST_FILE = "per_request_errors.parquet"
 LIVE_DIR = "live"
+PROBE_DIR = "probes"
 SIMULATED_DIR = "simulated"
 
 METRICS = ("ttft_s", "tpot_s", "e2e_s")
 PERCENTILES = ("p50", "p90", "p99")
 _LABELS = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E latency"}
 BATCH_GRID_S = 0.25  # the telemetry scraper's default interval
-MANIFEST_FILE = "manifest.json"
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 
 
@@ -121,6 +125,9 @@ def fidelity(
     if predicted_timelines is not None and measured_timelines is not None:
         out["per_request"] = per_request_summary(
             per_request_errors(predicted_timelines, measured_timelines))
+        in_flight = in_flight_comparison(predicted_timelines, measured_timelines)
+        if in_flight is not None:
+            out["in_flight_requests"] = in_flight
     if predicted_steps is not None and measured_telemetry is not None:
         batch = batch_size_comparison(predicted_steps, measured_telemetry)
         if batch is not None:
@@ -177,6 +184,33 @@ def per_request_summary(errors: pa.Table) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- running batch size
+
+
+def in_flight_comparison(predicted: Sequence[RequestTimeline],
+                         measured: Sequence[RequestTimeline], *,
+                         grid_s: float = BATCH_GRID_S) -> dict[str, Any] | None:
+    """Requests between their send (arrival, simulated) and their finish, on one grid.
+
+    The same definition on both sides, from the timelines alone: a cross-check of the running
+    batch size, whose live value is whatever the engine's gauge said when it was scraped.
+    """
+    def spans(tls: Sequence[RequestTimeline]) -> np.ndarray:
+        return np.array([(tl.start_s, tl.finished_s) for tl in tls if tl.ok],
+                        dtype=np.float64).reshape(-1, 2)
+
+    p, m = spans(predicted), spans(measured)
+    if not p.size or not m.size:
+        return None
+    grid = np.arange(0.0, max(p[:, 1].max(), m[:, 1].max()) + grid_s / 2, grid_s)
+
+    def count(s: np.ndarray) -> np.ndarray:
+        return ((s[:, :1] <= grid) & (grid < s[:, 1:])).sum(axis=0).astype(np.float64)
+
+    pc, mc = count(p), count(m)
+    busy = (pc > 0) | (mc > 0)
+    return {"mean": compare(float(pc[busy].mean()), float(mc[busy].mean())),
+            "max": compare(float(pc.max()), float(mc.max()))}
+
 
 
 def _step_series(steps: pa.Table) -> tuple[np.ndarray, np.ndarray] | None:
@@ -335,7 +369,13 @@ def run_validation(
     makes prompts of exact length).
     """
     from adapters.reference.cost_model import load_profile
-    from harness.calibrate import KvCacheInfo, probe_kv_cache, reference_config
+    from harness.calibrate import (
+        KvCacheInfo,
+        probe_kv_cache,
+        probe_reference,
+        reference_config,
+        speed_probe,
+    )
     from harness.live import run_live
     from harness.simulate import run_simulation
 
@@ -350,11 +390,21 @@ def run_validation(
 
     out_dir = Path(out_dir)
     live_dir, sim_dir = out_dir / LIVE_DIR, out_dir / SIMULATED_DIR
+    tokenizer = (replay_kwargs or {}).get("tokenizer_path") or (
+        model if (Path(model) / "tokenizer.json").is_file() else None)
+    probes = out_dir / PROBE_DIR
+    reference = probe_reference(meta.get("workload") or [], knobs.max_num_seqs)
+    speed_before = None if reference is None else speed_probe(
+        plan, reference, probes / "before", tokenizer_path=tokenizer,
+        telemetry_interval_s=telemetry_interval_s)
     measured = run_live(
         plan.engine, Knobs(), trace, replay_kwargs, live_dir, launch=False, url=plan.base_url,
         model=model, served_model_name=plan.model, slo=slo, progress=progress,
         command=command, telemetry_interval_s=telemetry_interval_s,
     )
+    speed_after = None if reference is None else speed_probe(
+        plan, reference, probes / "after", tokenizer_path=tokenizer,
+        telemetry_interval_s=telemetry_interval_s)
     _record_knobs(live_dir, plan, knobs)
     live_timelines = read_timelines(live_dir)
     predicted = run_simulation(as_sent(trace, live_timelines), config, sim_dir, slo=slo,
@@ -364,6 +414,11 @@ def run_validation(
         predicted_steps=_read_table(sim_dir / STEPS_FILE),
         measured_telemetry=_read_table(live_dir / TELEMETRY_FILE),
     )
+    # A calibration burst again, right before and after the replay: how far the machine's
+    # speed has drifted since calibration (a shared host drifts by 10-30%).
+    fid["engine_speed_vs_calibration"] = {
+        "before": speed_before, "after": speed_after,
+        "burst": None if reference is None else reference.get("name")}
     fid["context"] = {
         "profile": str(profile),
         "profile_source": params.source,
@@ -414,24 +469,21 @@ def _profile_metadata(profile: str) -> dict[str, Any]:
 def _record_knobs(live_dir: Path, plan: LaunchPlan, knobs: Knobs) -> None:
     """The live run attached to the server, so its manifest says "knobs not applied"; record
     the knobs the server runs with (and, when batchlab launched it, the launch's mapping)."""
-    path = live_dir / MANIFEST_FILE
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError):
-        manifest = {}
-    manifest["knobs"] = _jsonable(knobs.as_dict())
+    fields: dict[str, Any] = {"knobs": _jsonable(knobs.as_dict())}
     if plan.launch:
-        manifest["mapping"] = [_jsonable(asdict(m)) for m in plan.mapping]
-        engine = dict(manifest.get("engine") or {})
+        engine = dict(read_manifest(live_dir).get("engine") or {})
         engine["mode"] = "launch"
-        manifest["engine"] = engine
-        manifest["launch"] = {"argv": list(plan.argv), "env": {
-            k: v for k, v in plan.env.items() if not _SECRET.search(k)}}
-        manifest["knobs_note"] = "launched by batchlab validate with these knobs"
+        fields.update(
+            engine=engine,
+            mapping=[_jsonable(asdict(m)) for m in plan.mapping],
+            launch={"argv": list(plan.argv),
+                    "env": {k: v for k, v in plan.env.items() if not _SECRET.search(k)}},
+            knobs_note="launched by batchlab validate with these knobs",
+        )
     else:
-        manifest["knobs_note"] = ("declared on the command line: the server was started "
-                                  "outside batchlab with these settings")
-    write_json_atomic(manifest, path)
+        fields["knobs_note"] = ("declared on the command line: the server was started outside "
+                                "batchlab with these settings")
+    update_manifest(live_dir, fields)
 
 
 def _read_table(path: Path) -> pa.Table | None:

@@ -328,6 +328,15 @@ def test_spaced_phase_sends_one_request_at_a_time() -> None:
                                                + cal.SEND_GAP_S)
 
 
+def test_speed_probe_repeats_the_burst_of_four() -> None:
+    workload = [{"name": "pilot", "num_requests": 7}, {"name": "decode-c1", "num_requests": 1},
+                {"name": "decode-c4", "num_requests": 4}, {"name": "decode-c8", "num_requests": 8},
+                {"name": "decode-long-c4", "num_requests": 4}]
+    assert cal.probe_reference(workload, 16)["name"] == "decode-c4"
+    assert cal.probe_reference(workload, 2)["name"] == "decode-c1"
+    assert cal.probe_reference(workload[:1], 16) is None
+
+
 def test_workload_spec_errors_name_the_field() -> None:
     with pytest.raises(ValueError, match="max_num_seqs"):
         WorkloadSpec(max_num_seqs=0, max_num_batched_tokens=8, max_model_len=100).validate()

@@ -86,6 +86,8 @@ def test_calibrate_and_validate_against_the_served_reference(tmp_path: Path) -> 
     tpot_error = fid["tpot_s"]["p50"]["relative_error"]
     assert abs(tpot_error) < 0.3, fid["tpot_s"]
     assert abs(fid["output_tokens_per_s"]["relative_error"]) < 0.2
+    speed = fid["engine_speed_vs_calibration"]  # a steady engine
+    assert abs(speed["before"]) < 0.3 and abs(speed["after"]) < 0.3, speed
     assert (out / "per_request_errors.parquet").exists()
     assert (out / "fidelity.md").read_text().startswith("## Prediction fidelity")
     manifest = json.loads((out / "live" / "manifest.json").read_text())
@@ -106,6 +108,19 @@ def test_calibrate_needs_a_server_and_a_reference_model(capsys: pytest.CaptureFi
     assert main(["calibrate", "--url", "http://127.0.0.1:9", "--model", "no/such-model",
                  "--out", out]) == 2
     assert "--reference-model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("model", "expected"), [
+    ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b"),
+    ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
+])
+def test_hub_ids_map_to_catalog_shapes(model: str, expected: str,
+                                       capsys: pytest.CaptureFixture[str],
+                                       tmp_path: Path) -> None:
+    assert main(["calibrate", "--engine", "vllm", "--launch", "--dry-run", "--model", model,
+                 "--device", "h100-sxm", "--out", str(tmp_path / "p.json")]) == 0
+    assert f"reference model {expected}" in capsys.readouterr().out
 
 
 def test_calibrate_dry_run_lists_the_phases(capsys: pytest.CaptureFixture[str],

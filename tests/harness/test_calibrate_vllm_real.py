@@ -8,14 +8,18 @@ up to ~8 requests decode together) and simulates the same sends on the reference
 measured errors are printed on every run so they can be tracked.
 
 The bounds come from repeated runs on the 2-core CI machine kind, next to other work
-(docs/cost-model.md, "Calibration", has the runs): the median TPOT was predicted within
--10%..+10% and the median TTFT within -25%..+10%. The bounds leave room for a noisier
-neighbour: 20% on TPOT, 35% on TTFT. A model that misses batching (TPOT of one request at a
-time) or the prefill cost errs by 2x and more.
+(docs/cost-model.md, "Calibration", lists them): over nine runs the error of the median TPOT
+had mean -2.6% and standard deviation 9.4% (all within ±16%), that of the median TTFT mean
+-5.4% and standard deviation 5.6% (all within ±13%); the spread is mostly the machine's speed
+moving between calibration and validation (the fidelity's ``engine_speed_vs_calibration``
+shows a reading of it). The bounds, 25% on both, sit 2.4 and 3.5 standard deviations out. A
+model that misses batching (TPOT of one request at a time) or the prefill cost errs by 2x and
+more.
 
 Needs ``make engines`` (``.venvs/vllm``, ``models/small-llama``); skips without them outside CI
-and fails without them in CI. About 4 minutes: start-up ~1 min, calibration ~1 min, validation
-~1.5 min.
+and fails without them in CI. About 3 min 10 s on 2 cores: start-up ~55 s (``--enforce-eager``
+skips the torch.compile warm-up), calibration ~50 s, validation ~90 s (40 s of arrivals, the
+tail, two speed probes).
 """
 
 from __future__ import annotations
@@ -37,8 +41,8 @@ VLLM_PYTHON = REPO / ".venvs" / "vllm" / "bin" / "python"
 MODEL = REPO / "models" / "small-llama"
 TRACE = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
 
-MAX_TPOT_P50_ERROR = 0.20
-MAX_TTFT_P50_ERROR = 0.35
+MAX_TPOT_P50_ERROR = 0.25
+MAX_TTFT_P50_ERROR = 0.25
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(900)]
 
@@ -90,8 +94,11 @@ def test_calibrated_reference_predicts_vllm_on_a_held_out_trace(vllm_url: str,
                                                                               "p99"))
         print(f"{metric:7s} {row}   per request: median |error| "
               f"{per[metric]['median_abs']:.1%}")
+    speed = fid["engine_speed_vs_calibration"]
     print(f"output tokens/s {fid['output_tokens_per_s']['relative_error']:+.1%}; running batch "
-          f"size mean {fid['running_batch_size']['mean']['relative_error']:+.1%}")
+          f"size mean {fid['running_batch_size']['mean']['relative_error']:+.1%}; in flight "
+          f"{fid['in_flight_requests']['mean']['relative_error']:+.1%}; engine speed since "
+          f"calibration {speed['before']:+.1%} before, {speed['after']:+.1%} after")
 
     assert per["num_matched"] == 40  # every request completed, live and simulated
     assert prof["device"] == "cpu" and prof["metadata"]["engine"]["block_size"] == 128

@@ -62,6 +62,9 @@ def test_fidelity_has_every_metric_and_percentile() -> None:
     assert per["ttft_s"]["median"] == pytest.approx(-0.2)  # signed: predicted too low
     assert per["tpot_s"]["median"] == pytest.approx(0.25)
     assert "running_batch_size" not in fid  # no steps / telemetry given
+    # both runs have the same sends; predicted requests end later (longer TPOT)
+    in_flight = fid["in_flight_requests"]
+    assert in_flight["mean"]["predicted"] > in_flight["mean"]["measured"] > 0
 
 
 def test_per_request_errors_match_by_id_and_skip_failures() -> None:
