@@ -59,6 +59,7 @@ from adapters.reference.config import ReferenceConfig
 from adapters.reference.cost_model import CostModel, CostModelParams
 from adapters.reference.hardware import GPUS
 from harness.live import ATTACH_READY_TIMEOUT_S, DEFAULT_READY_TIMEOUT_S, plan_for
+from harness.manifest import jsonable
 from harness.replay import ReplayConfig, batchlab_version, replay_sync
 from harness.results import read_timelines, write_json_atomic, write_parquet_atomic
 from harness.telemetry import (
@@ -1113,7 +1114,7 @@ def calibrate(
                 "block_size": None if kv is None else kv.block_size,
                 "num_kv_blocks": None if kv is None else kv.num_blocks,
             },
-            "knobs": _jsonable(knobs.as_dict()),
+            "knobs": jsonable(knobs.as_dict()),
             "reference_model": reference_model,
             "device": device,
             "host": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
@@ -1150,13 +1151,6 @@ def samples_table(samples: Sequence[StepSample]) -> pa.Table:
         "num_steps": pa.array([s.num_steps for s in samples], pa.int64()),
     })
 
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
 
 
 def _load_average() -> list[float] | None:

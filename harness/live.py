@@ -36,7 +36,13 @@ from adapters.process import (
     probe_version,
     terminate_on_signals,
 )
-from harness.manifest import read_manifest, run_fields, trace_manifest, update_manifest
+from harness.manifest import (
+    jsonable,
+    read_manifest,
+    run_fields,
+    trace_manifest,
+    update_manifest,
+)
 from harness.metrics import Slo
 from harness.replay import ReplayConfig, replay
 from harness.telemetry import DEFAULT_INTERVAL_S, TELEMETRY_FILE, TelemetryScraper, source_for
@@ -89,13 +95,6 @@ def _redact(env: Mapping[str, str]) -> dict[str, str]:
     return {k: ("***" if _SECRET.search(k) else v) for k, v in env.items()}
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
-
 
 def _engine_manifest(plan: LaunchPlan, knobs: Knobs, trace: Trace, *, model: str,
                      allow_approximate: bool, argv: Sequence[str], gpu: str | None,
@@ -119,9 +118,9 @@ def _engine_manifest(plan: LaunchPlan, knobs: Knobs, trace: Trace, *, model: str
             "config_files": dict(plan.config_files),
             "stop_argv": list(plan.stop_argv),
         } if plan.launch else None,
-        "knobs": _jsonable(knobs.as_dict()),
+        "knobs": jsonable(knobs.as_dict()),
         "allow_approximate": allow_approximate,
-        "mapping": [_jsonable(asdict(m)) for m in plan.mapping],
+        "mapping": [jsonable(asdict(m)) for m in plan.mapping],
         "trace": trace_manifest(trace),
         "model": model,
         "gpu": gpu,
@@ -198,7 +197,7 @@ def run_live(
             "argv": list(plan.argv),
             "env": dict(plan.env),
             "config_files": dict(plan.config_files),
-            "mapping": [_jsonable(asdict(m)) for m in plan.mapping],
+            "mapping": [jsonable(asdict(m)) for m in plan.mapping],
         }
     config.validate()
 

@@ -61,6 +61,17 @@ def run_fields(kind: str, command: Sequence[str] | None) -> dict[str, Any]:
     }
 
 
+def jsonable(value: Any) -> Any:
+    """Tuples and paths as JSON lists and strings, recursively (knobs, mappings, grids)."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     try:
         data = json.loads((run_dir / MANIFEST_FILE).read_text())

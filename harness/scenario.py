@@ -46,6 +46,7 @@ from typing import Any, Literal, TextIO
 import yaml
 
 from adapters.base import KnobError, Knobs
+from harness.manifest import jsonable
 from harness.metrics import Slo
 from harness.results import write_json_atomic
 
@@ -148,7 +149,7 @@ class TraceSpec:
         return (self, *self.mix)
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": _display_path(self.path), "options": _jsonable(self.options)}
+        out: dict[str, Any] = {"path": _display_path(self.path), "options": jsonable(self.options)}
         if self.priority is not None:
             out["priority"] = self.priority
         if self.label is not None:
@@ -235,8 +236,8 @@ class Cell:
         return {
             "name": self.name,
             "engine": self.engine.as_dict(),
-            "knobs": _jsonable(self.knobs.as_dict()),
-            "grid": _jsonable(self.grid),
+            "knobs": jsonable(self.knobs.as_dict()),
+            "grid": jsonable(self.grid),
             "load": self.load.as_dict(),
         }
 
@@ -306,7 +307,7 @@ class Scenario:
             "slo": self.slo.as_dict() if self.slo else None,
             "priority_classes": [dataclasses.asdict(p) for p in self.priority_classes],
             "class_names": {str(k): v for k, v in self.class_names().items()},
-            "grid": {k: list(_jsonable(list(v))) for k, v in self.grid.items()},
+            "grid": {k: list(jsonable(list(v))) for k, v in self.grid.items()},
             "baseline": self.baseline_cell(),
             "seed": self.seed,
             "cells": [c.name for c in self.cells()],
@@ -326,15 +327,6 @@ def _value_text(value: Any) -> str:
 def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "_"
 
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 def _display_path(path: Path) -> str:
@@ -1092,7 +1084,7 @@ def run_cell(job: CellJob, out_dir: Path, progress: ProgressFn) -> Mapping[str, 
         # No per-cell report.md: the scenario's report covers every cell (and plotting each
         # cell would double the sweep's time on small runs).
         return run_simulation(job.trace, config, out_dir, slo=job.slo, progress=progress,
-                              command=list(job.command), knobs=_jsonable(cell.knobs.as_dict()),
+                              command=list(job.command), knobs=jsonable(cell.knobs.as_dict()),
                               write_report=False)
     from harness.live import run_live
 

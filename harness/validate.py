@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from adapters.base import Knobs, LaunchPlan
-from harness.manifest import read_manifest, update_manifest
+from harness.manifest import jsonable, read_manifest, update_manifest
 from harness.metrics import Slo, request_metrics
 from harness.results import STEPS_FILE, read_timelines, write_json_atomic, write_parquet_atomic
 from harness.telemetry import DEFAULT_INTERVAL_S, TELEMETRY_FILE
@@ -408,7 +408,7 @@ def run_validation(
     _record_knobs(live_dir, plan, knobs)
     live_timelines = read_timelines(live_dir)
     predicted = run_simulation(as_sent(trace, live_timelines), config, sim_dir, slo=slo,
-                               command=command, knobs=_jsonable(knobs.as_dict()))
+                               command=command, knobs=jsonable(knobs.as_dict()))
     fid = fidelity(
         predicted, measured, read_timelines(sim_dir), live_timelines,
         predicted_steps=_read_table(sim_dir / STEPS_FILE),
@@ -426,7 +426,7 @@ def run_validation(
         "reference_model": reference_model,
         "engine": plan.engine,
         "base_url": plan.base_url,
-        "knobs": _jsonable(knobs.as_dict()),
+        "knobs": jsonable(knobs.as_dict()),
         "kv_cache": None if kv is None else {"block_size": kv.block_size,
                                               "num_blocks": kv.num_blocks},
         "trace": {"source": trace.source, "digest": trace.digest,
@@ -469,13 +469,13 @@ def _profile_metadata(profile: str) -> dict[str, Any]:
 def _record_knobs(live_dir: Path, plan: LaunchPlan, knobs: Knobs) -> None:
     """The live run attached to the server, so its manifest says "knobs not applied"; record
     the knobs the server runs with (and, when batchlab launched it, the launch's mapping)."""
-    fields: dict[str, Any] = {"knobs": _jsonable(knobs.as_dict())}
+    fields: dict[str, Any] = {"knobs": jsonable(knobs.as_dict())}
     if plan.launch:
         engine = dict(read_manifest(live_dir).get("engine") or {})
         engine["mode"] = "launch"
         fields.update(
             engine=engine,
-            mapping=[_jsonable(asdict(m)) for m in plan.mapping],
+            mapping=[jsonable(asdict(m)) for m in plan.mapping],
             launch={"argv": list(plan.argv),
                     "env": {k: v for k, v in plan.env.items() if not _SECRET.search(k)}},
             knobs_note="launched by batchlab validate with these knobs",
@@ -491,11 +491,3 @@ def _read_table(path: Path) -> pa.Table | None:
         return pq.read_table(path)
     except (OSError, ValueError):
         return None
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
