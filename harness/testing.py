@@ -368,17 +368,23 @@ def main(argv: list[str] | None = None) -> int:
         server = ScheduledStreamServer(ttft_s=args.ttft_s, itl_s=args.itl_s,
                                        tokens_per_chunk=args.tokens_per_chunk, host=args.host,
                                        port=args.port, log_events=args.log_events)
-        await server.start()
-        print(f"listening on {server.url}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await server.stop()
+        await serve_until_signal(server, announce=True)
 
     asyncio.run(serve())
     return 0
+
+
+async def serve_until_signal(server: ScheduledStreamServer, *, announce: bool = False) -> None:
+    """Start ``server``, serve until SIGINT or SIGTERM, then stop it."""
+    await server.start()
+    if announce:
+        print(f"listening on {server.url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
 
 
 if __name__ == "__main__":

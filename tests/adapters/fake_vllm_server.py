@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from typing import Any
 
-from harness.testing import ScheduledStreamServer, _respond
+from harness.testing import ScheduledStreamServer, _respond, serve_until_signal
 
 
 class FakeVllm(ScheduledStreamServer):
@@ -71,13 +70,7 @@ def main() -> int:
     async def serve() -> None:
         server = FakeVllm(max_num_seqs=args.max_num_seqs, host=args.host, port=args.port,
                           ttft_s=0.01, itl_s=0.01)
-        await server.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await server.stop()
+        await serve_until_signal(server)
 
     asyncio.run(serve())
     return 0
