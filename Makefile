@@ -19,6 +19,7 @@ demo: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 unit: install
 	$(BIN)/pytest -q -m "not real_engine"

@@ -9,93 +9,15 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
-Policy = Literal["fcfs", "priority", "static"]
-Preemption = Literal["recompute", "swap", "none"]
-Dtype = Literal["bf16", "fp8"]
+from adapters.knobs import KnobError, Knobs
 
+# The knob vocabulary lives in adapters.knobs; these names are re-exported for the adapters.
+__all__ = ["KnobError", "Knobs"]
 
-class KnobError(ValueError):
-    """A knob is unknown, out of range, or cannot be honoured by the chosen engine."""
-
-
-@dataclass(frozen=True, slots=True)
-class Knobs:
-    """Uniform batching knobs, the same for every engine."""
-
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    policy: Policy = "fcfs"
-    preemption: Preemption = "recompute"
-    chunked_prefill: bool = True
-    weights_dtype: Dtype = "bf16"
-    kv_cache_dtype: Dtype = "bf16"
-    gpu_memory_utilization: float = 0.9
-    prefix_caching: bool = False
-    tensor_parallel_size: int = 1
-    max_model_len: int | None = None
-    extra_args: tuple[str, ...] = ()
-
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], *, where: str = "knobs") -> Knobs:
-        """Build from a dict (YAML, CLI), naming the field on any error."""
-        known = set(cls.names())
-        for key in values:
-            if key not in known:
-                raise KnobError(
-                    f"{where}: unknown knob {key!r}; known knobs: {', '.join(sorted(known))}"
-                )
-        kw = dict(values)
-        if "extra_args" in kw:
-            kw["extra_args"] = tuple(str(a) for a in kw["extra_args"])
-        knobs = cls(**kw)
-        knobs.validate(where=where)
-        return knobs
-
-    def validate(self, *, where: str = "knobs") -> None:
-        choices: dict[str, tuple[Any, ...]] = {
-            "policy": ("fcfs", "priority", "static"),
-            "preemption": ("recompute", "swap", "none"),
-            "weights_dtype": ("bf16", "fp8"),
-            "kv_cache_dtype": ("bf16", "fp8"),
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise KnobError(
-                    f"{where}.{name}: {getattr(self, name)!r} is not one of {', '.join(allowed)}"
-                )
-        for name in ("max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise KnobError(f"{where}.{name}: must be a positive integer, got {value!r}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise KnobError(
-                f"{where}.gpu_memory_utilization: must be in (0, 1], "
-                f"got {self.gpu_memory_utilization!r}"
-            )
-        if self.max_model_len is not None and (
-            not isinstance(self.max_model_len, int)
-            or isinstance(self.max_model_len, bool)
-            or self.max_model_len < 1
-        ):
-            raise KnobError(
-                f"{where}.max_model_len: must be a positive integer or unset, "
-                f"got {self.max_model_len!r}"
-            )
-        for name in ("chunked_prefill", "prefix_caching"):
-            if not isinstance(getattr(self, name), bool):
-                raise KnobError(
-                    f"{where}.{name}: must be true or false, got {getattr(self, name)!r}"
-                )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+UNKNOWN: Any = object()  # an engine default batchlab does not know (it may depend on the GPU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +27,8 @@ class MappedKnob:
     knob: str
     value: Any
     flags: tuple[str, ...] = ()  # argv fragment, config key, or env assignment
-    status: Literal["applied", "approximated", "not_applied"] = "applied"
+    # default: unset by the user, so the engine's own default applies (``value`` when known)
+    status: Literal["applied", "approximated", "not_applied", "default"] = "applied"
     note: str = ""
 
 
@@ -194,6 +117,24 @@ class KnobRule:
     target: str  # the engine setting(s) this knob drives, as shown in `batchlab engines`
     map: Callable[[Knobs], Setting | Unsupported]
     depends_on: tuple[str, ...] = ()  # other knobs ``map`` reads (the docs show each case)
+    default: Any = UNKNOWN  # the engine's own value when the knob is unset
+    pinned: str = ""  # why the adapter passes this knob even when unset (batchlab's fallback)
+
+
+def with_engine_defaults(
+    rules: tuple[KnobRule, ...],
+    defaults: Mapping[str, Any],
+    *,
+    pinned: Mapping[str, str] | None = None,
+) -> tuple[KnobRule, ...]:
+    """A table whose rules know the engine's own defaults, and which knobs are always passed."""
+    unknown = (set(defaults) | set(pinned or {})) - {r.knob for r in rules}
+    if unknown:
+        raise KnobError(f"defaults for knobs the table has no rule for: {sorted(unknown)}")
+    return tuple(
+        replace(r, default=defaults.get(r.knob, UNKNOWN), pinned=(pinned or {}).get(r.knob, ""))
+        for r in rules
+    )
 
 
 def _yaml_scalar(value: Any) -> str:
@@ -228,15 +169,26 @@ def map_knobs(
     argv: list[str] = []
     config: list[tuple[str, Any]] = []
     env: list[tuple[str, str]] = []
+    # Unset knobs read as the engine's own defaults where known (rules read other knobs).
+    knobs = knobs.with_defaults(
+        {r.knob: r.default for r in rules if r.default is not UNKNOWN and not r.pinned})
     for name in Knobs.names():
         value = getattr(knobs, name)
-        result = by_knob[name].map(knobs)
+        rule = by_knob[name]
+        if not knobs.is_given(name) and not rule.pinned:
+            known = rule.default is not UNKNOWN
+            mapped.append(MappedKnob(
+                name, value if known else None, (), "default",
+                "unset: the engine's own default" + ("" if known else " (not known to batchlab)"),
+            ))
+            continue
+        result = rule.map(knobs)
         if isinstance(result, Unsupported):
             if not allow_approximate:
                 refusals.append(f"{name}={value!r}: {result.reason}")
                 continue
             setting = result.instead
-            status: Literal["applied", "approximated", "not_applied"] = (
+            status: Literal["applied", "approximated", "not_applied", "default"] = (
                 "approximated" if result.approximated_as else "not_applied"
             )
             note = (
@@ -246,6 +198,8 @@ def map_knobs(
             )
         else:
             setting, status, note = result, "applied", result.note
+            if not knobs.is_given(name):
+                note = f"unset: batchlab passes its default ({rule.pinned})"
         if name != "extra_args":
             overridden = {f for f in map(_flag_name, setting.argv) if f} & extra_flags
             if overridden:
@@ -358,7 +312,7 @@ class Engine(Protocol):
 
     Everything after planning is the same for every served engine and lives elsewhere: the
     process lifecycle in ``adapters.process`` (launch, readiness, teardown), generation in the
-    harness replay client (HTTP), telemetry in ``harness.telemetry`` (driven by
+    harness replay client (HTTP), telemetry in ``harness.live.telemetry`` (driven by
     ``LaunchPlan.telemetry``), orchestration in ``harness.live``.
     """
 

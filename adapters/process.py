@@ -25,7 +25,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,35 +211,18 @@ class ServerProcess:
 
         Raises EngineStartError quoting the log when the process dies first or time runs out.
         """
-        start = time.monotonic()
-        own = client is None
-        http = client or httpx.AsyncClient(timeout=httpx.Timeout(5.0))
-        last_error = "no answer yet"
-        try:
-            while True:
-                code = self.poll()
-                if code is not None:
-                    raise EngineStartError(
-                        f"{self.name} exited with code {code} before it was ready "
-                        f"(argv: {list(self.argv)})\n{self.log_tail()}"
-                    )
-                try:
-                    response = await http.get(url)
-                    if response.status_code == 200:
-                        return time.monotonic() - start
-                    last_error = f"HTTP {response.status_code}"
-                except httpx.HTTPError as exc:
-                    last_error = type(exc).__name__
-                waited = time.monotonic() - start
-                if waited >= timeout_s:
-                    raise EngineStartError(
-                        f"{self.name} not ready after {timeout_s:.0f} s (last answer from {url}: "
-                        f"{last_error}; argv: {list(self.argv)})\n{self.log_tail()}"
-                    )
-                await asyncio.sleep(min(poll_s, max(0.0, timeout_s - waited)))
-        finally:
-            if own:
-                await http.aclose()
+
+        def died() -> str | None:
+            code = self.poll()
+            if code is None:
+                return None
+            return (f"{self.name} exited with code {code} before it was ready "
+                    f"(argv: {list(self.argv)})\n{self.log_tail()}")
+
+        return await wait_healthy(
+            url, timeout_s=timeout_s, poll_s=poll_s, client=client, died=died,
+            timeout_note=f"{self.name} not ready", detail=lambda: (
+                f"; argv: {list(self.argv)})\n{self.log_tail()}"))
 
     # ------------------------------------------------------------ stop
 
@@ -342,3 +325,45 @@ def _find_version(body: Any) -> str | None:
             if isinstance(value, dict) and isinstance(value.get("version"), str):
                 return str(value["version"])
     return None
+
+
+async def wait_healthy(
+    url: str,
+    *,
+    timeout_s: float,
+    poll_s: float = 0.5,
+    client: httpx.AsyncClient | None = None,
+    died: Callable[[], str | None] | None = None,
+    timeout_note: str = "no ready server",
+    detail: Callable[[], str] = lambda: ")",
+) -> float:
+    """The one readiness wait: poll ``url`` until it answers 200; return the seconds waited.
+
+    ``died`` (a launched server) returns why the server can no longer become ready, which is
+    raised at once; otherwise EngineStartError names the last answer when time runs out.
+    """
+    start = time.monotonic()
+    own = client is None
+    http = client or httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False)
+    last_error = "no answer yet"
+    try:
+        while True:
+            reason = died() if died is not None else None
+            if reason is not None:
+                raise EngineStartError(reason)
+            try:
+                response = await http.get(url)
+                if response.status_code == 200:
+                    return time.monotonic() - start
+                last_error = f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                last_error = type(exc).__name__
+            waited = time.monotonic() - start
+            if waited >= timeout_s:
+                raise EngineStartError(
+                    f"{timeout_note} after {timeout_s:.0f} s (last answer from {url}: "
+                    f"{last_error}{detail()}")
+            await asyncio.sleep(min(poll_s, max(0.0, timeout_s - waited)))
+    finally:
+        if own:
+            await http.aclose()

@@ -20,6 +20,7 @@ from adapters.base import (
     Setting,
     map_knobs,
     not_launched_mapping,
+    with_engine_defaults,
 )
 from adapters.process import free_port
 from adapters.vllm import TELEMETRY
@@ -64,6 +65,9 @@ RULES: tuple[KnobRule, ...] = (
     KnobRule("extra_args", "appended to argv as given (e.g. --profile P.json)",
              lambda k: Setting(k.extra_args)),
 )
+
+# The served reference's own defaults are ReferenceConfig's, which are Knobs' fallbacks.
+RULES = with_engine_defaults(RULES, Knobs().as_dict())
 
 FIXED = (
     "PYTHON -m harness.cli serve reference --model MODEL [--gpu GPU] --host 127.0.0.1 "

@@ -28,6 +28,7 @@ from adapters.base import (
     Unsupported,
     map_knobs,
     not_launched_mapping,
+    with_engine_defaults,
 )
 from adapters.process import free_port
 
@@ -130,6 +131,12 @@ RULES: tuple[KnobRule, ...] = (
     KnobRule("max_model_len", "--max-total-tokens, --max-input-tokens", _max_model_len),
     KnobRule("extra_args", "appended to argv as given", lambda k: Setting(k.extra_args)),
 )
+
+# TGI's own defaults (launcher/src/main.rs; backends/v3/src/queue.rs: FIFO only; read 2026-11).
+RULES = with_engine_defaults(RULES, {
+    "policy": "fcfs", "chunked_prefill": True, "prefix_caching": True, "max_model_len": None,
+    "extra_args": (),
+})
 
 FIXED = (
     "--hostname 127.0.0.1 --port PORT (natively; in a container: -p 127.0.0.1:PORT:80)",

@@ -27,6 +27,7 @@ from adapters.base import (
     config_tree,
     map_knobs,
     not_launched_mapping,
+    with_engine_defaults,
 )
 from adapters.process import free_port
 
@@ -119,6 +120,14 @@ RULES: tuple[KnobRule, ...] = (
     KnobRule("max_model_len", "max_seq_len", _max_model_len),
     KnobRule("extra_args", "appended to argv as given", lambda k: Setting(k.extra_args)),
 )
+
+# TensorRT-LLM's own defaults (tensorrt_llm/llmapi/llm_args.py: capacity_scheduler_policy
+# GUARANTEED_NO_EVICT, waiting_queue_policy fcfs, enable_chunked_prefill False,
+# kv_cache_config.enable_block_reuse True, max_batch_size 2048; read 2026-11).
+RULES = with_engine_defaults(RULES, {
+    "max_num_seqs": 2048, "policy": "fcfs", "preemption": "none", "chunked_prefill": False,
+    "prefix_caching": True, "tensor_parallel_size": 1, "max_model_len": None, "extra_args": (),
+})
 
 FIXED = (
     "--host 127.0.0.1 --port PORT --backend pytorch",

@@ -30,6 +30,7 @@ from adapters.base import (
     Unsupported,
     map_knobs,
     not_launched_mapping,
+    with_engine_defaults,
 )
 from adapters.process import free_port
 
@@ -118,6 +119,17 @@ RULES: tuple[KnobRule, ...] = (
     KnobRule("max_model_len", "--max-model-len", _max_model_len),
     KnobRule("extra_args", "appended to argv as given", lambda k: Setting(k.extra_args)),
 )
+
+# vLLM's own defaults (vllm/engine/arg_utils.py EngineArgs, vllm/config/scheduler.py,
+# vllm/config/cache.py; read 2026-11 from the V1 sources). --gpu-memory-utilization changed
+# from 0.9 to 0.92 between releases, and the dtypes follow the checkpoint: not known here.
+RULES = with_engine_defaults(RULES, {
+    "policy": "fcfs", "preemption": "recompute", "chunked_prefill": True,
+    "prefix_caching": True, "tensor_parallel_size": 1, "max_model_len": None, "extra_args": (),
+}, pinned={
+    "max_num_seqs": "vLLM's own default depends on the GPU (get_batch_defaults)",
+    "max_num_batched_tokens": "vLLM's own default depends on the GPU (get_batch_defaults)",
+})
 
 FIXED = (
     "--host 127.0.0.1 --port PORT (a free port unless given)",

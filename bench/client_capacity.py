@@ -1,6 +1,6 @@
 """How much load the replay client sustains, and how exactly it times what it receives.
 
-Starts the scheduled-stream loopback server (``harness.testing``) in a subprocess: each request
+Starts the scheduled-stream loopback server (``harness.live.testing``) in a subprocess: each request
 gets its first chunk ``TTFT_S`` after the server read it, then one chunk every ``ITL_S``. Then
 replays constant-rate traces (evenly spaced arrivals) at rising rates and prints, per rate:
 
@@ -40,8 +40,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from harness.recorder import RECORDS_FILE, read_records
-from harness.replay import ReplayConfig, replay
+from harness.live.recorder import RECORDS_FILE, read_records
+from harness.live.replay import ReplayConfig, replay
 from harness.timeline import RequestTimeline
 from harness.traces import Trace, TraceRequest
 
@@ -57,7 +57,7 @@ DEFAULT_RATES = (25, 50, 100, 200, 400, 800, 1600)
 
 def start_server() -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.testing", "--port", "0", "--ttft-s", str(TTFT_S),
+        [sys.executable, "-m", "harness.live.testing", "--port", "0", "--ttft-s", str(TTFT_S),
          "--itl-s", str(ITL_S), "--log-events"],
         stdout=subprocess.PIPE, text=True, cwd=REPO,
     )

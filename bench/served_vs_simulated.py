@@ -1,6 +1,6 @@
 """The served reference engine against its own simulation: does the live path reproduce it?
 
-Simulates a trace excerpt with ``adapters.reference.simulate`` (the baseline), then replays the
+Simulates a trace excerpt with ``harness.sim.simulate`` (the baseline), then replays the
 same trace against ``batchlab serve reference`` (same engine settings, a child process) with the
 live replay client, and prints:
 
@@ -30,11 +30,11 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.reference.config import ReferenceConfig
-from adapters.reference.engine import simulate
-from adapters.reference.server import launch_server_process
+from harness.live.recorder import RECORDS_FILE, read_records
+from harness.live.replay import ReplayConfig, replay
 from harness.metrics import request_metrics, summarize
-from harness.recorder import RECORDS_FILE, read_records
-from harness.replay import ReplayConfig, replay
+from harness.serve import launch_server_process
+from harness.sim import simulate
 from harness.traces import TraceOptions, load_trace
 
 QUANTILES = ("p50", "p90", "p99")

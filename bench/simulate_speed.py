@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from adapters.reference import ReferenceConfig, SimulationResult, simulate
+from adapters.reference import ReferenceConfig
+from harness.sim import SimulationResult, simulate
 from harness.traces import TraceOptions, load_trace, shared_traces_dir
 
 TRACE_NAME = "AzureLLMInferenceTrace_conv.csv"

@@ -1,19 +1,14 @@
 """The reference continuous-batching engine: a scheduler on a roofline cost model, no GPU.
 
-Entry points: ``simulate(requests, ReferenceConfig(...))`` for a whole trace on a virtual
-clock; ``EngineCore`` for driving steps yourself; ``costmodel_table`` / ``costmodel_report``
-for ``batchlab costmodel``. docs/cost-model.md explains the model and its constants.
+Plain Python: no asyncio, no HTTP, nothing from ``harness``. Entry points:
+``EngineCore`` for driving steps (``harness.sim`` runs it on a virtual clock, ``harness.serve``
+on the wall clock); ``costmodel_table`` / ``costmodel_report`` for ``batchlab costmodel``.
+docs/cost-model.md explains the model and its constants.
 """
 
 from adapters.reference.config import ConfigError, ReferenceConfig, SchedulerConfig
 from adapters.reference.cost_model import CostModel, CostModelParams, ProfileError, load_profile
-from adapters.reference.engine import (
-    STEP_COLUMNS,
-    EngineCore,
-    SimulationResult,
-    VirtualClock,
-    simulate,
-)
+from adapters.reference.engine import STEP_COLUMNS, EngineCore, VirtualClock
 from adapters.reference.hardware import GPUS, known_gpus
 from adapters.reference.models import MODELS, known_models
 from adapters.reference.table import CostRow, costmodel_report, costmodel_table
@@ -30,12 +25,10 @@ __all__ = [
     "ProfileError",
     "ReferenceConfig",
     "SchedulerConfig",
-    "SimulationResult",
     "VirtualClock",
     "costmodel_report",
     "costmodel_table",
     "known_gpus",
     "known_models",
     "load_profile",
-    "simulate",
 ]

@@ -15,11 +15,31 @@ only: the host pool is ``num_host_blocks`` blocks, sized from ``swap_space_gib``
 "Does not fit" is a return value (``None``), never an exception. Blocks are released through
 ``free`` (a terminal transition or a recompute preemption) or ``swap_out``; nothing else
 touches ``block_ids``.
+
+Prefix caching (off by default) follows vLLM V1's ``KVCacheManager`` and ``BlockPool``. Full
+prompt blocks are named by chained hashes (``request.block_hashes``, see request.py)::
+
+    held (ref count = requests holding it) --last holder frees--> free, cached (hash kept)
+    free, cached --a lookup hits it--> held again (shared)
+    free, cached --allocation takes it (least recently freed first)--> evicted: plain free
+
+- A block is offered to the cache when the tokens scheduled for it fill it (as vLLM: at
+  allocation, so a request admitted later in the same step can share it). One block per hash:
+  a second block with a known hash stays plain. A partly filled block is never cached.
+- A lookup (``find_cached_prefix``, at admission only) takes the longest run of leading cached
+  blocks, but never the whole prompt: at least its last token is computed, to sample from.
+- Free blocks, cached or not, queue in the order they were freed; allocation takes the least
+  recently freed. A request frees its blocks tail first, so its tail is evicted first.
+- Freeing a request (finish, preemption, swap-out) keeps the hashes of the blocks its computed
+  tokens fill; a block offered this step whose tokens were never computed (the request was
+  preempted before its step ran) is dropped from the cache.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from adapters.reference.request import Request
 
@@ -28,8 +48,20 @@ class InvariantError(AssertionError):
     """An internal consistency check failed: a bug in the engine, never a user error."""
 
 
+@dataclass(frozen=True, slots=True)
+class PrefixHit:
+    """A request's leading full prompt blocks found in the prefix cache."""
+
+    block_ids: tuple[int, ...]  # in prompt order; held by running requests or cached-free
+    num_tokens: int  # len(block_ids) * block_size: prompt tokens whose KV needs no compute
+
+
+NO_HIT = PrefixHit((), 0)
+
+
 class BlockManager:
-    def __init__(self, num_gpu_blocks: int, block_size: int = 16, num_host_blocks: int = 0) -> None:
+    def __init__(self, num_gpu_blocks: int, block_size: int = 16, num_host_blocks: int = 0,
+                 *, prefix_caching: bool = False) -> None:
         if num_gpu_blocks < 1 or block_size < 1 or num_host_blocks < 0:
             raise ValueError("num_gpu_blocks and block_size must be >= 1, num_host_blocks >= 0")
         self.num_gpu_blocks = num_gpu_blocks
@@ -38,16 +70,59 @@ class BlockManager:
         # A stack: the lowest ids come out first, which keeps test output readable.
         self._free_block_ids: list[int] = list(range(num_gpu_blocks - 1, -1, -1))
         self.num_free_host_blocks = num_host_blocks
+        # Prefix caching state (see enable_prefix_caching).
+        self.prefix_caching = False
+        self._free_queue: OrderedDict[int, None] = OrderedDict()
+        self._ref_counts: list[int] = []
+        self._block_hash: list[int | None] = []
+        self._cached_block_ids: dict[int, int] = {}
+        # Lookups at admission, in tokens, as vLLM's vllm:prefix_cache_queries / _hits count
+        # them: ``queries`` += the request's tokens, ``hits`` += the tokens found cached. A
+        # request re-admitted after a recompute preemption counts in the ``preempted`` pair.
+        self.prefix_cache_queries_tokens = 0
+        self.prefix_cache_hits_tokens = 0
+        self.prefix_cache_preempted_queries_tokens = 0
+        self.prefix_cache_preempted_hits_tokens = 0
+        if prefix_caching:
+            self.enable_prefix_caching()
+
+    def enable_prefix_caching(self) -> None:
+        """Turn prefix caching on; only while no block is held."""
+        if self.prefix_caching:
+            return
+        if self.num_used_blocks:
+            raise InvariantError("prefix caching can only be turned on while no block is held")
+        n = self.num_gpu_blocks
+        self.prefix_caching = True
+        # Every free block, least recently freed first (vLLM's FreeKVCacheBlockQueue): the
+        # stack is not used while caching.
+        self._free_queue = OrderedDict.fromkeys(range(n))
+        self._free_block_ids = []
+        self._ref_counts = [0] * n  # running requests holding each block
+        self._block_hash = [None] * n  # the hash a block is cached under, if any
+        self._cached_block_ids = {}  # hash -> the one block cached under it
 
     # ---- queries
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks no request holds (cached-free ones included: they are evictable)."""
+        if self.prefix_caching:
+            return len(self._free_queue)
         return len(self._free_block_ids)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_gpu_blocks - len(self._free_block_ids)
+        return self.num_gpu_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks cached under a hash, held or free."""
+        return len(self._cached_block_ids)
+
+    def ref_count(self, block_id: int) -> int:
+        """Running requests holding ``block_id`` (prefix caching only)."""
+        return self._ref_counts[block_id]
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
@@ -59,14 +134,48 @@ class BlockManager:
                 - len(request.block_ids))
         return need if need > 0 else 0
 
+    def find_cached_prefix(self, request: Request, *, held_only: bool = False) -> PrefixHit:
+        """The longest run of ``request``'s leading prompt blocks in the cache (vLLM's
+        ``get_computed_blocks``); NO_HIT when caching is off or the request has progress.
+
+        Never the whole prompt: at least the last token is left to compute. ``held_only``
+        stops at the first block no running request holds (one that eviction cannot take).
+        """
+        if not self.prefix_caching or request.num_computed_tokens or request.num_host_blocks:
+            return NO_HIT
+        hashes, cached, refs = request.block_hashes, self._cached_block_ids, self._ref_counts
+        hit: list[int] = []
+        for i in range(min(len(hashes), (request.num_tokens - 1) // self.block_size)):
+            block_id = cached.get(hashes[i])
+            if block_id is None or (held_only and not refs[block_id]):
+                break
+            hit.append(block_id)
+        return PrefixHit(tuple(hit), len(hit) * self.block_size) if hit else NO_HIT
+
+    def num_held_blocks(self, hit: PrefixHit) -> int:
+        """Blocks of ``hit`` that running requests hold: sharing them takes no free block.
+
+        Not always a leading run: a request that computed a prefix at the same time as
+        another holds its own copy of a block whose hash names the other's.
+        """
+        refs = self._ref_counts
+        return sum(1 for block_id in hit.block_ids if refs[block_id])
+
     # ---- transitions
 
-    def allocate(self, request: Request, num_new_tokens: int) -> list[int] | None:
+    def allocate(self, request: Request, num_new_tokens: int,
+                 hit: PrefixHit | None = None) -> list[int] | None:
         """Grow ``request`` to hold ``num_computed_tokens + num_new_tokens`` tokens.
 
-        Returns the new block ids (empty when the held blocks suffice), or None when there are
-        not enough free blocks; then nothing changes.
+        At admission the caller passes the request's ``find_cached_prefix`` hit (NO_HIT for
+        none): its blocks come first and its tokens count as computed (the caller then adds
+        ``hit.num_tokens`` to ``num_computed_tokens``). Returns the new block ids (empty when
+        the held blocks suffice), or None when there are not enough free blocks; then nothing
+        changes.
         """
+        if self.prefix_caching:
+            filled = request.num_computed_tokens + (hit.num_tokens if hit else 0) + num_new_tokens
+            return self._grow_cached(request, filled, filled, hit)
         need = (self.blocks_for(request.num_computed_tokens + num_new_tokens)
                 - len(request.block_ids))
         if need <= 0:
@@ -78,20 +187,30 @@ class BlockManager:
         return new
 
     def allocate_all(self, requests: list[Request], num_new_tokens: int) -> bool:
-        """``allocate(r, num_new_tokens)`` for each request, all or nothing; False if short."""
+        """``allocate(r, num_new_tokens)`` for each request, all or nothing; False if short.
+
+        For decode only: the new tokens are generated ones, which fill no prompt block.
+        """
         bs = self.block_size
         needs = [-(-(r.num_computed_tokens + num_new_tokens) // bs) - len(r.block_ids)
                  for r in requests]
-        free = self._free_block_ids
-        if sum(n for n in needs if n > 0) > len(free):
+        if sum(n for n in needs if n > 0) > self.num_free_blocks:
             return False
         for r, need in zip(requests, needs, strict=True):
             if need > 0:
                 r.block_ids.extend(self._take(need))
         return True
 
-    def reserve(self, request: Request, num_tokens: int) -> list[int] | None:
-        """Hold blocks for ``num_tokens`` tokens now (reserve admission); None if they don't fit."""
+    def reserve(self, request: Request, num_tokens: int, num_new_tokens: int = 0,
+                hit: PrefixHit | None = None) -> list[int] | None:
+        """Hold blocks for ``num_tokens`` tokens now (reserve admission); None if they don't fit.
+
+        ``num_new_tokens`` are scheduled now on top of the computed ones and ``hit`` (as in
+        ``allocate``); they say which blocks the step fills, for the prefix cache.
+        """
+        if self.prefix_caching:
+            filled = request.num_computed_tokens + (hit.num_tokens if hit else 0) + num_new_tokens
+            return self._grow_cached(request, num_tokens, filled, hit)
         need = self.blocks_for(num_tokens) - len(request.block_ids)
         if need <= 0:
             return []
@@ -102,6 +221,8 @@ class BlockManager:
         return new
 
     def _take(self, num_blocks: int) -> list[int]:
+        if self.prefix_caching:
+            return self._take_cached(num_blocks)
         free = self._free_block_ids
         new = free[-num_blocks:]
         del free[-num_blocks:]
@@ -110,10 +231,16 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Release everything ``request`` holds, on the GPU and on the host."""
-        self._free_block_ids.extend(reversed(request.block_ids))
-        request.block_ids = []
+        self._release(request)
         self.num_free_host_blocks += request.num_host_blocks
         request.num_host_blocks = 0
+
+    def _release(self, request: Request) -> None:
+        if self.prefix_caching:
+            self._release_cached(request)
+        else:
+            self._free_block_ids.extend(reversed(request.block_ids))
+        request.block_ids = []
 
     def swap_out(self, request: Request) -> int | None:
         """Copy ``request``'s computed KV to host memory: the blocks moved (None: host full).
@@ -125,8 +252,7 @@ class BlockManager:
             return None
         self.num_free_host_blocks -= num_blocks
         request.num_host_blocks = num_blocks
-        self._free_block_ids.extend(reversed(request.block_ids))
-        request.block_ids = []
+        self._release(request)
         return num_blocks
 
     def swap_in(self, request: Request, num_new_tokens: int) -> list[int] | None:
@@ -138,10 +264,99 @@ class BlockManager:
         request.num_host_blocks = 0
         return new
 
+    # ---- prefix caching internals
+
+    def _grow_cached(self, request: Request, num_tokens: int, num_filled_tokens: int,
+                     hit: PrefixHit | None) -> list[int] | None:
+        """Share ``hit``'s blocks, hold ``num_tokens`` tokens, cache the full prompt blocks of
+        ``num_filled_tokens``; None (nothing changed) when the free blocks are short."""
+        hit_ids = hit.block_ids if hit else ()
+        need = self.blocks_for(num_tokens) - len(request.block_ids) - len(hit_ids)
+        if need < 0:
+            need = 0
+        num_free_hits = len(hit_ids) - self.num_held_blocks(hit) if hit else 0  # cached-free
+        if need + num_free_hits > len(self._free_queue):
+            return None
+        if hit is not None:
+            self._record_lookup(request, hit)
+        if hit_ids:  # touch first, so that taking new blocks cannot evict them
+            refs, queue = self._ref_counts, self._free_queue
+            for block_id in hit_ids:
+                if not refs[block_id]:
+                    del queue[block_id]
+                refs[block_id] += 1
+            request.block_ids.extend(hit_ids)
+            request.num_cached_blocks = len(hit_ids)
+        new = self._take_cached(need) if need else []
+        request.block_ids.extend(new)
+        self._cache_full_blocks(request, num_filled_tokens)
+        return new
+
+    def _record_lookup(self, request: Request, hit: PrefixHit) -> None:
+        if request.num_preemptions:
+            self.prefix_cache_preempted_queries_tokens += request.num_tokens
+            self.prefix_cache_preempted_hits_tokens += hit.num_tokens
+        else:
+            self.prefix_cache_queries_tokens += request.num_tokens
+            self.prefix_cache_hits_tokens += hit.num_tokens
+
+    def _take_cached(self, num_blocks: int) -> list[int]:
+        """The least recently freed blocks, evicted from the cache if they were cached."""
+        queue, refs, block_hash = self._free_queue, self._ref_counts, self._block_hash
+        new = []
+        for _ in range(num_blocks):
+            block_id, _ = queue.popitem(last=False)
+            h = block_hash[block_id]
+            if h is not None:
+                del self._cached_block_ids[h]
+                block_hash[block_id] = None
+            refs[block_id] = 1
+            new.append(block_id)
+        return new
+
+    def _cache_full_blocks(self, request: Request, num_filled_tokens: int) -> None:
+        """Offer the prompt blocks ``num_filled_tokens`` fill (vLLM's ``cache_full_blocks``)."""
+        hashes = request.block_hashes
+        end = min(num_filled_tokens // self.block_size, len(hashes))
+        cached, block_hash = self._cached_block_ids, self._block_hash
+        for i in range(request.num_cached_blocks, end):
+            h = hashes[i]
+            if h not in cached:  # else another request computed this prefix first: keep that
+                block_id = request.block_ids[i]
+                cached[h] = block_id
+                block_hash[block_id] = h
+        if end > request.num_cached_blocks:
+            request.num_cached_blocks = end
+
+    def _release_cached(self, request: Request) -> None:
+        """Drop one reference to each block, tail first; blocks nobody holds join the free
+        queue (most recently freed), cached if their tokens were computed."""
+        refs, queue, block_hash = self._ref_counts, self._free_queue, self._block_hash
+        block_ids = request.block_ids
+        num_computed_blocks = request.num_computed_tokens // self.block_size
+        for i in range(len(block_ids) - 1, -1, -1):
+            block_id = block_ids[i]
+            refs[block_id] -= 1
+            if refs[block_id]:
+                continue
+            h = block_hash[block_id]
+            if h is not None and i >= num_computed_blocks:
+                del self._cached_block_ids[h]
+                block_hash[block_id] = None
+            queue[block_id] = None
+        request.num_cached_blocks = 0
+
     # ---- invariants
 
     def check_invariants(self, holders: Iterable[Request]) -> None:
-        """free + held == total on the GPU and on the host; no block held twice or out of range."""
+        """free + held == total on the GPU and on the host; no block held twice or out of range.
+
+        With prefix caching: a block is held by as many requests as its ref count says, is
+        free exactly when none holds it, and each cached hash names exactly one block.
+        """
+        if self.prefix_caching:
+            self._check_cached(list(holders))
+            return
         held: list[int] = []
         num_host_held = 0
         for request in holders:
@@ -152,6 +367,37 @@ class BlockManager:
             raise InvariantError(
                 f"GPU blocks: {len(self._free_block_ids)} free + {len(held)} held != "
                 f"{self.num_gpu_blocks} total, or a block is held twice")
+        if num_host_held + self.num_free_host_blocks != self.num_host_blocks:
+            raise InvariantError(
+                f"host blocks: {self.num_free_host_blocks} free + {num_host_held} held != "
+                f"{self.num_host_blocks} total")
+
+    def _check_cached(self, holders: list[Request]) -> None:
+        n = self.num_gpu_blocks
+        holds = [0] * n
+        num_host_held = 0
+        for request in holders:
+            ids = request.block_ids
+            if len(set(ids)) != len(ids) or any(not 0 <= b < n for b in ids):
+                raise InvariantError(f"{request!r} holds a block twice or out of range")
+            for i, block_id in enumerate(ids):
+                holds[block_id] += 1
+                h = self._block_hash[block_id]
+                if h is not None and (i >= request.num_cached_blocks
+                                      or h != request.block_hashes[i]):
+                    raise InvariantError(f"{request!r}: block {i} is cached under another hash")
+            num_host_held += request.num_host_blocks
+        if holds != self._ref_counts:
+            raise InvariantError("a block's ref count differs from the requests holding it")
+        num_held = sum(1 for count in holds if count)
+        if (num_held + len(self._free_queue) != n
+                or any(holds[block_id] for block_id in self._free_queue)):
+            raise InvariantError(f"GPU blocks: {len(self._free_queue)} free + {num_held} held "
+                                 f"!= {n} total, or a held block is in the free queue")
+        cached = self._cached_block_ids
+        if (any(self._block_hash[b] != h for h, b in cached.items())
+                or sum(h is not None for h in self._block_hash) != len(cached)):
+            raise InvariantError("the hash -> block map and the blocks' hashes disagree")
         if num_host_held + self.num_free_host_blocks != self.num_host_blocks:
             raise InvariantError(
                 f"host blocks: {self.num_free_host_blocks} free + {num_host_held} held != "

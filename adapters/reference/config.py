@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from adapters.knobs import ADMISSIONS, DTYPES, POLICIES, PREEMPTIONS, Knobs, ReferenceKnobs
 from adapters.reference.cost_model import (
     CostModel,
     CostModelParams,
@@ -22,13 +23,6 @@ from adapters.reference.cost_model import (
 from adapters.reference.hardware import GpuSpec, UnknownHardwareError
 from adapters.reference.models import ModelSpec, UnknownModelError, lookup_model
 
-if TYPE_CHECKING:
-    from adapters.base import Knobs
-
-POLICIES = ("fcfs", "priority", "static")
-ADMISSIONS = ("optimistic", "reserve")
-PREEMPTIONS = ("recompute", "swap", "none")
-DTYPES = ("bf16", "fp8")
 GIB = 2**30
 
 
@@ -47,6 +41,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     chunked_prefill: bool = True
     max_model_len: int = 131072
+    prefix_caching: bool = False  # vLLM V1's automatic prefix caching (see blocks.py)
 
 
 @dataclass(frozen=True)
@@ -112,6 +107,7 @@ class ReferenceConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             chunked_prefill=self.chunked_prefill and self.policy != "static",
             max_model_len=self.resolved_max_model_len,
+            prefix_caching=self.prefix_caching,
         )
 
     def cost_model(self) -> CostModel:
@@ -151,26 +147,38 @@ class ReferenceConfig:
     def from_knobs(
         cls,
         knobs: Knobs,
+        reference: ReferenceKnobs | None = None,
         *,
         model: str,
         gpu: str | None,
-        admission: str | None = None,
-        num_gpu_blocks: int | None = None,
-        block_size: int = 16,
         profile: str | None = None,
+        cost_params: CostModelParams | None = None,
     ) -> ReferenceConfig:
-        """Map the uniform knobs: preemption "none" means admission "reserve" (see class doc)."""
-        return cls(
-            model=model, gpu=gpu, tp=knobs.tensor_parallel_size, policy=knobs.policy,
-            admission=admission, preemption=knobs.preemption,
-            max_num_seqs=knobs.max_num_seqs, max_num_batched_tokens=knobs.max_num_batched_tokens,
-            chunked_prefill=knobs.chunked_prefill, block_size=block_size,
-            num_gpu_blocks=num_gpu_blocks, gpu_memory_utilization=knobs.gpu_memory_utilization,
-            weights_dtype=knobs.weights_dtype, kv_cache_dtype=knobs.kv_cache_dtype,
-            max_model_len=knobs.max_model_len, prefix_caching=knobs.prefix_caching,
-            profile=profile,
-        )
+        """The one mapping from uniform knobs to the reference: unset knobs keep its defaults.
 
+        ``tensor_parallel_size`` is ``tp``; preemption "none" means admission "reserve" (see
+        the class doc); ``extra_args`` do not reach the simulated engine.
+        """
+        renamed = {"tensor_parallel_size": "tp"}
+        values: dict[str, Any] = {
+            renamed.get(name, name): getattr(knobs, name)
+            for name in knobs.given_names() if name != "extra_args"
+        }
+        values.update((reference or ReferenceKnobs()).given())
+        return cls(model=model, gpu=gpu, profile=profile, cost_params=cost_params, **values)
+
+    def effective_knobs(self) -> dict[str, Any]:
+        """The uniform knobs as they took effect in this configuration (for manifests)."""
+        return {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "policy": self.policy, "preemption": self.preemption,
+            "chunked_prefill": self.chunked_prefill, "weights_dtype": self.weights_dtype,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "prefix_caching": self.prefix_caching, "tensor_parallel_size": self.tp,
+            "max_model_len": self.resolved_max_model_len,
+        }
 
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -207,9 +215,6 @@ def _validate(c: ReferenceConfig) -> None:
     if c.preemption == "none" and c.admission == "optimistic":
         raise ConfigError("preemption: 'none' needs admission 'reserve' (optimistic admission "
                           "must be able to preempt when KV blocks run out)")
-    if c.prefix_caching:
-        raise ConfigError("prefix_caching: the reference engine does not model prefix caching "
-                          "yet; set it to false")
     if c.max_num_batched_tokens < c.max_num_seqs:
         raise ConfigError(
             f"max_num_batched_tokens: {c.max_num_batched_tokens} must be >= max_num_seqs "

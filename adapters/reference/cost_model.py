@@ -65,6 +65,10 @@ class CostModelParams:
     # Per causal (query, key) pair, beyond the attention FLOPs in the compute term: attention
     # kernels far below the matmul rate (a CPU's prefill attention). 0 on GPUs; calibration.
     per_attention_pair_overhead_s: float = 0.0
+    # Per KV token a step reads from an FP8 KV cache, beyond its bytes: dequantisation in the
+    # attention kernel keeps FP8 attention from running twice as fast as BF16 (fitted on
+    # published FP8-KV runs, docs/published.md). 0: FP8 KV costs only its bytes.
+    per_fp8_kv_token_overhead_s: float = 0.0
     # A request's trip through the server's front end (HTTP, tokenisation, hand-off to the
     # engine loop, streaming back) that no step contains: simulated requests reach the
     # scheduler this long after they arrive. 0: none; calibration measures it.
@@ -113,13 +117,39 @@ class CostModelParams:
                     f"{where}: {name} must be in (0, 1], got {getattr(self, name)!r}")
 
 
+# Engine profiles shipped as data: ``<engine>-<gpu>.json`` (docs/published.md says how each
+# was fitted). ``load_profile("vllm-h100-sxm")`` reads ``PROFILES_DIR / "vllm-h100-sxm.json"``.
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+def shipped_profiles() -> list[str]:
+    """Names of the profiles shipped in ``PROFILES_DIR``, sorted."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def resolve_profile(name_or_path: str | Path) -> Path:
+    """The file a ``--profile`` value means: an existing path, else a shipped profile's name."""
+    path = Path(name_or_path)
+    if path.exists() or path.suffix == ".json" or len(path.parts) > 1:
+        return path
+    shipped = PROFILES_DIR / f"{name_or_path}.json"
+    if shipped.exists():
+        return shipped
+    raise ProfileError(
+        f"{name_or_path}: no such profile file, and not a shipped profile name; shipped "
+        f"profiles: {', '.join(shipped_profiles()) or 'none'}"
+    )
+
+
 def load_profile(path: str | Path) -> CostModelParams:
     """Read a calibration profile: a JSON object whose keys are ``CostModelParams`` fields.
 
-    Keys starting with ``_`` and a ``metadata`` object are kept out of the model (for notes and
-    fit statistics). Errors name the file and the key.
+    ``path`` is a file, or the name of a shipped profile (``vllm-h100-sxm``: see
+    ``shipped_profiles``). Keys starting with ``_`` and a ``metadata`` object are kept out of
+    the model (for notes, scheduling defaults and fit statistics). Errors name the file and
+    the key.
     """
-    path = Path(path)
+    path = resolve_profile(path)
     try:
         raw = json.loads(path.read_text())
     except OSError as exc:
@@ -282,7 +312,8 @@ class CostModel:
         self._fixed_s = params.step_overhead_s + allreduce_fixed_s
         self._per_token_s = params.per_token_overhead_s + allreduce_per_token_s
         self._per_seq_s = params.per_seq_overhead_s
-        self._per_kv_token_s = params.per_kv_token_overhead_s
+        self._per_kv_token_s = params.per_kv_token_overhead_s + (
+            params.per_fp8_kv_token_overhead_s if kv_cache_dtype == "fp8" else 0.0)
         self._per_pair_s = params.per_attention_pair_overhead_s
         self.swap_bandwidth_bytes_per_s = gpu.pcie_bandwidth_bytes_per_s * params.swap_efficiency
         self._swap_per_block_s = self.kv_bytes_per_block / self.swap_bandwidth_bytes_per_s

@@ -15,11 +15,64 @@ tokens (or fewer: a prefill chunk); when a step brings ``num_computed_tokens`` u
 Prefill, chunked prefill, decode and recompute after preemption are all this one rule; the
 request's sizes are never rewritten. The last sampled token is never fed back, so a request
 holds KV for at most ``num_prompt_tokens + max_output_tokens - 1`` tokens.
+
+For prefix caching a request names the content of each full block of its prompt by a hash
+chained over all blocks before it, so two requests share a block hash only if they share the
+whole prefix up to and including that block (vLLM's ``hash_block_tokens``)::
+
+    prompt of 40 tokens, block_size 16             request.block_hashes = (h0, h1)
+        h0 = hash((ROOT_BLOCK_HASH, key of tokens  0..15))
+        h1 = hash((h0,              key of tokens 16..31))
+        tokens 32..39 fill no block: no hash, never cached
+
+Only prompt blocks get hashes: simulated requests have no output token identities, so the
+blocks of generated tokens are never cached (vLLM also caches full blocks of output).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Sequence
+
+ROOT_BLOCK_HASH = 0  # the parent of a prompt's first block
+
+
+def chain_block_hashes(token_keys: Sequence[int], block_size: int) -> tuple[int, ...]:
+    """One hash per full block of ``token_keys`` (token ids), each chained on the one before."""
+    return _chain(tuple(token_keys[start:start + block_size])
+                  for start in range(0, len(token_keys) - block_size + 1, block_size))
+
+
+def block_hashes_from_prefix_ids(
+    prefix_hash_ids: Sequence[int],
+    num_prompt_tokens: int,
+    *,
+    tokens_per_id: int = 512,
+    block_size: int = 16,
+) -> tuple[int, ...]:
+    """Chained block hashes for a prompt named by Mooncake-style ``hash_ids``.
+
+    Each id names ``tokens_per_id`` prompt tokens (the last id: the rest of the prompt), so a
+    ``block_size`` block is named by the ids it overlaps and its offset into the first; with
+    512 and 16, each id expands into 32 blocks. Only full blocks of the prompt are covered.
+    """
+    ids = tuple(prefix_hash_ids)
+    num_blocks = min(num_prompt_tokens, len(ids) * tokens_per_id) // block_size
+    keys = []
+    for i in range(num_blocks):
+        start = i * block_size
+        first, last = start // tokens_per_id, (start + block_size - 1) // tokens_per_id
+        keys.append((start - first * tokens_per_id, ids[first:last + 1]))
+    return _chain(keys)
+
+
+def _chain(block_keys: Iterable[object]) -> tuple[int, ...]:
+    hashes = []
+    parent = ROOT_BLOCK_HASH
+    for key in block_keys:
+        parent = hash((parent, key))  # ints and tuples of ints: the same in every process
+        hashes.append(parent)
+    return tuple(hashes)
 
 
 class RequestStatus(enum.Enum):
@@ -35,6 +88,7 @@ class Request:
 
     __slots__ = (
         "arrival_s",
+        "block_hashes",
         "block_ids",
         "error_kind",
         "error_message",
@@ -42,6 +96,7 @@ class Request:
         "first_scheduled_s",
         "index",
         "max_output_tokens",
+        "num_cached_blocks",
         "num_computed_tokens",
         "num_host_blocks",
         "num_output_tokens",
@@ -63,6 +118,7 @@ class Request:
         arrival_s: float = 0.0,
         priority: int = 0,
         index: int = 0,
+        block_hashes: tuple[int, ...] = (),
     ) -> None:
         self.request_id = request_id
         self.index = index  # position in the input; breaks ties deterministically
@@ -75,6 +131,8 @@ class Request:
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.status = RequestStatus.WAITING
         self.block_ids: list[int] = []  # GPU KV blocks; only the BlockManager changes this
+        self.block_hashes = block_hashes  # one per full prompt block, chained (prefix caching)
+        self.num_cached_blocks = 0  # leading block_ids already offered to the prefix cache
         self.num_host_blocks = 0  # KV blocks swapped out to host memory
         self.num_preemptions = 0
         self.first_scheduled_s: float | None = None

@@ -17,6 +17,10 @@ Policies change only the queue order, the victim and (static) when admission is 
 Admission "optimistic" allocates blocks as tokens grow and may preempt (recompute: blocks
 freed, progress reset; swap: blocks moved to host, progress kept). Admission "reserve"
 allocates prompt + max output at admission and never preempts.
+
+Prefix caching (``SchedulerConfig.prefix_caching``) changes admission only: a request admitted
+with no progress starts at the tokens of its prompt blocks found in the cache (the block
+manager's ``find_cached_prefix``) and is given the rest.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from adapters.reference.blocks import BlockManager, InvariantError
+from adapters.reference.blocks import BlockManager, InvariantError, PrefixHit
 from adapters.reference.config import SchedulerConfig
 from adapters.reference.request import Request, RequestStatus
 
@@ -171,6 +175,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
         self.config = config
         self.blocks = block_manager
+        if config.prefix_caching:
+            block_manager.enable_prefix_caching()
         self.waiting: FcfsQueue | PriorityQueue = (
             PriorityQueue() if config.policy == "priority" else FcfsQueue())
         self.running: list[Request] = []
@@ -259,15 +265,17 @@ class Scheduler:
         num_swapped_in = 0
         while waiting and len(running) < cfg.max_num_seqs and budget > 0:
             request = waiting.peek()
-            n = request.num_tokens - request.num_computed_tokens
+            hit = self.blocks.find_cached_prefix(request)  # NO_HIT unless prefix caching is on
+            n = request.num_tokens - request.num_computed_tokens - hit.num_tokens
             if n > budget:
                 if not cfg.chunked_prefill:
                     break  # a prompt is prefilled whole; keep arrival order (vLLM)
                 n = budget
             num_host = request.num_host_blocks
-            if self._admission_blocks(request, n) is None:
+            if self._admission_blocks(request, n, hit) is None:
                 break
             waiting.pop()
+            request.num_computed_tokens += hit.num_tokens  # cached KV: no compute
             request.status = RequestStatus.RUNNING
             running.append(request)
             scheduled.append(request)
@@ -276,12 +284,12 @@ class Scheduler:
             num_swapped_in += num_host
         return num_swapped_in
 
-    def _admission_blocks(self, request: Request, n: int) -> list[int] | None:
+    def _admission_blocks(self, request: Request, n: int, hit: PrefixHit) -> list[int] | None:
         if self.reserve:
-            return self.blocks.reserve(request, request.num_max_kv_tokens)
+            return self.blocks.reserve(request, request.num_max_kv_tokens, n, hit)
         if request.num_host_blocks:
             return self.blocks.swap_in(request, n)
-        return self.blocks.allocate(request, n)
+        return self.blocks.allocate(request, n, hit)
 
     def _admit_static_batch(self, scheduled: list[Request], num_new: list[int], budget: int) -> int:
         """Static: between batches only, take prompts padded to the longest; padded tokens."""
@@ -291,13 +299,15 @@ class Scheduler:
         longest = 0
         while waiting and len(self.running) < cfg.max_num_seqs:
             request = waiting.peek()
-            n = request.num_tokens - request.num_computed_tokens
+            hit = self.blocks.find_cached_prefix(request)
+            n = request.num_tokens - request.num_computed_tokens - hit.num_tokens
             padded_len = max(longest, n)
             if padded_len * (len(self.running) + 1) > budget:
                 break
-            if self.blocks.reserve(request, request.num_max_kv_tokens) is None:
+            if self.blocks.reserve(request, request.num_max_kv_tokens, n, hit) is None:
                 break
             waiting.pop()
+            request.num_computed_tokens += hit.num_tokens
             longest = padded_len
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -415,7 +425,8 @@ class Scheduler:
         for r in running:
             computed = r.num_computed_tokens
             num_out = r.num_output_tokens
-            if r.num_prompt_tokens + num_out - computed != 1:
+            # The last prompt token is a prefill token, as in ``_output``: no span before it.
+            if num_out == 0 or r.num_prompt_tokens + num_out - computed != 1:
                 return None
             num_kv += computed
             counts[-computed % bs] += 1
@@ -436,21 +447,31 @@ class Scheduler:
         )
 
     def _admission_closed(self, num_decoding: int) -> bool:
-        """True when the waiting head cannot be admitted now, nor while free blocks only shrink."""
-        cfg = self.config
+        """True when the waiting head cannot be admitted now, nor while free blocks only shrink.
+
+        With prefix caching, decode steps may evict the head's cached-free hit blocks: its
+        hit can only shrink, down to its leading run of blocks running requests hold. The
+        token budget is checked with the largest hit, the blocks with the fewest tokens that
+        hit leaves and all its held blocks taking no free block: each the easiest case.
+        """
+        cfg, blocks = self.config, self.blocks
         if self.static or len(self.running) >= cfg.max_num_seqs:
             return True
         budget = cfg.max_num_batched_tokens - num_decoding
         if budget <= 0:
             return True
         head = self.waiting.peek()
-        n = head.num_tokens - head.num_computed_tokens
-        if n > budget:
-            if not cfg.chunked_prefill:
-                return True
-            n = budget
-        tokens = head.num_max_kv_tokens if self.reserve else head.num_computed_tokens + n
-        return self.blocks.blocks_for(tokens) > self.blocks.num_free_blocks
+        start = head.num_computed_tokens
+        hit = blocks.find_cached_prefix(head)
+        if not cfg.chunked_prefill and head.num_tokens - start - hit.num_tokens > budget:
+            return True
+        num_held = 0
+        if hit.block_ids:
+            num_held = blocks.num_held_blocks(hit)
+            hit = blocks.find_cached_prefix(head, held_only=True)
+        tokens = head.num_max_kv_tokens if self.reserve else min(
+            head.num_tokens, start + hit.num_tokens + budget)
+        return blocks.blocks_for(tokens) - num_held > blocks.num_free_blocks
 
     def advance_decode_span(self, end_times_s: list[float]) -> list[Request]:
         """Apply ``len(end_times_s)`` pure-decode steps of a ``decode_span``; the finished ones."""
@@ -492,6 +513,10 @@ class Scheduler:
                 raise InvariantError(f"running {r!r}: inconsistent progress")
             if r.num_output_tokens >= r.max_output_tokens:
                 raise InvariantError(f"running {r!r}: should have finished")
+            if self.blocks.prefix_caching and r.num_cached_blocks != min(
+                    r.num_computed_tokens // bs, len(r.block_hashes)):
+                raise InvariantError(f"running {r!r}: offered {r.num_cached_blocks} blocks to "
+                                     "the prefix cache, not its computed full prompt blocks")
         for r in waiting:
             if r.block_ids:
                 raise InvariantError(f"waiting {r!r} holds GPU blocks")

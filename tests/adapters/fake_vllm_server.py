@@ -1,7 +1,7 @@
 """A stand-in for vLLM's OpenAI server, for launch tests without vLLM.
 
 Accepts the argv the vLLM adapter builds (``-m vllm.entrypoints.openai.api_server --model M
---port P ...``), streams tokens on a schedule (``harness.testing``), and adds what the adapter
+--port P ...``), streams tokens on a schedule (``harness.live.testing``), and adds what the adapter
 and telemetry expect from vLLM: ``/version`` and a Prometheus ``/metrics`` with vLLM's names.
 ``--max-num-seqs`` is honoured: requests beyond it wait, and are counted as waiting.
 """
@@ -13,7 +13,7 @@ import asyncio
 import sys
 from typing import Any
 
-from harness.testing import ScheduledStreamServer, _respond, serve_until_signal
+from harness.live.testing import ScheduledStreamServer, _respond, serve_until_signal
 
 
 class FakeVllm(ScheduledStreamServer):

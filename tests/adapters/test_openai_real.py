@@ -12,14 +12,25 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
 from adapters.base import Knobs
 from adapters.process import ServerProcess, free_port
-from harness.live import run_live
-from harness.traces import TraceOptions, load_trace
+from harness.live import run as live
+from harness.target import UNSET, RunOptions, TargetSpec
+from harness.traces import Trace, TraceOptions, load_trace
+
+
+def run_live(engine: str, knobs: Knobs, trace: Trace, replay: dict[str, Any],
+             out_dir: Path | str, *, launch: bool = True, dry_run: bool = False,
+             out: Any = None, **spec: Any) -> dict[str, Any]:
+    """``harness.live.run_live`` with a ``TargetSpec`` built from keyword arguments."""
+    target = TargetSpec(engine, "launch" if launch else "attach", knobs=knobs, **spec)
+    return live.run_live(target, trace, Path(out_dir), RunOptions(replay=replay),
+                         dry_run=dry_run, out=out)
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venvs" / "vllm" / "bin"
@@ -52,7 +63,7 @@ def test_transformers_serve_through_the_openai_adapter(tmp_path: Path) -> None:
         server.start()
         asyncio.run(server.wait_ready(f"http://127.0.0.1:{port}/health", timeout_s=300))
         summary = run_live(
-            "openai", Knobs(), trace, {"timeout_s": 120, "length_control": "transformers"}, out,
+            "openai", UNSET, trace, {"timeout_s": 120, "length_control": "transformers"}, out,
             launch=False,
             url=f"http://127.0.0.1:{port}", model=str(MODEL), metric_map="transformers",
             telemetry_interval_s=0.1,

@@ -20,8 +20,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from adapters.base import Knobs
-from harness.live import run_live
+from harness.live import run as live
+from harness.target import RunOptions, TargetSpec
 from harness.traces import Trace, TraceOptions, load_trace
+
+
+def run_live(engine: str, knobs: Knobs, trace: Trace, replay: dict[str, Any],
+             out_dir: Path | str, *, launch: bool = True, dry_run: bool = False,
+             out: Any = None, **spec: Any) -> dict[str, Any]:
+    """``harness.live.run_live`` with a ``TargetSpec`` built from keyword arguments."""
+    target = TargetSpec(engine, "launch" if launch else "attach", knobs=knobs, **spec)
+    return live.run_live(target, trace, Path(out_dir), RunOptions(replay=replay),
+                         dry_run=dry_run, out=out)
 
 Row = dict[str, Any]
 

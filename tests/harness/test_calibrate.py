@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from adapters.base import Knobs
-from adapters.reference import ReferenceConfig, simulate
+from adapters.reference import ReferenceConfig
 from adapters.reference.cost_model import CostModel, CostModelParams, load_profile
 from harness import calibrate as cal
 from harness.calibrate import (
@@ -30,6 +30,7 @@ from harness.calibrate import (
     fit_step_model,
     nnls,
 )
+from harness.sim import simulate
 from harness.timeline import RequestTimeline
 from harness.traces import TraceRequest
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from adapters.reference.cost_model import load_profile
-from adapters.reference.server import launch_server_process
 from harness.cli import main
-from harness.validate import METRICS, PERCENTILES
+from harness.report.fidelity import METRICS, PERCENTILES
+from harness.serve import launch_server_process
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,7 +55,7 @@ def test_calibrate_and_validate_against_the_served_reference(tmp_path: Path) -> 
     target = ["--engine", "reference", "--model", "test-model", "--reference-model",
               str(config), *KNOBS, "--max-model-len", "512"]
     with launch_server_process(engine, log_path=tmp_path / "server.log") as server:
-        assert main(["calibrate", "--url", server.url, *target, "--device", "testdev",
+        assert main(["calibrate", "--url", server.url, *target, "--gpu", "testdev",
                      "--output-tokens", "16", "--out", str(profile)]) == 0
         assert main(["validate", "--url", server.url, *target, "--profile", str(profile),
                      "--trace", "harness/data/azure_conv_excerpt.csv", "--limit", "20",
@@ -119,14 +119,14 @@ def test_hub_ids_map_to_catalog_shapes(model: str, expected: str,
                                        capsys: pytest.CaptureFixture[str],
                                        tmp_path: Path) -> None:
     assert main(["calibrate", "--engine", "vllm", "--launch", "--dry-run", "--model", model,
-                 "--device", "h100-sxm", "--out", str(tmp_path / "p.json")]) == 0
+                 "--gpu", "h100-sxm", "--out", str(tmp_path / "p.json")]) == 0
     assert f"reference model {expected}" in capsys.readouterr().out
 
 
 def test_calibrate_dry_run_lists_the_phases(capsys: pytest.CaptureFixture[str],
                                             tmp_path: Path) -> None:
     assert main(["calibrate", "--engine", "vllm", "--launch", "--dry-run", "--model",
-                 "llama-3.1-8b", "--device", "h100-sxm", "--max-num-seqs", "64",
+                 "llama-3.1-8b", "--gpu", "h100-sxm", "--max-num-seqs", "64",
                  "--max-model-len", "4096", "--out", str(tmp_path / "p.json")]) == 0
     text = capsys.readouterr().out
     assert ("phase prefill: 27 requests, prompts [16, 32, 64, 128, 256, 512, 1024, 2048, "

@@ -33,8 +33,9 @@ from pathlib import Path
 import pytest
 
 from adapters.base import Knobs
-from harness.calibrate import serving
 from harness.cli import main
+from harness.live.session import engine_session
+from harness.target import TargetSpec
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venvs" / "vllm" / "bin" / "python"
@@ -61,10 +62,11 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             pytest.fail(f"CI must run real vLLM, but {reason}")
         pytest.skip(reason)
     logs = tmp_path_factory.mktemp("vllm-server")
-    with serving("vllm", KNOBS, model=str(MODEL), served_model_name=str(MODEL), url=None,
-                 log_dir=logs, engine_env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-                 executable=str(VLLM_PYTHON), ready_timeout_s=600) as plan:
-        yield plan.base_url
+    spec = TargetSpec("vllm", "launch", knobs=KNOBS, model=str(MODEL),
+                      served_model_name=str(MODEL), engine_env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+                      executable=str(VLLM_PYTHON), ready_timeout_s=600)
+    with engine_session(spec, logs) as session:
+        yield session.plan.base_url
 
 
 def test_calibrated_reference_predicts_vllm_on_a_held_out_trace(vllm_url: str,
@@ -75,7 +77,7 @@ def test_calibrated_reference_predicts_vllm_on_a_held_out_trace(vllm_url: str,
     common = ["--engine", "vllm", "--url", vllm_url, "--model", str(MODEL), *KNOB_ARGS,
               "--telemetry-interval-s", "1"]
     started = time.monotonic()
-    assert main(["calibrate", *common, "--device", "cpu", "--out", str(profile)]) == 0
+    assert main(["calibrate", *common, "--gpu", "cpu", "--out", str(profile)]) == 0
     calibrated = time.monotonic()
     assert main(["validate", *common, "--profile", str(profile), "--trace", str(TRACE),
                  "--limit", "40", "--on-too-long", "clip", "--rate", "0.5",

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -15,8 +16,18 @@ from adapters import vllm
 from adapters.base import KnobError, Knobs
 from adapters.process import EngineStartError, ServerProcess, free_port
 from harness.cli import main
-from harness.live import run_live
+from harness.live import run as live
+from harness.target import UNSET, RunOptions, TargetSpec
 from harness.traces import Trace, TraceRequest
+
+
+def run_live(engine: str, knobs: Knobs, trace: Trace, replay: dict[str, Any],
+             out_dir: Path | str, *, launch: bool = True, dry_run: bool = False,
+             out: Any = None, **spec: Any) -> dict[str, Any]:
+    """``harness.live.run_live`` with a ``TargetSpec`` built from keyword arguments."""
+    target = TargetSpec(engine, "launch" if launch else "attach", knobs=knobs, **spec)
+    return live.run_live(target, trace, Path(out_dir), RunOptions(replay=replay),
+                         dry_run=dry_run, out=out)
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "adapters" / "fake_vllm_server.py"
@@ -132,7 +143,7 @@ def test_attach_to_a_running_server(tmp_path: Path) -> None:
                        env={"PYTHONPATH": str(REPO)}) as server:
         server.start()
         out = tmp_path / "run"
-        run_live("vllm", Knobs(), small_trace(3), {"timeout_s": 30}, out, launch=False,
+        run_live("vllm", UNSET, small_trace(3), {"timeout_s": 30}, out, launch=False,
                  url=f"http://127.0.0.1:{port}", model="m", telemetry_interval_s=0.05)
         assert server.poll() is None  # batchlab does not stop what it did not start
     manifest = json.loads((out / "manifest.json").read_text())

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.protocols import (
+from harness.live.protocols import (
     Prompt,
     SseDecoder,
     SseEvent,
@@ -175,7 +175,7 @@ def test_token_ids_only_where_accepted() -> None:
 def test_length_control_variants_ask_for_exact_length_differently() -> None:
     import json as _json
 
-    from harness.protocols import Prompt, build_body
+    from harness.live.protocols import Prompt, build_body
 
     prompt = Prompt(mode="token_ids", token_ids=(1, 2, 3))
     vllm = build_body("openai", prompt, num_output_tokens=7)

@@ -1,4 +1,4 @@
-"""The live replay client against the scheduled-stream loopback server (harness.testing).
+"""The live replay client against the scheduled-stream loopback server (harness.live.testing).
 
 No timed assertions: the checks are about ordering, counts, error kinds and what lands on disk.
 Physical lower bounds (a chunk cannot arrive before the server sent it) are fine.
@@ -22,10 +22,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.cli import main as cli_main
+from harness.live.recorder import RECORDS_FILE, read_records
+from harness.live.replay import ReplayConfig, replay
+from harness.live.rundir import rebuild_summary
+from harness.live.testing import ScheduledStreamServer
 from harness.metrics import Slo
-from harness.recorder import RECORDS_FILE, read_records
-from harness.replay import ReplayConfig, rebuild_summary, replay
-from harness.testing import ScheduledStreamServer
 from harness.timeline import ERROR_KINDS, RequestTimeline
 from harness.traces import Trace, TraceRequest
 
@@ -360,7 +361,7 @@ def test_api_key_goes_in_the_header_and_nowhere_else(
 @pytest.fixture(scope="module")
 def server_process() -> Iterator[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.testing", "--port", "0", "--ttft-s", "0.01",
+        [sys.executable, "-m", "harness.live.testing", "--port", "0", "--ttft-s", "0.01",
          "--itl-s", "0.01"],
         stdout=subprocess.PIPE, text=True, cwd=REPO,
     )

@@ -8,8 +8,8 @@ import socket
 import httpx
 import pytest
 
-from harness.http_pool import LifoPoolTransport
-from harness.testing import ScheduledStreamServer
+from harness.live.http_pool import LifoPoolTransport
+from harness.live.testing import ScheduledStreamServer
 
 BODY = b'{"max_tokens": 3, "stream": true}'
 

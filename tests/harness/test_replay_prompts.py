@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.prompts import (
+from harness.live.prompts import (
     APPROX_WORDS,
     SAFE_TOKEN_ID_RANGE,
     PromptBuilder,

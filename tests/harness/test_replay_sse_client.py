@@ -1,4 +1,4 @@
-"""The lean streaming HTTP/1.1 client (harness.sse_client): framing, reuse, failures."""
+"""The lean streaming HTTP/1.1 client (harness.live.sse_client): framing, reuse, failures."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.sse_client import Exchange, SseClient, _Connection, _Pending
-from harness.testing import ScheduledStreamServer
+from harness.live.sse_client import Exchange, SseClient, _Connection, _Pending
+from harness.live.testing import ScheduledStreamServer
 
 
 class FakeTransport(asyncio.Transport):

@@ -3,7 +3,7 @@ it gives, within the client's timing error.
 
 This checks the live path end to end: ``batchlab serve reference`` (a child process, so it does
 not share a GIL with the client) runs the scheduler and cost model of ``simulate`` on the wall
-clock, and ``harness.replay`` measures it. The model is llama-3.1-70b on 4 A100s: decode steps
+clock, and ``harness.live.replay`` measures it. The model is llama-3.1-70b on 4 A100s: decode steps
 of about 23 ms and prefill steps of 50-800 ms, long next to the millisecond-scale errors below.
 
 Where the served run differs from the simulation, and by how much:
@@ -31,11 +31,11 @@ import math
 from pathlib import Path
 
 from adapters.reference.config import ReferenceConfig
-from adapters.reference.engine import simulate
-from adapters.reference.server import launch_server_process
+from harness.live.recorder import RECORDS_FILE, read_records
+from harness.live.replay import ReplayConfig, replay
 from harness.metrics import summarize
-from harness.recorder import RECORDS_FILE, read_records
-from harness.replay import ReplayConfig, replay
+from harness.serve import launch_server_process
+from harness.sim import simulate
 from harness.traces import TraceOptions, load_trace
 
 TRACE = "harness/data/azure_conv_excerpt.csv"

@@ -12,7 +12,7 @@ import pytest
 
 from adapters import tgi, trtllm, vllm
 from adapters.base import MetricSource, TelemetrySpec
-from harness.telemetry import (
+from harness.live.telemetry import (
     COLUMNS,
     CanonicalReader,
     FakeSource,

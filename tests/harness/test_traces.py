@@ -13,6 +13,7 @@ import json
 import math
 import re
 import tempfile
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +24,18 @@ from hypothesis import strategies as st
 from harness.cli import main
 from harness.traces import (
     DATA_DIR,
+    MAX_RATE_PER_S,
+    MAX_REQUESTS_PER_TRACE,
+    MAX_TOKENS_PER_REQUEST,
+    MIN_RATE_PER_S,
     MOONCAKE_BLOCK_TOKENS,
     Trace,
     TraceError,
     TraceOptions,
+    check_count,
+    check_rate,
+    check_timestamp_s,
+    check_tokens,
     describe,
     load_trace,
     shared_traces_dir,
@@ -440,6 +449,132 @@ def test_option_conflicts() -> None:
 def test_options_are_validated(options: dict[str, object], message: str) -> None:
     with pytest.raises(TraceError, match=re.escape(message)):
         TraceOptions(**options)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- bounds
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("sentinel.csv", AZURE_HEADER + "2023-11-16 18:15:46.68,4294967295,44\n",
+         "sentinel.csv:2: field 'ContextTokens': expected at most 16777216 tokens, "
+         "got '4294967295'"),
+        ("sentinel.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 4294967295}\n',
+         "sentinel.jsonl:1: field 'output_length': expected at most 16777216 tokens, "
+         "got 4294967295"),
+        ("burst.csv", "Timestamp,Model,Request tokens,Response tokens\n0,GPT-4,5,4294967295\n",
+         "burst.csv:2: field 'Response tokens': expected at most 16777216 tokens"),
+        ("huge.csv", "num_prefill_tokens,num_decode_tokens\n10,1e300\n",
+         "huge.csv:2: field 'num_decode_tokens': expected at most 16777216 tokens, got '1e300'"),
+        ("huge.jsonl", '{"timestamp": 0, "input_length": 1e300, "output_length": 1}\n',
+         "huge.jsonl:1: field 'input_length': expected at most 16777216 tokens, got 1e+300"),
+        ("when.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,1\n1e300,1,1\n",
+         "when.csv:3: field 'arrived_at': expected at most 1e+10 seconds, got '1e300'"),
+        ("when.jsonl", '{"timestamp": 1e300, "input_length": 1, "output_length": 1}\n',
+         "when.jsonl:1: field 'timestamp': expected at most 1e+10 seconds, got 1e+300"),
+        ("nan.csv", "num_prefill_tokens,num_decode_tokens\nnan,1\n",
+         "nan.csv:2: field 'num_prefill_tokens': expected a non-negative integer, got 'nan'"),
+        ("nan.jsonl", '{"timestamp": 0, "input_length": NaN, "output_length": 1}\n',
+         "nan.jsonl:1: field 'input_length': expected a non-negative integer, got nan"),
+        ("nantime.jsonl", '{"timestamp": NaN, "input_length": 1, "output_length": 1}\n',
+         "nantime.jsonl:1: field 'timestamp': expected a non-negative number, got nan"),
+    ],
+)
+def test_values_past_the_bounds_name_file_line_and_field(
+    tmp_path: Path, name: str, text: str, message: str
+) -> None:
+    path = write(tmp_path, name, text)
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    assert str(info.value).startswith(f"{tmp_path}/{message}"), str(info.value)
+
+
+def test_token_bound_is_inclusive_and_over_it_rows_can_be_skipped(tmp_path: Path) -> None:
+    header = "num_prefill_tokens,num_decode_tokens\n"
+    path = write(tmp_path, "edge.csv", header + f"{MAX_TOKENS_PER_REQUEST},1\n"
+                                                f"{MAX_TOKENS_PER_REQUEST + 1},1\n")
+    with pytest.raises(TraceError, match=re.escape("edge.csv:3: field 'num_prefill_tokens'")):
+        load_trace(path, TraceOptions(rate=1.0))
+    trace = loaded(path, rate=1.0, skip_bad_rows=True)
+    assert [r.num_prompt_tokens for r in trace.requests] == [MAX_TOKENS_PER_REQUEST]
+    assert trace.counts["skipped_bad_rows"] == 1
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"num_requests": 10**11},
+         "--num-requests: expected at most 10000000 requests, got 100000000000"),
+        ({"limit": 2**32}, "--limit: expected at most 10000000 requests, got 4294967296"),
+        ({"prompt_tokens": 4294967295},
+         "--prompt-tokens: expected at most 16777216 tokens, got 4294967295"),
+        ({"output_tokens": 10**300}, "--output-tokens: expected at most 16777216 tokens"),
+        ({"max_model_len": 2**32}, "--max-model-len: expected at most 16777216 tokens"),
+        ({"rate": 1e300}, "--rate: expected a rate between 1e-06 and 1e+06 requests per "
+                          "second (or inf), got 1e+300"),
+        ({"rate": 1e-300}, "--rate: expected a rate between 1e-06 and 1e+06"),
+        ({"rate": math.nan}, "--rate: expected a positive number of requests per second"),
+    ],
+)
+def test_options_past_the_bounds(options: dict[str, object], message: str) -> None:
+    with pytest.raises(TraceError, match=re.escape(message)):
+        TraceOptions(**options)  # type: ignore[arg-type]
+
+
+def test_options_at_the_bounds_are_accepted() -> None:
+    TraceOptions(num_requests=MAX_REQUESTS_PER_TRACE, limit=MAX_REQUESTS_PER_TRACE,
+                 prompt_tokens=MAX_TOKENS_PER_REQUEST, output_tokens=MAX_TOKENS_PER_REQUEST,
+                 max_model_len=MAX_TOKENS_PER_REQUEST, rate=MAX_RATE_PER_S)
+    TraceOptions(rate=MIN_RATE_PER_S)
+    TraceOptions(rate=math.inf)
+
+
+def test_synthetic_num_requests_past_the_bound_fails_before_allocating() -> None:
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceError, match="--num-requests: expected at most 10000000"):
+            load_trace("synthetic", TraceOptions(num_requests=10**11, rate=1.0,
+                                                 prompt_tokens=1, output_tokens=1))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # nothing sized by the request count was built
+
+
+def test_bounds_helpers_name_the_option_or_the_field() -> None:
+    assert check_tokens(MAX_TOKENS_PER_REQUEST, "--prompt-tokens") == MAX_TOKENS_PER_REQUEST
+    assert check_count(MAX_REQUESTS_PER_TRACE, "num_requests") == MAX_REQUESTS_PER_TRACE
+    with pytest.raises(TraceError) as info:
+        check_count(1e11, "num_requests", path="s.yaml", line=4)
+    assert str(info.value) == (
+        "s.yaml:4: field 'num_requests': expected at most 10000000 requests, got 100000000000.0"
+    )
+    assert (info.value.path, info.value.line, info.value.field) == ("s.yaml", 4, "num_requests")
+    with pytest.raises(TraceError, match=r"^--rate: expected a rate .* got nan$"):
+        check_rate(math.nan, "--rate")
+    with pytest.raises(TraceError, match=r"^rate: expected a rate .* second, got inf$"):
+        check_rate(math.inf, "rate")  # inf only where the caller allows it
+    assert check_rate(math.inf, "rate", allow_inf=True) == math.inf
+    with pytest.raises(TraceError, match=r"^t: expected at most 1e\+10 seconds, got nan$"):
+        check_timestamp_s(math.nan, "t")
+    with pytest.raises(TraceError, match=r"^n: expected at most 16777216 tokens, got nan$"):
+        check_tokens(math.nan, "n")
+
+
+@pytest.mark.parametrize("value", ["100000000000", "1e11"])
+def test_cli_num_requests_past_the_bound_is_a_one_line_error(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["trace", "info", "--trace", "synthetic", "--num-requests", value, "--rate", "1",
+            "--prompt-tokens", "1", "--output-tokens", "1"]
+    code: object
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse refuses a non-integer before the options see it
+        code = exc.code
+    assert code == 2
+    assert "--num-requests" in capsys.readouterr().err.splitlines()[-1]
 
 
 # ---------------------------------------------------------------- synthetic

@@ -8,18 +8,18 @@ import pyarrow as pa
 import pytest
 
 from harness.metrics import summarize
-from harness.timeline import RequestTimeline
-from harness.traces import Trace, TraceRequest
-from harness.validate import (
+from harness.report.fidelity import (
     METRICS,
     PERCENTILES,
-    as_sent,
     batch_size_comparison,
     compare,
     fidelity,
     per_request_errors,
     render_fidelity_markdown,
 )
+from harness.timeline import RequestTimeline
+from harness.traces import Trace, TraceRequest
+from harness.validate import as_sent
 
 
 def timeline(rid: str, start: float, ttft: float, itl: float, n: int, *,

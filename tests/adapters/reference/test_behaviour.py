@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from adapters.reference import ReferenceConfig, simulate
+from adapters.reference import ReferenceConfig
 from harness.metrics import summarize
+from harness.sim import simulate
 from harness.traces import TraceOptions, TraceRequest, load_trace
 
 EXCERPT = Path(__file__).resolve().parents[3] / "harness" / "data" / "azure_conv_excerpt.csv"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.base import Knobs
+from adapters.knobs import Knobs, ReferenceKnobs
 from adapters.reference.config import ConfigError, ReferenceConfig
 
 
@@ -51,7 +51,7 @@ def test_static_prefills_whole_batches_and_always_reserves() -> None:
     ({"max_model_len": 10**7}, "max_model_len"),
     ({"tp": 0}, "tp"),
     ({"chunked_prefill": "yes"}, "chunked_prefill"),
-    ({"prefix_caching": True}, "prefix_caching"),
+    ({"prefix_caching": "yes"}, "prefix_caching"),
     ({"preemption": "none", "admission": "optimistic"}, "preemption"),
     ({"max_num_seqs": 512, "max_num_batched_tokens": 256}, "max_num_batched_tokens"),
     ({"swap_space_gib": -1}, "swap_space_gib"),
@@ -66,8 +66,8 @@ def test_from_knobs_maps_every_knob() -> None:
                   preemption="swap", chunked_prefill=True, weights_dtype="fp8",
                   kv_cache_dtype="fp8", gpu_memory_utilization=0.8, tensor_parallel_size=2,
                   max_model_len=8192)
-    c = ReferenceConfig.from_knobs(knobs, model="llama-3.1-8b", gpu="h200", block_size=32,
-                                   num_gpu_blocks=1000)
+    c = ReferenceConfig.from_knobs(knobs, ReferenceKnobs(block_size=32, num_gpu_blocks=1000),
+                                   model="llama-3.1-8b", gpu="h200")
     assert (c.policy, c.preemption, c.resolved_admission) == ("priority", "swap", "optimistic")
     assert (c.max_num_seqs, c.max_num_batched_tokens, c.tp) == (64, 4096, 2)
     assert (c.weights_dtype, c.kv_cache_dtype, c.gpu_memory_utilization) == ("fp8", "fp8", 0.8)
@@ -78,6 +78,15 @@ def test_from_knobs_preemption_none_means_reserve() -> None:
     c = ReferenceConfig.from_knobs(Knobs(preemption="none"), model="llama-3.1-8b", gpu=None)
     assert c.resolved_admission == "reserve"
     assert c.scheduler_config().admission == "reserve"
-    explicit = ReferenceConfig.from_knobs(Knobs(), model="mistral-7b", gpu="h100-pcie",
-                                          admission="reserve")
+    explicit = ReferenceConfig.from_knobs(Knobs(), ReferenceKnobs(admission="reserve"),
+                                          model="mistral-7b", gpu="h100-pcie")
     assert explicit.resolved_admission == "reserve"
+
+
+def test_from_knobs_unset_knobs_keep_the_reference_defaults() -> None:
+    given = Knobs.from_mapping({"max_num_seqs": 8, "preemption": "none"})
+    c = ReferenceConfig.from_knobs(given, model="llama-3.1-8b", gpu=None)
+    default = ReferenceConfig()
+    assert (c.max_num_seqs, c.resolved_admission) == (8, "reserve")
+    assert c.max_num_batched_tokens == default.max_num_batched_tokens
+    assert c.effective_knobs()["max_num_batched_tokens"] == default.max_num_batched_tokens

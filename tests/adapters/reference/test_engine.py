@@ -6,10 +6,11 @@ import math
 
 import pytest
 
-from adapters.reference import STEP_COLUMNS, EngineCore, ReferenceConfig, simulate
+from adapters.reference import STEP_COLUMNS, EngineCore, ReferenceConfig
 from adapters.reference.request import Request
 from adapters.reference.scheduler import ExecutorOutput, SchedulerOutput
 from harness.metrics import summarize
+from harness.sim import simulate
 from harness.traces import TraceRequest
 
 

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from adapters.reference import ReferenceConfig, simulate
+from adapters.reference import ReferenceConfig
 from adapters.reference.blocks import BlockManager
 from adapters.reference.config import SchedulerConfig
 from adapters.reference.request import Request, RequestStatus
 from adapters.reference.scheduler import ExecutorOutput, Scheduler
+from harness.sim import simulate
 from harness.traces import TraceRequest
 
 _SETTINGS = settings(max_examples=150, deadline=None,

@@ -1,0 +1,7 @@
+"""``python -m harness.cli``: how launched servers (``serve reference``) are started."""
+
+import sys
+
+from harness.cli import main
+
+sys.exit(main())

@@ -1,0 +1,274 @@
+"""Commands that hold the reference against a live engine: ``calibrate`` and ``validate``."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from adapters.knobs import KnobError, Knobs
+from harness.cli.common import (
+    UserError,
+    add_subparser,
+    add_trace_options,
+    command_line,
+    fmt_s,
+    knobs_from_args,
+    load_trace,
+    parse_slo,
+    progress_bar,
+)
+from harness.cli.live import add_engine_options, live_target_spec
+from harness.target import TargetSpec
+
+CALIBRATE_GPU_HELP = (
+    "the hardware the engine runs on: a catalog GPU (h100-sxm, h100-pcie, h200, a100-80gb) "
+    "keeps its datasheet figures and gets fitted efficiencies; any other name (cpu, ...) is "
+    "described by fitted effective figures. Default: this machine's GPU (nvidia-smi), else cpu")
+
+
+def add_calibration_target_options(p: argparse.ArgumentParser) -> None:
+    """What calibrate and validate share besides the engine options."""
+    g = p.add_argument_group("model and reference")
+    g.add_argument("--model", required=True, metavar="PATH_OR_NAME",
+                   help="the model the engine serves (a local folder or hub id); requests carry "
+                   "it as the model name (the engine loads --model-path when given)")
+    g.add_argument("--reference-model", metavar="NAME_OR_PATH",
+                   help="the model's shape for the reference cost model: a catalog name "
+                   "(batchlab costmodel --list) or a local config.json / folder; default: "
+                   "--model-path or --model when it is a local folder or a catalog name")
+    g.add_argument("--tokenizer", metavar="PATH",
+                   help="local tokenizer of the served model, for prompts of exact length "
+                   "(default: the model folder's own)")
+
+
+def resolve_reference_model(args: argparse.Namespace) -> str:
+    """The model's shape for the cost model: --reference-model, else the served model when it
+    is a local folder, a catalog name, or a hub id the catalog lists (``-Instruct`` variants
+    share their base model's shape)."""
+    from adapters.reference.models import MODELS
+
+    if args.reference_model:
+        return str(args.reference_model)
+    for candidate in (args.model_path, args.model):
+        if not candidate:
+            continue
+        if (Path(candidate) / "config.json").is_file() or candidate.lower() in MODELS:
+            return str(candidate)
+        base = candidate.lower().split("/")[-1].replace("-instruct", "")
+        for name, spec in MODELS.items():
+            hub_id = spec.source.split()[0].lower()
+            if candidate.lower() == hub_id or base == name:
+                return name
+    raise UserError(f"--reference-model: {args.model!r} is neither a local model folder nor a "
+                    "catalog model; give the model's shape with --reference-model NAME or "
+                    "--reference-model path/to/config.json")
+
+
+def engine_url_or_launch(args: argparse.Namespace) -> None:
+    args.engine = args.engine or "vllm"
+    if not args.launch and not args.url and not args.dry_run:
+        raise UserError("give --launch (start the engine) or --url URL (attach to a running one)")
+
+
+def add_calibrate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(
+        sub, "calibrate",
+        help="fit the reference cost model to a live engine and write a profile",
+        description="Run a short designed workload against a live engine (prefills of growing "
+        "length on an idle engine; bursts of 1, 2, 4, ... requests decoding together, with "
+        "short and long contexts), measure engine step times from the streamed token "
+        "timestamps, fit the cost model's coefficients and write a profile JSON for "
+        "`simulate --profile`, `serve reference --profile`, scenarios and `validate`. "
+        "Method: docs/cost-model.md (Calibration).",
+        epilog="examples:\n"
+        "  batchlab calibrate --engine vllm --launch --model models/small-llama \\\n"
+        "      --max-num-seqs 16 --max-num-batched-tokens 2048 --max-model-len 1024 \\\n"
+        "      --extra-arg=--dtype --extra-arg=float32 --engine-env VLLM_CPU_KVCACHE_SPACE=1 \\\n"
+        "      --out profiles/cpu-small-llama.json\n"
+        "  batchlab calibrate --engine vllm --url http://127.0.0.1:8000 \\\n"
+        "      --model meta-llama/Llama-3.1-8B --reference-model llama-3.1-8b \\\n"
+        "      --gpu h100-sxm --out profiles/h100-llama8b.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_engine_options(p, gpu_help=CALIBRATE_GPU_HELP)
+    add_calibration_target_options(p)
+    g = p.add_argument_group("calibration")
+    g.add_argument("--out", required=True, metavar="PROFILE.json", help="the profile to write")
+    g.add_argument("--work-dir", metavar="DIR",
+                   help="run folders of the workload's phases and samples.parquet (default: "
+                   "PROFILE.calibration/ beside the profile)")
+    g.add_argument("--output-tokens", type=int, default=48, metavar="N",
+                   help="tokens each decode-burst request generates (48)")
+    g.add_argument("--max-batch-size", type=int, default=256, metavar="N",
+                   help="largest burst (also capped by --max-num-seqs) (256)")
+    g.add_argument("--long-prompt-tokens", type=int, default=512, metavar="N",
+                   help="context of the long-context bursts (512; capped by --max-model-len)")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from adapters.process import EngineStartError
+    from harness.calibrate import (
+        CalibrationError,
+        WorkloadSpec,
+        calibrate,
+        design_workload,
+        detect_device,
+        reference_config,
+    )
+    from harness.live.session import engine_session
+
+    engine_url_or_launch(args)
+    knobs = knobs_from_args(args)
+    if not knobs.is_given("prefix_caching"):
+        # A designed workload measures compute: a prefix-cache hit would hide a prefill.
+        knobs = replace(knobs, prefix_caching=False,
+                        given=frozenset(knobs.given_names()) | {"prefix_caching"})
+    reference_model = resolve_reference_model(args)
+    device = args.gpu or detect_device()
+    model_path = args.model_path or args.model
+    out = Path(args.out)
+    work_dir = Path(args.work_dir) if args.work_dir else out.with_suffix(".calibration")
+    try:
+        config = reference_config(reference_model, knobs, device)
+        spec = WorkloadSpec(
+            max_num_seqs=knobs.max_num_seqs, max_num_batched_tokens=knobs.max_num_batched_tokens,
+            max_model_len=config.resolved_max_model_len, num_output_tokens=args.output_tokens,
+            max_batch_size=args.max_batch_size, long_prompt_tokens=args.long_prompt_tokens)
+        phases = design_workload(spec)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.dry_run:
+        for phase in phases:
+            lengths = sorted({r.num_prompt_tokens for r in phase.requests})
+            how = (f"{phase.concurrency} user(s)" if phase.concurrency
+                   else "one at a time" if phase.spaced_by else "all at once")
+            print(f"phase {phase.name}: {len(phase.requests)} requests, prompts {lengths}, "
+                  f"{how}: {phase.measures}")
+        print(f"device {device}; reference model {reference_model}")
+        return 0
+    tokenizer = args.tokenizer or (model_path if (Path(model_path) / "tokenizer.json").is_file()
+                                   else None)
+    try:
+        with engine_session(session_spec(args, knobs), work_dir) as session:
+            result = calibrate(session.plan, knobs, reference_model=reference_model, device=device,
+                               out_path=out, work_dir=work_dir, spec=spec,
+                               tokenizer_path=tokenizer,
+                               telemetry_interval_s=args.telemetry_interval_s,
+                               command=command_line())
+    except KnobError as exc:
+        raise UserError(str(exc)) from None
+    except (EngineStartError, CalibrationError, ValueError) as exc:
+        raise UserError(f"{exc}\n(run folders and server logs: {work_dir})") from None
+    fit = result.fit
+    c = fit.coefficients
+    print(f"step = max(bytes / {fmt_rate(fit.memory_bytes_per_s, 'B/s')}, "
+          f"FLOPs / {fmt_rate(fit.compute_flops_per_s, 'FLOP/s')}) + "
+          f"{fmt_s(c['step_overhead_s'])} + {fmt_s(c['per_seq_overhead_s'])}/seq + "
+          f"{c['per_kv_token_overhead_s'] * 1e6:.2f} µs/KV token + "
+          f"{c['per_attention_pair_overhead_s'] * 1e9:.1f} ns/attention pair; front end "
+          f"{fmt_s(c['frontend_latency_s'])}")
+    print(f"fit: {fit.num_samples} samples ({fit.num_outliers} outliers), median |error| "
+          f"{fit.median_abs_relative_error:.1%}, p90 {fit.p90_abs_relative_error:.1%}")
+    for note in result.profile["metadata"]["notes"]:
+        print(f"note: {note}")
+    print(f"profile: {out}  (workload run folders: {work_dir})")
+    return 0
+
+
+def fmt_rate(value: float, unit: str) -> str:
+    import math
+
+    if not math.isfinite(value):
+        return "inf"
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if value >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(
+        sub, "validate",
+        help="replay a trace live and on the calibrated reference; report prediction errors",
+        description="Replay a held-out trace against a live engine and simulate it on the "
+        "reference engine with the same knobs and a calibration profile; print predicted vs "
+        "measured TTFT, TPOT and E2E (p50, p90, p99), throughput, running batch size and "
+        "per-request errors. With --out DIR: DIR/fidelity.json, DIR/fidelity.md, "
+        "DIR/per_request_errors.parquet and the run folders DIR/live and DIR/simulated "
+        "(`batchlab report DIR/live DIR/simulated` compares them).",
+        epilog="example:\n"
+        "  batchlab validate --profile profiles/cpu-small-llama.json --engine vllm \\\n"
+        "      --url http://127.0.0.1:8000 --model models/small-llama --max-num-seqs 16 \\\n"
+        "      --max-num-batched-tokens 2048 --extra-arg=--dtype --extra-arg=float32 \\\n"
+        "      --trace harness/data/azure_conv_excerpt.csv --limit 40 --max-model-len 1024 \\\n"
+        "      --on-too-long clip --rate 2 --out reports/validate",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_trace_options(p)
+    add_engine_options(p)
+    add_calibration_target_options(p)
+    g = p.add_argument_group("validation")
+    g.add_argument("--profile", required=True, metavar="PROFILE.json",
+                   help="the calibration profile (from batchlab calibrate)")
+    g.add_argument("--slo", help="SLOs for goodput, e.g. ttft_s=0.5,tpot_s=0.05")
+    g.add_argument("--out", default="reports/validate", metavar="DIR",
+                   help="where fidelity.json and the two run folders go (reports/validate)")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from adapters.process import EngineStartError
+    from harness.live.session import engine_session
+    from harness.report.fidelity import render_fidelity_markdown
+    from harness.validate import run_validation
+
+    engine_url_or_launch(args)
+    knobs = knobs_from_args(args)
+    reference_model = resolve_reference_model(args)
+    trace = load_trace(args)
+    if args.dry_run:
+        print(f"would replay {len(trace.requests)} requests of {trace.source} and simulate "
+              f"them with {args.profile} (reference model {reference_model})")
+        return 0
+    model_path = args.model_path or args.model
+    out = Path(args.out)
+    replay_kwargs: dict[str, Any] = {"seed": args.seed}
+    if args.tokenizer:
+        replay_kwargs["tokenizer_path"] = args.tokenizer
+    bar = progress_bar(len(trace.requests), "validate")
+    try:
+        with engine_session(session_spec(args, knobs), out / "server") as session:
+            fid = run_validation(session.plan, knobs, trace, profile=args.profile,
+                                 reference_model=reference_model, out_dir=out, model=model_path,
+                                 replay_kwargs=replay_kwargs, slo=parse_slo(args.slo),
+                                 command=command_line(), progress=bar.update_to,
+                                 telemetry_interval_s=args.telemetry_interval_s)
+    except KnobError as exc:
+        raise UserError(str(exc)) from None
+    except (EngineStartError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        bar.close()
+    print(render_fidelity_markdown(fid, title="Prediction fidelity", intro=False), end="")
+    speed = fid.get("engine_speed_vs_calibration") or {}
+    if speed.get("before") is not None and speed.get("after") is not None:
+        print(f"Engine speed since calibration (burst {speed['burst']} again): "
+              f"{speed['before']:+.1%} before the replay, {speed['after']:+.1%} after "
+              "(+: slower; a drifting machine, not the model).\n")
+    in_flight = fid.get("in_flight_requests")
+    if in_flight:
+        print(f"Requests in flight (send to finish, both sides from their timelines), mean: "
+              f"predicted {in_flight['mean']['predicted']:.2f}, measured "
+              f"{in_flight['mean']['measured']:.2f}.\n")
+    print(f"results: {out}/fidelity.json  (compare: batchlab report {out}/live "
+          f"{out}/simulated)")
+    return 0
+
+
+def session_spec(args: argparse.Namespace, knobs: Knobs) -> TargetSpec:
+    """The engine that calibrate and validate hold for several replays. Knobs given for an
+    attached server describe it (they reach the reference), so they are not refused."""
+    spec = live_target_spec(args, url=args.url)
+    return replace(spec, knobs=knobs,
+                   allow_approximate=args.allow_approximate or args.url is not None)

@@ -1,0 +1,294 @@
+"""What every subcommand shares: errors, trace options, the generated knob flags, SLOs, output.
+
+Knob flags are generated from ``adapters.knobs`` (one definition): every subcommand that takes a
+knob spells it the same way, and an unset knob stays unset (the engine's own default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from adapters.knobs import REFERENCE, UNIFORM, KnobError, Knobs, KnobSpec, ReferenceKnobs
+
+if TYPE_CHECKING:
+    from harness.metrics import Slo
+    from harness.traces import Trace, TraceOptions
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+class UserError(Exception):
+    """A problem with the user's input (file, field, knob): printed without a traceback."""
+
+
+class Parser(argparse.ArgumentParser):
+    """No abbreviations (``--gpu`` must never be read as ``--gpu-memory-utilization``), and
+    errors that never echo an option's value (it may be a secret)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {_without_values(message)}\n")
+
+
+def _without_values(message: str) -> str:
+    """argparse quotes offending values ("invalid int value: 'x'", "unrecognized arguments:
+    a b"); keep the option names, drop the values."""
+    if message.startswith("unrecognized arguments:"):
+        names = [a.split("=", 1)[0] for a in message.split(":", 1)[1].split() if a.startswith("-")]
+        return "unrecognized arguments: " + (" ".join(names) if names else "(values not shown)")
+    message = re.sub(r"invalid (\S+) value: .*", r"invalid \1 value", message)
+    return re.sub(r"invalid choice: .*? \(choose", "invalid choice (choose", message)
+
+
+def add_subparser(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+                  **kwargs: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(name, allow_abbrev=False, **kwargs)
+    return parser
+
+
+# ---------------------------------------------------------------- knob flags (generated)
+
+GPU_HELP = ("catalog GPU (h100-sxm, h100-pcie, h200, a100-80gb; default: the profile's device, "
+            "else h100-sxm)")
+
+
+def _add_knob(g: argparse._ArgumentGroup, spec: KnobSpec, existing: set[str]) -> None:
+    if spec.flag in existing:  # e.g. --max-model-len, already a trace option with the same dest
+        return
+    flags = (spec.flag, *spec.aliases)
+    help_text = f"{spec.help} (unset: the engine's own default)"
+    if spec.kind == "bool":
+        g.add_argument(*flags, dest=spec.name, action=argparse.BooleanOptionalAction,
+                       default=None, help=help_text)
+    elif spec.kind == "choice":
+        g.add_argument(*flags, dest=spec.name, choices=spec.choices, default=None, help=help_text)
+    elif spec.kind == "args":
+        g.add_argument(*flags, dest=spec.name, action="append", default=[],
+                       metavar=spec.metavar, help=spec.help)
+    else:
+        kind = {"int": int, "float": float, "path": str}[spec.kind]
+        g.add_argument(*flags, dest=spec.name, type=kind, default=None, metavar=spec.metavar,
+                       help=help_text)
+
+
+def add_knob_flags(p: argparse.ArgumentParser, *, reference: bool = False,
+                   launch_args: bool = True, only: Sequence[str] | None = None) -> None:
+    """The uniform knobs as flags (and the reference-only section with ``reference``);
+    ``only`` limits them to the knobs a command uses."""
+    existing = set(p._option_string_actions)
+    g = p.add_argument_group(
+        "uniform knobs", "the same flags for every engine; unset knobs keep the engine's own "
+        "defaults (docs/engines.md)")
+    for spec in UNIFORM:
+        if (spec.kind == "args" and not launch_args) or (only is not None
+                                                         and spec.name not in only):
+            continue
+        _add_knob(g, spec, existing)
+    if reference:
+        r = p.add_argument_group("reference engine", "settings only the reference engine has")
+        for spec in REFERENCE:
+            _add_knob(r, spec, existing)
+
+
+def knobs_from_args(args: argparse.Namespace) -> Knobs:
+    """Uniform knobs from the flags that were given; the rest stay unset."""
+    values: dict[str, object] = {}
+    for spec in UNIFORM:
+        value = getattr(args, spec.name, None)
+        if value is not None and value != []:
+            values[spec.name] = tuple(value) if isinstance(value, list) else value
+    try:
+        return Knobs.from_mapping(values, where="command line")
+    except KnobError as exc:
+        raise UserError(str(exc)) from None
+
+
+def reference_knobs_from_args(args: argparse.Namespace) -> ReferenceKnobs:
+    values = {s.name: getattr(args, s.name, None) for s in REFERENCE}
+    try:
+        return ReferenceKnobs.from_mapping(values, where="command line")
+    except KnobError as exc:
+        raise UserError(str(exc)) from None
+
+
+def add_gpu_option(g: argparse._ArgumentGroup | argparse.ArgumentParser,
+                   help_text: str = GPU_HELP) -> None:
+    g.add_argument("--gpu", metavar="NAME", default=None, help=help_text)
+
+
+def command_line() -> list[str]:
+    return ["batchlab", *sys.argv[1:]]
+
+
+# ---------------------------------------------------------------- trace options
+
+
+def add_trace_options(p: argparse.ArgumentParser) -> None:
+    """Trace options shared by simulate, replay, validate and trace info (docs/traces.md)."""
+    from harness.traces import ARRIVALS, FORMATS, ON_TOO_LONG
+
+    g = p.add_argument_group(
+        "trace", "which requests to send and when; see docs/traces.md for the order they apply in"
+    )
+    g.add_argument(
+        "--trace", metavar="FILE",
+        help="trace file: Azure 2023 CSV, Mooncake JSONL (or .jsonl.gz), BurstGPT CSV, Vidur "
+        "CSV, length-only CSV (ShareGPT/arXiv stats); or 'synthetic' (also synthetic:poisson, "
+        "synthetic:gamma, synthetic:constant) for generated requests",
+    )
+    g.add_argument("--format", choices=FORMATS,
+                   help="trace format; default: detected from the extension and header")
+    g.add_argument("--limit", type=int, metavar="N",
+                   help="keep only the first N requests (after the window and --max-model-len)")
+    g.add_argument("--start-s", type=float, metavar="S",
+                   help="window start in trace seconds; arrivals are then measured from S")
+    g.add_argument("--end-s", type=float, metavar="S",
+                   help="window end in trace seconds (requests arriving before S are kept)")
+    g.add_argument("--time-scale", type=float, metavar="X",
+                   help="multiply every trace arrival time by X (0.5 = twice as fast)")
+    g.add_argument("--rate", type=float, metavar="R",
+                   help="mean rate in requests/s: rescales trace times, or sets the rate of "
+                   "synthetic arrivals (required for length-only and synthetic traces); "
+                   "inf sends everything at 0 s")
+    g.add_argument("--arrival", choices=ARRIVALS,
+                   help="synthesize arrivals instead of using trace times (default for "
+                   "length-only and synthetic traces: poisson)")
+    g.add_argument("--burstiness", type=float, metavar="B",
+                   help="gamma shape of synthetic inter-arrival gaps, as in vLLM bench: 1 = "
+                   "Poisson, <1 burstier, >1 smoother, inf = constant; implies --arrival gamma")
+    g.add_argument("--num-requests", type=int, metavar="N",
+                   help="number of requests of a synthetic trace")
+    g.add_argument("--lengths-from", metavar="FILE",
+                   help="synthetic trace: sample (prompt, output) lengths from this trace file")
+    g.add_argument("--prompt-tokens", type=int, metavar="N",
+                   help="give every request N prompt tokens (overrides the trace)")
+    g.add_argument("--output-tokens", type=int, metavar="N",
+                   help="give every request N output tokens (overrides the trace)")
+    g.add_argument("--max-model-len", type=int, metavar="N",
+                   help="context length: prompt + output must fit in N tokens (also the engine's "
+                   "max model length); see --on-too-long")
+    g.add_argument("--on-too-long", choices=ON_TOO_LONG, default="error",
+                   help="requests longer than --max-model-len: error (default), drop them, or "
+                   "clip them (prompt truncated first); the count is reported")
+    g.add_argument("--priority-fraction", type=float, metavar="F",
+                   help="a seeded random fraction F of requests gets priority 0 (high), the "
+                   "rest 1; a 'priority' column in the trace wins")
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed for synthetic arrivals, sampled lengths and priorities (0)")
+    g.add_argument("--skip-bad-rows", action="store_true",
+                   help="skip malformed trace rows (and report how many) instead of failing")
+
+
+def trace_options(args: argparse.Namespace) -> TraceOptions:
+    from harness.traces import TraceError, TraceOptions
+
+    try:
+        return TraceOptions(
+            format=args.format,
+            limit=args.limit,
+            start_s=args.start_s,
+            end_s=args.end_s,
+            time_scale=args.time_scale,
+            rate=args.rate,
+            arrival=args.arrival,
+            burstiness=args.burstiness,
+            num_requests=args.num_requests,
+            lengths_from=args.lengths_from,
+            prompt_tokens=args.prompt_tokens,
+            output_tokens=args.output_tokens,
+            max_model_len=args.max_model_len,
+            on_too_long=args.on_too_long,
+            priority_fraction=args.priority_fraction,
+            seed=args.seed,
+            skip_bad_rows=args.skip_bad_rows,
+        )
+    except TraceError as exc:
+        raise UserError(str(exc)) from None
+
+
+def load_trace(args: argparse.Namespace) -> Trace:
+    from harness.traces import TraceError, load_trace
+
+    if not args.trace and args.format != "synthetic":
+        raise UserError("--trace is required: a trace file, or 'synthetic'")
+    options = trace_options(args)
+    try:
+        return load_trace(args.trace, options)
+    except TraceError as exc:
+        raise UserError(str(exc)) from None
+
+
+# ---------------------------------------------------------------- SLOs and output
+
+
+def parse_slo(text: str | None) -> Slo | None:
+    from harness.metrics import Slo
+
+    if not text:
+        return None
+    try:
+        return Slo.parse(text)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+class Progress:
+    """A tqdm bar on a terminal, silence elsewhere; ``update_to(done, total)``."""
+
+    def __init__(self, total: int, desc: str) -> None:
+        self._bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, unit="req", leave=False)
+
+    def update_to(self, done: int, total: int) -> None:
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.n = done
+            self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def progress_bar(total: int, desc: str) -> Progress:
+    return Progress(total, desc)
+
+
+def fmt_s(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def print_headline(summary: dict[str, Any]) -> None:
+    tp = summary["throughput"]
+    print(
+        f"{summary['num_completed']}/{summary['num_requests']} requests completed in "
+        f"{summary['duration_s']:.1f} s; {tp['output_tokens_per_s']:.0f} output tok/s; "
+        f"TTFT p50 {fmt_s(summary['ttft_s']['p50'])} p99 {fmt_s(summary['ttft_s']['p99'])}; "
+        f"TPOT p50 {fmt_s(summary['tpot_s']['p50'])} p99 {fmt_s(summary['tpot_s']['p99'])}; "
+        f"{summary['num_preemptions']} preemptions"
+    )
+
+
+def print_live_headline(summary: dict[str, Any]) -> None:
+    print_headline(summary)
+    if summary.get("failures"):
+        print("failures: " + ", ".join(f"{k} {v}" for k, v in summary["failures"].items()))
+    lag = summary.get("send_lag_s") or {}
+    if summary.get("client_limited"):
+        print(f"warning: client-limited run: send-lag p99 {fmt_s(lag.get('p99'))} exceeds "
+              f"{fmt_s(summary.get('client_lag_threshold_s'))}; the client, not the server, "
+              "may have set these figures", file=sys.stderr)

@@ -1,0 +1,323 @@
+"""Live commands: ``replay`` (against a URL, or an engine batchlab launches or attaches to),
+``summarize`` and ``engines``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from adapters.catalog import ENGINES
+from adapters.knobs import UNIFORM, KnobError
+from harness.cli.common import (
+    GPU_HELP,
+    UserError,
+    add_gpu_option,
+    add_knob_flags,
+    add_subparser,
+    add_trace_options,
+    command_line,
+    knobs_from_args,
+    load_trace,
+    parse_slo,
+    print_live_headline,
+    progress_bar,
+)
+from harness.target import RunOptions, TargetSpec
+from harness.targets import LiveTarget
+
+if TYPE_CHECKING:
+    from harness.traces import Trace
+
+
+def add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(
+        sub, "replay",
+        help="replay a trace against a running server and measure every streamed chunk",
+        description="Send each trace request to a server at its arrival time (open loop) or "
+        "from N users (closed loop), streaming, and record when every chunk arrived. Writes "
+        "records.jsonl as requests finish, then requests.parquet, chunks.parquet, summary.json "
+        "and manifest.json. Ctrl-C keeps what was measured; `batchlab summarize DIR` rebuilds "
+        "the summary from records.jsonl. How timings are taken: docs/metrics.md (Live runs).",
+        epilog="examples:\n"
+        "  batchlab replay --target http://127.0.0.1:8000 --protocol openai --model m \\\n"
+        "      --trace harness/data/azure_conv_excerpt.csv --time-scale 0.5 --out reports/live\n"
+        "  batchlab replay --target http://127.0.0.1:8080 --protocol tgi --trace synthetic \\\n"
+        "      --num-requests 200 --rate 4 --prompt-tokens 512 --output-tokens 128 \\\n"
+        "      --mode closed --concurrency 16 --slo ttft_s=0.5,tpot_s=0.05",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_trace_options(p)
+    g = p.add_argument_group("replay")
+    g.add_argument("--target", metavar="URL",
+                   help="base URL of the server, e.g. http://127.0.0.1:8000")
+    g.add_argument("--protocol", choices=("openai", "openai-chat", "tgi"), default="openai",
+                   help="openai: /v1/completions (token-id prompts without --tokenizer); "
+                   "openai-chat: /v1/chat/completions; tgi: /generate_stream (default openai)")
+    g.add_argument("--model", metavar="NAME", help="model name sent in each request")
+    g.add_argument("--mode", choices=("open", "closed"), default="open",
+                   help="open: send at trace arrival times (default); closed: --concurrency "
+                   "users, each sending its next request when the last one ends")
+    g.add_argument("--concurrency", type=int, metavar="N", help="closed loop: number of users")
+    g.add_argument("--max-concurrency", type=int, metavar="N",
+                   help="open loop: at most N requests in flight; held requests go out in "
+                   "arrival order, never faster than the trace's mean rate")
+    g.add_argument("--timeout-s", type=float, default=600.0, metavar="S",
+                   help="per-request limit from send to end of stream (600)")
+    g.add_argument("--tokenizer", metavar="PATH",
+                   help="local tokenizer folder (or tokenizer.json) of the served model: "
+                   "prompts of exact token length; no hub access")
+    g.add_argument("--slo", help="SLOs for goodput, e.g. ttft_s=0.5,tpot_s=0.05,e2e_s=20")
+    g.add_argument("--client-lag-threshold-s", type=float, default=0.010, metavar="S",
+                   help="flag the run client-limited when send-lag p99 exceeds S (0.010)")
+    g.add_argument("--api-key-env", metavar="VAR",
+                   help="environment variable holding a bearer API key (the key is never "
+                   "printed or stored)")
+    g.add_argument("--length-control", choices=("vllm", "transformers", "max_tokens"),
+                   default="vllm",
+                   help="how an OpenAI server is asked for exactly the trace's output length: "
+                        "vllm = max_tokens+min_tokens+ignore_eos (vLLM, TRT-LLM, llama.cpp); "
+                        "transformers = generation_config min/max_new_tokens (transformers "
+                        "serve); max_tokens = upper bound only (default vllm)")
+    g.add_argument("--http-client", choices=("lean", "httpx"), default="lean",
+                   help="lean: batchlab's streaming HTTP/1.1 client, parsing in the socket "
+                   "callback (default; several times the capacity); httpx: the httpx library")
+    g.add_argument("--out", default="reports/replay", help="run folder (reports/replay)")
+    add_engine_options(p)
+
+
+def replay_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``ReplayConfig`` fields from the command line, all but the target URL."""
+    return {
+        "protocol": args.protocol,
+        "model": args.model,
+        "mode": args.mode,
+        "concurrency": args.concurrency,
+        "max_concurrency": args.max_concurrency,
+        "timeout_s": args.timeout_s,
+        "tokenizer_path": args.tokenizer,
+        "slo": parse_slo(args.slo),
+        "client_lag_threshold_s": args.client_lag_threshold_s,
+        "api_key_env": args.api_key_env,
+        "seed": args.seed,
+        "http_client": args.http_client,
+        "length_control": args.length_control,
+    }
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from harness.live.replay import ReplayConfig, replay_sync
+
+    if args.engine:
+        return cmd_replay_engine(args)
+    _refuse_engine_options_without_engine(args)
+    if not args.target:
+        raise UserError("--target URL is required (the server to replay against)")
+    trace = load_trace(args)
+    try:
+        config = ReplayConfig(target_url=args.target, **replay_kwargs(args))
+        config.validate()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    out = Path(args.out)
+    bar = progress_bar(len(trace.requests), "replay")
+    try:
+        summary = replay_sync(trace, config, out, progress=bar.update_to,
+                              command=command_line())
+    except ValueError as exc:  # a tokenizer that cannot be loaded, ...
+        raise UserError(str(exc)) from None
+    finally:
+        bar.close()
+    print_live_headline(summary)
+    print(f"results: {out}/")
+    return 0
+
+
+def _refuse_engine_options_without_engine(args: argparse.Namespace) -> None:
+    """Engine options mean nothing without ``--engine``: refuse them rather than drop them
+    (``--dry-run`` would otherwise send real traffic)."""
+    given = [f for f, on in (("--dry-run", args.dry_run), ("--launch", args.launch),
+                             ("--url", args.url is not None),
+                             ("--allow-approximate", args.allow_approximate)) if on]
+    given += [s.flag for s in UNIFORM
+              if s.name != "max_model_len" and getattr(args, s.name, None) not in (None, [])]
+    if given:
+        raise UserError(f"{', '.join(given)}: only with --engine NAME (the engine to plan, "
+                        "launch or attach to); plain --target replays send no knobs")
+
+
+def add_summarize(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(
+        sub, "summarize",
+        help="rebuild a run folder's summary (after a crash or with other SLOs)",
+        description="Rebuild requests.parquet, chunks.parquet and summary.json of a live run "
+        "folder from its records.jsonl (what survives a crash or Ctrl-C), or re-summarise any "
+        "run folder's requests.parquet, e.g. under different SLOs.",
+        epilog="example: batchlab summarize reports/live --slo ttft_s=0.5,tpot_s=0.05",
+    )
+    p.add_argument("run_dir", metavar="DIR", help="run folder")
+    p.add_argument("--slo", help="SLOs for goodput (default: the run's own, from manifest.json)")
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from harness.live.rundir import rebuild_summary
+
+    try:
+        summary = rebuild_summary(Path(args.run_dir), slo=parse_slo(args.slo))
+    except (ValueError, OSError) as exc:
+        raise UserError(str(exc)) from None
+    print_live_headline(summary)
+    print(f"summary: {Path(args.run_dir) / 'summary.json'}")
+    return 0
+
+
+# ---------------------------------------------------------------- engines
+
+
+def add_engine_options(p: argparse.ArgumentParser, *, gpu_help: str | None = None) -> None:
+    """Engine and uniform-knob options of a live replay (``--engine``); see docs/engines.md."""
+    g = p.add_argument_group(
+        "engine",
+        "launch an engine with mapped knobs (--launch) or attach to one (--url); "
+        "`batchlab engines` shows each engine's mapping",
+    )
+    g.add_argument("--engine", choices=ENGINES,
+                   help="engine to drive; with it the run folder gets manifest.json (argv, "
+                   "knob mapping, engine version) and telemetry.parquet")
+    how = g.add_mutually_exclusive_group()
+    how.add_argument("--launch", action="store_true",
+                     help="start the engine (bound to 127.0.0.1, a free port) and stop it after")
+    how.add_argument("--url", metavar="URL", help="attach to an engine already running at URL")
+    g.add_argument("--model-path", metavar="PATH",
+                   help="what the launched engine loads (local folder or hub id); default: "
+                   "--model. Requests carry --model (default: this path)")
+    g.add_argument("--allow-approximate", action="store_true",
+                   help="record knobs the engine cannot honour as approximated or not applied "
+                   "instead of failing")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the launch argv, generated config file and knob mapping; start "
+                   "nothing")
+    g.add_argument("--engine-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for the launched server (repeatable), e.g. "
+                   "VLLM_CPU_KVCACHE_SPACE=1")
+    g.add_argument("--engine-executable", metavar="PATH",
+                   help="vllm: the python that has vLLM (default $BATCHLAB_VLLM_PYTHON, a "
+                   "`vllm` command, or .venvs/vllm/bin/python); trtllm: the trtllm-serve command")
+    g.add_argument("--container-runtime", choices=("native", "docker", "podman"),
+                   help="tgi: run text-generation-launcher natively or in the official image "
+                   "(default: native if installed, else docker/podman)")
+    g.add_argument("--metric-map", metavar="MAP",
+                   help="openai: telemetry names, a preset (llamacpp, vllm, transformers, none) "
+                   "or canonical=metric pairs, e.g. num_running=foo_running,num_waiting=foo_q")
+    g.add_argument("--port", type=int, help="port of the launched server (default: a free one)")
+    g.add_argument("--ready-timeout-s", type=float, default=900.0, metavar="S",
+                   help="how long to wait for the launched server's /health (900)")
+    g.add_argument("--telemetry-interval-s", type=float, default=0.25, metavar="S",
+                   help="seconds between /metrics scrapes (0.25)")
+    add_gpu_option(g, gpu_help or GPU_HELP + "; the served reference simulates it, other "
+                   "engines record it")
+    add_knob_flags(p)
+
+
+def engine_env(items: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--engine-env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    return env
+
+
+def live_target_spec(args: argparse.Namespace, *, url: str | None = None) -> TargetSpec:
+    """The live target the engine options describe (``--launch`` or ``--url``)."""
+    from adapters.openai import parse_metric_map
+
+    if not args.launch and url is None:
+        raise UserError(f"--engine {args.engine}: give --launch to start it or --url URL")
+    model_path = args.model_path or getattr(args, "model", None)
+    if not model_path:
+        raise UserError(f"--engine {args.engine}: give --model-path (what the engine loads) or "
+                        "--model")
+    try:
+        metric_map = parse_metric_map(args.metric_map) if args.metric_map else None
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return TargetSpec(
+        args.engine, "launch" if args.launch else "attach", knobs=knobs_from_args(args),
+        model=model_path, served_model_name=getattr(args, "model", None) or model_path,
+        gpu=args.gpu, url=url, allow_approximate=args.allow_approximate,
+        engine_env=engine_env(args.engine_env), executable=args.engine_executable,
+        runtime=args.container_runtime, metric_map=metric_map, port=args.port,
+        ready_timeout_s=args.ready_timeout_s, telemetry_interval_s=args.telemetry_interval_s,
+    )
+
+
+def run_engine(args: argparse.Namespace, trace: Trace, replay: dict[str, Any],
+               out_dir: str, *, url: str | None = None,
+               progress: Callable[[int, int], None] | None = None,
+               command: Sequence[str] | None = None) -> dict[str, Any]:
+    """The live run of ``replay --engine``: plan, launch or attach, replay, tear down.
+
+    KnobError and a server that does not start become UserError / a printed failure.
+    """
+    from adapters.process import EngineStartError
+
+    target = LiveTarget(live_target_spec(args, url=url or args.url))
+    options = RunOptions(progress=progress, command=command, replay=replay)
+    try:
+        return target.run(trace, Path(out_dir), options, dry_run=args.dry_run)
+    except KnobError as exc:
+        raise UserError(str(exc)) from None
+    except EngineStartError as exc:
+        raise UserError(f"{exc}\n(see {out_dir}/manifest.json and the server logs there)") from None
+
+
+def cmd_replay_engine(args: argparse.Namespace) -> int:
+    """``replay --engine``: the replay above, around an engine batchlab plans and launches."""
+    if args.target and args.launch:
+        raise UserError("--target and --launch: give --launch to start the engine, or the URL "
+                        "of a running one")
+    if args.target and args.url and args.target.rstrip("/") != args.url.rstrip("/"):
+        raise UserError("--target and --url name different servers; give one of them")
+    trace = load_trace(args)
+    command = command_line()
+    if args.dry_run:
+        run_engine(args, trace, replay_kwargs(args), args.out, url=args.target,
+                    command=command)
+        return 0
+    bar = progress_bar(len(trace.requests), f"replay {args.engine}")
+    try:
+        summary = run_engine(args, trace, replay_kwargs(args), args.out, url=args.target,
+                              progress=bar.update_to, command=command)
+    except ValueError as exc:  # replay options, a tokenizer that cannot be loaded, ...
+        raise UserError(str(exc)) from None
+    finally:
+        bar.close()
+    print_live_headline(summary)
+    print(f"results: {args.out}/ (manifest.json: engine version, argv, knob mapping)")
+    return 0
+
+
+def add_engines(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(
+        sub, "engines",
+        help="show how the uniform knobs map to each engine's flags",
+        description="Print every engine adapter's mapping table: which flag, config key or "
+        "environment variable each uniform knob becomes, and which values are refused at plan "
+        "time (or approximated with --allow-approximate).\n\n"
+        "example: batchlab engines\n"
+        "         batchlab engines --markdown > docs/engines.md",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--markdown", action="store_true",
+                   help="print docs/engines.md (the same tables as Markdown)")
+
+
+def cmd_engines(args: argparse.Namespace) -> int:
+    from adapters.catalog import mapping_markdown, mapping_text
+
+    sys.stdout.write(mapping_markdown() if args.markdown else mapping_text())
+    return 0

@@ -1,0 +1,266 @@
+"""Commands that need no live engine: ``trace info``, ``simulate``, ``costmodel``, ``serve``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.cli.common import (
+    Parser,
+    UserError,
+    add_gpu_option,
+    add_knob_flags,
+    add_subparser,
+    add_trace_options,
+    command_line,
+    knobs_from_args,
+    load_trace,
+    parse_slo,
+    print_headline,
+    progress_bar,
+    reference_knobs_from_args,
+)
+from harness.target import RunOptions, TargetSpec
+from harness.targets import SimulatedTarget
+
+if TYPE_CHECKING:
+    from adapters.reference import ReferenceConfig
+
+COSTMODEL_KNOBS = ("tensor_parallel_size", "weights_dtype", "kv_cache_dtype",
+                   "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
+
+
+def add_profile_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--profile", metavar="NAME_OR_PATH",
+                   help="cost-model profile: a shipped engine profile name (batchlab profiles) "
+                   "or a profile JSON from `batchlab calibrate`")
+
+
+def add_reference_options(p: argparse.ArgumentParser) -> None:
+    """The simulated reference engine: model, GPU, profile, knobs and its own section."""
+    g = p.add_argument_group("reference engine")
+    g.add_argument("--model", default="llama-3.1-8b",
+                   help="catalog model name or a local HF config.json path (default llama-3.1-8b)")
+    add_gpu_option(g)
+    add_profile_option(g)
+    add_knob_flags(p, reference=True, launch_args=False)
+
+
+def reference_spec(args: argparse.Namespace) -> TargetSpec:
+    return TargetSpec("reference", "simulate", knobs=knobs_from_args(args),
+                      reference=reference_knobs_from_args(args), model=args.model, gpu=args.gpu,
+                      profile=getattr(args, "profile", None))
+
+
+def reference_config(args: argparse.Namespace) -> ReferenceConfig:
+    """The one route from command-line knobs to the reference (``SimulatedTarget.config``)."""
+    try:
+        return SimulatedTarget(reference_spec(args)).config()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+# ---------------------------------------------------------------- trace info
+
+
+def add_trace(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(
+        sub, "trace",
+        help="inspect a trace (batchlab trace info)",
+        description="Inspect traces.",
+    )
+    trace_sub = p.add_subparsers(dest="trace_command", metavar="ACTION", required=True,
+                                 parser_class=Parser)
+    info = trace_sub.add_parser(
+        "info",
+        help="load a trace with the given options and print its summary",
+        description="Load a trace exactly as simulate/replay would (same options) and print its\n"
+        "request count, span, mean rate, prompt/output length statistics and what the\n"
+        "options dropped, clipped or skipped.",
+        epilog="examples:\n"
+        "  batchlab trace info --trace harness/data/azure_conv_excerpt.csv\n"
+        "  batchlab trace info --trace harness/data/sharegpt_lengths_excerpt.csv --rate 4\n"
+        "  batchlab trace info --trace synthetic --num-requests 1000 --rate 2 "
+        "--burstiness 0.5 --prompt-tokens 512 --output-tokens 128",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_trace_options(info)
+    info.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    import json
+
+    from harness.traces import describe
+
+    d = describe(load_trace(args))
+    if args.json:
+        print(json.dumps(d, indent=2, sort_keys=True))
+        return 0
+
+    def num(value: float | None, digits: int = 0) -> str:
+        return "n/a" if value is None else f"{value:,.{digits}f}"
+
+    print(f"trace     {d['source']} ({d['format']})")
+    print(f"digest    {d['digest']}")
+    print(f"requests  {d['num_requests']:,} over {num(d['span_s'], 1)} s; mean rate "
+          f"{num(d['mean_rate_per_s'], 2)} req/s; inter-arrival CV {num(d['interarrival_cv'], 2)}")
+    for label, name in (("prompt", "prompt_tokens"), ("output", "output_tokens")):
+        print(f"{label:<10}tokens mean {num(d[name + '_mean'], 1)}, p50 {num(d[name + '_p50'])}, "
+              f"p99 {num(d[name + '_p99'])}, max {num(d[name + '_max'])}")
+    if d["num_with_priority"]:
+        print(f"priority  {d['num_high_priority']:,} of {d['num_with_priority']:,} at 0 (high)")
+    if d["num_with_prefix_hashes"]:
+        print(f"prefixes  {d['num_with_prefix_hashes']:,} requests carry prefix-block hashes")
+    counts = ", ".join(f"{k} {v:,}" for k, v in d["counts"].items() if v)
+    print(f"counts    {counts}")
+    for note in d["notes"]:
+        print(f"note      {note}")
+    return 0
+
+
+# ---------------------------------------------------------------- simulate
+
+
+def add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(
+        sub, "simulate",
+        help="run a trace through the reference engine on a virtual clock",
+        description="Simulate a trace on the reference continuous-batching engine (cost model of "
+        "a catalog GPU) and write requests.parquet, steps.parquet, summary.json and report.md.",
+        epilog="example: batchlab simulate --trace harness/data/azure_conv_excerpt.csv "
+        "--model llama-3.1-8b --gpu h100-sxm --policy fcfs --out reports/sim",
+    )
+    add_trace_options(p)
+    add_reference_options(p)
+    p.add_argument("--slo", help="SLOs for goodput, e.g. ttft_s=0.5,tpot_s=0.05,e2e_s=20")
+    p.add_argument("--out", default="reports/simulate", help="run folder (reports/simulate)")
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    trace = load_trace(args)
+    target = SimulatedTarget(reference_spec(args))
+    reference_config(args)  # configuration errors before anything is written
+    slo = parse_slo(args.slo)
+    out = Path(args.out)
+    bar = progress_bar(len(trace.requests), "simulate")
+    try:
+        summary = target.run(trace, out, RunOptions(slo=slo, progress=bar.update_to,
+                                                     command=command_line()))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        bar.close()
+    print_headline(summary)
+    print(f"results: {out}/ (report: {out / 'report.md'})")
+    return 0
+
+
+# ---------------------------------------------------------------- costmodel
+
+
+def add_costmodel(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from adapters.reference import known_gpus, known_models
+
+    p = add_subparser(
+        sub, "costmodel",
+        help="TPOT and throughput against batch size, from the reference engine's cost model",
+        description="Print decode-step time (TPOT), output tokens/s, arithmetic intensity and "
+        "the bound (memory or compute) for batch sizes 1, 4, 16, 64, 256 and the largest batch "
+        "the KV cache holds. Formulas and constants: docs/cost-model.md.",
+        epilog="example: batchlab costmodel --model llama-3.1-8b --gpu h100-sxm "
+        "--kv-cache-dtype fp8",
+    )
+    p.add_argument("--model", default="llama-3.1-8b",
+                   help=f"one of {', '.join(known_models())}, or a HF config.json path "
+                        "(default llama-3.1-8b)")
+    add_gpu_option(p, f"one of {', '.join(known_gpus())} (default: the profile's device, "
+                   "else h100-sxm)")
+    add_profile_option(p)
+    p.add_argument("--context-len", type=int, default=1024,
+                   help="tokens each request holds during the decode step (default 1024)")
+    add_knob_flags(p, only=COSTMODEL_KNOBS)
+
+
+def cmd_costmodel(args: argparse.Namespace) -> int:
+    from adapters.reference import costmodel_report
+
+    if args.context_len < 1:
+        raise UserError(f"--context-len: must be a positive integer, got {args.context_len}")
+    try:
+        config = reference_config(args)
+        print(costmodel_report(
+            config.model, args.gpu, config.weights_dtype, config.kv_cache_dtype, config.tp,
+            args.context_len, profile=args.profile,
+            gpu_memory_utilization=config.gpu_memory_utilization))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+# ---------------------------------------------------------------- serve
+
+
+def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(
+        sub, "serve",
+        help="serve the reference engine over vLLM's OpenAI and TGI's HTTP protocols",
+        description="Run the reference engine (the scheduler and cost model of `simulate`) on "
+        "the wall clock behind an HTTP server: each step sleeps its predicted duration, then "
+        "streams the tokens it produced. Routes: /v1/completions, /v1/chat/completions "
+        "(vLLM's dialect: stream, usage, ignore_eos, min_tokens, priority), /generate, "
+        "/generate_stream and / (TGI), /health, /v1/models, /version, /info and Prometheus "
+        "/metrics with vLLM's and TGI's metric names. Every request produces exactly its "
+        "max_tokens; token-id prompts count exactly, text prompts as described in "
+        "docs/reference-server.md. Stop it with Ctrl-C or SIGTERM.",
+        epilog="examples:\n"
+        "  batchlab serve reference --model llama-3.1-8b --gpu h100-sxm --port 8000\n"
+        "  batchlab serve reference --model llama-3.1-70b --gpu a100-80gb --tp 4 "
+        "--policy priority --port 0\n"
+        "  then: batchlab replay --target http://127.0.0.1:8000 --protocol openai "
+        "--trace harness/data/azure_conv_excerpt.csv --limit 50",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("engine", choices=("reference",),
+                   help="the engine to serve (batchlab serves only its reference engine)")
+    add_reference_options(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
+    g.add_argument("--port", type=int, default=8000,
+                   help="port (default 8000; 0 picks a free one, printed at start)")
+    g.add_argument("--served-model-name", metavar="NAME",
+                   help="model name clients must send, if any (default: --model)")
+    g.add_argument("--tokenizer", metavar="PATH",
+                   help="count text prompts with this local tokenizer (default: one token per "
+                   "word and per punctuation mark)")
+    g.add_argument("--log-level", default="warning",
+                   choices=("critical", "error", "warning", "info", "debug"),
+                   help="server log level (warning)")
+    g.add_argument("--access-log", action="store_true", help="log every HTTP request")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from harness.serve import ServerOptions, serve
+
+    config = reference_config(args)
+    options = ServerOptions(host=args.host, port=args.port,
+                            served_model_name=args.served_model_name,
+                            tokenizer_path=args.tokenizer, log_level=args.log_level,
+                            access_log=args.access_log)
+
+    def ready(url: str) -> None:
+        print(f"batchlab serve reference: {config.model} on {config.tp}x "
+              f"{config.gpu_spec.name}, policy {config.policy}, listening on {url}", flush=True)
+
+    try:
+        serve(config, options, on_ready=ready)
+    except KeyboardInterrupt:  # uvicorn already shut down gracefully, then re-raised SIGINT
+        return 0
+    except OSError as exc:
+        raise UserError(f"--host/--port: cannot listen on {args.host}:{args.port}: {exc}") \
+            from None
+    except ValueError as exc:  # a tokenizer that cannot be loaded
+        raise UserError(str(exc)) from None
+    return 0

@@ -1,0 +1,103 @@
+"""Commands over scenarios and saved results: ``run`` and ``report``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.cli.common import EXIT_FAILURE, UserError, add_subparser
+
+
+def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(
+        sub, "run",
+        help="run a scenario: every engine x grid x load cell, then the comparative report",
+        description="Expand a scenario file (scenarios/*.yaml) into cells, run each one "
+        "(simulated or live) into OUT/<scenario>/<cell>/, then write OUT/<scenario>/report.md "
+        "comparing them. A cell that fails is recorded with its reason and the sweep goes on.",
+        epilog="examples: batchlab run scenarios/quickstart.yaml; "
+        "batchlab run scenarios/engines-h100.yaml --only 'reference*'; "
+        "batchlab run scenarios/batch-size.yaml --resume",
+    )
+    p.add_argument("scenario", metavar="SCENARIO.yaml", help="the scenario file")
+    p.add_argument("--out", default="reports", metavar="DIR",
+                   help="where the scenario's folder goes (default: reports)")
+    p.add_argument("--only", metavar="PATTERN",
+                   help="run only cells whose name (or engine name) matches a shell pattern; "
+                   "several patterns separated by commas")
+    p.add_argument("--resume", action="store_true",
+                   help="skip cells that finished earlier; redo missing, failed or "
+                   "interrupted ones")
+    p.add_argument("--trace", metavar="FILE",
+                   help="use this trace file instead of the scenario's (its options still apply), "
+                   "e.g. a full trace from $BATCHLAB_TRACES_DIR")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run cells as Ray tasks (live cells ask for their tensor_parallel_size "
+                   "GPUs); without ADDRESS, start or join a local Ray")
+    p.add_argument("--list", action="store_true", help="print the cells and exit")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness.scenario import ScenarioError, load_scenario, run_scenario, select
+
+    try:
+        scenario = load_scenario(args.scenario, trace_path=args.trace)
+        if args.list:
+            for cell in select(scenario.cells(), args.only):
+                print(f"{cell.name}\t{cell.engine.engine} ({cell.engine.mode})\t"
+                      f"{cell.load.describe()}")
+            return 0
+        result = run_scenario(scenario, args.out, only=args.only, resume=args.resume,
+                              use_ray=args.ray is not None, ray_address=args.ray or None)
+    except ScenarioError as exc:
+        raise UserError(str(exc)) from None
+    for outcome in result.outcomes:
+        if outcome.state == "failed":
+            print(f"cell {outcome.name} failed: {outcome.reason}", file=sys.stderr)
+    print(f"report: {result.report}")
+    return EXIT_FAILURE if result.num_failed else 0
+
+
+def add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(
+        sub, "report",
+        help="re-render a report from saved results, or compare run folders",
+        description="Render report.md from run folders on disk without re-running anything. "
+        "One scenario folder re-renders its report; one run folder its single-run report; "
+        "several folders (scenario cells, simulate or replay runs, made at any time) are "
+        "compared in one report.",
+        epilog="examples: batchlab report reports/quickstart; batchlab report reports/sim "
+        "reports/vllm-live --baseline sim -o reports/sim-vs-vllm/report.md",
+    )
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="scenario or run folders")
+    p.add_argument("--baseline", metavar="CELL",
+                   help="the cell the others are compared with (default: the scenario's, "
+                   "else the first)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="report file (default: DIR/report.md for one folder, "
+                   "reports/comparison/report.md for several)")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from harness import report
+
+    dirs = [Path(d) for d in args.dirs]
+    for d in dirs:
+        if not d.is_dir():
+            raise UserError(f"{d}: no such folder")
+    try:
+        if len(dirs) == 1 and (dirs[0] / report.SCENARIO_FILE).exists():
+            out = report.render_scenario_report(
+                dirs[0], out_file=Path(args.output) if args.output else None,
+                baseline=args.baseline)
+        elif len(dirs) == 1 and not args.output and not args.baseline:
+            out = report.render_run_report(dirs[0])
+        else:
+            out = report.render_comparison(
+                dirs, Path(args.output or "reports/comparison/report.md"),
+                baseline=args.baseline)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    print(f"report: {out}")
+    return 0

@@ -1,0 +1,115 @@
+"""The replay's configuration record and what it drives besides requests (telemetry)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Protocol
+
+import httpx
+
+from harness.live.prompts import (
+    DEFAULT_PREFIX_BLOCK_NUM_TOKENS,
+)
+from harness.live.protocols import (
+    LENGTH_CONTROLS,
+    PATHS,
+    PROTOCOLS,
+    LengthControl,
+    ProtocolName,
+)
+from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo
+
+MANIFEST_FILE = "manifest.json"
+SPIN_WINDOW_NS = 2_000_000  # the last 2 ms before a send are yielded through, not slept
+PROGRESS_INTERVAL_NS = 100_000_000
+DRAIN_TIMEOUT_S = 0.5  # after the end event, wait this long for the body's end to reuse the socket
+
+
+class TelemetrySource(Protocol):
+    """Something that samples the engine while the replay runs (e.g. a Prometheus scraper).
+
+    ``run`` starts when the replay starts and must return soon after ``stop`` is set."""
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    """How to replay a trace against one server. Validated once, by ``validate``."""
+
+    target_url: str  # e.g. http://127.0.0.1:8000
+    protocol: ProtocolName = "openai"
+    model: str | None = None  # the served model name; omitted from requests when None
+    mode: Literal["open", "closed"] = "open"
+    concurrency: int | None = None  # closed loop: number of users
+    max_concurrency: int | None = None  # open loop: cap on requests in flight
+    timeout_s: float = 600.0  # per request, from send to the end of its stream
+    tokenizer_path: str | None = None  # local HF tokenizer folder or tokenizer.json; no hub
+    slo: Slo | None = None
+    client_lag_threshold_s: float = DEFAULT_CLIENT_LAG_THRESHOLD_S
+    api_key_env: str | None = None  # name of the env var holding a bearer key; never logged
+    seed: int = 0  # prompt content
+    prefix_block_num_tokens: int = DEFAULT_PREFIX_BLOCK_NUM_TOKENS  # per prefix hash (Mooncake)
+    fsync_interval_s: float = 1.0
+    # Build every request body before t0 when the trace's prompts total at most this many tokens;
+    # above it, each body is built just before its request (while the scheduler waits).
+    prebuild_max_prompt_tokens: int = 20_000_000
+    # "lean": harness.live.sse_client parses responses in the socket callback (the fast path);
+    # "httpx": httpx with harness.live.http_pool's transport. Both time at the socket.
+    http_client: Literal["lean", "httpx"] = "lean"
+    length_control: LengthControl = "vllm"  # how an OpenAI server is asked for exact lengths
+    # Sleep until this long before each send, then yield to the event loop until the instant:
+    # the loop's timers are only millisecond-precise. 0 = plain sleeps.
+    spin_window_s: float = SPIN_WINDOW_NS / 1e9
+
+    def validate(self) -> None:
+        url = httpx.URL(self.target_url)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"target_url: {self.target_url!r} is not an http(s)://host[:port] URL")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol: {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        if self.length_control not in LENGTH_CONTROLS:
+            raise ValueError(f"length_control: {self.length_control!r} is not one of "
+                             f"{', '.join(LENGTH_CONTROLS)}")
+        if self.http_client not in ("lean", "httpx"):
+            raise ValueError(f"http_client: {self.http_client!r} is not lean or httpx")
+        if self.mode not in ("open", "closed"):
+            raise ValueError(f"mode: {self.mode!r} is not open or closed")
+        if self.mode == "closed" and self.concurrency is None:
+            raise ValueError("concurrency: the closed loop needs a number of users (--concurrency)")
+        if self.mode == "open" and self.concurrency is not None:
+            raise ValueError("concurrency: only for the closed loop; the open loop's cap is "
+                             "max_concurrency (--max-concurrency)")
+        if self.mode == "closed" and self.max_concurrency is not None:
+            raise ValueError("max_concurrency: only for the open loop; the closed loop's users "
+                             "are --concurrency")
+        for name in ("concurrency", "max_concurrency", "prefix_block_num_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if not (isinstance(self.spin_window_s, int | float) and 0 <= self.spin_window_s < 1):
+            raise ValueError(
+                f"spin_window_s: must be in [0, 1) seconds, got {self.spin_window_s!r}")
+        for name in ("timeout_s", "client_lag_threshold_s", "fsync_interval_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}: must be a positive number of seconds, got {value!r}")
+        if self.api_key_env is not None and self.api_key_env not in os.environ:
+            raise ValueError(f"api_key_env: environment variable {self.api_key_env} is not set")
+
+    @property
+    def url(self) -> str:
+        return self.target_url.rstrip("/") + PATHS[self.protocol]
+
+    def as_manifest(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["slo"] = self.slo.as_dict() if self.slo is not None else None
+        return d  # api_key_env is a variable name, never the key
+
+
+# ---------------------------------------------------------------- precise waiting
+
+

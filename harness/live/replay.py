@@ -1,0 +1,449 @@
+"""Live replay: send a trace to a serving engine over HTTP and record every streamed chunk.
+
+One run, one ``httpx.AsyncClient``, one clock::
+
+    t0 = perf_counter_ns() when the run starts; every instant below is (perf_counter_ns - t0)/1e9
+
+    arrival_s    scheduled_s         sent_s          chunk instants ...            finished_s
+    (trace)      (gate released it)  (POST went out) (bytes of each SSE event read) (end of stream)
+
+- **Open loop** (default): a single scheduler coroutine sleeps until each request's arrival
+  (``asyncio.sleep`` to ~2 ms before, then yields in a loop, so it is late by microseconds,
+  not by the event loop's millisecond timer) and starts the request as its own task.
+  ``max_concurrency`` puts a gate in front: requests pass in arrival order as slots free up, and
+  a request that had to wait goes out no sooner than one mean trace inter-arrival gap after the
+  previous one, so slots freed in a lump never release a burst (vLLM PR #45502 describes the
+  burst). Its gate wait is ``scheduled_s - arrival_s``; its send lag, ``sent_s - scheduled_s``.
+- **Closed loop**: ``concurrency`` users; each takes the next trace request (in order) when its
+  previous one ends. Trace arrival times are not used: ``arrival_s`` is the instant the user
+  became free.
+
+Failures are rows, never exceptions: each request ends as exactly one ``RequestTimeline``
+appended to ``records.jsonl`` (``harness.live.recorder``) with an ``error_kind`` from
+``harness.timeline.ERROR_KINDS``. At the end (also after Ctrl-C) the rows are consolidated into
+``requests.parquet``/``chunks.parquet`` and ``summary.json``; ``rebuild_summary`` does the same
+from ``records.jsonl`` after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harness.live.config import (
+    PROGRESS_INTERVAL_NS,
+    SPIN_WINDOW_NS,
+    ReplayConfig,
+    TelemetrySource,
+)
+from harness.live.prompts import (
+    PromptBuilder,
+    TextTokenizer,
+    count_output_tokens,
+    load_tokenizer,
+)
+from harness.live.protocols import (
+    PRIORITY_FIELD,
+    StreamOutcome,
+    StreamParser,
+    build_body,
+    encode_body,
+)
+from harness.live.recorder import RECORDS_FILE, RecordWriter
+from harness.live.rundir import consolidate, replay_manifest
+from harness.live.wire import Attempt, HttpxWire, LeanWire, Wire
+from harness.manifest import update_manifest
+from harness.results import (
+    CHUNKS_FILE,
+    REQUESTS_FILE,
+    SUMMARY_FILE,
+)
+from harness.timeline import RequestTimeline
+from harness.traces import Trace, TraceRequest
+
+log = logging.getLogger(__name__)
+
+
+async def sleep_until_ns(deadline_ns: int, *, spin_ns: int = SPIN_WINDOW_NS) -> None:
+    """Return at ``deadline_ns`` (perf_counter_ns), late by microseconds rather than a timer tick.
+
+    The event loop's timers have millisecond granularity (epoll), so sleep until ``spin_ns``
+    before the deadline, then yield to the loop until it passes: other tasks keep running."""
+    while True:
+        remaining = deadline_ns - time.perf_counter_ns()
+        if remaining <= 0:
+            return
+        if remaining > spin_ns:
+            await asyncio.sleep((remaining - spin_ns) / 1e9)
+        else:
+            await asyncio.sleep(0)
+
+
+class _Gate:
+    """``max_concurrency`` slots, taken only by the one scheduler coroutine (so in arrival order).
+
+    ``acquire`` returns the instant a slot freed up when it had to wait, None when one was free."""
+
+    def __init__(self, num_slots: int) -> None:
+        self._free = num_slots
+        self._waiter: asyncio.Future[None] | None = None
+        self._freed_at_ns = 0
+
+    async def acquire(self) -> int | None:
+        if self._free > 0:
+            self._free -= 1
+            return None
+        while self._free == 0:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        self._free -= 1
+        return self._freed_at_ns
+
+    def on_done(self, _task: asyncio.Task[None]) -> None:
+        self.release()
+
+    def release(self) -> None:
+        self._free += 1
+        self._freed_at_ns = time.perf_counter_ns()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+# ---------------------------------------------------------------- one request
+
+
+class _Bodies:
+    """Request bodies, encoded once: all before t0 when they fit, else each just in time."""
+
+    def __init__(self, requests: Sequence[TraceRequest], config: ReplayConfig,
+                 builder: PromptBuilder) -> None:
+        self._requests = requests
+        self._config = config
+        self._builder = builder
+        self._built: list[bytes | None] = [None] * len(requests)
+
+    def prebuild(self) -> bool:
+        total = sum(r.num_prompt_tokens for r in self._requests)
+        if total > self._config.prebuild_max_prompt_tokens:
+            return False
+        for i in range(len(self._requests)):
+            self._built[i] = self._build(i)
+        return True
+
+    def take(self, i: int) -> bytes:
+        body = self._built[i]
+        self._built[i] = None  # sent once; free the memory
+        return body if body is not None else self._build(i)
+
+    def _build(self, i: int) -> bytes:
+        req = self._requests[i]
+        prompt = self._builder.build(req)
+        priority = req.priority if PRIORITY_FIELD[self._config.protocol] else None
+        return encode_body(build_body(self._config.protocol, prompt,
+                                      num_output_tokens=max(req.num_output_tokens, 1),
+                                      model=self._config.model, priority=priority,
+                                      length_control=self._config.length_control))
+
+
+class _Run:
+    """The state of one replay: client, clock, writer, requests in flight."""
+
+    def __init__(self, config: ReplayConfig, wire: Wire, writer: RecordWriter,
+                 bodies: _Bodies, tokenizer: TextTokenizer | None, num_total: int,
+                 progress: Callable[[int, int], None] | None) -> None:
+        self.config = config
+        self.wire = wire
+        self.writer = writer
+        self.bodies = bodies
+        self.tokenizer = tokenizer
+        self.num_total = num_total
+        self.progress = progress
+        self.spin_ns = round(config.spin_window_s * 1e9)
+        self.t0_ns = time.perf_counter_ns()
+        self.timelines: list[RequestTimeline] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.num_sent = 0
+        self._last_progress_ns = 0
+
+    def s(self, t_ns: int) -> float:
+        return (t_ns - self.t0_ns) / 1e9
+
+    # -- load generators
+
+    async def open_loop(self, requests: Sequence[TraceRequest]) -> None:
+        gate = _Gate(self.config.max_concurrency) if self.config.max_concurrency else None
+        gap_ns = _mean_gap_ns(requests)
+        last_release_ns = self.t0_ns
+        behind = False  # the previous request was held past its arrival by the gate
+        for i, req in enumerate(requests):
+            request = self.wire.prepare(req, self.bodies.take(i))  # built before the arrival
+            arrival_ns = self.t0_ns + round(req.arrival_s * 1e9)
+            await sleep_until_ns(arrival_ns, spin_ns=self.spin_ns)
+            scheduled_ns: int | None = None
+            if gate is not None:
+                freed_ns = await gate.acquire()
+                earliest_ns = arrival_ns if freed_ns is None else max(arrival_ns, freed_ns)
+                if freed_ns is not None or behind:
+                    # While the gate holds requests back, send no faster than the trace's mean
+                    # rate, so slots freed in a lump never release a burst; once the schedule
+                    # is caught up (arrival later than that), requests go at their arrival.
+                    earliest_ns = max(earliest_ns, last_release_ns + gap_ns)
+                behind = earliest_ns > arrival_ns
+                if behind:
+                    scheduled_ns = earliest_ns
+                    await sleep_until_ns(scheduled_ns, spin_ns=self.spin_ns)
+            last_release_ns = arrival_ns if scheduled_ns is None else scheduled_ns
+            task = asyncio.create_task(self.execute(
+                req, request, req.arrival_s,
+                None if scheduled_ns is None else self.s(scheduled_ns)))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            if gate is not None:
+                task.add_done_callback(gate.on_done)
+            # Let the new request go out now, before building the next one.
+            await asyncio.sleep(0)
+        await self.wait_all()
+
+    async def closed_loop(self, requests: Sequence[TraceRequest]) -> None:
+        assert self.config.concurrency is not None
+        queue = iter(enumerate(requests))  # shared by the users; next() never yields
+
+        async def user() -> None:
+            for i, req in queue:
+                arrival_s = self.s(time.perf_counter_ns())
+                request = self.wire.prepare(req, self.bodies.take(i))
+                await self.execute(req, request, arrival_s, None)
+
+        for _ in range(min(self.config.concurrency, len(requests))):
+            task = asyncio.create_task(user())
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        await self.wait_all()
+
+    async def wait_all(self) -> None:
+        while self.tasks:
+            await asyncio.wait(list(self.tasks))
+
+    async def cancel_all(self) -> None:
+        """Cancel what is in flight; each request records itself as not_finished."""
+        for task in list(self.tasks):
+            task.cancel()
+        while self.tasks:
+            await asyncio.wait(list(self.tasks))
+
+    # -- one request
+
+    async def execute(self, req: TraceRequest, request: object, arrival_s: float,
+                      scheduled_s: float | None) -> None:
+        att = Attempt(req, arrival_s, scheduled_s, StreamParser(self.config.protocol))
+        att.sent_ns = time.perf_counter_ns()  # until the wire knows better
+        self.num_sent += 1
+        try:
+            try:
+                async with asyncio.timeout(self.config.timeout_s):
+                    await self.wire.stream(att, request)
+            except TimeoutError:
+                att.fail("timeout", f"no end of stream within {self.config.timeout_s:g} s")
+            except Exception as exc:  # a bug must not stop the replay; the row says what it was
+                log.exception("request %s failed in the client", req.request_id)
+                att.fail("http_error", f"client error {type(exc).__name__}: {exc}")
+        except asyncio.CancelledError:
+            finished = (att.error_kind is None and att.end_ns is not None
+                        and att.parser.outcome(eof=att.eof).completed)
+            if not finished:  # (a cancel while draining a finished stream changes nothing)
+                att.error_kind = att.error_kind or "not_finished"
+                att.error_message = (att.error_message
+                                     or "the run ended before the request finished")
+                att.end_ns = None
+            self._record(att)
+            raise
+        self._record(att)
+
+    def _record(self, att: Attempt) -> None:
+        tl = self._timeline(att)
+        self.writer.write(tl)
+        self.timelines.append(tl)
+        if self.progress is not None:
+            # at most every PROGRESS_INTERVAL_NS: a progress bar redraw costs the event loop
+            now = time.perf_counter_ns()
+            done = len(self.timelines)
+            if now - self._last_progress_ns >= PROGRESS_INTERVAL_NS or done == self.num_total:
+                self._last_progress_ns = now
+                self.progress(done, self.num_total)
+
+    def _timeline(self, att: Attempt) -> RequestTimeline:
+        out: StreamOutcome = att.parser.outcome(eof=att.eof)
+        kind = att.error_kind or out.error_kind
+        message = att.error_message if att.error_kind else out.error_message
+        if out.usage_num_output_tokens is not None:
+            num_output, source = out.usage_num_output_tokens, "usage"
+        elif self.tokenizer is not None and out.text:
+            num_output, source = count_output_tokens(self.tokenizer, out.text), "tokenizer"
+        else:
+            num_output, source = None, "chunks"
+        extra: dict[str, Any] = {}
+        if att.http_status is not None:
+            extra["http_status"] = att.http_status
+        if out.usage_num_prompt_tokens is not None:
+            extra["server_num_prompt_tokens"] = out.usage_num_prompt_tokens
+        return RequestTimeline(
+            request_id=att.req.request_id,
+            arrival_s=att.arrival_s,
+            num_prompt_tokens=att.req.num_prompt_tokens,
+            num_target_output_tokens=att.req.num_output_tokens,
+            priority=att.req.priority,
+            sent_s=None if att.sent_ns is None else self.s(att.sent_ns),
+            scheduled_s=att.scheduled_s,
+            chunk_times_s=tuple(self.s(t) for t in out.chunk_times_ns),
+            chunk_num_tokens=out.chunk_num_tokens,
+            finished_s=None if att.end_ns is None else self.s(att.end_ns),
+            num_output_tokens=num_output,
+            error_kind=kind,
+            error_message=message,
+            finish_reason=out.finish_reason,
+            token_count_source=source,
+            extra=extra,
+        )
+
+
+
+
+def _mean_gap_ns(requests: Sequence[TraceRequest]) -> int:
+    if len(requests) < 2:
+        return 0
+    span = requests[-1].arrival_s - requests[0].arrival_s
+    return max(0, round(span / (len(requests) - 1) * 1e9))
+
+
+# ---------------------------------------------------------------- the run
+
+
+
+
+async def replay(
+    trace: Trace,
+    config: ReplayConfig,
+    out_dir: Path,
+    *,
+    telemetry: TelemetrySource | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    command: Sequence[str] | None = None,
+    on_t0: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Replay ``trace`` against ``config.target_url``; write the run folder; return the summary.
+
+    ``on_t0`` receives the run's clock origin (``perf_counter_ns`` at t0) when the run starts,
+    so a caller can put other signals (telemetry) on the same clock.
+
+    Cancelled (Ctrl-C), it records the requests in flight as ``not_finished``, still writes
+    the parquet files and ``summary.json`` from what was measured, then re-raises."""
+    config.validate()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (RECORDS_FILE, REQUESTS_FILE, CHUNKS_FILE, SUMMARY_FILE):
+        (out_dir / stale).unlink(missing_ok=True)
+    tokenizer = load_tokenizer(config.tokenizer_path) if config.tokenizer_path else None
+    builder = PromptBuilder(config.protocol, tokenizer, seed=config.seed,
+                            block_num_tokens=config.prefix_block_num_tokens)
+    requests = trace.requests
+    bodies = _Bodies(requests, config, builder)
+    prebuilt = bodies.prebuild()
+    update_manifest(out_dir, replay_manifest(trace, config, builder, command))
+
+    cap = config.max_concurrency if config.mode == "open" else config.concurrency
+    wire: Wire = (LeanWire(config, cap) if config.http_client == "lean"
+                   else HttpxWire(config, cap))
+    try:
+        await _warm_up(wire, config)
+    except BaseException:
+        await wire.aclose()
+        raise
+    writer = RecordWriter(out_dir / RECORDS_FILE, fsync_interval_s=config.fsync_interval_s)
+    stop = asyncio.Event()
+    run = _Run(config, wire, writer, bodies, tokenizer, len(requests), progress)  # t0
+    if on_t0 is not None:
+        on_t0(run.t0_ns)
+    sync_task = asyncio.create_task(writer.sync_loop(stop))
+    telemetry_task = (asyncio.create_task(telemetry.run(stop)) if telemetry is not None
+                      else None)
+    status = "interrupted"
+    try:
+        try:
+            if config.mode == "open":
+                await run.open_loop(requests)
+            else:
+                await run.closed_loop(requests)
+            status = "finished"
+        finally:
+            await run.cancel_all()
+            await wire.aclose()
+            stop.set()
+            if telemetry_task is not None:
+                await _stop_telemetry(telemetry_task)
+            with contextlib.suppress(Exception):
+                await sync_task
+    finally:
+        sync_task.cancel()
+        writer.close()
+        summary = consolidate(out_dir, run.timelines, slo=config.slo,
+                               client_lag_threshold_s=config.client_lag_threshold_s)
+        stats = builder.stats
+        update_manifest(out_dir, {
+            "status": status,
+            "t0_perf_counter_ns": run.t0_ns,
+            "num_sent": run.num_sent,
+            "num_recorded": len(run.timelines),
+            "num_not_sent": len(requests) - len(run.timelines),
+            "bodies_prebuilt": prebuilt,
+            "num_prompts_inexact": stats.num_inexact,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "client_limited": summary.get("client_limited"),
+        })
+    return summary
+
+
+async def _warm_up(wire: Wire, config: ReplayConfig) -> None:
+    """One GET /health before t0: opens a first connection, and warms what the first requests
+    would otherwise pay as send lag. Its outcome does not matter."""
+    with contextlib.suppress(httpx.HTTPError, OSError):
+        async with asyncio.timeout(min(config.timeout_s, 5.0)):
+            await wire.warm_up()
+
+
+async def _stop_telemetry(task: asyncio.Task[None], grace_s: float = 5.0) -> None:
+    try:
+        async with asyncio.timeout(grace_s):
+            await asyncio.shield(task)
+    except TimeoutError:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    except Exception:  # telemetry failing must not lose the replay's results
+        log.exception("telemetry source failed")
+
+
+def replay_sync(
+    trace: Trace,
+    config: ReplayConfig,
+    out_dir: Path,
+    *,
+    telemetry: TelemetrySource | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    command: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """``replay`` under ``asyncio.run``. On Ctrl-C, asyncio cancels the replay, which records
+    what was in flight and writes the run folder; then KeyboardInterrupt propagates."""
+    return asyncio.run(replay(trace, config, out_dir, telemetry=telemetry, progress=progress,
+                              command=command))
+
+

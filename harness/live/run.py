@@ -1,0 +1,227 @@
+"""A live run against a real engine: plan, record, launch (or attach), replay, always tear down.
+
+    knobs ──► adapter.plan ──► LaunchPlan ──► manifest.json (argv, config, mapping, ...)
+                                   │
+                                   ▼
+              ServerProcess (own process group, logs in the run folder)
+                                   │ wait_ready (/health) ── probe_version (/version, /info)
+                                   ▼
+              harness.live.replay.replay(trace, ..., telemetry=TelemetryScraper) ──► run folder
+                                   │
+                                   ▼
+              teardown: SIGTERM ─► SIGKILL the group (also on failure, Ctrl-C, SIGTERM)
+
+``--dry-run`` stops after planning: it prints the argv, the generated config file and the
+mapping, and starts nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TextIO
+
+from adapters.base import Knobs, LaunchPlan
+from adapters.process import ServerProcess, probe_version
+from harness.live.replay import ReplayConfig, replay
+from harness.live.session import engine_session, plan_for
+from harness.live.telemetry import DEFAULT_INTERVAL_S, TELEMETRY_FILE, TelemetryScraper, source_for
+from harness.manifest import (
+    jsonable,
+    read_manifest,
+    run_fields,
+    trace_manifest,
+    update_manifest,
+)
+from harness.target import RunOptions, TargetSpec
+from harness.traces import Trace
+
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
+
+
+def _redact(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: ("***" if _SECRET.search(k) else v) for k, v in env.items()}
+
+
+
+def _engine_manifest(plan: LaunchPlan, knobs: Knobs, trace: Trace, *, model: str,
+                     allow_approximate: bool, argv: Sequence[str], gpu: str | None,
+                     command: Sequence[str] | None) -> dict[str, Any]:
+    return {
+        **run_fields("live", command),
+        "engine": {
+            "name": plan.engine,
+            "mode": "launch" if plan.launch else "attach",
+            "base_url": plan.base_url,
+            "protocol": plan.protocol,
+            "model": model,
+            "served_model_name": plan.model,
+            "version": None,
+            "status": "starting",
+            "notes": list(plan.notes),
+        },
+        "launch": {
+            "argv": list(argv),
+            "env": _redact(plan.env),
+            "config_files": dict(plan.config_files),
+            "stop_argv": list(plan.stop_argv),
+        } if plan.launch else None,
+        "knobs": jsonable(knobs.as_dict()),
+        "allow_approximate": allow_approximate,
+        "mapping": [jsonable(asdict(m)) for m in plan.mapping],
+        "trace": trace_manifest(trace),
+        "model": model,
+        "gpu": gpu,
+        "status": "starting",
+    }
+
+
+def _default_tokenizer(model: str, replay_kwargs: Mapping[str, Any]) -> str | None:
+    """A local model folder's own tokenizer makes prompts of exact length; use it by default."""
+    if replay_kwargs.get("tokenizer_path"):
+        return str(replay_kwargs["tokenizer_path"])
+    folder = Path(model)
+    if folder.is_dir() and (folder / "tokenizer.json").exists():
+        return str(folder)
+    return None
+
+
+def run_live(
+    spec: TargetSpec,
+    trace: Trace,
+    out_dir: Path | str,
+    options: RunOptions,
+    *,
+    dry_run: bool = False,
+    out: TextIO | None = None,
+) -> dict[str, Any]:
+    """Plan, launch (or attach), replay ``trace`` with telemetry, and always tear down.
+
+    ``options.replay`` are ``ReplayConfig`` fields other than the target, protocol and model,
+    which the plan decides. Returns the replay's summary; with ``dry_run``, ``{"dry_run": True,
+    "argv": ..., ...}`` and nothing started. Raises KnobError at plan time and EngineStartError
+    when the engine does not come up; the run folder's ``manifest.json`` records either.
+    """
+    plan = plan_for(spec)
+    model = spec.model
+    replay_kwargs = dict(options.replay)
+    tokenizer = _default_tokenizer(model, replay_kwargs)
+    # TGI is replayed through its native /generate_stream; other engines speak OpenAI, over
+    # completions unless chat was asked for.
+    requested = replay_kwargs.get("protocol")
+    protocol = plan.protocol if plan.protocol == "tgi" or requested is None else requested
+    replay_kwargs.update(target_url=plan.base_url, protocol=protocol, model=plan.model)
+    if tokenizer is not None:
+        replay_kwargs["tokenizer_path"] = tokenizer
+    if options.slo is not None:
+        replay_kwargs["slo"] = options.slo
+    config = ReplayConfig(**replay_kwargs)
+    if dry_run:
+        print(plan.describe(), end="", file=out or sys.stdout)
+        return {
+            "dry_run": True,
+            "argv": list(plan.argv),
+            "env": dict(plan.env),
+            "config_files": dict(plan.config_files),
+            "mapping": [jsonable(asdict(m)) for m in plan.mapping],
+        }
+    config.validate()
+
+    out_path = Path(out_dir)
+    out_path.mkdir(parents=True, exist_ok=True)
+    (out_path / TELEMETRY_FILE).unlink(missing_ok=True)
+    for name, content in plan.config_files.items():
+        (out_path / name).write_text(content)
+    argv = plan.resolved_argv(str(out_path.resolve()))
+    update_manifest(out_path, _engine_manifest(
+        plan, spec.knobs, trace, model=model, allow_approximate=spec.allow_approximate,
+        argv=argv, gpu=spec.gpu, command=options.command,
+    ))
+    scraper = TelemetryScraper(
+        source_for(plan.telemetry, plan.base_url), out_path / TELEMETRY_FILE,
+        interval_s=spec.telemetry_interval_s or DEFAULT_INTERVAL_S,
+    )
+    engine: dict[str, Any] = {}
+    started: list[ServerProcess] = []
+    try:
+        with engine_session(spec, out_path, plan=plan, on_start=started.append) as session:
+            engine["ready_s"] = round(session.ready_s, 3)
+            summary = asyncio.run(_replay_on(
+                plan, trace, config, out_path, scraper, engine, progress=options.progress,
+                command=options.command,
+            ))
+            died = session.server.poll() if session.server is not None else None
+            if died is not None:
+                engine["note"] = f"the server had exited (code {died}) before teardown"
+        engine["status"] = "finished"
+        return summary
+    except BaseException as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt | SystemExit | asyncio.CancelledError)
+        engine["status"] = "interrupted" if interrupted else "failed"
+        engine["error"] = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        for server in started:
+            exit_info = server.stop()  # already stopped by the session: its recorded exit
+            engine["exit"] = asdict(exit_info) if exit_info else None
+            engine["logs"] = [server.stdout_path.name, server.stderr_path.name]
+        _finish_manifest(out_path, engine, scraper)
+
+
+async def _replay_on(
+    plan: LaunchPlan,
+    trace: Trace,
+    config: ReplayConfig,
+    out_dir: Path,
+    scraper: TelemetryScraper,
+    engine: dict[str, Any],
+    *,
+    progress: Callable[[int, int], None] | None,
+    command: Sequence[str] | None,
+) -> dict[str, Any]:
+    engine["version_probe"] = await probe_version(plan.base_url, plan.version_paths)
+    engine["version"] = engine["version_probe"].get("version")
+    engine["status"] = "running"
+    update_manifest(out_dir, {"engine": _merged_engine(out_dir, engine)})
+    origin: list[int] = []
+    summary = await replay(trace, config, out_dir, telemetry=scraper, progress=progress,
+                           command=command, on_t0=origin.append)
+    if origin:
+        _align_telemetry(out_dir, scraper, origin[0])
+    return summary
+
+
+def _align_telemetry(out_dir: Path, scraper: TelemetryScraper, t0_ns: int) -> None:
+    """Put telemetry on the replay's clock (t0 = the replay's start), then rewrite the file."""
+    if scraper.origin_ns is None or not scraper.rows:
+        return
+    shift_s = (scraper.origin_ns - t0_ns) / 1e9
+    for row in scraper.rows:
+        row["t_s"] += shift_s
+    scraper.origin_ns = t0_ns
+    scraper.write(out_dir / TELEMETRY_FILE)
+
+
+def _merged_engine(out_dir: Path, engine: Mapping[str, Any]) -> dict[str, Any]:
+    return {**(read_manifest(out_dir).get("engine") or {}), **engine}
+
+
+def _finish_manifest(out_dir: Path, engine: Mapping[str, Any], scraper: TelemetryScraper) -> None:
+    fields: dict[str, Any] = {"engine": _merged_engine(out_dir, engine)}
+    if scraper.rows:
+        fields["telemetry"] = {
+            "file": TELEMETRY_FILE,
+            "interval_s": scraper.interval_s,
+            "num_scrapes": len(scraper.rows),
+            "num_failed_scrapes": sum(1 for r in scraper.rows if r["scrape_error"]),
+            "missing": scraper.missing_signals(),
+            "clock": "t_s on the replay's clock (0 = the run's t0)",
+        }
+    if engine.get("status") in ("failed", "interrupted"):
+        fields["status"] = engine["status"]
+        fields["error"] = engine.get("error")
+    update_manifest(out_dir, fields)

@@ -1,0 +1,95 @@
+"""The one way a live engine is held for a run: launched and always torn down, or attached.
+
+    with engine_session(spec, log_dir) as session:     # plan, start, one readiness wait
+        session.plan.base_url ...                        # replay, calibrate, validate
+    # SIGTERM, then SIGKILL, of the server's process group, however the block ends
+
+Used by ``run_live`` (one replay), ``calibrate`` and ``validate`` (several replays).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from adapters.base import KnobError, LaunchPlan
+from adapters.catalog import ENGINES, make_adapter
+from adapters.process import ServerProcess, terminate_on_signals, wait_healthy
+from harness.target import TargetSpec
+
+DEFAULT_READY_TIMEOUT_S = 900.0  # vLLM takes 60-110 s on 2 CPU cores; big models far longer
+ATTACH_READY_TIMEOUT_S = 30.0
+
+
+@dataclass(slots=True)
+class EngineSession:
+    """A ready engine: its plan, and the server process when batchlab launched it."""
+
+    plan: LaunchPlan
+    server: ServerProcess | None
+    ready_s: float
+
+
+@contextlib.contextmanager
+def engine_session(spec: TargetSpec, log_dir: Path, *, plan: LaunchPlan | None = None,
+                   on_start: Callable[[ServerProcess], None] | None = None,
+                   ) -> Iterator[EngineSession]:
+    """Launch (or attach to) the engine ``spec`` describes and wait until it is ready.
+
+    ``plan`` is ``plan_for(spec)`` when the caller already made it (to record it first);
+    ``on_start`` sees a launched server as soon as it starts (to record its exit even when it
+    never becomes ready).
+    A launched server's logs go to ``log_dir``; it is stopped when the block ends, also on
+    an exception, Ctrl-C, SIGTERM or SIGHUP.
+    """
+    plan = plan or plan_for(spec)
+    health = plan.base_url + plan.health_path
+    if not plan.launch:
+        ready_s = asyncio.run(wait_healthy(health, timeout_s=ATTACH_READY_TIMEOUT_S,
+                                           timeout_note=f"no ready server at {plan.base_url}"))
+        yield EngineSession(plan, None, ready_s)
+        return
+    log_dir.mkdir(parents=True, exist_ok=True)
+    server = ServerProcess(plan.resolved_argv(str(log_dir.resolve())), log_dir=log_dir,
+                           name=f"{plan.engine}-server", env=plan.env, stop_argv=plan.stop_argv)
+    with terminate_on_signals(), server:
+        server.start()
+        if on_start is not None:
+            on_start(server)
+        ready_s = asyncio.run(server.wait_ready(
+            health, timeout_s=spec.ready_timeout_s or DEFAULT_READY_TIMEOUT_S))
+        yield EngineSession(plan, server, ready_s)
+
+
+def plan_for(spec: TargetSpec) -> LaunchPlan:
+    """The launch plan of a live target; raises KnobError for what cannot be honoured.
+
+    Unset knobs are the engine's own defaults and are never refused. An attached server was
+    configured by whoever started it: a knob given for it is refused unless approximation is
+    allowed (then recorded as not applied); ``max_model_len`` is also the trace's clipping
+    option, so it is accepted either way.
+    """
+    if spec.engine not in ENGINES:
+        raise KnobError(f"unknown engine {spec.engine!r}; engines: {', '.join(ENGINES)}")
+    if spec.mode == "simulate":
+        raise KnobError(f"{spec.engine}: a simulated target has no launch plan")
+    if (spec.mode == "attach") != (spec.url is not None):
+        raise KnobError("give exactly one of --launch (start the engine) or --url URL (attach)")
+    adapter = make_adapter(
+        spec.engine, model=spec.model, served_model_name=spec.served_model_name,
+        port=spec.port, env=spec.engine_env, executable=spec.executable, runtime=spec.runtime,
+        metric_map=spec.metric_map, gpu=spec.gpu,
+    )
+    if spec.url is not None:
+        given = [n for n in spec.knobs.given_names() if n != "max_model_len"]
+        if given and not spec.allow_approximate:
+            raise KnobError(
+                f"{spec.engine} at {spec.url} was started outside batchlab, so knobs cannot "
+                f"reach it ({', '.join(given)}). Set them where the server is started, or pass "
+                "--allow-approximate to record them as not applied."
+            )
+        return adapter.attach(spec.url, spec.knobs)
+    return adapter.plan(spec.knobs, allow_approximate=spec.allow_approximate)

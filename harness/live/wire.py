@@ -1,0 +1,219 @@
+"""The wire: how one request reaches the server and its stream is read, stamped at the socket.
+
+``LeanWire`` (default) parses in the socket callback; ``HttpxWire`` goes through httpx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+from harness.live.config import (
+    DRAIN_TIMEOUT_S,
+    ReplayConfig,
+)
+from harness.live.http_pool import WIRE_MARKS, LifoPoolTransport, WireMarks
+from harness.live.protocols import (
+    PATHS,
+    SseDecoder,
+    StreamParser,
+    error_kind_for_status,
+)
+from harness.live.sse_client import SseClient
+from harness.manifest import batchlab_version
+from harness.traces import TraceRequest
+
+
+@dataclass(slots=True)
+class Attempt:
+    """A request in flight (mutable, private to the run)."""
+
+    req: TraceRequest
+    arrival_s: float
+    scheduled_s: float | None
+    parser: StreamParser
+    sent_ns: int | None = None
+    end_ns: int | None = None  # the end of stream (or failure) instant
+    eof: bool = False
+    error_kind: str | None = None
+    error_message: str = ""
+    http_status: int | None = None
+    decoder: SseDecoder = field(default_factory=SseDecoder)
+
+    # -- as the lean client's BodySink (harness.live.sse_client)
+
+    def on_sent(self, t_ns: int) -> None:
+        self.sent_ns = t_ns
+
+    def on_body(self, data: bytes, t_ns: int) -> bool:
+        """Feed one read's bytes; True once the stream's end (or an error in it) was seen."""
+        for event in self.decoder.feed(data):
+            if self.parser.on_event(event, t_ns):
+                self.end_ns = t_ns
+                return True
+        return False
+
+    def fail(self, kind: str, message: str) -> None:
+        if self.error_kind is None:
+            self.error_kind = kind
+            self.error_message = message[:500]
+        if self.end_ns is None:
+            self.end_ns = time.perf_counter_ns()
+
+
+
+
+# ---------------------------------------------------------------- the wire
+
+
+class Wire(Protocol):
+    """How requests reach the server. ``prepare`` runs before the request's instant (so its
+    cost is not send lag); ``stream`` sends it and fills the attempt: send instant, chunks
+    (through ``att.on_body``), end instant, and failures as ``att.fail`` values."""
+
+    def prepare(self, req: TraceRequest, body: bytes) -> object: ...
+
+    async def stream(self, att: Attempt, prepared: object) -> None: ...
+
+    async def warm_up(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class LeanWire:
+    """``harness.live.sse_client``: the parsing runs in the socket's data callback."""
+
+    def __init__(self, config: ReplayConfig, max_connections: int | None) -> None:
+        self._path = PATHS[config.protocol]
+        headers = {k: v for k, v in request_headers(config).items() if k != "Accept-Encoding"}
+        self._client = SseClient(config.target_url, max_connections=max_connections,
+                                 headers=headers, connect_timeout_s=config.timeout_s)
+
+    def prepare(self, req: TraceRequest, body: bytes) -> bytes:
+        return self._client.encode_request("POST", self._path, body,
+                                           {"X-Request-Id": req.request_id})
+
+    async def stream(self, att: Attempt, prepared: object) -> None:
+        assert isinstance(prepared, bytes)
+        ex = await self._client.exchange(prepared, att)
+        att.sent_ns = ex.sent_ns
+        att.http_status = ex.status
+        if ex.end == "connect_error":
+            att.fail("connect_error", ex.message)
+        elif ex.status is not None and not 200 <= ex.status < 300:
+            att.fail(error_kind_for_status(ex.status), f"HTTP {ex.status}: "
+                     + ex.error_body.decode("utf-8", errors="replace"))
+        elif ex.end == "cut":
+            att.fail("stream_cut", ex.message)
+        elif ex.end == "protocol_error":
+            att.fail("http_error", f"malformed HTTP response: {ex.message}")
+        elif ex.end == "complete":  # the body ended without the sink seeing the stream's end
+            att.eof = True
+            att.end_ns = ex.end_ns
+
+    async def warm_up(self) -> None:
+        request = self._client.encode_request("GET", "/health", b"")
+        await self._client.exchange(request, IgnoreBody())
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class IgnoreBody:
+    def on_sent(self, t_ns: int) -> None:
+        pass
+
+    def on_body(self, data: bytes, t_ns: int) -> bool:
+        return False
+
+
+class HttpxWire:
+    """httpx with ``harness.live.http_pool``'s transport (socket-level instants via WireMarks)."""
+
+    def __init__(self, config: ReplayConfig, max_connections: int | None) -> None:
+        self._url = config.url
+        self._health_url = config.target_url.rstrip("/") + "/health"
+        self._headers = request_headers(config)
+        self._client = httpx.AsyncClient(
+            transport=LifoPoolTransport(max_connections=max_connections),
+            timeout=httpx.Timeout(config.timeout_s, pool=None),
+            trust_env=False,  # a proxy from the environment must not sit in between
+        )
+
+    def prepare(self, req: TraceRequest, body: bytes) -> httpx.Request:
+        return self._client.build_request(
+            "POST", self._url, content=body,
+            headers={**self._headers, "X-Request-Id": req.request_id})
+
+    async def stream(self, att: Attempt, prepared: object) -> None:
+        assert isinstance(prepared, httpx.Request)
+        marks = WireMarks()
+        token = WIRE_MARKS.set(marks)
+        try:
+            await self._exchange(att, prepared, marks)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            att.fail("connect_error", f"{type(exc).__name__}: {exc}")
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            att.fail("stream_cut", f"{type(exc).__name__}: {exc}")
+        except httpx.TimeoutException as exc:
+            att.fail("timeout", f"{type(exc).__name__}: {exc}")
+        except httpx.HTTPError as exc:
+            att.fail("http_error", f"{type(exc).__name__}: {exc}")
+        finally:
+            if marks.sent_ns:
+                att.sent_ns = marks.sent_ns
+            WIRE_MARKS.reset(token)
+
+    async def _exchange(self, att: Attempt, request: httpx.Request, marks: WireMarks) -> None:
+        response = await self._client.send(request, stream=True)
+        try:
+            att.http_status = response.status_code
+            if not 200 <= response.status_code < 300:
+                text = (await response.aread())[:300].decode("utf-8", errors="replace")
+                att.fail(error_kind_for_status(response.status_code),
+                         f"HTTP {response.status_code}: {text}")
+                return
+            chunks = response.aiter_raw()  # identity encoding was asked for; skip decoders
+            async for data in chunks:
+                if att.on_body(data, marks.last_read_ns or time.perf_counter_ns()):
+                    break
+            else:
+                att.eof = True
+                att.end_ns = time.perf_counter_ns()
+            if att.parser.done and not att.eof and att.parser.outcome(eof=False).completed:
+                # Read the body's end so the connection goes back to the pool.
+                with contextlib.suppress(TimeoutError, httpx.HTTPError):
+                    async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                        async for _ in chunks:
+                            pass
+        finally:
+            await response.aclose()
+
+    async def warm_up(self) -> None:
+        # Also loads httpx's lazily imported I/O backend (~50 ms, which would otherwise land
+        # on the first requests as send lag).
+        response = await self._client.get(self._health_url, headers=self._headers)
+        await response.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def request_headers(config: ReplayConfig) -> dict[str, str]:
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "text/event-stream",
+        "Accept-Encoding": "identity",
+        "User-Agent": f"batchlab/{batchlab_version()}",
+    }
+    if config.api_key_env is not None:
+        headers["Authorization"] = f"Bearer {os.environ[config.api_key_env]}"
+    return headers
+
+

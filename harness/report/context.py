@@ -1,0 +1,85 @@
+"""``ReportContext``: what the report says besides the numbers (title, baseline, SLO, names)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.report.format import REPO_ROOT, code, display_path
+from harness.report.runs import CellResult, get
+
+METRICS_DOC = REPO_ROOT / "docs" / "metrics.md"
+
+
+@dataclass(frozen=True)
+class ReportContext:
+    """What the report says besides the numbers."""
+
+    title: str
+    question: str | None = None
+    baseline: str | None = None  # cell name; default: the first cell that finished
+    priority_names: Mapping[int, str] = field(default_factory=dict)
+    slo: Mapping[str, float] | None = None
+    command: Sequence[str] | None = None  # reproduces the whole report
+    rerender: Sequence[str] | None = None  # re-renders it from saved results
+    metrics_doc: str | None = None  # link target for docs/metrics.md; default relative
+    scenario: Mapping[str, Any] = field(default_factory=dict)
+
+
+def metrics_link(ctx: ReportContext, out_dir: Path) -> str:
+    """Where the report links to docs/metrics.md: as given, else relative to ``out_dir``."""
+    if ctx.metrics_doc is not None:
+        return ctx.metrics_doc
+    return Path(os.path.relpath(METRICS_DOC, out_dir.resolve())).as_posix()
+
+
+def class_name(ctx: ReportContext, key: str) -> str:
+    """A priority class as the report names it: ``name`` (priority 0), or priority 0."""
+    try:
+        p = int(key)
+    except ValueError:
+        return f"priority {key}"
+    name = ctx.priority_names.get(p)
+    return f"{code(name)} (priority {p})" if name else f"priority {p}"
+
+
+def priority_sort_key(key: str) -> tuple[int, str]:
+    """Priority classes in numeric order, names that are not numbers last."""
+    try:
+        return int(key), key
+    except ValueError:
+        return 1 << 30, key
+
+
+def slo_from(cells: Sequence[CellResult], meta: Mapping[str, Any]) -> Mapping[str, float] | None:
+    """The scenario's SLO, else the first one a cell's manifest or summary recorded."""
+    if meta.get("slo"):
+        return dict(meta["slo"])
+    for c in cells:
+        slo = c.manifest.get("slo") or get(c.summary, "slo")
+        if slo:
+            return dict(slo)
+    return None
+
+
+def scenario_context(meta: Mapping[str, Any], cells: Sequence[CellResult], scenario_dir: Path,
+                     *, baseline: str | None = None, metrics_doc: str | None = None
+                     ) -> ReportContext:
+    """The context of a scenario sweep's report, from its ``scenario.json``."""
+    names = {int(p["priority"]): str(p["name"]) for p in meta.get("priority_classes") or []}
+    names.update({int(k): str(v) for k, v in (meta.get("class_names") or {}).items()})
+    command = meta.get("command")
+    return ReportContext(
+        title=f"Scenario {meta.get('name') or scenario_dir.name}",
+        question=meta.get("question"),
+        baseline=baseline or meta.get("baseline"),
+        priority_names=names,
+        slo=slo_from(cells, meta),
+        command=list(command) if command else None,
+        rerender=["batchlab", "report", display_path(str(scenario_dir))],
+        metrics_doc=metrics_doc,
+        scenario=meta,
+    )

@@ -1,0 +1,286 @@
+"""Key findings: generated sentences about a report's cells, the largest differences first."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from harness.report.context import ReportContext, class_name, priority_sort_key
+from harness.report.format import (
+    code,
+    fmt_number,
+    fmt_pct,
+    fmt_ratio,
+    fmt_seconds,
+    missing,
+    short,
+)
+from harness.report.runs import (
+    CellResult,
+    approximations,
+    client_limited,
+    get,
+    knob,
+    sweep_cells,
+    varying_knobs,
+)
+
+SAME_WITHIN = 0.05  # relative differences under 5% are called "about the same"
+MAX_COMPARISONS = 5  # cells compared with the baseline in the findings, largest first
+MAX_PRIORITY_FINDINGS = 2  # per-class comparisons in the findings
+
+
+def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: ReportContext,
+                 preempted: Mapping[str, int | None]) -> list[str]:
+    """Generated sentences: the largest differences against the baseline first."""
+    ok = [c for c in cells if c.ok]
+    out: list[str] = []
+    if len(ok) == 1:
+        sentence = _single_run_sentence(ok[0])
+        out.append(sentence if len(cells) == 1 else
+                   f"{code(ok[0].name)} s{sentence[1:]}")  # "`x` served ..."
+    elif ok and base is not None:
+        scored = []
+        for c in ok:
+            if c is base:
+                continue
+            score, text = _comparison(c, base)
+            if text:
+                scored.append((score, text))
+        scored.sort(key=lambda s: -s[0])  # stable: equal scores keep cell order
+        out += [text for _, text in scored[:MAX_COMPARISONS]]
+        if len(scored) > MAX_COMPARISONS:
+            out.append(f"{len(scored) - MAX_COMPARISONS} more cells compare with "
+                       f"{code(base.name)} in the tables below.")
+        if len(ok) >= 3:
+            leaders = _leaders(ok)
+            if leaders:
+                out.append(leaders)
+        out += _batch_size_findings(ok, ctx.slo)
+        out += _priority_findings(ok, base, ctx)
+    preemption = _preemption_finding(ok, preempted) if len(ok) > 1 else ""
+    if preemption:
+        out.append(preemption)
+    for c in cells:
+        if c.state in ("failed", "running"):
+            reason = short(c.reason) if c.reason else "no reason recorded"
+            out.append(f"{code(c.name)} did not finish: {reason.rstrip('.')}.")
+    not_run = [c.name for c in cells if c.state == "not_run"]
+    if not_run:
+        out.append(f"{len(not_run)} cell{'s' if len(not_run) > 1 else ''} not run "
+                   f"(excluded by --only or not yet run): {', '.join(map(code, not_run))}.")
+    for c in ok:
+        failed = get(c.summary, "num_failed") or 0
+        if failed:
+            kinds = ", ".join(f"{k} {v:,}" for k, v in (get(c.summary, "failures") or {}).items())
+            out.append(f"{code(c.name)} failed {failed:,} of "
+                       f"{get(c.summary, 'num_requests') or 0:,} requests ({kinds}).")
+        if client_limited(c):
+            out.append(f"The client was the limit in {code(c.name)} (send lag p99 "
+                       f"{fmt_seconds(get(c.summary, 'send_lag_s.p99'))}): its latencies "
+                       "include client delay.")
+        frac = get(c.summary, "output_length_fidelity.fraction_reached_target")
+        if not missing(frac) and frac < 0.99:
+            out.append(f"In {code(c.name)} only {fmt_pct(frac)} of requests reached their "
+                       "target output length, so its tokens/s is not comparable token for "
+                       "token.")
+        n_approx = len(approximations(c))
+        if n_approx:
+            out.append(f"{code(c.name)} ran with {n_approx} knob{'s' if n_approx > 1 else ''} "
+                       "approximated or not applied (see Approximations).")
+    if not ok:
+        out.insert(0, "No cell produced results.")
+    return out
+
+
+def _single_run_sentence(c: CellResult) -> str:
+    s = c.summary
+    text = (f"Served {get(s, 'num_completed') or 0:,} of {get(s, 'num_requests') or 0:,} "
+            f"requests in {fmt_seconds(get(s, 'duration_s'))}: "
+            f"{fmt_number(get(s, 'throughput.output_tokens_per_s'), 'output tokens/s')}, "
+            f"TTFT p90 {fmt_seconds(get(s, 'ttft_s.p90'))}, "
+            f"TPOT p90 {fmt_seconds(get(s, 'tpot_s.p90'))}, "
+            f"E2E p90 {fmt_seconds(get(s, 'e2e_s.p90'))}")
+    attainment = get(s, "goodput.slo_attainment")
+    if not missing(attainment):
+        text += f"; {fmt_pct(attainment)} of requests met the SLO"
+    return text + "."
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if missing(a) or missing(b) or b == 0 or a < 0 or b < 0:
+        return None
+    return float(a) / float(b)
+
+
+def _log_score(*ratios: float | None) -> float:
+    return max((abs(math.log(r)) for r in ratios if r is not None and r > 0), default=0.0)
+
+
+def _throughput_phrase(c: CellResult, b: CellResult) -> tuple[str, float | None]:
+    cv = get(c.summary, "throughput.output_tokens_per_s")
+    bv = get(b.summary, "throughput.output_tokens_per_s")
+    r = _ratio(cv, bv)
+    if r is None:
+        return "", None
+    nums = f"({fmt_number(cv)} vs {fmt_number(bv)} tok/s)"
+    if r >= 1 + SAME_WITHIN:
+        return f"served {fmt_ratio(r)} the output tokens/s of {code(b.name)} {nums}", r
+    if r <= 1 - SAME_WITHIN:
+        return (f"served {(1 - r) * 100:.0f}% fewer output tokens/s than {code(b.name)} "
+                f"{nums}"), r
+    return f"served about the same output tokens/s as {code(b.name)} {nums}", r
+
+
+def _latency_phrase(label: str, cv: Any, bv: Any) -> tuple[str, float | None]:
+    r = _ratio(cv, bv)
+    if r is None:
+        return "", None
+    if abs(r - 1) < SAME_WITHIN:
+        return f"{label} about the same ({fmt_seconds(cv)} vs {fmt_seconds(bv)})", r
+    verb = "fell" if r < 1 else "rose"
+    return f"{label} {verb} from {fmt_seconds(bv)} to {fmt_seconds(cv)}", r
+
+
+def _attainment_phrase(c: CellResult, b: CellResult) -> str:
+    cv = get(c.summary, "goodput.slo_attainment")
+    bv = get(b.summary, "goodput.slo_attainment")
+    if missing(cv) or missing(bv) or abs(cv - bv) < 0.005:
+        return ""
+    verb = "rose" if cv > bv else "fell"
+    return f"SLO attainment {verb} from {fmt_pct(bv)} to {fmt_pct(cv)}"
+
+
+def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:
+    tp, r_tp = _throughput_phrase(c, b)
+    ttft, r_ttft = _latency_phrase("TTFT p90", get(c.summary, "ttft_s.p90"),
+                                   get(b.summary, "ttft_s.p90"))
+    tpot, r_tpot = _latency_phrase("TPOT p90", get(c.summary, "tpot_s.p90"),
+                                   get(b.summary, "tpot_s.p90"))
+    slo = _attainment_phrase(c, b)
+    parts = [p for p in (ttft, tpot, slo) if p]
+    if tp:
+        text = f"{code(c.name)} {tp}"
+        if parts:
+            text += "; " + "; ".join(parts)
+    elif parts:
+        text = f"{code(c.name)} against {code(b.name)}: " + "; ".join(parts)
+    else:
+        return 0.0, ""
+    return _log_score(r_tp, r_ttft, r_tpot), text + "."
+
+
+def _leaders(cells: Sequence[CellResult]) -> str:
+    def best(metric: str, pick: Callable[[Iterable[float]], float]) -> tuple[str, float] | None:
+        values = [(c.name, get(c.summary, metric)) for c in cells]
+        values = [(n, v) for n, v in values if not missing(v)]
+        if not values:
+            return None
+        target = pick(v for _, v in values)
+        return next((n, v) for n, v in values if v == target)
+
+    parts = []
+    tp = best("throughput.output_tokens_per_s", max)
+    if tp:
+        parts.append(f"highest output throughput {code(tp[0])} ({fmt_number(tp[1], 'tok/s')})")
+    for metric, label in (("ttft_s.p90", "TTFT p90"), ("tpot_s.p90", "TPOT p90")):
+        lo = best(metric, min)
+        if lo:
+            parts.append(f"lowest {label} {code(lo[0])} ({fmt_seconds(lo[1])})")
+    slo = best("goodput.slo_attainment", max)
+    if slo:
+        parts.append(f"best SLO attainment {code(slo[0])} ({fmt_pct(slo[1])})")
+    if not parts:
+        return ""
+    text = "; ".join(parts)
+    return "Across all cells: " + text + "."
+
+
+def _batch_size_findings(cells: Sequence[CellResult], slo: Mapping[str, float] | None
+                         ) -> list[str]:
+    sweep = sweep_cells(cells)
+    if len(sweep) < 3:
+        return []
+    varying = varying_knobs(sweep)
+    if set(varying) - {"max_num_seqs"}:
+        return []  # more than one dimension: the tables and plot say it better
+    pts = sorted(sweep, key=lambda c: int(knob(c, "max_num_seqs")))
+    lo, hi = pts[0], pts[-1]
+    out = []
+    r = _ratio(get(hi.summary, "throughput.output_tokens_per_s"),
+               get(lo.summary, "throughput.output_tokens_per_s"))
+    tpot_lo, tpot_hi = get(lo.summary, "tpot_s.p90"), get(hi.summary, "tpot_s.p90")
+    if r is not None:
+        change = (f"rose {fmt_ratio(r)}" if r >= 1 + SAME_WITHIN else
+                  f"fell {(1 - r) * 100:.0f}%" if r <= 1 - SAME_WITHIN else "stayed about the same")
+        out.append(
+            f"From max_num_seqs {knob(lo, 'max_num_seqs')} to {knob(hi, 'max_num_seqs')}, "
+            f"output throughput {change} "
+            f"({fmt_number(get(lo.summary, 'throughput.output_tokens_per_s'))} to "
+            f"{fmt_number(get(hi.summary, 'throughput.output_tokens_per_s'))} tok/s) while "
+            f"TPOT p90 went from {fmt_seconds(tpot_lo)} to {fmt_seconds(tpot_hi)}."
+        )
+    tpot_slo = (slo or {}).get("tpot_s")
+    if tpot_slo:
+        meeting = [c for c in pts if not missing(get(c.summary, "tpot_s.p90"))
+                   and get(c.summary, "tpot_s.p90") <= tpot_slo]
+        if meeting:
+            best = max(meeting, key=lambda c: int(knob(c, "max_num_seqs")))
+            out.append(
+                f"The largest max_num_seqs whose TPOT p90 meets the {fmt_seconds(tpot_slo)} "
+                f"TPOT SLO is {knob(best, 'max_num_seqs')} ({code(best.name)}: TPOT p90 "
+                f"{fmt_seconds(get(best.summary, 'tpot_s.p90'))}, "
+                f"{fmt_number(get(best.summary, 'throughput.output_tokens_per_s'), 'tok/s')})."
+            )
+        else:
+            out.append(f"No max_num_seqs tried kept TPOT p90 within the "
+                       f"{fmt_seconds(tpot_slo)} TPOT SLO.")
+    return out
+
+
+def _priority_findings(cells: Sequence[CellResult], base: CellResult, ctx: ReportContext
+                       ) -> list[str]:
+    base_classes = get(base.summary, "by_priority") or {}
+    if len(base_classes) < 2:
+        return []
+    scored = []
+    for c in cells:
+        if c is base:
+            continue
+        classes = get(c.summary, "by_priority") or {}
+        phrases, ratios = [], []
+        for key in sorted(base_classes, key=priority_sort_key):
+            if key not in classes:
+                continue
+            parts = []
+            for metric, label in (("ttft_s.p90", "TTFT p90"), ("tpot_s.p90", "TPOT p90")):
+                phrase, r = _latency_phrase(label, get(classes[key], metric),
+                                            get(base_classes[key], metric))
+                if phrase and (metric == "ttft_s.p90" or "about the same" not in phrase):
+                    parts.append(phrase)
+                    ratios.append(r)
+            if parts:
+                phrases.append(f"class {class_name(ctx, key)} " + ", ".join(parts))
+        if phrases:
+            # A cell with another scheduling policy is what a per-class comparison is for.
+            other_policy = knob(c, "policy") != knob(base, "policy")
+            scored.append((other_policy, _log_score(*ratios), f"Under {code(c.name)} rather "
+                           f"than {code(base.name)}: " + "; ".join(phrases) + "."))
+    scored.sort(key=lambda s: (not s[0], -s[1]))
+    return [text for _, score, text in scored[:MAX_PRIORITY_FINDINGS] if score > 0]
+
+
+def _preemption_finding(cells: Sequence[CellResult], counts: Mapping[str, int | None]) -> str:
+    if not any((get(c.summary, "num_preemptions") or 0) > 0 for c in cells):
+        return ""
+    parts = []
+    for c in cells:
+        n = get(c.summary, "num_preemptions") or 0
+        text = f"{code(c.name)} {n:,}"
+        preempted = counts.get(c.name)
+        if n and preempted is not None:
+            text += f" ({preempted:,} requests)"
+        parts.append(text)
+    return "Preemptions: " + ", ".join(parts) + "."
+

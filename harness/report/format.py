@@ -1,0 +1,155 @@
+"""Text formatting for the report: numbers, durations, deltas, paths and markdown tables."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def sig(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` significant digits, thousands separated, no trailing zeros."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    places = digits - 1 - math.floor(math.log10(abs(value)))
+    rounded = round(value, places)
+    if places <= 0:
+        return f"{int(rounded):,}"
+    text = f"{rounded:,.{places}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def missing(value: Any) -> bool:
+    """None, NaN or infinite: shown as "–" and never compared."""
+    return value is None or (isinstance(value, float) and not math.isfinite(value))
+
+
+def fmt_seconds(value: float | None) -> str:
+    """Latencies for humans: µs and ms below a second, s above; 3 significant digits."""
+    if missing(value):
+        return "–"
+    assert value is not None
+    a = abs(value)
+    if a == 0:
+        return "0 ms"
+    if a < 1e-3 and round(a * 1e6, 3 - 1 - math.floor(math.log10(a * 1e6))) < 1000:
+        return f"{sig(value * 1e6)} µs"
+    if a < 1 and float(sig(a * 1e3).replace(",", "")) < 1000:
+        return f"{sig(value * 1e3)} ms"
+    return f"{sig(value)} s"
+
+
+def fmt_number(value: float | None, unit: str = "") -> str:
+    if missing(value):
+        return "–"
+    assert value is not None
+    text = sig(value) if abs(value) < 1e15 else f"{value:.3g}"
+    return f"{text} {unit}".rstrip()
+
+
+def fmt_int(value: Any) -> str:
+    return "–" if missing(value) else f"{int(value):,}"
+
+
+def fmt_pct(fraction: float | None) -> str:
+    if missing(fraction):
+        return "–"
+    assert fraction is not None
+    pct = fraction * 100
+    if pct in (0, 100):
+        return f"{pct:.0f}%"
+    return f"{pct:.1f}%"
+
+
+def fmt_ratio(ratio: float) -> str:
+    return f"{sig(ratio, 2)}×" if ratio < 10 else f"{ratio:,.0f}×"
+
+
+def fmt_delta(value: float | None, base: float | None) -> str:
+    """``+12%``, ``-94%``, ``2.8×`` (two-fold and more), ``1/280`` (a fall of 95% and more:
+    "-100%" would hide how large it was), or ``""`` when not comparable."""
+    if missing(value) or missing(base) or base == 0:
+        return ""
+    assert value is not None and base is not None
+    ratio = value / base
+    if ratio >= 2:
+        return fmt_ratio(ratio)
+    if 0 < ratio <= 0.05:
+        return f"1/{fmt_number(1 / ratio)}"
+    change = (ratio - 1) * 100
+    if abs(change) < 0.5:
+        return "±0%"
+    return f"{change:+.0f}%"
+
+
+def with_delta(text: str, value: float | None, base: float | None, is_base: bool) -> str:
+    """``text`` followed by its change against the baseline in brackets, when there is one."""
+    if is_base or text == "–":
+        return text
+    delta = fmt_delta(value, base)
+    return f"{text} ({delta})" if delta else text
+
+
+def short(text: str, limit: int = 200) -> str:
+    """A reason on one line, cut at ``limit`` characters (the cell's error.txt has it all)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def code(text: Any) -> str:
+    return f"`{text}`"
+
+
+def value_text(value: Any) -> str:
+    """A knob's value as the scenario file would spell it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value)) if value else "[]"
+    return str(value)
+
+
+def load_text(load: Mapping[str, Any]) -> str:
+    """A scenario cell's load: trace timing, a rate, a time scale or a number of users."""
+    kind, value = load.get("kind"), load.get("value")
+    if kind in (None, "trace") or value is None:
+        return "trace timing"
+    if kind == "rate":
+        return f"{sig(value)} req/s"
+    if kind == "time_scale":
+        return f"time × {sig(value)}"
+    return f"{int(value)} users"
+
+
+def display_path(text: str | None) -> str:
+    """A path as the report shows it: relative to the repository when it lies inside."""
+    if not text:
+        return "–"
+    path = Path(text)
+    if path.is_absolute():
+        try:
+            return str(path.resolve().relative_to(REPO_ROOT))
+        except (ValueError, OSError):
+            return text
+    return text
+
+
+def _cell_text(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
+          align: Sequence[str] | None = None) -> str:
+    """A GitHub markdown table; ``align`` is "l" or "r" per column (default: l then r)."""
+    align = align or ["l"] + ["r"] * (len(headers) - 1)
+    lines = ["| " + " | ".join(_cell_text(h) for h in headers) + " |",
+             "|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell_text(c) for c in row) + " |")
+    return "\n".join(lines)
+

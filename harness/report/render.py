@@ -1,0 +1,181 @@
+"""Rendering a report: its markdown and plots, for a scenario, one run, or any run folders."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from harness.report import plots
+from harness.report.context import ReportContext, scenario_context, slo_from
+from harness.report.fidelity import prediction_section
+from harness.report.findings import key_findings
+from harness.report.format import code, display_path
+from harness.report.runs import (
+    REPORT_FILE,
+    CellResult,
+    collect,
+    get,
+    knob,
+    load_run,
+    load_scenario_dir,
+    preempted_requests,
+    read_columns,
+    read_engine_state,
+    request_columns,
+    series_key,
+    sweep_cells,
+    varying_knobs,
+)
+from harness.report.sections import (
+    cells_section,
+    failures_section,
+    goodput_section,
+    header,
+    latency_section,
+    output_length_section,
+    preemption_section,
+    priority_section,
+    reproduce_section,
+    throughput_section,
+)
+from harness.results import CHUNKS_FILE
+
+
+def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Path,
+                    *, draw: bool = True) -> str:
+    """The report's text; draws its plots into ``out_dir`` when ``draw``."""
+    ok = [c for c in cells if c.ok]
+    base = None
+    if ctx.baseline is not None:
+        base = next((c for c in ok if c.name == ctx.baseline), None)
+    if base is None and ok:
+        base = ok[0]
+    preempted = preempted_requests(ok)
+    lines = header(cells, base, ctx)
+    lines += ["## Key findings", ""]
+    lines += [f"- {text}" for text in key_findings(cells, base, ctx, preempted)]
+    if ctx.baseline and (base is None or base.name != ctx.baseline):
+        lines.append(f"- The requested baseline {code(ctx.baseline)} has no results; "
+                     + (f"{code(base.name)} is used instead." if base else "nothing to compare."))
+    lines.append("")
+    lines += cells_section(cells)
+    if ok:
+        lines += latency_section(ok, base)
+        lines += throughput_section(ok, base)
+        lines += goodput_section(ok, base, ctx)
+        lines += preemption_section(ok, preempted)
+        lines += output_length_section(ok)
+        lines += failures_section(ok)
+        lines += priority_section(ok, base, ctx)
+        lines += prediction_section(ok)
+    drawn = _draw_plots(ok, out_dir, ctx) if draw else []
+    if drawn:
+        lines += ["## Plots", ""]
+        for alt, name in drawn:
+            lines += [f"![{alt}]({name})", ""]
+    lines += reproduce_section(cells, ctx, out_dir)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_report(cells: Sequence[CellResult], ctx: ReportContext, out_file: Path) -> Path:
+    """Render and write ``out_file`` (atomically), plots beside it."""
+    out_file = Path(out_file)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    text = render_markdown(cells, ctx, out_file.parent)
+    tmp = out_file.with_name(out_file.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, out_file)
+    return out_file
+
+
+def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext
+                ) -> list[tuple[str, str]]:
+    """Draw every plot there is data for; return (alt text, file name) in report order."""
+    drawn: list[tuple[str, str]] = []
+    if not ok:
+        return drawn
+    out_dir.mkdir(parents=True, exist_ok=True)
+    latencies = {}
+    for c in ok:
+        cols = request_columns(c.run_dir)
+        latencies[c.name] = {m: cols[m] for m, _ in plots.LATENCY_PANELS if m in cols}
+    if plots.latency_cdfs(latencies, out_dir / "latency_cdf.png"):
+        drawn.append(("Latency CDFs (TTFT, TPOT, E2E) per cell", "latency_cdf.png"))
+    states = {c.name: s for c in ok if (s := read_engine_state(c.run_dir)) is not None}
+    if states and plots.engine_state(states, out_dir / "engine_state.png"):
+        drawn.append(("Running batch size, waiting queue and KV usage over time",
+                      "engine_state.png"))
+    tput = {}
+    for c in ok:
+        chunks = read_columns(c.run_dir / CHUNKS_FILE, ("t_s", "num_tokens"))
+        if chunks and "t_s" in chunks and "num_tokens" in chunks:
+            tput[c.name] = (np.asarray(chunks["t_s"], dtype=np.float64),
+                            np.asarray(chunks["num_tokens"], dtype=np.float64))
+    if tput and plots.throughput_over_time(tput, out_dir / "throughput.png"):
+        drawn.append(("Output tokens per second over time", "throughput.png"))
+    sweep = sweep_cells(ok)
+    if sweep:
+        varying = varying_knobs(sweep)
+        series = {c.name: series_key(c, varying) for c in sweep}
+        if len(set(series.values())) == 1:
+            series = dict.fromkeys(series, "")
+        points = [plots.SweepPoint(
+            series=series[c.name],
+            max_num_seqs=int(knob(c, "max_num_seqs")),
+            tpot_p50_s=get(c.summary, "tpot_s.p50"), tpot_p90_s=get(c.summary, "tpot_s.p90"),
+            output_tokens_per_s=get(c.summary, "throughput.output_tokens_per_s"),
+        ) for c in sweep]
+        tpot_slo = (ctx.slo or {}).get("tpot_s")
+        if plots.batch_size_sweep(points, out_dir / "batch_size.png", tpot_slo_s=tpot_slo):
+            drawn.append(("TPOT and throughput against max_num_seqs", "batch_size.png"))
+    return drawn
+
+
+def render_scenario_report(scenario_dir: Path, *, out_file: Path | None = None,
+                           baseline: str | None = None, metrics_doc: str | None = None) -> Path:
+    """``<scenario_dir>/report.md`` comparing every cell of a scenario sweep."""
+    scenario_dir = Path(scenario_dir)
+    meta, cells = load_scenario_dir(scenario_dir)
+    ctx = scenario_context(meta, cells, scenario_dir, baseline=baseline, metrics_doc=metrics_doc)
+    return write_report(cells, ctx, out_file or scenario_dir / REPORT_FILE)
+
+
+def render_run_report(run_dir: Path, *, metrics_doc: str | None = None) -> Path:
+    """``<run_dir>/report.md`` for one ``simulate`` or ``replay`` run folder."""
+    run_dir = Path(run_dir)
+    cell = load_run(run_dir)
+    ctx = ReportContext(
+        title=f"Run {run_dir.name}",
+        slo=slo_from([cell], {}),
+        command=[str(a) for a in cell.manifest.get("command") or []] or None,
+        rerender=["batchlab", "report", display_path(str(run_dir))],
+        metrics_doc=metrics_doc,
+    )
+    return write_report([cell], ctx, run_dir / REPORT_FILE)
+
+
+def render_comparison(dirs: Sequence[Path], out_file: Path, *, baseline: str | None = None,
+                      title: str | None = None, metrics_doc: str | None = None) -> Path:
+    """Compare run folders made at any time (``batchlab report DIR DIR ...``)."""
+    cells, metas = collect(dirs)
+    if len(dirs) == 1 and metas:
+        meta = metas[0]
+        ctx = scenario_context(meta, cells, Path(dirs[0]), baseline=baseline,
+                               metrics_doc=metrics_doc)
+    else:
+        names = [c.name for c in cells]
+        if baseline is not None and baseline not in names:
+            raise ValueError(f"--baseline {baseline!r}: no such cell; cells: {', '.join(names)}")
+        question = " / ".join(str(m["question"]) for m in metas if m.get("question")) or None
+        ctx = ReportContext(
+            title=title or "Comparison of " + ", ".join(names),
+            question=question, baseline=baseline, slo=slo_from(cells, {}),
+            rerender=["batchlab", "report", *(display_path(str(d)) for d in dirs),
+                      *(["--baseline", baseline] if baseline else []),
+                      "-o", display_path(str(out_file))],
+            metrics_doc=metrics_doc,
+        )
+    return write_report(cells, ctx, out_file)

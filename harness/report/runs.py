@@ -1,0 +1,333 @@
+"""Run folders read back into ``CellResult`` records, their parquet columns and engine state."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.manifest import MANIFEST_FILE
+from harness.report.format import load_text, value_text
+from harness.report.plots import EngineState
+from harness.results import REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE
+
+TELEMETRY_FILE = "telemetry.parquet"
+CELL_FILE = "cell.json"
+STATUS_FILE = "status.json"
+SCENARIO_FILE = "scenario.json"
+REPORT_FILE = "report.md"
+
+ENGINE_STATE_POINTS = 600  # points per cell in the engine-state plot
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """One column of the comparison: a run folder and what is known about it."""
+
+    name: str
+    run_dir: Path
+    state: str  # "done", "failed", "running" (interrupted), "not_run"
+    reason: str = ""
+    summary: Mapping[str, Any] | None = None
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+    cell: Mapping[str, Any] = field(default_factory=dict)  # cell.json of a scenario sweep
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "done" and self.summary is not None
+
+    @property
+    def knobs(self) -> Mapping[str, Any]:
+        return self.cell.get("knobs") or self.manifest.get("knobs") or {}
+
+    @property
+    def engine(self) -> str:
+        engine = self.cell.get("engine")
+        if isinstance(engine, Mapping) and engine.get("engine"):
+            return str(engine["engine"])
+        return _manifest_engine(self.manifest)[0] or "–"
+
+    @property
+    def engine_version(self) -> str | None:
+        return _manifest_engine(self.manifest)[1]
+
+    @property
+    def mode(self) -> str:
+        engine = self.cell.get("engine")
+        if isinstance(engine, Mapping) and engine.get("mode"):
+            return str(engine["mode"])
+        return str(self.manifest.get("kind") or "–")
+
+
+def get(summary: Mapping[str, Any] | None, dotted: str) -> Any:
+    """``get(s, "ttft_s.p90")``; None when any part is missing."""
+    node: Any = summary
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _manifest_engine(manifest: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(engine name, version) from the manifest's ``engine`` record (harness/manifest.py)."""
+    engine = manifest.get("engine")
+    if not isinstance(engine, Mapping):
+        return None, None
+    version = engine.get("version")
+    return (str(engine["name"]) if engine.get("name") else None,
+            str(version) if version else None)
+
+
+# ---------------------------------------------------------------- run folders
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_run(run_dir: Path, name: str | None = None) -> CellResult:
+    """A run folder (a scenario cell or a single ``simulate``/``replay`` run)."""
+    run_dir = Path(run_dir)
+    status = _read_json(run_dir / STATUS_FILE)
+    summary = _read_json(run_dir / SUMMARY_FILE) or None
+    if status:
+        state = str(status.get("state", "running"))
+    elif summary is not None:
+        state = "done"
+    else:
+        state = "not_run"
+    reason = str(status.get("reason", ""))
+    if state == "done" and summary is None:
+        state, reason = "failed", f"no {SUMMARY_FILE} in {run_dir}"
+    if state == "running":
+        reason = reason or "interrupted before it finished (re-run with --resume)"
+    return CellResult(
+        name=name or run_dir.name, run_dir=run_dir, state=state, reason=reason,
+        summary=summary if state == "done" else None,
+        manifest=_read_json(run_dir / MANIFEST_FILE), cell=_read_json(run_dir / CELL_FILE),
+    )
+
+
+def load_scenario_dir(scenario_dir: Path) -> tuple[dict[str, Any], list[CellResult]]:
+    """``scenario.json`` and every cell of the scenario, in scenario order."""
+    meta = _read_json(scenario_dir / SCENARIO_FILE)
+    names = list(meta.get("cells") or [])
+    if not names:
+        names = sorted(p.name for p in scenario_dir.iterdir() if p.is_dir() and (
+            (p / STATUS_FILE).exists() or (p / SUMMARY_FILE).exists()))
+    cells = []
+    for name in names:
+        cell_dir = scenario_dir / name
+        if cell_dir.is_dir():
+            cells.append(load_run(cell_dir, name))
+        else:
+            cells.append(CellResult(name=name, run_dir=cell_dir, state="not_run",
+                                    reason="not run yet (or excluded by --only)"))
+    return meta, cells
+
+
+def collect(dirs: Sequence[Path]) -> tuple[list[CellResult], list[dict[str, Any]]]:
+    """Run folders from the given directories: a scenario folder gives all its cells, a run
+    folder gives itself. Names are made unique with the parent folder's name when needed."""
+    cells: list[CellResult] = []
+    metas: list[dict[str, Any]] = []
+    for d in dirs:
+        d = Path(d)
+        if (d / SCENARIO_FILE).exists():
+            meta, found = load_scenario_dir(d)
+            metas.append(meta)
+            cells += found
+        elif any((d / f).exists() for f in (SUMMARY_FILE, STATUS_FILE, REQUESTS_FILE)):
+            cells.append(load_run(d))
+        else:
+            raise FileNotFoundError(f"{d}: not a run folder or scenario folder (no "
+                                    f"{SUMMARY_FILE}, {STATUS_FILE} or {SCENARIO_FILE})")
+    seen: dict[str, int] = {}
+    for c in cells:
+        seen[c.name] = seen.get(c.name, 0) + 1
+    unique = []
+    for c in cells:
+        if seen[c.name] > 1:
+            c = CellResult(name=f"{c.run_dir.parent.name}/{c.name}", run_dir=c.run_dir,
+                           state=c.state, reason=c.reason, summary=c.summary,
+                           manifest=c.manifest, cell=c.cell)
+        unique.append(c)
+    return unique, metas
+
+
+# ---------------------------------------------------------------- parquet files
+
+
+def read_table(path: Path) -> pa.Table | None:
+    """The whole parquet file, or None when it is missing or unreadable."""
+    if not path.exists():
+        return None
+    try:
+        return pq.read_table(path)
+    except (OSError, ValueError):
+        return None
+
+
+def read_columns(path: Path, columns: Sequence[str]) -> dict[str, np.ndarray] | None:
+    """Those of ``columns`` the parquet file has; None when it is missing or unreadable."""
+    if not path.exists():
+        return None
+    try:
+        schema = pq.read_schema(path)
+        wanted = [c for c in columns if c in schema.names]
+        tab = pq.read_table(path, columns=wanted)
+    except (OSError, ValueError):
+        return None
+    return {c: tab.column(c).to_numpy(zero_copy_only=False) for c in wanted}
+
+
+def request_columns(run_dir: Path) -> dict[str, np.ndarray]:
+    """Per-request latencies and preemption counts from ``requests.parquet``."""
+    return read_columns(run_dir / REQUESTS_FILE,
+                        ("ttft_s", "tpot_s", "e2e_s", "num_preemptions")) or {}
+
+
+def preempted_requests(ok: Sequence[CellResult]) -> dict[str, int | None]:
+    """Requests preempted at least once, per cell (None without ``requests.parquet``)."""
+    out: dict[str, int | None] = {}
+    for c in ok:
+        cols = request_columns(c.run_dir)
+        n = cols.get("num_preemptions")
+        out[c.name] = int(np.count_nonzero(np.asarray(n) > 0)) if n is not None else None
+    return out
+
+
+def _first(cols: Mapping[str, np.ndarray], names: Sequence[str]) -> np.ndarray | None:
+    for name in names:
+        if name in cols:
+            return np.asarray(cols[name], dtype=np.float64)
+    return None
+
+
+def read_engine_state(run_dir: Path) -> EngineState | None:
+    """Running / waiting / KV usage over time from ``steps.parquet`` (simulation) or
+    ``telemetry.parquet`` (live), down-sampled to a fixed number of points."""
+    steps = read_columns(run_dir / STEPS_FILE, ("t_s", "num_running", "num_waiting",
+                                                "num_kv_blocks_used", "num_kv_blocks_total"))
+    if steps and "t_s" in steps:
+        t = np.asarray(steps["t_s"], dtype=np.float64)
+        kv = None
+        if "num_kv_blocks_used" in steps and "num_kv_blocks_total" in steps:
+            total = np.asarray(steps["num_kv_blocks_total"], dtype=np.float64)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                kv = np.where(total > 0, steps["num_kv_blocks_used"] / total, np.nan)
+        state = EngineState(t_s=t, num_running=_first(steps, ("num_running",)),
+                            num_waiting=_first(steps, ("num_waiting",)), kv_usage=kv)
+        return _downsample(state)
+    tele = read_columns(run_dir / TELEMETRY_FILE, (
+        "t_s", "time_s", "num_running", "running", "num_waiting", "waiting",
+        "kv_usage", "kv_cache_usage", "kv_usage_frac", "kv_cache_usage_perc",
+    ))
+    if not tele:
+        return None
+    t_raw = _first(tele, ("t_s", "time_s"))
+    if t_raw is None:
+        return None
+    kv = _first(tele, ("kv_usage", "kv_cache_usage", "kv_usage_frac", "kv_cache_usage_perc"))
+    if kv is not None and np.nanmax(kv, initial=0) > 1.0:  # a percentage
+        kv = kv / 100.0
+    return _downsample(EngineState(
+        t_s=t_raw, num_running=_first(tele, ("num_running", "running")),
+        num_waiting=_first(tele, ("num_waiting", "waiting")), kv_usage=kv))
+
+
+def _downsample(state: EngineState) -> EngineState:
+    t = state.t_s
+    if t.size <= ENGINE_STATE_POINTS:
+        return state
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    grid = np.linspace(t[0], t[-1], ENGINE_STATE_POINTS)
+    idx = np.clip(np.searchsorted(t, grid, side="right") - 1, 0, t.size - 1)
+
+    def pick(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else np.asarray(a)[order][idx]
+
+    return EngineState(t_s=grid, num_running=pick(state.num_running),
+                       num_waiting=pick(state.num_waiting), kv_usage=pick(state.kv_usage))
+
+
+# ---------------------------------------------------------------- what tells cells apart
+
+
+def knob(c: CellResult, name: str) -> Any:
+    return c.knobs.get(name)
+
+
+def trace_digest(c: CellResult) -> str | None:
+    trace = c.manifest.get("trace") or {}
+    digest = trace.get("digest")
+    return str(digest) if digest else None
+
+
+def varying_knobs(cells: Sequence[CellResult]) -> list[str]:
+    """Knobs that differ between the cells that recorded knobs (a cell that never started
+    has none and is not a difference)."""
+    known = [c for c in cells if c.knobs]
+    names: list[str] = []
+    for c in known:
+        names += [k for k in c.knobs if k not in names]
+    return [k for k in names
+            if len({value_text(c.knobs.get(k)) for c in known}) > 1]
+
+
+def sweep_cells(cells: Sequence[CellResult]) -> list[CellResult]:
+    """Cells of a batch-size sweep: max_num_seqs takes several values and nothing else varies
+    except the grid's other knobs (which split the sweep into series)."""
+    with_bs = [c for c in cells if isinstance(knob(c, "max_num_seqs"), int)]
+    if len({knob(c, "max_num_seqs") for c in with_bs}) < 2:
+        return []
+    return with_bs
+
+
+def series_key(c: CellResult, varying: Sequence[str]) -> str:
+    """What besides max_num_seqs tells this cell's line apart: engine, other knobs, load."""
+    engine = c.cell.get("engine") or {}
+    load = c.cell.get("load") or {}
+    parts = [str(engine.get("name") or c.engine)]
+    parts += [f"{k}={value_text(knob(c, k))}" for k in varying if k != "max_num_seqs"]
+    if load.get("kind") not in (None, "trace"):
+        parts.append(load_text(load))
+    return ", ".join(parts)
+
+
+def client_limited(c: CellResult) -> bool:
+    """Whether the replay client, not the engine, was the limit in this run."""
+    value = c.manifest.get("client_limited")
+    if value is None:
+        value = get(c.summary, "client_limited")
+    return bool(value)
+
+
+def approximations(c: CellResult) -> list[str]:
+    """Knobs the engine approximated or did not apply, one line each."""
+    out = [str(a) if not isinstance(a, Mapping) else
+           f"{a.get('knob', '?')}: {a.get('note') or a.get('status', '')}".strip()
+           for a in c.manifest.get("approximations") or []]
+    listed = set(out)
+    for m in c.manifest.get("mapping") or []:
+        if not isinstance(m, Mapping) or m.get("status", "applied") == "applied":
+            continue
+        status = str(m.get("status")).replace("_", " ")
+        text = f"{m.get('knob')}={value_text(m.get('value'))} {status}"
+        if m.get("note"):
+            text += f" ({m['note']})"
+        if text not in listed:
+            out.append(text)
+    return out

@@ -1,0 +1,389 @@
+"""The report's header, cells and metric tables, priority classes and reproduce section."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from harness.report.context import ReportContext, class_name, metrics_link, priority_sort_key
+from harness.report.format import (
+    code,
+    display_path,
+    fmt_int,
+    fmt_number,
+    fmt_pct,
+    fmt_seconds,
+    load_text,
+    missing,
+    short,
+    table,
+    value_text,
+    with_delta,
+)
+from harness.report.runs import (
+    CellResult,
+    approximations,
+    client_limited,
+    get,
+    varying_knobs,
+)
+
+LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E latency"))
+PERCENTILES = ("p50", "p90", "p99")
+# Reference-engine settings that the scenario's knobs do not already show.
+_REFERENCE_SETTINGS = ("policy", "admission", "preemption", "max_num_seqs",
+                       "max_num_batched_tokens", "chunked_prefill", "weights_dtype",
+                       "kv_cache_dtype", "num_gpu_blocks", "block_size", "max_model_len")
+
+
+def header(cells: Sequence[CellResult], base: CellResult | None, ctx: ReportContext
+            ) -> list[str]:
+    lines = [f"# {ctx.title}", ""]
+    if ctx.question:
+        lines += [f"> **Question.** {ctx.question}", ""]
+    rows: list[tuple[str, str]] = []
+    traces: dict[str, list[str]] = {}
+    for c in cells:
+        trace = c.manifest.get("trace") or {}
+        if not trace:
+            continue
+        key = f"{trace.get('source')}|{trace.get('digest')}"
+        traces.setdefault(key, []).append(c.name)
+    if traces:
+        described = []
+        for names in traces.values():
+            c = next(x for x in cells if x.name == names[0])
+            text = _trace_text(c)
+            if len(traces) > 1:
+                text += f" — {', '.join(map(code, names))}"
+            described.append(text)
+        rows.append(("Trace", "<br>".join(described)))
+    elif ctx.scenario.get("trace"):
+        rows.append(("Trace", code(display_path(ctx.scenario["trace"].get("path")))))
+    for key, label in (("model", "Model"), ("gpu", "GPU")):
+        values = list(dict.fromkeys(
+            str(c.manifest.get(key) or ctx.scenario.get(key) or "–") for c in cells
+            if c.manifest or ctx.scenario))
+        if values:
+            rows.append((label, ", ".join(values)))
+    engines = list(dict.fromkeys(_engine_text(c) for c in cells if c.manifest or c.cell))
+    if engines:
+        rows.append(("Engines", "; ".join(engines)))
+    if ctx.slo:
+        rows.append(("SLO", _slo_text(ctx.slo)))
+    if base is not None and len(cells) > 1:
+        rows.append(("Baseline", code(base.name)))
+    rows.append(("Client ever the limit", _client_text(cells)))
+    lines += [table(("", ""), rows, align=("l", "l")), ""]
+    return lines
+
+
+def _trace_text(c: CellResult) -> str:
+    trace = c.manifest.get("trace") or {}
+    parts = [code(display_path(trace.get("source")))]
+    fmt = trace.get("format")
+    stats = trace.get("stats") or {}
+    details = []
+    if fmt:
+        details.append(str(fmt))
+    n = stats.get("num_requests", get(c.summary, "num_requests"))
+    if n is not None:
+        details.append(f"{int(n):,} requests")
+    span = stats.get("span_s")
+    if not missing(span):
+        details.append(f"over {fmt_seconds(span)}")
+    for key, label in (("prompt_tokens_mean", "mean prompt"),
+                       ("output_tokens_mean", "mean output")):
+        if not missing(stats.get(key)):
+            details.append(f"{label} {fmt_number(stats[key])} tokens")
+    if details:
+        parts.append("(" + ", ".join(details) + ")")
+    digest = trace.get("digest")
+    if digest:
+        parts.append(f"digest {code(str(digest)[:12])}")
+    return " ".join(parts)
+
+
+def _engine_text(c: CellResult) -> str:
+    version = c.engine_version
+    if not version and c.engine == "reference":
+        bv = c.manifest.get("batchlab_version")
+        version = f"batchlab {bv}" if bv else None
+    mode = c.mode
+    text = c.engine
+    if version:
+        text += f" {version}"
+    if mode not in ("–", ""):
+        text += f" ({mode})"
+    return text
+
+
+def _slo_text(slo: Mapping[str, float]) -> str:
+    labels = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
+    return ", ".join(f"{labels.get(k, k)} ≤ {fmt_seconds(v)}" for k, v in slo.items())
+
+
+def _client_text(cells: Sequence[CellResult]) -> str:
+    live = [c for c in cells if c.ok and c.mode == "live"]
+    if not live:
+        if any(c.mode == "live" for c in cells):
+            return "not known: no live cell finished"
+        return "not applicable: every cell was simulated" if any(c.ok for c in cells) else "–"
+    limited = [c for c in live if client_limited(c)]
+    if not limited:
+        return "no: every live cell's send lag stayed within its threshold"
+    return "**yes**, in " + ", ".join(
+        f"{code(c.name)} (send lag p99 {fmt_seconds(get(c.summary, 'send_lag_s.p99'))})"
+        for c in limited)
+
+
+def cells_section(cells: Sequence[CellResult]) -> list[str]:
+    lines = ["## Cells", ""]
+    varying = varying_knobs(cells)
+    all_knobs: list[str] = []
+    for c in cells:
+        all_knobs += [k for k in c.knobs if k not in all_knobs]
+    common = [k for k in all_knobs if k not in varying]
+    show_status = any(c.state != "done" for c in cells)
+    show_load = any((c.cell.get("load") or {}).get("kind") not in (None, "trace") for c in cells)
+    headers = ["cell", "engine", "mode"] + (["load"] if show_load else []) + varying
+    if show_status:
+        headers.append("status")
+    rows = []
+    for c in cells:
+        row = [code(c.name), c.engine, c.mode]
+        if show_load:
+            row.append(load_text(c.cell.get("load") or {}))
+        row += [value_text(c.knobs.get(k)) if k in c.knobs else "–" for k in varying]
+        if show_status:
+            row.append(_status_text(c))
+        rows.append(row)
+    lines += [table(headers, rows, align=["l"] * len(headers)), ""]
+    if common:
+        first = next((c for c in cells if c.knobs), None)
+        if first is not None:
+            lines += ["Knobs common to every cell: " + ", ".join(
+                f"{k}={value_text(first.knobs.get(k))}" for k in common) + ".", ""]
+    flags = [(c, _flags_text(c)) for c in cells]
+    flags = [(c, f) for c, f in flags if f]
+    if flags:
+        lines += ["### Engine flags", "",
+                  "Each cell's uniform knobs as its engine received them:", ""]
+        lines += [f"- {code(c.name)} ({c.engine}): {f}" for c, f in flags]
+        lines.append("")
+    lines += ["### Approximations", ""]
+    approx = [(c, approximations(c)) for c in cells]
+    approx = [(c, a) for c, a in approx if a]
+    if approx:
+        for c, items in approx:
+            lines += [f"- {code(c.name)}: " + "; ".join(items)]
+    else:
+        lines.append("Nothing was approximated or left unapplied: every knob was applied as "
+                     "given.")
+    lines.append("")
+    return lines
+
+
+def _status_text(c: CellResult) -> str:
+    if c.state == "done":
+        return "done"
+    if c.state == "not_run":
+        return "not run"
+    return f"{c.state}: {short(c.reason)}" if c.reason else c.state
+
+
+def _flags_text(c: CellResult) -> str:
+    parts = []
+    engine = c.manifest.get("engine")
+    config = engine.get("config") if isinstance(engine, Mapping) else None
+    if not c.manifest.get("mapping") and isinstance(config, Mapping):
+        # The reference engine takes the knobs directly; show its resolved settings (the KV
+        # block count and admission it derived) as `batchlab simulate` flags.
+        for key in _REFERENCE_SETTINGS:
+            value = config.get(key)
+            if value is None:
+                continue
+            flag = "--" + key.replace("_", "-")
+            if isinstance(value, bool):
+                parts.append(code(flag if value else "--no-" + key.replace("_", "-")))
+            else:
+                parts.append(code(f"{flag} {value}"))
+        return " ".join(parts)
+    for m in c.manifest.get("mapping") or []:
+        if not isinstance(m, Mapping):
+            continue
+        flags = m.get("flags") or []
+        if isinstance(flags, str):
+            flags = [flags]
+        if flags:
+            parts.append(code(" ".join(str(f) for f in flags)))
+    return " ".join(parts)
+
+
+def latency_section(ok: Sequence[CellResult], base: CellResult | None) -> list[str]:
+    lines = ["## Latency", "",
+             "Percentiles over successful requests; in brackets the change against "
+             + (f"the baseline {code(base.name)}." if base else "the baseline."), ""]
+    for metric, label in LATENCIES:
+        if not any(get(c.summary, f"{metric}.count") for c in ok):
+            continue
+        rows = []
+        for c in ok:
+            row: list[str] = [code(c.name)]
+            for p in PERCENTILES:
+                v = get(c.summary, f"{metric}.{p}")
+                bv = get(base.summary, f"{metric}.{p}") if base else None
+                row.append(with_delta(fmt_seconds(v), v, bv, c is base))
+            row.append(fmt_seconds(get(c.summary, f"{metric}.mean")))
+            rows.append(row)
+        lines += [f"### {label}", "", table(["cell", *PERCENTILES, "mean"], rows), ""]
+    return lines
+
+
+def throughput_section(ok: Sequence[CellResult], base: CellResult | None) -> list[str]:
+    cols = (("throughput.requests_per_s", "requests/s"),
+            ("throughput.input_tokens_per_s", "input tok/s"),
+            ("throughput.output_tokens_per_s", "output tok/s"),
+            ("throughput.total_tokens_per_s", "total tok/s"))
+    rows = []
+    for c in ok:
+        row: list[str] = [code(c.name)]
+        for key, _ in cols:
+            v = get(c.summary, key)
+            row.append(with_delta(fmt_number(v), v, get(base.summary, key) if base else None,
+                                   c is base))
+        row.append(fmt_seconds(get(c.summary, "duration_s")))
+        rows.append(row)
+    return ["## Throughput", "",
+            "Completed requests and their tokens divided by the run's duration (first arrival "
+            "to last event).", "",
+            table(["cell", *(label for _, label in cols), "duration"], rows), ""]
+
+
+def goodput_section(ok: Sequence[CellResult], base: CellResult | None, ctx: ReportContext
+                     ) -> list[str]:
+    lines = ["## Goodput and SLO attainment", ""]
+    if not any(get(c.summary, "goodput") for c in ok):
+        return [*lines, "No SLO was set, so goodput is not computed.", ""]
+    if ctx.slo:
+        lines += [f"A request is good when it succeeded and met every SLO ({_slo_text(ctx.slo)});"
+                  " attainment divides by requests sent.", ""]
+    rows = []
+    for c in ok:
+        att = get(c.summary, "goodput.slo_attainment")
+        batt = get(base.summary, "goodput.slo_attainment") if base else None
+        att_text = fmt_pct(att)
+        if c is not base and not missing(att) and not missing(batt):
+            att_text += f" ({(att - batt) * 100:+.1f} pts)"
+        gp = get(c.summary, "goodput.requests_per_s")
+        rows.append([code(c.name), fmt_int(get(c.summary, "goodput.num_good")),
+                     fmt_int(get(c.summary, "num_requests")),
+                     with_delta(fmt_number(gp), gp,
+                                 get(base.summary, "goodput.requests_per_s") if base else None,
+                                 c is base),
+                     att_text])
+    lines += [table(["cell", "good requests", "requests", "goodput req/s", "SLO attainment"],
+                    rows), ""]
+    return lines
+
+
+def preemption_section(ok: Sequence[CellResult], preempted: Mapping[str, int | None]
+                        ) -> list[str]:
+    rows = []
+    for c in ok:
+        n = get(c.summary, "num_preemptions") or 0
+        total = get(c.summary, "num_requests") or 0
+        rows.append([code(c.name), f"{n:,}", fmt_int(preempted.get(c.name)),
+                     fmt_number(100 * n / total) if total else "–"])
+    return ["## Preemptions", "",
+            "A preemption frees a running request's KV blocks (recompute resets its progress, "
+            "swap moves the blocks to host memory).", "",
+            table(["cell", "preemptions", "requests preempted", "per 100 requests"], rows), ""]
+
+
+def output_length_section(ok: Sequence[CellResult]) -> list[str]:
+    rows = []
+    for c in ok:
+        rows.append([code(c.name), fmt_int(get(c.summary, "num_completed")),
+                     fmt_int(get(c.summary, "output_length_fidelity.num_reached_target")),
+                     fmt_pct(get(c.summary, "output_length_fidelity.fraction_reached_target"))])
+    return ["## Output-length fidelity", "",
+            "Requests that produced at least the trace's output length (an engine that stops "
+            "early serves fewer tokens).", "",
+            table(["cell", "completed", "reached target", "fraction"], rows), ""]
+
+
+def failures_section(ok: Sequence[CellResult]) -> list[str]:
+    kinds: list[str] = []
+    for c in ok:
+        kinds += [k for k in (get(c.summary, "failures") or {}) if k not in kinds]
+    kinds.sort()
+    rows = []
+    for c in ok:
+        failures = get(c.summary, "failures") or {}
+        rows.append([code(c.name), fmt_int(get(c.summary, "num_requests")),
+                     fmt_int(get(c.summary, "num_completed")),
+                     fmt_int(get(c.summary, "num_failed")),
+                     *(fmt_int(failures.get(k, 0)) for k in kinds)])
+    lines = ["## Failures", ""]
+    if not kinds:
+        lines += ["No request failed.", ""]
+    lines += [table(["cell", "requests", "completed", "failed", *kinds], rows), ""]
+    return lines
+
+
+def priority_section(ok: Sequence[CellResult], base: CellResult | None, ctx: ReportContext
+                      ) -> list[str]:
+    keys: list[str] = []
+    for c in ok:
+        keys += [k for k in (get(c.summary, "by_priority") or {}) if k not in keys]
+    if not keys:
+        return []
+    keys.sort(key=priority_sort_key)
+    lines = ["## Per priority class", "",
+             "Requests split by priority (lower values are served first under the priority "
+             "policy; other policies ignore them). Deltas against the same class in the "
+             "baseline.", ""]
+    has_slo = any(get(c.summary, "goodput") for c in ok)
+    for key in keys:
+        rows = []
+        base_cls = get(base.summary, f"by_priority.{key}") if base else None
+        for c in ok:
+            cls = get(c.summary, f"by_priority.{key}")
+            if not cls:
+                continue
+            row: list[str] = [code(c.name), fmt_int(get(cls, "num_requests"))]
+            for metric in ("ttft_s.p50", "ttft_s.p90", "tpot_s.p90", "e2e_s.p90"):
+                v = get(cls, metric)
+                row.append(with_delta(fmt_seconds(v), v, get(base_cls, metric), c is base))
+            if has_slo:
+                row.append(fmt_pct(get(cls, "goodput.slo_attainment")))
+            rows.append(row)
+        headers = ["cell", "requests", "TTFT p50", "TTFT p90", "TPOT p90", "E2E p90"]
+        if has_slo:
+            headers.append("SLO attainment")
+        title = class_name(ctx, key).replace("`", "")
+        lines += [f"### Class {title}", "", table(headers, rows), ""]
+    return lines
+
+
+def reproduce_section(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Path
+                      ) -> list[str]:
+    lines = ["## Reproduce", ""]
+    if ctx.command:
+        lines += ["Run it again:", "", "```sh", shlex.join(ctx.command), "```", ""]
+    else:
+        commands = [(c, list(c.manifest["command"])) for c in cells
+                    if c.manifest.get("command")]
+        if commands:
+            lines += ["Each cell was produced by:", "", "```sh"]
+            for c, cmd in commands:
+                lines += [f"# {c.name}", shlex.join(str(a) for a in cmd)]
+            lines += ["```", ""]
+    if ctx.rerender:
+        lines += ["Re-render this report from the saved results, without re-running:", "",
+                  "```sh", shlex.join(ctx.rerender), "```", ""]
+    lines += [f"Metric definitions (TTFT, TPOT, ITL, E2E, goodput): "
+              f"[docs/metrics.md]({metrics_link(ctx, out_dir)}).", ""]
+    return lines

@@ -1,0 +1,158 @@
+"""YAML nodes that keep their line, and typed checks raising ScenarioError at file:line:key."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import yaml
+
+from harness.scenario._text import did_you_mean
+from harness.scenario.schema import ScenarioError
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A YAML value and the (1-based) line it starts on; a map holds ``{key: (key Node, Node)}``."""
+
+    value: Any
+    line: int
+    kind: Literal["map", "seq", "scalar"]
+
+
+def compose(text: str, file: str) -> Node | None:
+    """Parse YAML keeping line numbers (``yaml.compose`` nodes carry marks); ``None`` when empty."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        return None if node is None else _convert(loader, node, file)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ScenarioError(file, line, "", f"invalid YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(file, None, "", f"invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def _convert(loader: yaml.SafeLoader, node: yaml.Node, file: str) -> Node:
+    line = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        loader.flatten_mapping(node)  # YAML merge keys (<<)
+        out: dict[str, tuple[Node, Node]] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node)
+            key_line = key_node.start_mark.line + 1
+            if not isinstance(key, str):
+                raise ScenarioError(file, key_line, str(key), "keys must be names (text)")
+            if key in out:
+                raise ScenarioError(
+                    file, key_line, key, f"duplicate key (first on line {out[key][0].line})"
+                )
+            out[key] = (Node(key, key_line, "scalar"), _convert(loader, value_node, file))
+        return Node(out, line, "map")
+    if isinstance(node, yaml.SequenceNode):
+        return Node([_convert(loader, n, file) for n in node.value], line, "seq")
+    return Node(loader.construct_object(node), line, "scalar")
+
+
+def plain(y: Node) -> Any:
+    """The plain Python value (dicts, lists, scalars) without line numbers."""
+    if y.kind == "map":
+        return {k: plain(v) for k, (_, v) in y.value.items()}
+    if y.kind == "seq":
+        return [plain(v) for v in y.value]
+    return y.value
+
+
+class Checker:
+    """Type checks that raise ScenarioError naming the file, the line and the key path."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, y: Node | None, key: str, message: str) -> ScenarioError:
+        return ScenarioError(self.file, y.line if y is not None else None, key, message)
+
+    def mapping(
+        self, y: Node, key: str, known: Sequence[str], required: Sequence[str] = ()
+    ) -> dict[str, Node]:
+        if y.kind != "map":
+            raise self.fail(y, key or "scenario", f"must be a mapping of keys, got {_kind(y)}")
+        items: dict[str, tuple[Node, Node]] = y.value
+        for name, (key_y, _) in items.items():
+            if name not in known:
+                raise self.fail(
+                    key_y, _join(key, name),
+                    f"unknown key{did_you_mean(name, known)} (known keys: {', '.join(known)})",
+                )
+        for name in required:
+            if name not in items:
+                raise self.fail(y, _join(key, name), "is required")
+        return {name: value for name, (_, value) in items.items()}
+
+    def seq(self, y: Node, key: str, *, nonempty: bool = True) -> list[Node]:
+        if y.kind != "seq":
+            raise self.fail(y, key, f"must be a list, got {_kind(y)}")
+        if nonempty and not y.value:
+            raise self.fail(y, key, "must not be empty")
+        return list(y.value)
+
+    def string(self, y: Node, key: str) -> str:
+        if y.kind != "scalar" or not isinstance(y.value, str) or not y.value.strip():
+            raise self.fail(y, key, f"must be text, got {_kind(y)}")
+        return y.value
+
+    def integer(self, y: Node, key: str, *, minimum: int | None = None) -> int:
+        v = y.value
+        if y.kind != "scalar" or not isinstance(v, int) or isinstance(v, bool):
+            raise self.fail(y, key, f"must be an integer, got {_kind(y)}")
+        if minimum is not None and v < minimum:
+            raise self.fail(y, key, f"must be at least {minimum}, got {v}")
+        return v
+
+    def number(self, y: Node, key: str, *, positive: bool = False) -> float:
+        v = y.value
+        if y.kind != "scalar" or not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise self.fail(y, key, f"must be a number, got {_kind(y)}")
+        if not math.isfinite(v) or (positive and v <= 0):
+            raise self.fail(y, key, f"must be a {'positive ' if positive else ''}number, got {v}")
+        return float(v)
+
+    def boolean(self, y: Node, key: str) -> bool:
+        if y.kind != "scalar" or not isinstance(y.value, bool):
+            raise self.fail(y, key, f"must be true or false, got {_kind(y)}")
+        return y.value
+
+    def choice(self, y: Node, key: str, choices: Sequence[str]) -> str:
+        v = self.string(y, key)
+        if v not in choices:
+            raise self.fail(
+                y, key, f"{v!r} is not one of {', '.join(choices)}{did_you_mean(v, choices)}"
+            )
+        return v
+
+
+def _kind(y: Node) -> str:
+    if y.kind == "map":
+        return "a mapping"
+    if y.kind == "seq":
+        return "a list"
+    v = y.value
+    if v is None:
+        return "nothing (null)"
+    if isinstance(v, bool):
+        return f"a boolean ({str(v).lower()})"
+    if isinstance(v, (int, float)):
+        return f"a number ({v})"
+    return f"text ({v!r})"
+
+
+def _join(prefix: str, name: str | int) -> str:
+    if isinstance(name, int):
+        return f"{prefix}[{name}]"
+    return f"{prefix}.{name}" if prefix else name

@@ -1,0 +1,252 @@
+"""Running a scenario's cells here: resume, failed cells recorded, progress lines, the report."""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from harness.results import write_json_atomic
+from harness.scenario._text import REPO_ROOT, display_path, exception_reason
+from harness.scenario.cell import CellJob, CellRunner, run_cell
+from harness.scenario.expand import load_cell_trace, select
+from harness.scenario.ray import run_ray
+from harness.scenario.schema import Cell, LoadPoint, Scenario, ScenarioError
+from harness.scenario.status import (
+    ERROR_FILE,
+    CellOutcome,
+    finish_status,
+    prepare_cell_dir,
+    read_status,
+)
+
+SCENARIO_FILE = "scenario.json"
+
+
+class SweepProgress:
+    """Cells done out of the total and, for the current cell, requests done, elapsed, ETA.
+
+    On a terminal: two tqdm bars. Otherwise: plain lines, at most one every few seconds.
+    """
+
+    def __init__(self, num_cells: int, *, stream: TextIO | None = None,
+                 tty: bool | None = None, interval_s: float = 5.0) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.num_cells = num_cells
+        self.num_done = 0
+        self.interval_s = interval_s
+        self._cell = ""
+        self._started = 0.0
+        self._last_line = 0.0
+        self._cells_bar: Any = None
+        self._req_bar: Any = None
+        if self.tty and num_cells:
+            from tqdm import tqdm
+
+            self._cells_bar = tqdm(total=num_cells, desc="cells", unit="cell", position=0,
+                                   file=self.stream, leave=True)
+
+    def start_cell(self, name: str, num_requests: int | None = None) -> None:
+        self._cell = name
+        self._started = self._last_line = time.monotonic()
+        if self._cells_bar is not None:
+            from tqdm import tqdm
+
+            self._cells_bar.set_postfix_str(name)
+            self._req_bar = tqdm(total=num_requests, desc=name, unit="req", position=1,
+                                 file=self.stream, leave=False)
+        else:
+            self._line(f"{name}: started" + (f" ({num_requests} requests)"
+                                              if num_requests else ""))
+
+    def requests(self, done: int, total: int | None = None) -> None:
+        """Called by the cell as requests finish (total may be given the first time)."""
+        if self._req_bar is not None:
+            if total is not None and self._req_bar.total != total:
+                self._req_bar.total = total
+            self._req_bar.n = done
+            self._req_bar.refresh()
+            return
+        now = time.monotonic()
+        if now - self._last_line < self.interval_s:
+            return
+        self._last_line = now
+        elapsed = now - self._started
+        text = f"{self._cell}: {done}" + (f"/{total}" if total else "") + " requests"
+        text += f", {elapsed:.0f} s elapsed"
+        if total and done:
+            text += f", ETA {elapsed * (total - done) / done:.0f} s"
+        self._line(text)
+
+    def finish_cell(self, name: str, state: str, reason: str = "") -> None:
+        self.num_done += 1
+        elapsed = time.monotonic() - self._started if self._started else 0.0
+        if self._req_bar is not None:
+            self._req_bar.close()
+            self._req_bar = None
+        if self._cells_bar is not None:
+            self._cells_bar.update(1)
+            if state != "done":
+                self._cells_bar.write(f"{name}: {state}: {reason}", file=self.stream)
+            return
+        suffix = f" in {elapsed:.1f} s" if state == "done" else f": {reason}"
+        self._line(f"{name}: {state}{suffix}")
+
+    def skip_cell(self, name: str, why: str) -> None:
+        self.num_done += 1
+        if self._cells_bar is not None:
+            self._cells_bar.update(1)
+        else:
+            self._line(f"{name}: skipped ({why})")
+
+    def message(self, text: str) -> None:
+        if self._cells_bar is not None:
+            self._cells_bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        for bar in (self._req_bar, self._cells_bar):
+            if bar is not None:
+                bar.close()
+        self._req_bar = self._cells_bar = None
+
+    def _line(self, text: str) -> None:
+        print(f"[{self.num_done}/{self.num_cells}] {text}", file=self.stream, flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """What a sweep did: its folder, its report, and how each cell ended (in scenario order)."""
+
+    scenario_dir: Path
+    report: Path | None
+    outcomes: tuple[CellOutcome, ...]
+
+    @property
+    def num_failed(self) -> int:
+        return sum(1 for o in self.outcomes if o.state == "failed")
+
+
+def scenario_command(scenario: Scenario, out_root: Path, only: str | None = None) -> list[str]:
+    """The ``batchlab run`` argv that reproduces the sweep, or one cell of it with ``only``."""
+    argv = ["batchlab", "run", display_path(scenario.source)]
+    if Path(out_root).resolve() != (REPO_ROOT / "reports").resolve():
+        argv += ["--out", str(out_root)]
+    if only:
+        argv += ["--only", only]
+    return argv
+
+
+def run_scenario(
+    scenario: Scenario,
+    out_root: str | Path = "reports",
+    *,
+    only: str | Sequence[str] | None = None,
+    resume: bool = False,
+    ray_address: str | None = None,
+    use_ray: bool = False,
+    runner: CellRunner | None = None,
+    progress: SweepProgress | None = None,
+    write_report: bool = True,
+) -> SweepResult:
+    """Run the scenario's cells (those matching ``only``) and write the comparative report.
+
+    Each cell runs into ``<out>/<scenario>/<cell>/`` (a run folder, the same files as
+    ``batchlab simulate`` or ``batchlab replay`` write), then ``<out>/<scenario>/report.md``
+    compares them. A cell that raises is recorded as failed with its reason and the sweep goes
+    on; Ctrl-C (KeyboardInterrupt) stops the sweep and leaves the current cell "running", which
+    ``resume=True`` redoes.
+    """
+    out_root = Path(out_root)
+    scenario_dir = out_root / scenario.name
+    scenario_dir.mkdir(parents=True, exist_ok=True)
+    all_cells = scenario.cells()
+    chosen = select(all_cells, only)
+    if not chosen:
+        names = ", ".join(c.name for c in all_cells)
+        raise ScenarioError(scenario.source, None, "--only",
+                            f"no cell matches {only!r}; cells: {names}")
+    meta = scenario.as_dict()
+    meta["command"] = scenario_command(scenario, out_root, None)
+    write_json_atomic(meta, scenario_dir / SCENARIO_FILE)
+
+    todo: list[Cell] = []
+    outcomes: dict[str, CellOutcome] = {}
+    progress = progress or SweepProgress(len(chosen))
+    for cell in chosen:
+        cell_dir = scenario_dir / cell.name
+        status = read_status(cell_dir)
+        if (resume and status.get("state") == "done"
+                and status.get("digest") == scenario.cell_digest(cell)):
+            progress.skip_cell(cell.name, "finished earlier")
+            outcomes[cell.name] = CellOutcome(cell.name, "skipped", "finished earlier", cell_dir)
+        else:
+            todo.append(cell)
+
+    traces: dict[LoadPoint, Any] = {}
+    for cell in todo:
+        if cell.load not in traces:
+            traces[cell.load] = load_cell_trace(scenario, cell.load)
+
+    def job_for(cell: Cell) -> CellJob:
+        return CellJob(
+            cell=cell, trace=traces[cell.load], model=scenario.model, gpu=scenario.gpu,
+            slo=scenario.slo,
+            command=tuple(scenario_command(scenario, out_root, cell.name)),
+        )
+
+    try:
+        if use_ray:
+            outcomes.update(run_ray(scenario, scenario_dir, [job_for(c) for c in todo],
+                                    ray_address, progress))
+        else:
+            for cell in todo:
+                outcomes[cell.name] = _run_local(scenario, scenario_dir, job_for(cell),
+                                                 runner or run_cell, progress)
+    finally:
+        progress.close()
+
+    report = None
+    if write_report:
+        report = write_scenario_report(scenario_dir)
+    ordered = tuple(
+        outcomes.get(c.name, CellOutcome(c.name, "not_run", "not selected by --only"))
+        for c in all_cells
+    )
+    return SweepResult(scenario_dir=scenario_dir, report=report, outcomes=ordered)
+
+
+def _run_local(scenario: Scenario, scenario_dir: Path, job: CellJob, runner: CellRunner,
+               progress: SweepProgress) -> CellOutcome:
+    cell = job.cell
+    cell_dir = scenario_dir / cell.name
+    attempt = int(read_status(cell_dir).get("attempt", 0)) + 1
+    prepare_cell_dir(cell_dir, scenario, cell, attempt)
+    status = read_status(cell_dir)
+    progress.start_cell(cell.name, len(job.trace.requests))
+    try:
+        runner(job, cell_dir, progress.requests)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # a failed cell is data: record it and go on
+        reason = exception_reason(exc)
+        (cell_dir / ERROR_FILE).write_text(traceback.format_exc())
+        finish_status(cell_dir, "failed", reason, status)
+        progress.finish_cell(cell.name, "failed", reason)
+        return CellOutcome(cell.name, "failed", reason, cell_dir)
+    finish_status(cell_dir, "done", "", status)
+    progress.finish_cell(cell.name, "done")
+    return CellOutcome(cell.name, "done", "", cell_dir)
+
+
+def write_scenario_report(scenario_dir: Path) -> Path:
+    """Render ``<scenario_dir>/report.md`` from what is on disk."""
+    from harness.report import render_scenario_report
+
+    return render_scenario_report(scenario_dir)

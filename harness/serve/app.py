@@ -1,0 +1,212 @@
+"""The HTTP server: the Starlette app and its routes, and running it (``serve``, or a thread).
+
+    ReferenceServer
+      engine   ServedEngine       the step loop, started and stopped with the app (lifespan)
+      openai   OpenAiRoutes       /v1/completions, /v1/chat/completions, /v1/models
+      tgi      TgiRoutes          /generate, /generate_stream, /, /info
+      metrics  PrometheusMetrics  /metrics (the step loop's observer)
+      here                        /health, /ping, /version
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.requests import Request as StarletteRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from adapters.reference.config import ReferenceConfig
+from harness.manifest import batchlab_version
+from harness.serve.loop import ENGINE_NAME, ServedEngine
+from harness.serve.metrics import PrometheusMetrics
+from harness.serve.openai import OpenAiRoutes
+from harness.serve.prompts import PromptCounter
+from harness.serve.tgi import TgiRoutes
+
+
+class ReferenceServer:
+    """The HTTP front of a ``ServedEngine``: ``app`` is an ASGI application."""
+
+    def __init__(self, config: ReferenceConfig, *, served_model_name: str | None = None,
+                 tokenizer_path: str | None = None,
+                 on_ready: Callable[[], None] | None = None) -> None:
+        self.config = config
+        self.engine = ServedEngine(config)
+        self.model_name = served_model_name or config.model
+        self.counter = PromptCounter(tokenizer_path)
+        self.openai = OpenAiRoutes(self.engine, self.model_name, self.counter)
+        self.tgi = TgiRoutes(self.engine, self.model_name, self.counter)
+        self.metrics = PrometheusMetrics(self.engine, self.model_name)
+        self.engine.observer = self.metrics
+        self._on_ready = on_ready
+        self.app = Starlette(
+            routes=[
+                Route("/v1/completions", self.openai.completions, methods=["POST"]),
+                Route("/v1/chat/completions", self.openai.chat_completions, methods=["POST"]),
+                Route("/generate", self.tgi.generate, methods=["POST"]),
+                Route("/generate_stream", self.tgi.generate_stream, methods=["POST"]),
+                Route("/", self.tgi.compat, methods=["POST"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/ping", self.health, methods=["GET", "POST"]),
+                Route("/v1/models", self.openai.models, methods=["GET"]),
+                Route("/version", self.version, methods=["GET"]),
+                Route("/info", self.tgi.info, methods=["GET"]),
+                Route("/metrics", self.prometheus, methods=["GET"]),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(self.engine.run(), name="reference-engine-steps")
+        if self._on_ready is not None:
+            self._on_ready()
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def health(self, _request: StarletteRequest) -> Response:
+        if self.engine.failure is not None:
+            return JSONResponse({"error": "unhealthy", "error_type": "healthcheck"},
+                                status_code=503)
+        return Response(status_code=200)
+
+    async def version(self, _request: StarletteRequest) -> Response:
+        return JSONResponse({"version": batchlab_version(), "engine": ENGINE_NAME})
+
+    async def prometheus(self, _request: StarletteRequest) -> Response:
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+# ---------------------------------------------------------------- running it
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """How to serve: where to listen and what to call the model."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port
+    served_model_name: str | None = None  # default: the reference config's model name
+    tokenizer_path: str | None = None  # count text prompts with this local tokenizer
+    log_level: str = "warning"
+    access_log: bool = False
+    graceful_shutdown_s: int = 5  # on SIGTERM/SIGINT, let streams finish this long
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0 picks a free one); raises OSError when it cannot bind."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def socket_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _uvicorn_server(server: ReferenceServer, options: ServerOptions) -> uvicorn.Server:
+    return uvicorn.Server(uvicorn.Config(
+        server.app, log_level=options.log_level, access_log=options.access_log,
+        lifespan="on", ws="none", timeout_graceful_shutdown=options.graceful_shutdown_s,
+    ))
+
+
+def serve(config: ReferenceConfig, options: ServerOptions,
+          on_ready: Callable[[str], None] | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (uvicorn's graceful shutdown). Blocks; main thread.
+
+    ``on_ready(url)`` is called once the engine loop runs and the socket listens."""
+    url = ""  # known once bound; the server calls on_ready after that
+
+    def ready() -> None:
+        if on_ready is not None:
+            on_ready(url)
+
+    server = ReferenceServer(config, served_model_name=options.served_model_name,
+                             tokenizer_path=options.tokenizer_path, on_ready=ready)
+    sock = bind_socket(options.host, options.port)
+    url = socket_url(sock)
+    try:
+        _uvicorn_server(server, options).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """A server started by ``start_server_in_thread``: its URL and how to stop it."""
+
+    url: str
+    server: ReferenceServer
+    stop: Callable[[], None]
+
+    def __enter__(self) -> RunningServer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def __iter__(self) -> Iterator[Any]:  # base_url, stop = start_server_in_thread(...)
+        return iter((self.url, self.stop))
+
+
+def start_server_in_thread(config: ReferenceConfig, options: ServerOptions | None = None, *,
+                           host: str = "127.0.0.1", port: int = 0,
+                           startup_timeout_s: float = 30.0) -> RunningServer:
+    """Start a server on a background thread (its own event loop); for tests and benchmarks.
+
+    ``options`` wins over ``host``/``port``. ``stop()`` shuts it down and joins the thread."""
+    options = options or ServerOptions(host=host, port=port)
+    server = ReferenceServer(config, served_model_name=options.served_model_name,
+                             tokenizer_path=options.tokenizer_path)
+    sock = bind_socket(options.host, options.port)
+    uv = _uvicorn_server(server, options)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(uv.serve(sockets=[sock]))
+        except BaseException as exc:  # reported by start (if not started) or stop
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="reference-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    while not uv.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            uv.should_exit = True
+            thread.join(5)
+            sock.close()
+            raise RuntimeError(f"the reference server did not start: {failure or 'timeout'}")
+        time.sleep(0.005)
+
+    def stop() -> None:
+        uv.should_exit = True
+        thread.join(options.graceful_shutdown_s + 10)
+        sock.close()
+
+    return RunningServer(socket_url(sock), server, stop)

@@ -1,0 +1,243 @@
+"""vLLM's OpenAI dialect: ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models``.
+
+A request is parsed into an ``OpenAiRequest`` (or an ``ApiError``: HTTP 400 with vLLM's error
+body, 404 for another model's name), submitted to the engine, and answered as one JSON body or
+as SSE chunks (``data: {...}``, then vLLM's usage chunk when asked for, then ``data: [DONE]``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request as StarletteRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from harness.serve.bodies import ApiError, bool_field, int_field, is_int, read_json
+from harness.serve.loop import ENGINE_NAME, Rejection, ServedEngine, TokenStream
+from harness.serve.output import dumps, output_text, output_token_text
+from harness.serve.prompts import PromptCounter
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # vLLM's default for /v1/completions
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAiRequest:
+    """A validated ``/v1/completions`` or ``/v1/chat/completions`` request."""
+
+    num_prompt_tokens: int
+    max_tokens: int
+    priority: int
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+
+
+def openai_error(err: ApiError) -> JSONResponse:
+    """vLLM's current error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return JSONResponse({"error": {"message": err.message, "type": err.type, "param": err.param,
+                                   "code": err.status}}, status_code=err.status)
+
+
+class OpenAiRoutes:
+    """The OpenAI route handlers of one served engine."""
+
+    def __init__(self, engine: ServedEngine, model_name: str, counter: PromptCounter) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.counter = counter
+        self.max_model_len = engine.config.resolved_max_model_len
+        self._created = int(time.time())
+
+    # -- routes
+
+    async def completions(self, request: StarletteRequest) -> Response:
+        return await self._respond(request, chat=False)
+
+    async def chat_completions(self, request: StarletteRequest) -> Response:
+        return await self._respond(request, chat=True)
+
+    async def models(self, _request: StarletteRequest) -> Response:
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": self._created,
+            "owned_by": ENGINE_NAME, "root": self.engine.config.model, "parent": None,
+            "max_model_len": self.max_model_len, "permission": [],
+        }]})
+
+    async def _respond(self, request: StarletteRequest, *, chat: bool) -> Response:
+        arrival_s = self.engine.now_s()  # before reading the body, as close to the send as we get
+        body = await read_json(request)
+        if isinstance(body, ApiError):
+            return openai_error(body)
+        req = self.parse(body, chat=chat)
+        if isinstance(req, ApiError):
+            return openai_error(req)
+        response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        stream = self.engine.submit(req.num_prompt_tokens, req.max_tokens,
+                                    priority=req.priority, request_id=response_id,
+                                    arrival_s=arrival_s)
+        if isinstance(stream, Rejection):
+            return openai_error(ApiError(400, f"the request can never run: {stream.message}"))
+        if req.stream:
+            return StreamingResponse(self._events(stream, req, chat),
+                                     media_type="text/event-stream")
+        async for _ in stream.tokens():
+            pass
+        if stream.error is not None:
+            return openai_error(ApiError(500, stream.error, "InternalServerError"))
+        n = stream.num_tokens
+        text = output_text(n)
+        choice: dict[str, Any] = (
+            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+             "finish_reason": "length", "stop_reason": None} if chat else
+            {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+             "stop_reason": None, "prompt_logprobs": None})
+        return JSONResponse({
+            "id": response_id, "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": self.model_name, "choices": [choice],
+            "usage": _usage(req.num_prompt_tokens, n),
+        })
+
+    async def _events(self, stream: TokenStream, req: OpenAiRequest,
+                      chat: bool) -> AsyncIterator[bytes]:
+        head = {"id": stream.request_id,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": self.model_name}
+
+        def event(choice: dict[str, Any], num_tokens: int) -> bytes:
+            chunk: dict[str, Any] = {**head, "choices": [choice]}
+            if req.continuous_usage:
+                chunk["usage"] = _usage(req.num_prompt_tokens, num_tokens)
+            return b"data: " + dumps(chunk) + b"\n\n"
+
+        if chat:  # vLLM's first chat chunk carries the role and no token
+            yield event({"index": 0, "delta": {"role": "assistant", "content": ""},
+                         "logprobs": None, "finish_reason": None}, 0)
+        last = stream.request.max_output_tokens
+        async for i in stream.tokens():
+            finish = "length" if i + 1 == last else None
+            if chat:
+                choice = {"index": 0, "delta": {"content": output_token_text(i)},
+                          "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": output_token_text(i), "logprobs": None,
+                          "finish_reason": finish, "stop_reason": None}
+            yield event(choice, i + 1)
+        if stream.error is not None:  # vLLM: an error event, then [DONE]
+            yield b"data: " + dumps({"error": {"message": stream.error,
+                                               "type": "InternalServerError", "param": None,
+                                               "code": 500}}) + b"\n\n"
+        elif req.include_usage:
+            yield b"data: " + dumps({**head, "choices": [],
+                                     "usage": _usage(req.num_prompt_tokens,
+                                                     stream.num_tokens)}) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    # -- parsing
+
+    def count_prompt(self, prompt: Any) -> int | ApiError:
+        """``prompt``: text, or token ids (counted exactly); a list of one of either."""
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            n = self.counter.count(prompt)
+        elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt) \
+                and min(prompt) >= 0:  # (type(t) is int: bool is not a token id)
+            n = len(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list)
+                                                         for p in prompt):
+            return ApiError(400, "batched prompts are not supported: send one prompt per "
+                            "request", param="prompt")
+        else:
+            return ApiError(400, "prompt must be a non-empty string or a non-empty list of "
+                            "token ids (integers >= 0)", param="prompt")
+        if n < 1:
+            return ApiError(400, "prompt is empty", param="prompt")
+        return n
+
+    def count_messages(self, messages: Any) -> int | ApiError:
+        """Chat messages: their text contents counted; no chat template is modelled."""
+        if not isinstance(messages, list) or not messages:
+            return ApiError(400, "messages must be a non-empty list", param="messages")
+        n = 0
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                return ApiError(400, f"messages[{i}] must be an object", param="messages")
+            content = message.get("content")
+            if isinstance(content, str):
+                n += self.counter.count(content)
+            elif isinstance(content, list):
+                for part in content:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        n += self.counter.count(part["text"])
+            elif content is not None:
+                return ApiError(400, f"messages[{i}].content must be a string or a list of "
+                                "parts", param="messages")
+        if n < 1:
+            return ApiError(400, "messages carry no text", param="messages")
+        return n
+
+    def parse(self, body: Mapping[str, Any], *, chat: bool) -> OpenAiRequest | ApiError:
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            return ApiError(404, f"The model `{model}` does not exist.", "NotFoundError",
+                            "model")
+        num_prompt = (self.count_messages(body.get("messages")) if chat
+                      else self.count_prompt(body.get("prompt")))
+        if isinstance(num_prompt, ApiError):
+            return num_prompt
+        n = body.get("n")
+        if n is not None and n != 1:
+            return ApiError(400, "n: the reference engine returns one choice (n=1)", param="n")
+        name = "max_completion_tokens" if chat and "max_completion_tokens" in body \
+            else "max_tokens"
+        max_tokens = int_field(body, name, 1)
+        min_tokens = int_field(body, "min_tokens", 0)
+        ignore_eos = bool_field(body, "ignore_eos", False)
+        stream = bool_field(body, "stream", False)
+        for value in (max_tokens, min_tokens, ignore_eos, stream):
+            if isinstance(value, ApiError):
+                return value
+        assert not isinstance(max_tokens, ApiError) and not isinstance(min_tokens, ApiError)
+        if max_tokens is None:  # vLLM: 16 for completions, up to max_model_len for chat
+            max_tokens = (max(1, self.max_model_len - num_prompt) if chat
+                          else DEFAULT_COMPLETION_MAX_TOKENS)
+        if min_tokens is not None and min_tokens > max_tokens:
+            return ApiError(400, f"min_tokens ({min_tokens}) must be less than or equal to "
+                            f"max_tokens ({max_tokens})", param="min_tokens")
+        options = body.get("stream_options")
+        if options is not None:
+            if stream is not True:
+                return ApiError(400, "Stream options can only be defined when `stream=True`.",
+                                param="stream_options")
+            if not isinstance(options, dict):
+                return ApiError(400, "stream_options must be an object", param="stream_options")
+        include_usage = bool(options.get("include_usage", True)) if options else False
+        continuous = include_usage and bool((options or {}).get("continuous_usage_stats", False))
+        priority = body.get("priority", 0)
+        if not is_int(priority):
+            return ApiError(400, f"priority must be an integer, got {priority!r}",
+                            param="priority")
+        if priority != 0 and self.engine.config.policy != "priority":
+            return ApiError(400, f"Got priority {priority} but Priority scheduling is not "
+                            "enabled (start the server with --policy priority).",
+                            param="priority")
+        if num_prompt + max_tokens > self.max_model_len:
+            return ApiError(400, f"This model's maximum context length is {self.max_model_len} "
+                            f"tokens. However, you requested {num_prompt + max_tokens} tokens "
+                            f"({num_prompt} in the {'messages' if chat else 'prompt'}, "
+                            f"{max_tokens} in the completion). Please reduce the length of the "
+                            f"{'messages' if chat else 'prompt'} or completion.")
+        reason = self.engine.rejection(num_prompt, max_tokens)
+        if reason:
+            return ApiError(400, f"the request can never run: {reason}")
+        return OpenAiRequest(num_prompt, max_tokens, int(priority), bool(stream), include_usage,
+                             continuous)
+
+
+def _usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_output_tokens,
+            "total_tokens": num_prompt_tokens + num_output_tokens}

@@ -1,0 +1,81 @@
+"""The one seam for running a trace: a ``Target`` the harness drives the same way whether it is
+the simulated reference engine (virtual clock) or a live engine (launched or attached, over a
+protocol).
+
+    TargetSpec ─► harness.targets.make_target ─► sim.SimulatedTarget.run ─┐
+                                                live.LiveTarget.run      ─┴─► run folder
+    (run folder: requests.parquet, chunks.parquet, summary.json, manifest.json)
+
+Either way the run folder has the same files and the same manifest fields, so ``scenario``,
+``simulate``, ``replay`` and ``validate`` never branch on the mode: they build a ``TargetSpec``
+and call ``run``. This module holds the records; the targets live beside the code they drive
+(``harness.sim.target``, ``harness.live.target``) and ``harness.targets`` picks one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from adapters.knobs import Knobs, ReferenceKnobs
+from harness.metrics import Slo
+
+if TYPE_CHECKING:
+    from harness.traces import Trace
+
+Mode = Literal["simulate", "launch", "attach"]
+ProgressFn = Callable[[int, int], None]
+UNSET = Knobs(given=frozenset())
+NO_REFERENCE_KNOBS = ReferenceKnobs()
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSpec:
+    """What a trace runs on, and how: one typed record instead of long parameter lists.
+
+    ``model`` is the catalog model (or config.json) for the simulated reference, and what a
+    launched engine loads for a live one; requests carry ``served_model_name`` (default: model).
+    """
+
+    engine: str  # "reference" when simulated; an adapter name (vllm, tgi, ...) when live
+    mode: Mode
+    knobs: Knobs = UNSET
+    reference: ReferenceKnobs = NO_REFERENCE_KNOBS  # simulated reference only
+    model: str = "llama-3.1-8b"
+    served_model_name: str | None = None
+    gpu: str | None = None
+    profile: str | None = None  # simulated: cost-model profile name or path
+    url: str | None = None  # attach: the running server
+    allow_approximate: bool = False
+    engine_env: Mapping[str, str] = field(default_factory=dict)
+    executable: str | None = None
+    runtime: str | None = None
+    metric_map: str | Mapping[str, str] | None = None
+    port: int | None = None
+    ready_timeout_s: float | None = None
+    telemetry_interval_s: float | None = None
+
+    @property
+    def simulated(self) -> bool:
+        return self.mode == "simulate"
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How one run is driven and recorded, whatever the target."""
+
+    slo: Slo | None = None
+    progress: ProgressFn | None = None
+    command: Sequence[str] | None = None
+    replay: Mapping[str, Any] = field(default_factory=dict)  # live: ReplayConfig fields
+    write_report: bool = True  # a per-run report.md (scenarios write one report instead)
+
+
+class Target(Protocol):
+    """Runs a trace into a run folder and returns its summary (``summary.json``)."""
+
+    spec: TargetSpec
+
+    def run(self, trace: Trace, out_dir: Path, options: RunOptions) -> dict[str, Any]: ...

@@ -1,0 +1,73 @@
+"""Traces: real or synthetic request arrivals, loaded into one record type.
+
+``load_trace(path, TraceOptions(...)) -> Trace``. Whatever the source, the same steps run in
+the same order (``docs/traces.md`` has the user-facing version):
+
+    parse rows ─► sort by arrival (stable) ─► window [start_s, end_s), re-zeroed at start_s
+      ─► length overrides ─► max_model_len: drop | clip | error ─► limit
+      ─► arrivals: keep trace times (x time_scale, or rescaled to rate), or synthesize them
+      ─► priorities (trace column, else a seeded fraction) ─► Trace
+
+Formats: ``azure`` (Azure LLM inference 2023 CSV), ``mooncake`` (JSONL, plain or .gz),
+``lengths`` (length-only CSVs: ShareGPT / arXiv stats), ``vidur`` (Vidur's processed CSV),
+``burstgpt`` (BurstGPT CSV) and ``synthetic`` (no file: fixed lengths, or lengths sampled from
+any trace file). Every timed source is re-zeroed so that its earliest row arrives at 0 s.
+
+A malformed row raises ``TraceError`` naming the file, the 1-based line and the field; nothing is
+skipped unless ``skip_bad_rows`` is set, and then ``Trace.counts`` and ``Trace.notes`` say how
+many. Everything random is drawn from ``numpy`` generators seeded with ``options.seed``, one
+stream per purpose, so a trace plus its options always loads to the same requests.
+
+Modules: ``records`` (``TraceRequest``, ``Trace``, ``TraceError``, the rows on their way),
+``formats`` (each file format's reader and detection), ``synthetic`` (arrival processes and
+lengths), ``options`` (``TraceOptions`` and the steps applying them), ``load`` (the pipeline),
+``info`` (``describe``), ``data`` (bundled and shared trace folders), ``bounds`` (the upper
+bounds on token counts, request counts, rates and timestamps that every loader and option
+checks, for the command line and scenario files to reuse).
+"""
+
+from harness.traces.bounds import (
+    MAX_RATE_PER_S,
+    MAX_REQUESTS_PER_TRACE,
+    MAX_TIMESTAMP_S,
+    MAX_TOKENS_PER_REQUEST,
+    MIN_RATE_PER_S,
+    check_count,
+    check_rate,
+    check_timestamp_s,
+    check_tokens,
+)
+from harness.traces.data import DATA_DIR, REPO_ROOT, TRACES_DIR_ENV, shared_traces_dir
+from harness.traces.formats import MOONCAKE_BLOCK_TOKENS
+from harness.traces.info import describe
+from harness.traces.load import load_trace
+from harness.traces.options import ARRIVALS, FORMATS, ON_TOO_LONG, TraceOptions
+from harness.traces.records import Trace, TraceError, TraceRequest
+from harness.traces.synthetic import synthetic_arrivals_s
+
+__all__ = [
+    "ARRIVALS",
+    "DATA_DIR",
+    "FORMATS",
+    "MAX_RATE_PER_S",
+    "MAX_REQUESTS_PER_TRACE",
+    "MAX_TIMESTAMP_S",
+    "MAX_TOKENS_PER_REQUEST",
+    "MIN_RATE_PER_S",
+    "MOONCAKE_BLOCK_TOKENS",
+    "ON_TOO_LONG",
+    "REPO_ROOT",
+    "TRACES_DIR_ENV",
+    "Trace",
+    "TraceError",
+    "TraceOptions",
+    "TraceRequest",
+    "check_count",
+    "check_rate",
+    "check_timestamp_s",
+    "check_tokens",
+    "describe",
+    "load_trace",
+    "shared_traces_dir",
+    "synthetic_arrivals_s",
+]

@@ -1,0 +1,305 @@
+"""Trace options: ``TraceOptions``, validated once, and the steps that apply them to rows.
+
+The steps run in this order (``load.load_trace`` calls them; ``docs/traces.md`` has the
+user-facing version)::
+
+    window [start_s, end_s), re-zeroed at start_s ─► length overrides
+      ─► max_model_len: drop | clip | error ─► limit
+      ─► arrivals: keep trace times (x time_scale, or rescaled to rate), or synthesize them
+      ─► priorities (trace column, else a seeded fraction)
+
+Each step takes the rows and returns the rows it keeps, adding to the ``Report`` what it changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.traces.bounds import check_count, check_rate, check_tokens
+from harness.traces.records import Parsed, Report, Row, TraceError, is_int
+from harness.traces.synthetic import (
+    STREAM_ARRIVALS,
+    STREAM_PRIORITY,
+    seeded_rng,
+    synthetic_arrivals_s,
+)
+
+FORMATS = ("azure", "mooncake", "lengths", "vidur", "burstgpt", "synthetic")
+ARRIVALS = ("poisson", "gamma", "constant")
+ON_TOO_LONG = ("error", "drop", "clip")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceOptions:
+    """Every knob of trace loading; validated on construction (errors name the CLI flag).
+
+    Counts, lengths and the rate are also bounded from above (``bounds``), so that a stray
+    exponent fails here rather than in memory.
+
+    ``None`` means "not set". See ``docs/traces.md`` for the order in which they apply.
+    """
+
+    format: str | None = None  # one of FORMATS; None detects from the extension and header
+    limit: int | None = None  # keep the first N requests (after window and max_model_len)
+    start_s: float | None = None  # window on trace time, [start_s, end_s); re-zeroed at start_s
+    end_s: float | None = None
+    time_scale: float | None = None  # multiply every trace arrival time by this
+    rate: float | None = None  # requests/s: rescale trace times, or rate of synthetic arrivals
+    arrival: str | None = None  # synthesize arrivals (ARRIVALS); None keeps trace timestamps
+    burstiness: float | None = None  # gamma shape, as vLLM's: 1 = Poisson, inf = constant
+    num_requests: int | None = None  # synthetic traces only
+    lengths_from: str | None = None  # synthetic traces: sample (prompt, output) pairs from a file
+    prompt_tokens: int | None = None  # override every request's prompt length
+    output_tokens: int | None = None  # override every request's output length
+    max_model_len: int | None = None  # prompt + output must fit; see on_too_long
+    on_too_long: str = "error"  # one of ON_TOO_LONG
+    priority_fraction: float | None = None  # this seeded fraction gets priority 0, the rest 1
+    seed: int = 0
+    skip_bad_rows: bool = False  # skip malformed rows (counted) instead of failing
+
+    def __post_init__(self) -> None:
+        def flag(name: str) -> str:
+            return f"--{name.replace('_', '-')}"
+
+        def bad(name: str, expected: str, value: object) -> TraceError:
+            return TraceError(f"{flag(name)}: expected {expected}, got {value!r}")
+
+        if self.format is not None and self.format not in FORMATS:
+            raise bad("format", f"one of {', '.join(FORMATS)}", self.format)
+        if self.arrival is not None and self.arrival not in ARRIVALS:
+            raise bad("arrival", f"one of {', '.join(ARRIVALS)}", self.arrival)
+        if self.on_too_long not in ON_TOO_LONG:
+            raise bad("on_too_long", f"one of {', '.join(ON_TOO_LONG)}", self.on_too_long)
+        for name in ("limit", "num_requests", "prompt_tokens", "output_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or value < 1):
+                raise bad(name, "a positive integer", value)
+            if value is not None:
+                check = check_count if name in ("limit", "num_requests") else check_tokens
+                check(value, flag(name))
+        if self.max_model_len is not None and (
+            not is_int(self.max_model_len) or self.max_model_len < 2
+        ):
+            raise bad("max_model_len", "an integer of at least 2", self.max_model_len)
+        if self.max_model_len is not None:
+            check_tokens(self.max_model_len, flag("max_model_len"))
+        if not is_int(self.seed):
+            raise bad("seed", "an integer", self.seed)
+        for name in ("start_s", "end_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise bad(name, "a non-negative number of seconds", value)
+        if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
+            raise bad("end_s", f"a time after --start-s {self.start_s}", self.end_s)
+        if self.time_scale is not None and not (
+            math.isfinite(self.time_scale) and self.time_scale > 0
+        ):
+            raise bad("time_scale", "a positive number", self.time_scale)
+        if self.rate is not None and not (self.rate > 0):  # inf allowed: everything at t=0
+            raise bad("rate", "a positive number of requests per second (or inf)", self.rate)
+        if self.rate is not None:
+            check_rate(self.rate, flag("rate"), allow_inf=True)
+        if self.time_scale is not None and self.rate is not None:
+            raise TraceError("--time-scale and --rate both rescale time: give one of them")
+        if self.burstiness is not None and not (self.burstiness > 0):
+            raise bad("burstiness", "a positive number (1 = Poisson, inf = constant)",
+                      self.burstiness)
+        if self.burstiness is not None and self.arrival in ("poisson", "constant") and (
+            self.burstiness != (1.0 if self.arrival == "poisson" else math.inf)
+        ):
+            raise TraceError(
+                f"--burstiness {self.burstiness} contradicts --arrival {self.arrival}; "
+                "use --arrival gamma"
+            )
+        if self.priority_fraction is not None and not (0.0 <= self.priority_fraction <= 1.0):
+            raise bad("priority_fraction", "a fraction between 0 and 1", self.priority_fraction)
+
+    @property
+    def resolved_arrival(self) -> str | None:
+        """The arrival process implied by ``arrival`` and ``burstiness`` (None: trace times)."""
+        if self.arrival is not None:
+            return self.arrival
+        return None if self.burstiness is None else "gamma"
+
+    def canonical(self) -> str:
+        """A stable text form of the options (part of ``Trace.digest``)."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=repr)
+
+
+# ---------------------------------------------------------------- the steps, in order
+
+
+def apply_window(
+    rows: list[Row], options: TraceOptions, label: str, report: Report
+) -> list[Row]:
+    if options.start_s is None and options.end_s is None:
+        return rows
+    start = options.start_s or 0.0
+    end = math.inf if options.end_s is None else options.end_s
+    kept = [r._replace(arrival_s=r.arrival_s - start) for r in rows if start <= r.arrival_s < end]
+    report.counts["outside_window"] = len(rows) - len(kept)
+    if not kept:
+        span = rows[-1].arrival_s if rows else 0.0
+        raise TraceError(
+            f"no requests in the window [{start:g} s, {end:g} s); the trace spans 0 to "
+            f"{span:.1f} s",
+            path=label,
+        )
+    report.notes.append(
+        f"window [{start:g} s, {end:g} s) kept {len(kept)} of {len(rows)} requests; "
+        f"arrivals measured from {start:g} s"
+    )
+    return kept
+
+
+def apply_length_overrides(
+    rows: list[Row], options: TraceOptions, report: Report
+) -> list[Row]:
+    if options.prompt_tokens is not None:
+        if any(r.prefix_hash_ids for r in rows):
+            report.notes.append("prefix hashes dropped: --prompt-tokens replaced the prompts")
+        rows = [r._replace(num_prompt_tokens=options.prompt_tokens, prefix_hash_ids=())
+                for r in rows]
+        report.notes.append(f"every prompt set to {options.prompt_tokens} tokens")
+    if options.output_tokens is not None:
+        rows = [r._replace(num_output_tokens=options.output_tokens) for r in rows]
+        report.notes.append(f"every output set to {options.output_tokens} tokens")
+    return rows
+
+
+def apply_max_model_len(
+    rows: list[Row], options: TraceOptions, parsed: Parsed, label: str, report: Report
+) -> list[Row]:
+    """A request fits when prompt + output <= max_model_len (what vLLM's server accepts)."""
+    max_len = options.max_model_len
+    if max_len is None:
+        return rows
+    too_long = [r for r in rows if r.num_prompt_tokens + r.num_output_tokens > max_len]
+    if not too_long:
+        return rows
+    if options.on_too_long == "error":
+        first = too_long[0]
+        where = f"{label}:{first.line}" if first.line else label
+        raise TraceError(
+            f"{len(too_long)} of {len(rows)} requests need more than --max-model-len {max_len} "
+            f"tokens (first: {where}, {first.num_prompt_tokens} prompt + "
+            f"{first.num_output_tokens} output); --on-too-long drop|clip handles them"
+        )
+    if options.on_too_long == "drop":
+        report.counts["dropped_too_long"] = len(too_long)
+        report.notes.append(
+            f"dropped {len(too_long)} requests longer than max_model_len {max_len}"
+        )
+        return [r for r in rows if r.num_prompt_tokens + r.num_output_tokens <= max_len]
+    # clip: keep the output (it is what is measured) and truncate the prompt from the left,
+    # as a chat client drops its oldest context; only an output that alone does not fit is cut.
+    block = parsed.hash_block_tokens
+    clipped: list[Row] = []
+    for r in rows:
+        if r.num_prompt_tokens + r.num_output_tokens > max_len:
+            output = min(r.num_output_tokens, max_len - 1)
+            prompt = min(r.num_prompt_tokens, max_len - output)
+            hashes = r.prefix_hash_ids
+            if hashes and block:
+                hashes = hashes[: -(-prompt // block)]
+            r = r._replace(num_prompt_tokens=prompt, num_output_tokens=output,
+                           prefix_hash_ids=hashes)
+        clipped.append(r)
+    report.counts["clipped_too_long"] = len(too_long)
+    report.notes.append(
+        f"clipped {len(too_long)} requests to max_model_len {max_len} (prompt truncated first)"
+    )
+    return clipped
+
+
+def apply_limit(rows: list[Row], options: TraceOptions, report: Report) -> list[Row]:
+    if options.limit is None or len(rows) <= options.limit:
+        return rows
+    report.counts["beyond_limit"] = len(rows) - options.limit
+    report.notes.append(f"kept the first {options.limit} of {len(rows)} requests (--limit)")
+    return rows[: options.limit]
+
+
+def apply_arrivals(
+    rows: list[Row],
+    options: TraceOptions,
+    arrival: str | None,
+    timed: bool,
+    label: str,
+    report: Report,
+) -> list[Row]:
+    if arrival is None and options.time_scale is None and options.rate is None:
+        return rows  # the trace's own timestamps, as they are
+    times = np.array([r.arrival_s for r in rows], dtype=float)
+    if arrival is None:  # the trace's own timestamps, rescaled
+        if options.time_scale is not None and options.time_scale != 1.0:
+            times = times * options.time_scale
+            report.notes.append(f"arrival times multiplied by {options.time_scale:g}")
+        elif options.rate is not None:
+            if math.isinf(options.rate):
+                times = np.zeros_like(times)
+                report.notes.append("rate inf: every request arrives at 0 s")
+            else:
+                span = float(times[-1] - times[0]) if len(times) else 0.0
+                if len(times) < 2 or span <= 0:
+                    raise TraceError(
+                        "--rate needs at least two distinct arrival times to rescale",
+                        path=label,
+                    )
+                factor = (len(times) - 1) / (options.rate * span)
+                times = times * factor
+                report.notes.append(
+                    f"arrival times multiplied by {factor:.6g} for a mean rate of "
+                    f"{options.rate:g} req/s"
+                )
+    else:
+        if options.time_scale is not None:
+            raise TraceError(
+                f"--time-scale rescales trace timestamps, but arrivals of {label} are "
+                "synthesized; --rate sets their rate"
+            )
+        rate = options.rate
+        if rate is None:
+            span = rows[-1].arrival_s - rows[0].arrival_s
+            if not timed or len(rows) < 2 or span <= 0:
+                why = "has no timestamps" if not timed else "has no mean rate to keep"
+                raise TraceError(
+                    f"{label} {why}: --rate R (requests per second) sets the rate of its "
+                    f"synthetic {arrival} arrivals"
+                )
+            rate = (len(rows) - 1) / span
+        burstiness = 1.0 if options.burstiness is None else options.burstiness
+        times = synthetic_arrivals_s(
+            len(rows), rate, arrival, burstiness, seeded_rng(options.seed, STREAM_ARRIVALS)
+        )
+        shape = f", burstiness {burstiness:g}" if arrival == "gamma" else ""
+        report.notes.append(
+            f"arrivals synthesized: {arrival} at {rate:g} req/s{shape}, seed {options.seed}"
+        )
+    return [r._replace(arrival_s=float(t)) for r, t in zip(rows, times, strict=True)]
+
+
+def apply_priorities(
+    rows: list[Row], options: TraceOptions, report: Report
+) -> list[Row]:
+    has_column = any(r.priority is not None for r in rows)
+    if has_column:
+        if options.priority_fraction is not None:
+            report.notes.append("priorities taken from the trace; --priority-fraction ignored")
+        return rows
+    if options.priority_fraction is None:
+        return rows
+    num_high = round(options.priority_fraction * len(rows))
+    high = set(
+        seeded_rng(options.seed, STREAM_PRIORITY).permutation(len(rows))[:num_high].tolist()
+    )
+    report.notes.append(
+        f"{num_high} of {len(rows)} requests given priority 0 (high), the rest 1; "
+        f"seed {options.seed}"
+    )
+    return [r._replace(priority=0 if i in high else 1) for i, r in enumerate(rows)]

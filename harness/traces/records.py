@@ -1,0 +1,131 @@
+"""The records of trace loading: the public ``TraceRequest``/``Trace`` contract, ``TraceError``,
+and the plain rows that carry a source's requests through the options on their way there."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+# ---------------------------------------------------------------- records (the contract)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a trace. Arrival is seconds from the trace's start."""
+
+    request_id: str
+    arrival_s: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    priority: int | None = None  # lower is served first (vLLM's convention)
+    prefix_hash_ids: tuple[int, ...] = ()  # prefix-block hashes (Mooncake: 512 tokens a block)
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A loaded trace: its requests in arrival order, where they came from, what was changed."""
+
+    requests: tuple[TraceRequest, ...]
+    source: str  # path or "synthetic:poisson" ...
+    format: str
+    digest: str  # sha256 of the source bytes plus the options applied
+    notes: tuple[str, ...] = ()  # e.g. "dropped 3 requests longer than max_model_len 4096"
+    counts: dict[str, int] = field(default_factory=dict)  # dropped/clipped/skipped counts
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def duration_s(self) -> float:
+        """Arrival of the last request (0 for an empty trace)."""
+        return self.requests[-1].arrival_s if self.requests else 0.0
+
+    def check_invariants(self) -> None:
+        """Sorted by arrival, unique ids, at least one prompt and one output token each."""
+        seen: set[str] = set()
+        previous = 0.0
+        for r in self.requests:
+            assert r.request_id not in seen, f"duplicate request id {r.request_id!r}"
+            seen.add(r.request_id)
+            assert r.arrival_s >= previous, f"request {r.request_id} arrives out of order"
+            previous = r.arrival_s
+            assert r.num_prompt_tokens >= 1 and r.num_output_tokens >= 1, r
+
+
+class TraceError(ValueError):
+    """Bad trace input or options. The message names the file, the 1-based line and the field.
+
+    ``path``, ``line`` and ``field`` are also attributes, ``None`` where they do not apply.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        prefix = ""
+        if path is not None:
+            prefix = f"{path}:{line}: " if line is not None else f"{path}: "
+        if field is not None:
+            prefix += f"field {field!r}: "
+        super().__init__(prefix + message)
+        self.path = path
+        self.line = line
+        self.field = field
+
+
+def is_int(value: object) -> bool:
+    """A real integer: ``True`` is not a count."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# ---------------------------------------------------------------- digest
+
+_DIGEST_VERSION = b"batchlab-trace-v1"
+
+
+def new_digest() -> hashlib._Hash:
+    """The hash behind ``Trace.digest``: fed the source bytes, then the format and options."""
+    return hashlib.sha256(_DIGEST_VERSION)
+
+
+# ---------------------------------------------------------------- rows on their way
+
+
+class Row(NamedTuple):
+    """One source row on its way to a TraceRequest."""
+
+    request_id: str
+    line: int  # 1-based line in the source, for error messages; 0 for synthetic rows
+    arrival_s: float  # seconds from the earliest row; 0.0 for untimed sources
+    num_prompt_tokens: int
+    num_output_tokens: int
+    priority: int | None
+    prefix_hash_ids: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class Parsed:
+    """A source's rows as parsed, and what parsing counted."""
+
+    rows: list[Row]
+    timed: bool
+    num_source_rows: int
+    skipped: list[TraceError]
+    num_failed: int = 0  # BurstGPT rows of failed requests (0 response tokens)
+    models: Counter[str] = field(default_factory=Counter)  # BurstGPT "Model" column
+    hash_block_tokens: int | None = None
+    num_reordered: int = 0  # rows that arrived before the row above them
+
+
+@dataclass(slots=True)
+class Report:
+    """What loading changed, as it goes: ``Trace.counts`` and ``Trace.notes``."""
+
+    counts: dict[str, int]
+    notes: list[str]

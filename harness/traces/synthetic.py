@@ -1,0 +1,64 @@
+"""Synthetic requests: arrival processes (poisson, gamma, constant) and lengths, fixed or
+sampled from another trace.
+
+Everything random is drawn from ``numpy`` generators seeded with the options' seed, one stream
+per purpose, so that e.g. changing the arrival process keeps the priorities.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from harness.traces.records import Row
+
+STREAM_ARRIVALS = 0
+STREAM_LENGTHS = 1
+STREAM_PRIORITY = 2
+
+
+def seeded_rng(seed: int, stream: int) -> np.random.Generator:
+    """The generator of one purpose (``STREAM_*``) for one seed."""
+    return np.random.default_rng([seed, stream])
+
+
+def synthetic_arrivals_s(
+    num_requests: int, rate: float, arrival: str, burstiness: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Arrival instants: the first at 0, then ``num_requests - 1`` gaps.
+
+    Gaps follow vLLM's ``get_request``: gamma(shape=burstiness, scale=1/(rate*burstiness)), so
+    burstiness 1 is Poisson and the gap CV is 1/sqrt(burstiness); "constant" gaps are 1/rate.
+    Like vLLM, the gaps are rescaled so their sum is exactly (n-1)/rate: the mean rate is then
+    exactly ``rate`` for every seed. ``rate`` inf puts every arrival at 0.
+    """
+    if num_requests <= 1 or math.isinf(rate):
+        return np.zeros(num_requests)
+    n_gaps = num_requests - 1
+    if arrival == "constant" or math.isinf(burstiness):
+        gaps = np.full(n_gaps, 1.0 / rate)
+    else:
+        shape = 1.0 if arrival == "poisson" else burstiness
+        gaps = rng.gamma(shape=shape, scale=1.0 / (rate * shape), size=n_gaps)
+        total = float(gaps.sum())
+        if total > 0:
+            gaps *= (n_gaps / rate) / total
+    return np.concatenate(([0.0], np.cumsum(gaps)))
+
+
+def fixed_length_rows(num_requests: int, num_prompt_tokens: int, num_output_tokens: int
+                      ) -> list[Row]:
+    """``num_requests`` rows of the same lengths, numbered 0 … N-1; arrivals come later."""
+    return [Row(str(i), 0, 0.0, num_prompt_tokens, num_output_tokens, None, ())
+            for i in range(num_requests)]
+
+
+def sampled_length_rows(pool: list[Row], num_requests: int, seed: int) -> list[Row]:
+    """``num_requests`` rows whose lengths (and prefix hashes) are drawn with replacement from
+    ``pool``, numbered 0 … N-1; the pool's arrivals and priorities are dropped."""
+    picks = seeded_rng(seed, STREAM_LENGTHS).integers(0, len(pool), size=num_requests)
+    return [
+        pool[int(k)]._replace(request_id=str(i), arrival_s=0.0, priority=None)
+        for i, k in enumerate(picks)
+    ]

@@ -1,0 +1,175 @@
+"""vLLM's OpenAI routes (``harness.serve.openai``), and the routes every server has, on a server
+running on a thread. None of these tests asserts a duration."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from adapters.reference.config import ReferenceConfig
+from harness.live.protocols import parse_stream
+from harness.serve.app import RunningServer, ServerOptions, start_server_in_thread
+from harness.serve.output import output_text
+
+SMALL = ReferenceConfig(model="qwen2.5-0.5b", max_model_len=512)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with start_server_in_thread(SMALL) as running:
+        yield running
+
+
+@pytest.fixture()
+def client(server: RunningServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=30, trust_env=False) as c:
+        yield c
+
+
+def _events(body: str) -> list[str]:
+    """The data payloads of an SSE body."""
+    return [block.split(":", 1)[1].strip() for block in body.split("\n\n") if block.strip()]
+
+
+def test_completion_non_streaming(client: httpx.Client) -> None:
+    r = client.post("/v1/completions", json={"model": "qwen2.5-0.5b", "prompt": [5, 6, 7],
+                                             "max_tokens": 5})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "text_completion"
+    choice = body["choices"][0]
+    assert choice["text"] == output_text(5) and choice["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+
+
+def test_completion_default_max_tokens_is_vllms_16(client: httpx.Client) -> None:
+    r = client.post("/v1/completions", json={"prompt": "one two"})
+    assert r.json()["usage"]["completion_tokens"] == 16
+
+
+def test_completion_stream_with_continuous_usage(client: httpx.Client) -> None:
+    r = client.post("/v1/completions", json={
+        "prompt": list(range(40)), "max_tokens": 7, "min_tokens": 7, "ignore_eos": True,
+        "stream": True, "stream_options": {"include_usage": True,
+                                           "continuous_usage_stats": True}})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert r.text.startswith("data: {")  # vLLM's framing: a space after "data:"
+    events = _events(r.text)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    tokens = [c for c in chunks if c["choices"]]
+    assert [c["usage"]["completion_tokens"] for c in tokens] == list(range(1, 8))
+    assert [c["choices"][0]["finish_reason"] for c in tokens] == [None] * 6 + ["length"]
+    assert "".join(c["choices"][0]["text"] for c in tokens) == output_text(7)
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"] == {"prompt_tokens": 40, "completion_tokens": 7,
+                                   "total_tokens": 47}
+    # The replay client's parser reads it as 7 one-token chunks, counted from usage.
+    outcome = parse_stream("openai", [r.content])
+    assert outcome.completed and outcome.error_kind is None
+    assert outcome.chunk_num_tokens == (1,) * 7 and outcome.usage_num_output_tokens == 7
+    assert outcome.usage_num_prompt_tokens == 40
+
+
+def test_completion_stream_without_usage(client: httpx.Client) -> None:
+    r = client.post("/v1/completions", json={"prompt": [1], "max_tokens": 3, "stream": True})
+    chunks = [json.loads(e) for e in _events(r.text)[:-1]]
+    assert len(chunks) == 3 and all("usage" not in c for c in chunks)
+    outcome = parse_stream("openai", [r.content])
+    assert outcome.completed and outcome.num_chunk_tokens == 3
+
+
+def test_chat_stream(client: httpx.Client) -> None:
+    r = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Hello, world!"}], "max_tokens": 4,
+        "stream": True, "stream_options": {"include_usage": True}})
+    chunks = [json.loads(e) for e in _events(r.text)[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["object"] == "chat.completion.chunk"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks
+                   if c["choices"]) == output_text(4)
+    assert chunks[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 4,
+                                   "total_tokens": 8}
+    outcome = parse_stream("openai-chat", [r.content])
+    assert outcome.completed and outcome.num_chunk_tokens == 4
+    assert outcome.usage_num_output_tokens == 4 and outcome.finish_reason == "length"
+
+
+def test_chat_non_streaming_honours_max_completion_tokens(client: httpx.Client) -> None:
+    r = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "system", "content": "Be brief."},
+                     {"role": "user", "content": [{"type": "text", "text": "Hi there"}]}],
+        "max_completion_tokens": 3})
+    body = r.json()
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": output_text(3)}
+    assert body["usage"]["prompt_tokens"] == 5  # Be . brief . Hi there -> 3 + 2 (no template)
+
+
+def test_min_tokens_and_ignore_eos_give_exactly_max_tokens(client: httpx.Client) -> None:
+    for body in ({"min_tokens": 9, "ignore_eos": True}, {"min_tokens": 0}, {}):
+        r = client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 9, **body})
+        assert r.json()["usage"]["completion_tokens"] == 9
+    r = client.post("/v1/completions", json={"prompt": [1], "max_tokens": 3, "min_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
+
+
+@pytest.mark.parametrize("body, status, fragment", [
+    ({"prompt": list(range(600)), "max_tokens": 5}, 400, "maximum context length is 512"),
+    ({"prompt": [1], "max_tokens": 512}, 400, "maximum context length is 512"),
+    ({"prompt": [], "max_tokens": 5}, 400, "prompt"),
+    ({"prompt": ["a", "b"]}, 400, "batched prompts"),
+    ({"prompt": [1], "n": 2}, 400, "n=1"),
+    ({"prompt": [1], "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": [1], "stream_options": {"include_usage": True}}, 400, "stream=True"),
+    ({"prompt": [1], "priority": 1}, 400, "Priority scheduling is not enabled"),
+    ({"prompt": [1], "model": "gpt-4"}, 404, "does not exist"),
+])
+def test_openai_errors(client: httpx.Client, body: dict[str, Any], status: int,
+                       fragment: str) -> None:
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert fragment in error["message"] and error["code"] == status
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_bad_json_is_400(client: httpx.Client) -> None:
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        r = client.post(path, content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = client.post("/v1/completions", json=[1, 2])
+    assert r.status_code == 400
+
+
+def test_a_request_larger_than_the_kv_cache_is_400() -> None:
+    config = ReferenceConfig(model="qwen2.5-0.5b", max_model_len=4096, num_gpu_blocks=4)
+    with start_server_in_thread(config) as running:
+        r = httpx.post(running.url + "/v1/completions", json={"prompt": list(range(100)),
+                                                               "max_tokens": 10})
+    assert r.status_code == 400 and "KV blocks" in r.json()["error"]["message"]
+
+
+def test_health_models_version_info(client: httpx.Client) -> None:
+    assert client.get("/health").status_code == 200
+    models = client.get("/v1/models").json()
+    assert models["data"][0]["id"] == "qwen2.5-0.5b"
+    assert models["data"][0]["max_model_len"] == 512
+    assert client.get("/version").json()["engine"] == "batchlab-reference"
+    info = client.get("/info").json()
+    assert info["model_id"] == "qwen2.5-0.5b" and info["max_total_tokens"] == 512
+    assert info["reference"]["model"] == "qwen2.5-0.5b"
+
+
+def test_served_model_name() -> None:
+    options = ServerOptions(port=0, served_model_name="my-model")
+    with start_server_in_thread(SMALL, options) as running:
+        ok = httpx.post(running.url + "/v1/completions",
+                        json={"model": "my-model", "prompt": [1], "max_tokens": 1})
+        wrong = httpx.post(running.url + "/v1/completions",
+                           json={"model": "qwen2.5-0.5b", "prompt": [1], "max_tokens": 1})
+    assert ok.status_code == 200 and ok.json()["model"] == "my-model"
+    assert wrong.status_code == 404
