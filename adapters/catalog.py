@@ -12,8 +12,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from adapters import openai, reference_served, tgi, trtllm, vllm
+from adapters import llamacpp, openai, reference_served, tgi, trtllm, vllm
 from adapters.base import (
+    ATTACHED,
     CANONICAL_SIGNALS,
     UNKNOWN,
     Engine,
@@ -25,7 +26,7 @@ from adapters.base import (
 )
 from adapters.knobs import DTYPES, POLICIES, PREEMPTIONS
 
-ENGINES = ("vllm", "tgi", "trtllm", "openai", "reference")
+ENGINES = ("vllm", "tgi", "trtllm", "llamacpp", "openai", "reference")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,10 @@ INFO: dict[str, EngineInfo] = {
     "trtllm": EngineInfo(
         "trtllm", "TensorRT-LLM (trtllm-serve, PyTorch backend)", trtllm.RULES, trtllm.FIXED,
         trtllm.TELEMETRY, True,
+    ),
+    "llamacpp": EngineInfo(
+        "llamacpp", "llama.cpp llama-server", llamacpp.RULES, llamacpp.FIXED, llamacpp.TELEMETRY,
+        True,
     ),
     "openai": EngineInfo(
         "openai", "any OpenAI-compatible server (attach only)", openai.RULES, openai.FIXED,
@@ -69,8 +74,8 @@ def make_adapter(
     metric_map: str | Mapping[str, str] | None = None,
     gpu: str | None = None,
 ) -> Engine:
-    """An adapter by engine name. ``executable``: vLLM's or the reference's python, or the
-    trtllm-serve command; ``gpu``: the served reference's catalog GPU."""
+    """An adapter by engine name. ``executable``: vLLM's or the reference's python, the
+    trtllm-serve command or the llama-server binary; ``gpu``: the served reference's GPU."""
     env = dict(env or {})
     if name == "vllm":
         return vllm.VllmAdapter(
@@ -86,6 +91,11 @@ def make_adapter(
         return trtllm.TrtllmAdapter(
             model=model, served_model_name=served_model_name, host=host, port=port,
             command=executable or trtllm.COMMAND, env=env,
+        )
+    if name == "llamacpp":
+        return llamacpp.LlamaCppAdapter(
+            model=model, served_model_name=served_model_name, host=host, port=port,
+            executable=executable, env=env,
         )
     if name == "openai":
         return openai.OpenAIAdapter(model=served_model_name or model, metric_map=metric_map)
@@ -139,7 +149,7 @@ def _show(value: Any) -> str:
 
 def _cases(rule: KnobRule) -> Iterator[tuple[str, Knobs]]:
     own = _DOMAINS.get(rule.knob, (_SYMBOLS.get(rule.knob, "V"),))
-    others = [_DOMAINS[d] for d in rule.depends_on]
+    others = [_DOMAINS.get(d, (_SYMBOLS.get(d, "V"),)) for d in rule.depends_on]
     for value in own:
         for combo in itertools.product(*others):
             knobs = replace(Knobs(), **{rule.knob: value}, **dict(zip(rule.depends_on, combo,
@@ -302,10 +312,22 @@ def mapping_markdown() -> str:
         "`.stderr.log`). batchlab polls its health route until it answers (`--ready-timeout-s`, "
         "900 s by default); if the process dies first or time runs out, the error quotes the "
         "log's last lines. Teardown sends SIGTERM to the whole group, then SIGKILL after a "
-        "grace period, on success, failure, Ctrl-C and SIGTERM alike. The engine's version "
-        "(`/version`, or `/info` on TGI) is recorded in `manifest.json` with the exact argv, "
-        "the generated config file, the knobs and their mapping, the model, the trace digest, "
-        "the host and the batchlab version.",
+        "grace period, on success, failure, Ctrl-C, SIGTERM and SIGHUP alike. The engine's "
+        "version (`/version`, or `/info` on TGI) is recorded in `manifest.json` with the exact "
+        "argv, the server's pid and process group, the generated config file, the knobs and "
+        "their mapping, the model, the trace digest, the host and the batchlab version.",
+        "",
+        "batchlab measures only a server it started: a `--port` something already listens on "
+        "is refused before launch; at ready, the listening socket must belong to the launched "
+        "process group (Linux `/proc`; skipped for container runtimes, whose proxy holds the "
+        "port), and `batchlab serve reference` must echo the launch's nonce "
+        "(`BATCHLAB_LAUNCH_NONCE`) in `/version`. No server outlives batchlab, even when "
+        "batchlab is killed with SIGKILL: the kernel sends the server SIGTERM when batchlab "
+        "dies (`PR_SET_PDEATHSIG`), and a small watchdog process, which notices batchlab's "
+        "end when its pipe closes, sends SIGTERM and then SIGKILL to the server's whole "
+        "process group. Environment values given with `--engine-env` (or a scenario's `env:`) "
+        "are stored as `***` unless the name is on a short allow-list of known-safe settings "
+        "(`harness/redact.py`), and so are values after secret-named flags in `--extra-arg`.",
         "",
         "## Real engines on a CPU",
         "",
@@ -319,5 +341,83 @@ def mapping_markdown() -> str:
         "(`--extra-arg=--enforce-eager` skips a 35 s compile); bound its KV cache with "
         "`--engine-env VLLM_CPU_KVCACHE_SPACE=1` (GiB).",
         "",
+        "`make engines` also builds llama.cpp's `llama-server` from the source vendored in the "
+        "`llama-cpp-python` sdist (only the server target, Release, CPU only; about 8-11 "
+        "minutes on 2 cores when cold, then cached outside the checkout in "
+        "`$BATCHLAB_CACHE_DIR/llama.cpp`, default `~/.cache/batchlab`, and linked as "
+        "`.build/llama-server`), and converts each model to GGUF beside its folder "
+        "(`models/small-llama.gguf`, `scripts/hf_to_gguf.py`). `--engine llamacpp --launch "
+        "--model models/small-llama` loads that GGUF and still makes prompts of exact length "
+        "with the folder's tokenizer; the server is ready in about a second. Its events are "
+        "not tokens (it holds back incomplete UTF-8 and streams special tokens as empty "
+        "text), so batchlab asks it for `timings_per_token` and counts its running "
+        "`predicted_n`. Attached to a llama-server (`--url`), batchlab records the knobs it "
+        "reports (`/props`: slots and context per slot) and warns that it caches prompts "
+        "(`--prompt-salt auto` gives each run fresh prompts).",
+        "",
     ])
     return "\n".join(out)
+
+
+def replay_defaults(engine: str) -> dict[str, Any]:
+    """Replay-client settings (``ReplayConfig`` fields) an engine is best measured with, which
+    the caller's own settings override (llama.cpp: its exact running token count)."""
+    return dict(llamacpp.REPLAY_DEFAULTS) if engine == llamacpp.NAME else {}
+
+
+# ---------------------------------------------------------------- servers batchlab did not start
+
+UNKNOWN_KNOB = "unknown"
+
+
+def server_reported_knobs(props: Any, slots: Any = None) -> dict[str, Any]:
+    """The knobs a running server reports about itself, from what its self-description
+    endpoints answered; empty when it reports none. llama.cpp's ``/props`` (and ``/slots``):
+    its slots and one slot's context. Servers that describe no knob (vLLM, TGI, ...) give {}."""
+    if isinstance(props, Mapping) and ("total_slots" in props
+                                       or "default_generation_settings" in props):
+        return llamacpp.reported_knobs(props, slots)
+    if props is None and isinstance(slots, list):
+        return llamacpp.reported_knobs(None, slots)
+    return {}
+
+
+def attached_knobs(knobs: Knobs, reported: Mapping[str, Any]) -> tuple[dict[str, Any],
+                                                                        dict[str, str]]:
+    """The knobs of a server batchlab attached to, as far as anyone knows them.
+
+    No knob reaches such a server, so batchlab's own defaults say nothing about it: each knob
+    is what the user stated (given), else what the server reports, else ``"unknown"``.
+    Returns ``(values, sources)`` with sources ``stated``, ``reported`` or ``unknown``.
+    """
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name in Knobs.names():
+        if knobs.is_given(name):
+            value: Any = getattr(knobs, name)
+            values[name] = list(value) if isinstance(value, tuple) else value
+            sources[name] = "stated"
+        elif name in reported:
+            values[name], sources[name] = reported[name], "reported"
+        else:
+            values[name], sources[name] = UNKNOWN_KNOB, "unknown"
+    return values, sources
+
+
+def attached_mapping(values: Mapping[str, Any], sources: Mapping[str, str]
+                     ) -> list[dict[str, Any]]:
+    """The manifest's mapping of an attached server: nothing applied, each knob as known."""
+    notes = {"stated": "as stated on the command line; ", "reported": "as the server reports; ",
+             "unknown": ""}
+    return [{"knob": name, "value": values[name], "flags": [], "status": "not_applied",
+             "note": notes.get(sources.get(name, "unknown"), "") + ATTACHED}
+            for name in Knobs.names()]
+
+
+def attached_manifest(knobs: Knobs, probe_body: Any = None) -> dict[str, Any]:
+    """``manifest.json`` fields of a server batchlab attached to: ``knobs`` (stated, reported
+    or ``"unknown"``), ``knob_sources`` and a ``mapping`` that applies nothing.
+    ``probe_body``: what the server's version probe answered (llama.cpp: ``/props``)."""
+    values, sources = attached_knobs(knobs, server_reported_knobs(probe_body))
+    return {"knobs": values, "knob_sources": sources,
+            "mapping": attached_mapping(values, sources)}

@@ -24,19 +24,12 @@ from adapters.base import (
     Unsupported,
     not_launched_mapping,
 )
+from adapters.llamacpp import TELEMETRY as LLAMACPP_TELEMETRY
 from adapters.vllm import TELEMETRY as VLLM_TELEMETRY
 
 NAME = "openai"
 
-# llama.cpp's llama-server (``--metrics``): no KV-usage or preemption gauge in current builds.
-LLAMACPP = TelemetrySpec(
-    path="/metrics",
-    signals=(
-        ("num_running", MetricSource(("llamacpp:requests_processing",))),
-        ("num_waiting", MetricSource(("llamacpp:requests_deferred",))),
-        ("kv_usage", MetricSource(("llamacpp:kv_cache_usage_ratio",))),  # older builds only
-    ),
-)
+LLAMACPP = LLAMACPP_TELEMETRY  # llama.cpp's llama-server (``--metrics``)
 NO_METRICS = TelemetrySpec(format="none")
 
 METRIC_PRESETS: dict[str, TelemetrySpec] = {

@@ -4,7 +4,14 @@ No server outlives batchlab. Every launched server is its own session (``start_n
 so one signal reaches it and every child it forked (vLLM's EngineCore and workers, TGI's
 shards). Teardown sends SIGTERM to the group, waits, then SIGKILL to whatever is left of it. It
 runs on normal exit, on failure, on Ctrl-C (``with`` blocks), on SIGTERM/SIGHUP to batchlab
-(``terminate_on_signals``), and at interpreter exit as a last resort (``atexit``).
+(``terminate_on_signals``), and at interpreter exit as a last resort (``atexit``). When
+batchlab itself is killed (SIGKILL, OOM), the kernel signals the leader (``PR_SET_PDEATHSIG``)
+and a watchdog tears down the group (``adapters.ownership``).
+
+The server batchlab measures is the one it started: the port must be free before launch, and
+at ready the listening socket must belong to the launched group (Linux ``/proc``) and a server
+that echoes ``launch_nonce`` in its version answer (``batchlab serve reference``) must echo
+this launch's ``BATCHLAB_LAUNCH_NONCE``.
 
     batchlab ── Popen(start_new_session) ──► server (pgid = its pid)
                                                ├── child      } killpg(pgid, SIGTERM)
@@ -25,6 +32,7 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +40,19 @@ from typing import Any
 
 import httpx
 
+from adapters.ownership import (
+    describe_pid,
+    die_with_parent,
+    listener_pids,
+    owned_by_group,
+    port_in_use,
+    release_reaper,
+    start_reaper,
+)
+
 DEFAULT_GRACE_S = 20.0  # vLLM exits within about 8 s of SIGTERM on 2 CPU cores
 LOG_TAIL_LINES = 30
+NONCE_ENV = "BATCHLAB_LAUNCH_NONCE"  # echoed as "launch_nonce" by servers that support it
 
 
 class EngineStartError(RuntimeError):
@@ -105,7 +124,8 @@ def terminate_on_signals() -> Iterator[None]:
     """Turn SIGTERM/SIGHUP into SystemExit while the block runs, so ``finally`` teardown runs.
 
     Python's default for SIGTERM is to die without unwinding, which would orphan servers.
-    Only possible from the main thread; elsewhere the block runs unchanged.
+    A handler someone already installed (the command line turns these signals into Ctrl-C) is
+    kept. Only possible from the main thread; elsewhere the block runs unchanged.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -114,7 +134,8 @@ def terminate_on_signals() -> Iterator[None]:
     def _raise(signum: int, _frame: Any) -> None:
         raise SystemExit(128 + signum)
 
-    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)
+                if signal.getsignal(sig) in (signal.SIG_DFL, None)}
     try:
         yield
     finally:
@@ -134,6 +155,9 @@ class ExitInfo:
 class ServerProcess:
     """One launched server: argv in its own session, logs in ``log_dir``.
 
+    ``listen`` (host, port) is where it will listen: the port must be free at ``start`` and,
+    with ``check_listener``, held by this process group when it answers ready (a container
+    runtime's proxy holds it instead, so launches with ``stop_argv`` skip that check).
     Use as a context manager; ``stop()`` is idempotent and safe to call from anywhere.
     """
 
@@ -147,6 +171,8 @@ class ServerProcess:
         cwd: str | None = None,
         grace_s: float = DEFAULT_GRACE_S,
         stop_argv: Sequence[str] = (),
+        listen: tuple[str, int] | None = None,
+        check_listener: bool = True,
     ) -> None:
         if isinstance(argv, str) or not argv:
             raise ValueError("argv must be a non-empty list of arguments, never a shell string")
@@ -157,17 +183,27 @@ class ServerProcess:
         self.cwd = cwd
         self.grace_s = grace_s
         self.stop_argv = tuple(stop_argv)
+        self.listen = listen
+        self.check_listener = check_listener
+        self.nonce = uuid.uuid4().hex
         self.stdout_path = self.log_dir / f"{name}.stdout.log"
         self.stderr_path = self.log_dir / f"{name}.stderr.log"
         self._popen: subprocess.Popen[bytes] | None = None
         self._exit: ExitInfo | None = None
+        self._reaper: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ start
 
     def start(self) -> None:
+        if self.listen is not None and port_in_use(*self.listen):
+            host, port = self.listen
+            raise EngineStartError(
+                f"{self.name}: port {port} on {host} is already in use by another server; "
+                "batchlab measures only a server it started. Stop that server, or choose "
+                "another --port (unset: a free one)")
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.env}
+        env = {**os.environ, **self.env, NONCE_ENV: self.nonce}
         with self.stdout_path.open("ab") as out, self.stderr_path.open("ab") as err:
             try:
                 self._popen = subprocess.Popen(
@@ -178,18 +214,25 @@ class ServerProcess:
                     env=env,
                     cwd=self.cwd,
                     start_new_session=True,  # own session and process group: pgid == pid
+                    preexec_fn=die_with_parent(),
                 )
             except FileNotFoundError as exc:
                 raise EngineStartError(
                     f"{self.name}: cannot start {self.argv[0]!r}: command not found "
                     f"(argv: {self.argv})"
                 ) from exc
+        self._reaper = start_reaper(self._popen.pid, self.grace_s)
         with _LIVE_LOCK:
             _LIVE.add(self)
 
     @property
     def pid(self) -> int | None:
         return None if self._popen is None else self._popen.pid
+
+    @property
+    def pgid(self) -> int | None:
+        """The server's process group (its own session: the leader's pid)."""
+        return self.pid
 
     def poll(self) -> int | None:
         """The exit code if the server process has exited, else None."""
@@ -205,11 +248,13 @@ class ServerProcess:
 
     async def wait_ready(
         self, url: str, *, timeout_s: float, poll_s: float = 0.5, client: httpx.AsyncClient | None
-        = None,
+        = None, version_url: str | None = None,
     ) -> float:
         """Poll ``url`` until it answers 200; return the seconds waited.
 
-        Raises EngineStartError quoting the log when the process dies first or time runs out.
+        Raises EngineStartError quoting the log when the process dies first or time runs out,
+        and when the answer came from another server: the listener is not this process group,
+        or ``version_url`` answers a ``launch_nonce`` that is not this launch's.
         """
 
         def died() -> str | None:
@@ -219,10 +264,43 @@ class ServerProcess:
             return (f"{self.name} exited with code {code} before it was ready "
                     f"(argv: {list(self.argv)})\n{self.log_tail()}")
 
-        return await wait_healthy(
+        waited = await wait_healthy(
             url, timeout_s=timeout_s, poll_s=poll_s, client=client, died=died,
+            answered=self._foreign_listener,
             timeout_note=f"{self.name} not ready", detail=lambda: (
                 f"; argv: {list(self.argv)})\n{self.log_tail()}"))
+        if version_url is not None:
+            await self._check_nonce(version_url, client)
+        return waited
+
+    def _foreign_listener(self) -> str | None:
+        """Why the ready answer came from someone else's server, or None (ours, or unknown)."""
+        if self.listen is None or not self.check_listener or self._popen is None:
+            return None
+        holders = listener_pids(self.listen[1])
+        if holders is None or any(owned_by_group(pid, self._popen.pid) for pid in holders):
+            return None
+        others = ", ".join(describe_pid(pid) for pid in sorted(holders))
+        return (f"{self.name}: port {self.listen[1]} answered ready, but it is held by "
+                f"{others}, not by the server batchlab started (pid {self._popen.pid}); "
+                "batchlab measures only its own server")
+
+    async def _check_nonce(self, version_url: str, client: httpx.AsyncClient | None) -> None:
+        own = client is None
+        http = client or httpx.AsyncClient(timeout=httpx.Timeout(5.0), trust_env=False)
+        try:
+            body = (await http.get(version_url)).json()
+        except (httpx.HTTPError, ValueError):
+            return  # no version answer: nothing to compare
+        finally:
+            if own:
+                await http.aclose()
+        if isinstance(body, dict) and "launch_nonce" in body and body["launch_nonce"] != \
+                self.nonce:
+            raise EngineStartError(
+                f"{self.name}: {version_url} answered for another launch (its launch_nonce is "
+                "not this one's): another server holds the port; batchlab measures only its "
+                "own server")
 
     # ------------------------------------------------------------ stop
 
@@ -263,6 +341,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 code = None
             self._exit = ExitInfo(code, used, time.monotonic() - start)
+            release_reaper(self._reaper)  # the group is gone: the watchdog finds nothing
+            self._reaper = None
             with _LIVE_LOCK:
                 _LIVE.discard(self)
             return self._exit
@@ -334,13 +414,16 @@ async def wait_healthy(
     poll_s: float = 0.5,
     client: httpx.AsyncClient | None = None,
     died: Callable[[], str | None] | None = None,
+    answered: Callable[[], str | None] | None = None,
     timeout_note: str = "no ready server",
     detail: Callable[[], str] = lambda: ")",
 ) -> float:
     """The one readiness wait: poll ``url`` until it answers 200; return the seconds waited.
 
     ``died`` (a launched server) returns why the server can no longer become ready, which is
-    raised at once; otherwise EngineStartError names the last answer when time runs out.
+    raised at once, also when it is found right after a 200 (then the answer came from
+    another server); ``answered`` returns why a 200 did not come from the launched server.
+    Otherwise EngineStartError names the last answer when time runs out.
     """
     start = time.monotonic()
     own = client is None
@@ -354,6 +437,10 @@ async def wait_healthy(
             try:
                 response = await http.get(url)
                 if response.status_code == 200:
+                    for check in (died, answered):
+                        reason = check() if check is not None else None
+                        if reason is not None:
+                            raise EngineStartError(reason)
                     return time.monotonic() - start
                 last_error = f"HTTP {response.status_code}"
             except httpx.HTTPError as exc:

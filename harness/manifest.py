@@ -3,9 +3,13 @@
 One shape for simulated and live runs, so reports read both the same way:
 
     {"kind": "simulated" | "live",
+     "run_id": "<uuid4 hex>", "identity": {...},   # harness.runfolder: whose folder this is
      "engine": {"name", "mode", "version", ...},   # mode: simulated | launch | attach
      "knobs": {...}, "mapping": [...], "trace": {...}, "model", "gpu",
      "host", "host_info", "batchlab_version", "command", "created_at", "status"}
+
+Every write goes through ``harness.redact.redact_tree``: environment values off the allow-list
+and values of secret-named flags in ``command``/``argv`` are stored as ``***``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from harness.redact import redact_tree
 from harness.results import write_json_atomic
 from harness.traces import Trace, describe
 
@@ -82,4 +87,9 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
 
 def update_manifest(run_dir: Path, fields: Mapping[str, Any]) -> None:
     """Merge ``fields`` into the run's manifest (several writers add their own keys)."""
-    write_json_atomic({**read_manifest(run_dir), **fields}, run_dir / MANIFEST_FILE)
+    write_manifest(run_dir, {**read_manifest(run_dir), **fields})
+
+
+def write_manifest(run_dir: Path, manifest: Mapping[str, Any]) -> None:
+    """Write the whole manifest, secrets redacted."""
+    write_json_atomic(redact_tree(manifest), run_dir / MANIFEST_FILE)

@@ -34,13 +34,39 @@ EXTRA_LATENCY_METRICS = ("tpot_guidellm_s", "itl_chunk_s", "itl_guidellm_s", "se
 DEFAULT_CLIENT_LAG_THRESHOLD_S = 0.010
 
 
+SLO_KEYS = ("ttft_s", "tpot_s", "e2e_s")
+
+
+def slo_problem(value: object) -> str:
+    """Why ``value`` cannot be an SLO ('' when it can): a finite number of seconds above 0.
+
+    The one rule for ``--slo``, scenario files' ``slo:`` and ``Slo(...)``: NaN would make
+    every request "good" (comparisons with NaN are false) and could not be written as JSON.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"must be a number of seconds, got {value!r}"
+    if not (math.isfinite(value) and value > 0):
+        return f"must be a positive, finite number of seconds, got {value!r}"
+    return ""
+
+
 @dataclass(frozen=True, slots=True)
 class Slo:
-    """Service-level objectives; a request is "good" when it succeeded and meets every one set."""
+    """Service-level objectives; a request is "good" when it succeeded and meets every one set.
+
+    Each one set is a positive, finite number of seconds (``slo_problem``); a ValueError
+    naming the key otherwise."""
 
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for key in SLO_KEYS:
+            value = getattr(self, key)
+            problem = "" if value is None else slo_problem(value)
+            if problem:
+                raise ValueError(f"{key}: {problem}")
 
     @classmethod
     def parse(cls, text: str) -> Slo:
@@ -49,16 +75,20 @@ class Slo:
         for part in filter(None, (p.strip() for p in text.split(","))):
             key, sep, value = part.partition("=")
             key = key.strip()
-            if not sep or key not in ("ttft_s", "tpot_s", "e2e_s"):
+            if not sep or key not in SLO_KEYS:
                 raise ValueError(
                     f"--slo: {part!r} is not KEY=SECONDS with KEY one of ttft_s, tpot_s, e2e_s"
                 )
             try:
-                values[key] = float(value)
+                number = float(value)
             except ValueError:
                 raise ValueError(
-                    f"--slo: {key} must be a number of seconds, got {value!r}"
+                    f"--slo: {key} must be a number of seconds, got {value.strip()!r}"
                 ) from None
+            problem = slo_problem(number)
+            if problem:
+                raise ValueError(f"--slo: {key} {problem}")
+            values[key] = number
         return cls(**values)
 
     def as_dict(self) -> dict[str, float]:
@@ -204,6 +234,8 @@ def summarize(
         "failures": dict(sorted(failures.items())),
         "duration_s": duration,
         "num_preemptions": sum(tl.num_preemptions for tl in timelines),
+        # sends repeated on a fresh connection after a reused one closed before answering
+        "num_retries": sum(tl.num_retries for tl in timelines),
         "num_input_tokens": num_in,
         "num_output_tokens": num_out,
         "throughput": {

@@ -24,6 +24,7 @@ REQUESTS_FILE = "requests.parquet"
 CHUNKS_FILE = "chunks.parquet"
 STEPS_FILE = "steps.parquet"
 SUMMARY_FILE = "summary.json"
+RUN_ID_KEY = b"batchlab.run_id"  # parquet schema metadata: the run that wrote the file
 
 
 def _nan_if_none(x: float | None) -> float:
@@ -63,6 +64,7 @@ def requests_table(timelines: Sequence[RequestTimeline], *, live: bool = False) 
         cols["reached_target_length"] = pa.array(
             [tl.reached_target_length for tl in timelines], pa.bool_()
         )
+        cols["num_retries"] = pa.array([tl.num_retries for tl in timelines], pa.int64())
     return pa.table(cols)
 
 
@@ -88,31 +90,58 @@ def chunks_table(timelines: Sequence[RequestTimeline]) -> pa.Table:
     )
 
 
-def write_parquet_atomic(table: pa.Table, path: Path) -> None:
-    """Write to a temporary file then rename, so a reader never sees half a file."""
+def write_parquet_atomic(table: pa.Table, path: Path, *, run_id: str | None = None) -> None:
+    """Write to a temporary file then rename, so a reader never sees half a file. ``run_id``
+    goes into the schema metadata (``batchlab.run_id``): the file says which run wrote it."""
+    if run_id is not None:
+        table = table.replace_schema_metadata(
+            {**(table.schema.metadata or {}), RUN_ID_KEY: run_id.encode()})
     tmp = path.with_suffix(path.suffix + ".tmp")
     pq.write_table(table, tmp)
     os.replace(tmp, path)
 
 
 def write_json_atomic(obj: Any, path: Path) -> None:
+    """Write ``obj`` as strict JSON (non-finite floats as null, see ``finite_json``) to a
+    temporary file, then rename."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    tmp.write_text(dumps_json(obj) + "\n")
     os.replace(tmp, path)
 
 
-def _json_default(obj: Any) -> Any:
+def dumps_json(obj: Any, *, indent: int | None = 2) -> str:
+    """Strict JSON text of ``obj``: NaN and infinities become null (``finite_json``), so every
+    file batchlab writes parses with any JSON reader; ``allow_nan=False`` guards the rest."""
+    return json.dumps(finite_json(obj), indent=indent, sort_keys=False, allow_nan=False,
+                      default=_json_default)
+
+
+def finite_json(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, inf, numpy's too) replaced by None, recursively
+    through dicts, lists and tuples. The one place where "no value" becomes JSON null."""
+    if isinstance(obj, float):  # np.float64 included
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite_json(v) for v in obj]
     if isinstance(obj, np.generic):
-        return obj.item()
+        return finite_json(obj.item())
+    return obj
+
+
+def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
-def write_timelines(out_dir: Path, timelines: Sequence[RequestTimeline], *, live: bool) -> None:
+def write_timelines(out_dir: Path, timelines: Sequence[RequestTimeline], *, live: bool,
+                    run_id: str | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_parquet_atomic(requests_table(timelines, live=live), out_dir / REQUESTS_FILE)
-    write_parquet_atomic(chunks_table(timelines), out_dir / CHUNKS_FILE)
+    write_parquet_atomic(requests_table(timelines, live=live), out_dir / REQUESTS_FILE,
+                         run_id=run_id)
+    write_parquet_atomic(chunks_table(timelines), out_dir / CHUNKS_FILE, run_id=run_id)
 
 
 def read_timelines(run_dir: Path) -> list[RequestTimeline]:
@@ -154,6 +183,7 @@ def read_timelines(run_dir: Path) -> list[RequestTimeline]:
                 error_message=row.get("error_message") or "",
                 finish_reason=row.get("finish_reason"),
                 token_count_source=row.get("token_count_source") or "engine",
+                num_retries=row.get("num_retries") or 0,
             )
         )
     return out

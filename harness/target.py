@@ -14,6 +14,7 @@ and call ``run``. This module holds the records; the targets live beside the cod
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,45 @@ class TargetSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ClosedLoop:
+    """A closed loop: ``concurrency`` users, each sending its next request (the next one of the
+    trace, in order) ``think_time_s`` after its last one ended. Trace arrival times are not
+    used: a request's arrival is the instant its user sent it. The live ``--mode closed``
+    replay has the same semantics (without think time)."""
+
+    concurrency: int
+    think_time_s: float = 0.0
+
+    def validate(self) -> None:
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) \
+                or self.concurrency < 1:
+            raise ValueError(f"concurrency: must be a positive integer, got {self.concurrency!r}")
+        if not (isinstance(self.think_time_s, int | float) and math.isfinite(self.think_time_s)
+                and self.think_time_s >= 0):
+            raise ValueError(f"think_time_s: must be a number of seconds >= 0, got "
+                             f"{self.think_time_s!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadState:
+    """What an early-stop check sees of a run in progress (``t_s``: the run's clock)."""
+
+    t_s: float
+    num_sent: int  # requests handed to the engine so far
+    num_done: int  # of those, finished or failed
+    num_waiting: int | None = None  # the engine's waiting queue; None when not known
+    send_lag_s: float | None = None  # live: how late the latest request went out
+
+    @property
+    def num_in_flight(self) -> int:
+        return self.num_sent - self.num_done
+
+
+# A reason to stop the run now (it is recorded), or None to go on.
+EarlyStop = Callable[[LoadState], str | None]
+
+
+@dataclass(frozen=True, slots=True)
 class RunOptions:
     """How one run is driven and recorded, whatever the target."""
 
@@ -71,6 +111,9 @@ class RunOptions:
     command: Sequence[str] | None = None
     replay: Mapping[str, Any] = field(default_factory=dict)  # live: ReplayConfig fields
     write_report: bool = True  # a per-run report.md (scenarios write one report instead)
+    overwrite: bool = False  # replace another run's folder (harness.runfolder.claim_run_dir)
+    closed_loop: ClosedLoop | None = None  # simulated: N users instead of trace arrivals
+    early_stop: EarlyStop | None = None  # checked now and then; a reason stops the run
 
 
 class Target(Protocol):

@@ -24,10 +24,23 @@ ERROR_KINDS = (
     "stream_error",  # an error event inside a 200 stream
     "stream_cut",  # connection closed before the stream finished
     "invalid_json",  # a chunk that is not valid JSON
+    "protocol_error",  # a 2xx answer that breaks the wire protocol: not an event stream, an
+    # event over the size cap, malformed HTTP framing
     "timeout",  # no completion within the client's timeout
     "connect_error",  # could not connect / connection refused
     "rejected",  # the engine refused the request (too long, bad config)
     "not_finished",  # the run ended (crash, Ctrl-C, window) before the request finished
+)
+
+# Where a request's output token count (and its chunk sizes) came from.
+TOKEN_COUNT_SOURCES = (
+    "engine",  # simulation: the engine's own tokens
+    "timings",  # llama.cpp's running timings.predicted_n on every event: exact per chunk
+    "usage",  # the server's running usage on every event (vLLM's continuous_usage_stats),
+    # or TGI's one event per token with its final count: exact per chunk
+    "usage_total",  # only a final count from the server; chunks count one token per text event
+    "tokenizer",  # no count from the server: the streamed text through the local tokenizer
+    "chunks",  # nothing better: one token per event that carried text
 )
 
 
@@ -52,7 +65,10 @@ class RequestTimeline:
     error_kind: str | None = None
     error_message: str = ""
     finish_reason: str | None = None  # "length", "stop", ... as the engine reported it
-    token_count_source: str = "engine"  # "engine" (sim), "usage", "tokenizer", "chunks"
+    token_count_source: str = "engine"  # one of TOKEN_COUNT_SOURCES
+    # times the request was sent again: its reused keep-alive connection closed before any
+    # response byte (live); the first send instant stays sent_s
+    num_retries: int = 0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property

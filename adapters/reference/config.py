@@ -18,6 +18,7 @@ from adapters.reference.cost_model import (
     KvBudget,
     ProfileError,
     load_profile,
+    profile_scheduler_defaults,
     resolve_gpu,
 )
 from adapters.reference.hardware import GpuSpec, UnknownHardwareError
@@ -154,17 +155,27 @@ class ReferenceConfig:
         profile: str | None = None,
         cost_params: CostModelParams | None = None,
     ) -> ReferenceConfig:
-        """The one mapping from uniform knobs to the reference: unset knobs keep its defaults.
+        """The one mapping from uniform knobs to the reference: unset knobs keep its defaults,
+        or the engine's own defaults that a shipped engine profile records (``metadata.scheduler``).
 
         ``tensor_parallel_size`` is ``tp``; preemption "none" means admission "reserve" (see
         the class doc); ``extra_args`` do not reach the simulated engine.
         """
         renamed = {"tensor_parallel_size": "tp"}
-        values: dict[str, Any] = {
+        values: dict[str, Any] = {}
+        if profile is not None:  # the engine's own defaults, where the profile records them
+            try:
+                values.update(profile_scheduler_defaults(profile))
+            except ProfileError as exc:
+                raise ConfigError(f"profile: {exc}") from None
+        values.update({
             renamed.get(name, name): getattr(knobs, name)
             for name in knobs.given_names() if name != "extra_args"
-        }
-        values.update((reference or ReferenceKnobs()).given())
+        })
+        given_reference = (reference or ReferenceKnobs()).given()
+        if "preemption" in knobs.given_names() and "admission" not in given_reference:
+            values.pop("admission", None)  # follows the given preemption (class doc)
+        values.update(given_reference)
         return cls(model=model, gpu=gpu, profile=profile, cost_params=cost_params, **values)
 
     def effective_knobs(self) -> dict[str, Any]:

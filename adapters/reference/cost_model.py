@@ -380,3 +380,43 @@ class CostModel:
             kv_bytes_per_block=self.kv_bytes_per_block,
             num_blocks=max(0, int(kv_bytes // self.kv_bytes_per_block)),
         )
+
+
+# Scheduler defaults a profile may carry (``metadata.scheduler``): the engine's own values for
+# the knobs a user leaves unset. Keys are ReferenceConfig fields.
+PROFILE_SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "policy", "preemption",
+                          "admission", "chunked_prefill", "prefix_caching",
+                          "gpu_memory_utilization", "block_size")
+
+
+def profile_metadata(name_or_path: str | Path) -> dict[str, Any]:
+    """A profile's ``metadata`` object ({} when it has none); errors name the file."""
+    path = resolve_profile(name_or_path)
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"{path}: cannot read profile: {exc}") from None
+    meta = raw.get("metadata") if isinstance(raw, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def profile_scheduler_defaults(name_or_path: str | Path) -> dict[str, Any]:
+    """The engine defaults a profile records, for knobs the user did not set."""
+    scheduler = profile_metadata(name_or_path).get("scheduler")
+    if not isinstance(scheduler, dict):
+        return {}
+    return {k: scheduler[k] for k in PROFILE_SCHEDULER_KEYS if k in scheduler}
+
+
+def profile_accuracy(name_or_path: str | Path) -> dict[str, Any] | None:
+    """How accurate a shipped profile's predictions were measured to be against published
+    figures it was not fitted on (``metadata.fit.held_out``), or None when not measured."""
+    fit = profile_metadata(name_or_path).get("fit")
+    if not isinstance(fit, dict) or not isinstance(fit.get("held_out"), dict):
+        return None
+    held, train = fit["held_out"], fit.get("train") or {}
+    return {"held_out_median_abs_error": held.get("median_abs_error"),
+            "held_out_worst_abs_error": held.get("worst_abs_error"),
+            "held_out_num_rows": held.get("num_rows"),
+            "train_median_abs_error": train.get("median_abs_error"),
+            "source": "docs/fidelity.md"}

@@ -57,13 +57,15 @@ def block_hashes_from_prefix_ids(
     512 and 16, each id expands into 32 blocks. Only full blocks of the prompt are covered.
     """
     ids = tuple(prefix_hash_ids)
-    num_blocks = min(num_prompt_tokens, len(ids) * tokens_per_id) // block_size
-    keys = []
-    for i in range(num_blocks):
-        start = i * block_size
+    hashes = []
+    parent = ROOT_BLOCK_HASH
+    for start in range(0, min(num_prompt_tokens, len(ids) * tokens_per_id) - block_size + 1,
+                       block_size):
         first, last = start // tokens_per_id, (start + block_size - 1) // tokens_per_id
-        keys.append((start - first * tokens_per_id, ids[first:last + 1]))
-    return _chain(keys)
+        names = ids[first] if first == last else ids[first:last + 1]
+        parent = hash((parent, start - first * tokens_per_id, names))
+        hashes.append(parent)
+    return tuple(hashes)
 
 
 def _chain(block_keys: Iterable[object]) -> tuple[int, ...]:

@@ -131,6 +131,9 @@ class FcfsQueue:
     def prepend(self, request: Request) -> None:
         self._queue.appendleft(request)
 
+    def remove(self, request: Request) -> None:
+        self._queue.remove(request)
+
     def peek(self) -> Request:
         return self._queue[0]
 
@@ -154,6 +157,10 @@ class PriorityQueue:
         heapq.heappush(self._heap, (request.sort_key, request))
 
     prepend = add
+
+    def remove(self, request: Request) -> None:
+        self._heap = [entry for entry in self._heap if entry[1] is not request]
+        heapq.heapify(self._heap)
 
     def peek(self) -> Request:
         return self._heap[0][1]
@@ -214,6 +221,23 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or bool(self.waiting)
+
+    def abort(self, request_id: str) -> Request | None:
+        """End a queued or running request between steps, its blocks freed as a finished
+        one's; the request (``error_kind`` "aborted"), or None when none has that id."""
+        request = next((r for r in self.running if r.request_id == request_id), None)
+        if request is not None:
+            self.running.remove(request)
+        else:
+            request = next((r for r in self.waiting if r.request_id == request_id), None)
+            if request is None:
+                return None
+            self.waiting.remove(request)
+        self.blocks.free(request)
+        request.status = RequestStatus.FINISHED
+        request.error_kind = "aborted"
+        request.error_message = "aborted"
+        return request
 
     # ---- one step
 
@@ -449,10 +473,9 @@ class Scheduler:
     def _admission_closed(self, num_decoding: int) -> bool:
         """True when the waiting head cannot be admitted now, nor while free blocks only shrink.
 
-        With prefix caching, decode steps may evict the head's cached-free hit blocks: its
-        hit can only shrink, down to its leading run of blocks running requests hold. The
-        token budget is checked with the largest hit, the blocks with the fewest tokens that
-        hit leaves and all its held blocks taking no free block: each the easiest case.
+        Prefix caching: decode steps may evict the head's cached-free hit blocks, so its hit
+        only shrinks, down to its leading run of held blocks. Each check takes the easiest
+        case: the budget the largest hit, the blocks that run plus every held hit block.
         """
         cfg, blocks = self.config, self.blocks
         if self.static or len(self.running) >= cfg.max_num_seqs:
@@ -465,9 +488,8 @@ class Scheduler:
         hit = blocks.find_cached_prefix(head)
         if not cfg.chunked_prefill and head.num_tokens - start - hit.num_tokens > budget:
             return True
-        num_held = 0
+        num_held = blocks.num_held_blocks(hit.block_ids) if hit.block_ids else 0
         if hit.block_ids:
-            num_held = blocks.num_held_blocks(hit)
             hit = blocks.find_cached_prefix(head, held_only=True)
         tokens = head.num_max_kv_tokens if self.reserve else min(
             head.num_tokens, start + hit.num_tokens + budget)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.base import LaunchPlan
+from adapters.catalog import replay_defaults, server_reported_knobs
 from harness.calibrate.fit import StepSample
 from harness.calibrate.steps import samples_from_phase
 from harness.calibrate.workload import Phase, burst, phase_trace, space_arrivals
@@ -127,8 +129,12 @@ def run_phases(
     tokenizer_path: str | None,
     telemetry_interval_s: float | None = DEFAULT_INTERVAL_S,
     log: Callable[[str], None] = print,
+    replay: Mapping[str, Any] | None = None,
 ) -> list[PhaseResult]:
     """Replay each phase against the server, one after another; a folder per phase.
+
+    ``replay``: further ``ReplayConfig`` fields (a prompt salt, ...), over the engine's own
+    replay defaults (``adapters.catalog.replay_defaults``).
 
     The engine's metrics are scraped during each phase as a live run scrapes them (every
     ``telemetry_interval_s``; None: not at all): on a CPU, rendering vLLM's /metrics takes
@@ -141,27 +147,29 @@ def run_phases(
     for phase in phases:
         if phase.spaced_by is not None:
             phase = space_arrivals(phase, timed.get(phase.spaced_by, []))
-        config = ReplayConfig(
-            target_url=plan.base_url, protocol=plan.protocol,  # type: ignore[arg-type]
-            model=plan.model, tokenizer_path=tokenizer_path,
-            mode="closed" if phase.concurrency else "open", concurrency=phase.concurrency,
-        )
+        fields: dict[str, Any] = {**replay_defaults(plan.engine), **(replay or {})}
+        fields.update(  # the phase decides these, whatever the caller's replay settings say
+            target_url=plan.base_url, protocol=plan.protocol, model=plan.model,
+            tokenizer_path=tokenizer_path, mode="closed" if phase.concurrency else "open",
+            concurrency=phase.concurrency, max_concurrency=None)
+        config = ReplayConfig(**fields)
         before = counter()
         start = time.perf_counter()
         scraper = None if telemetry_interval_s is None else TelemetryScraper(
             source_for(plan.telemetry, plan.base_url), out_dir / phase.name / TELEMETRY_FILE,
             interval_s=telemetry_interval_s)
         summary = replay_sync(phase_trace(phase), config, out_dir / phase.name,
-                              telemetry=scraper)
+                              telemetry=scraper, overwrite=True)  # the phase's own folder
         wall = time.perf_counter() - start
         after = counter()
         steps = after[0] - before[0] if before is not None and after is not None else None
         failed = summary.get("num_failed") or 0
+        timelines = read_timelines(out_dir / phase.name)
         if failed:
             raise CalibrationError(
                 f"calibration phase {phase.name}: {failed} of {len(phase.requests)} requests "
-                f"failed ({summary.get('failures')}); see {out_dir / phase.name}")
-        timelines = read_timelines(out_dir / phase.name)
+                f"failed ({summary.get('failures')}); first error: {first_failure(timelines)}; "
+                f"see {out_dir / phase.name}")
         timed[phase.name] = timelines
         samples = samples_from_phase(phase, timelines)
         results.append(PhaseResult(phase, samples, summary, wall, steps))
@@ -170,27 +178,89 @@ def run_phases(
     return results
 
 
+@dataclass(frozen=True, slots=True)
+class SpeedProbe:
+    """A calibration burst run again: how much slower (+) the engine is than when calibrated,
+    or why that could not be measured."""
+
+    drift: float | None
+    reason: str | None = None  # set exactly when drift is None
+
+
 def speed_probe(plan: LaunchPlan, reference: Mapping[str, Any], out_dir: Path, *,
                 tokenizer_path: str | None,
-                telemetry_interval_s: float | None = DEFAULT_INTERVAL_S) -> float | None:
+                telemetry_interval_s: float | None = DEFAULT_INTERVAL_S,
+                replay: Mapping[str, Any] | None = None) -> SpeedProbe:
     """How much slower (+) or faster (-) the engine runs now than when it was calibrated.
 
     ``reference`` is a decode phase of the profile's workload (``metadata.workload``); the
     same burst runs again and its mean decode step is compared with the one measured then.
     A machine whose speed drifts (neighbours on a shared host) shows here, apart from any
-    error of the model. None when the reference has no figure or the burst no usable step.
+    error of the model. Never raises for what the probe found: a drift of None comes with
+    the reason (the profile has no figure, the probe's requests failed, or its streams gave
+    no usable token timestamps).
     """
     then = reference.get("mean_decode_step_s")
     prompts, outputs = reference.get("prompt_tokens") or [], reference.get("output_tokens") or []
     n = reference.get("num_requests")
+    name = reference.get("name", "?")
     if not then or len(prompts) != 1 or len(outputs) != 1 or not isinstance(n, int):
-        return None
+        return SpeedProbe(None, f"the profile's burst {name} has no mean decode step to compare "
+                          "with (calibrated without usable decode samples)")
     phase = Phase("probe", burst("probe", n, int(prompts[0]), int(outputs[0])),
                   "the engine's speed, now")
-    (result,) = run_phases(plan, [phase], out_dir, tokenizer_path=tokenizer_path,
-                           telemetry_interval_s=telemetry_interval_s, log=lambda _: None)
+    try:
+        (result,) = run_phases(plan, [phase], out_dir, tokenizer_path=tokenizer_path,
+                               telemetry_interval_s=telemetry_interval_s, log=lambda _: None,
+                               replay=replay)
+    except CalibrationError as exc:
+        return SpeedProbe(None, f"the probe's requests failed: {exc}")
     now = result.mean_decode_step_s
-    return None if now is None else now / float(then) - 1.0
+    if now is None:
+        return SpeedProbe(None, _no_steps_reason(out_dir / phase.name))
+    return SpeedProbe(now / float(then) - 1.0)
+
+
+def _no_steps_reason(run_dir: Path) -> str:
+    """Why a burst's streams gave no decode step: say what the streams carried."""
+    timelines = read_timelines(run_dir)
+    num_chunks = sum(len(tl.chunk_times_s) for tl in timelines)
+    counted = sum(tl.num_output_tokens or 0 for tl in timelines)
+    sources = sorted({tl.token_count_source for tl in timelines if tl.token_count_source})
+    if num_chunks <= len(timelines):
+        return (f"the probe's {len(timelines)} streams gave {num_chunks} token-carrying events "
+                f"for {counted} tokens the server counted (count from {', '.join(sources)}): "
+                "its events carry no text for the tokens (llama.cpp streams special tokens and "
+                "held-back UTF-8 as empty text; ask for timings_per_token), so no step can be "
+                f"timed; see {run_dir}")
+    return (f"the probe's {len(timelines)} streams gave {num_chunks} token events for {counted} "
+            "tokens, but no span of steps in which every request advanced alike (events that "
+            f"carry several tokens, or requests that did not decode together); see {run_dir}")
+
+
+def first_failure(timelines: Sequence[RequestTimeline]) -> str | None:
+    """The earliest failed request, with the server's own message (not just a counter)."""
+    failed = [tl for tl in timelines if not tl.ok]
+    if not failed:
+        return None
+    tl = min(failed, key=lambda t: t.sent_s if t.sent_s is not None else t.arrival_s)
+    message = " ".join((tl.error_message or "").split())[:300]
+    return f"request {tl.request_id}: {tl.error_kind or 'not_finished'}" + (
+        f": {message}" if message else "")
+
+
+def probe_server_knobs(base_url: str) -> dict[str, Any]:
+    """The knobs a running server reports about itself (llama.cpp's ``/props`` and ``/slots``);
+    empty when it reports none."""
+    root = base_url.rstrip("/")
+    answers: list[Any] = []
+    for path in ("/props", "/slots"):
+        text = _get_text(root + path)
+        try:
+            answers.append(json.loads(text) if text else None)
+        except ValueError:
+            answers.append(None)
+    return server_reported_knobs(*answers)
 
 
 def probe_reference(workload: Sequence[Mapping[str, Any]], max_num_seqs: int

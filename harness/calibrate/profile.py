@@ -31,6 +31,7 @@ from harness.calibrate.measure import (
 from harness.calibrate.workload import WorkloadSpec, design_workload
 from harness.live.telemetry import DEFAULT_INTERVAL_S
 from harness.manifest import batchlab_version, jsonable
+from harness.redact import redact_argv, redact_tree
 from harness.results import write_json_atomic, write_parquet_atomic
 
 
@@ -110,6 +111,7 @@ def calibrate(
     telemetry_interval_s: float | None = DEFAULT_INTERVAL_S,
     command: Sequence[str] | None = None,
     log: Callable[[str], None] = print,
+    replay: Mapping[str, Any] | None = None,
 ) -> CalibrationResult:
     """Run the workload against the server ``plan`` describes, fit, and write the profile.
 
@@ -117,7 +119,8 @@ def calibrate(
     ``reference_model`` is the model's shape for the cost model (a catalog name or a local
     config.json); ``device`` names the hardware (a catalog GPU keeps its datasheet figures
     and gets efficiencies; anything else is described by effective figures). The phases'
-    run folders and ``samples.parquet`` go to ``work_dir``.
+    run folders and ``samples.parquet`` go to ``work_dir``. ``replay``: further
+    ``ReplayConfig`` fields for the workload's requests (a prompt salt, ...).
     """
     kv = probe_kv_cache(plan.base_url)
     version = asyncio.run(probe_version(plan.base_url, plan.version_paths)).get("version")
@@ -132,7 +135,7 @@ def calibrate(
         f"{sum(len(p.requests) for p in phases)} requests")
     started = time.perf_counter()
     results = run_phases(plan, phases, work_dir, tokenizer_path=tokenizer_path,
-                         telemetry_interval_s=telemetry_interval_s, log=log)
+                         telemetry_interval_s=telemetry_interval_s, log=log, replay=replay)
     engine_s = time.perf_counter() - started
     samples = [s for r in results for s in r.samples]
     write_parquet_atomic(samples_table(samples), work_dir / SAMPLES_FILE)
@@ -148,14 +151,14 @@ def calibrate(
         "metadata": {
             "created_at": created,
             "batchlab_version": batchlab_version(),
-            "command": list(command) if command is not None else None,
+            "command": redact_argv(command) if command is not None else None,
             "engine": {
                 "name": plan.engine, "version": version, "base_url": plan.base_url,
                 "launched": plan.launch, "model": plan.model,
                 "block_size": None if kv is None else kv.block_size,
                 "num_kv_blocks": None if kv is None else kv.num_blocks,
             },
-            "knobs": jsonable(knobs.as_dict()),
+            "knobs": redact_tree(jsonable(knobs.as_dict())),  # extra_args' secret values
             "reference_model": reference_model,
             "device": device,
             "host": {"platform": platform.platform(), "cpu_count": os.cpu_count(),

@@ -3,16 +3,30 @@
 Each subcommand has an ``add_<name>`` (arguments) and a ``cmd_<name>`` (action) function in the
 module of its job; actions turn arguments into the frozen configuration records of the module
 that does the work. Knob flags are generated from ``adapters.knobs`` (``common.add_knob_flags``).
+
+``main`` is where every command ends the same way:
+
+- SIGTERM and SIGHUP are Ctrl-C (``timeout``, systemd and Kubernetes stop with SIGTERM): what
+  is in flight is recorded as ``not_finished``, the summary is written, the manifest says
+  "interrupted", and the exit status is 128 + the signal (130 for Ctrl-C, 143 for SIGTERM).
+  A signal batchlab was started with ignored (``nohup``) stays ignored.
+- a usage error, an unwritable file or a full disk is one line on stderr, never a traceback;
+- a closed stdout (``batchlab engines | head -1``) ends the command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from harness.cli import calibration, live, offline, sweep
-from harness.cli.common import EXIT_USAGE, Parser, UserError
+from harness.cli import calibration, capacity, live, offline, published, sweep
+from harness.cli.common import EXIT_FAILURE, EXIT_USAGE, Parser, UserError
 
 __all__ = ["UserError", "build_parser", "main"]
 
@@ -25,12 +39,16 @@ _COMMANDS: tuple[tuple[str, Callable[..., None], Command], ...] = (
     ("trace", offline.add_trace, offline.cmd_trace),
     ("run", sweep.add_run, sweep.cmd_run),
     ("report", sweep.add_report, sweep.cmd_report),
+    ("capacity", capacity.add_capacity, capacity.cmd_capacity),
     ("replay", live.add_replay, live.cmd_replay),
     ("summarize", live.add_summarize, live.cmd_summarize),
     ("engines", live.add_engines, live.cmd_engines),
     ("serve", offline.add_serve, offline.cmd_serve),
     ("calibrate", calibration.add_calibrate, calibration.cmd_calibrate),
     ("validate", calibration.add_validate, calibration.cmd_validate),
+    ("profiles", published.add_profiles, published.cmd_profiles),
+    ("check-published", published.add_check_published, published.cmd_check_published),
+    ("fit-published", published.add_fit_published, published.cmd_fit_published),
 )
 
 
@@ -53,12 +71,68 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return EXIT_USAGE
+    name = f"batchlab {args.command}"
+    with signals_as_ctrl_c() as received:
+        try:
+            code = commands[args.command](args)
+            sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+            return code
+        except UserError as exc:
+            print(f"{name}: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            how = f" by {signal.Signals(received[-1]).name}" if received else ""
+            print(f"{name}: interrupted{how}; results measured so far are on disk",
+                  file=sys.stderr)
+            return 128 + (received[-1] if received else signal.SIGINT)
+        except BrokenPipeError:
+            _quiet_stdout()
+            return 128 + signal.SIGPIPE
+        except OSError as exc:  # an unwritable --out, a full disk: the file and the reason
+            print(f"{name}: error: {_os_error_text(exc)}", file=sys.stderr)
+            return EXIT_FAILURE
+
+
+@contextlib.contextmanager
+def signals_as_ctrl_c() -> Iterator[list[int]]:
+    """While the block runs, SIGTERM and SIGHUP do what Ctrl-C does; yields the signals seen.
+
+    The signal is handed to the current SIGINT handler: inside ``asyncio.run`` that cancels
+    the main task (a replay then records what is in flight and writes its summary), elsewhere
+    it raises KeyboardInterrupt. Only from the main thread; a signal whose handler is not the
+    default (ignored under ``nohup``, or set by an embedding program) is left alone.
+    """
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def as_ctrl_c(signum: int, frame: Any) -> None:
+        received.append(signum)
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:  # SIGINT ignored or default at the C level: still stop like Ctrl-C
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, as_ctrl_c) for sig in (signal.SIGTERM, signal.SIGHUP)
+                if signal.getsignal(sig) == signal.SIG_DFL}
     try:
-        return commands[args.command](args)
-    except UserError as exc:
-        print(f"batchlab {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"batchlab {args.command}: interrupted; results measured so far are on disk",
-              file=sys.stderr)
-        return 130
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush of a closed pipe is silent."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _os_error_text(exc: OSError) -> str:
+    if exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from adapters.knobs import KnobError, Knobs
 from harness.cli.common import (
+    PROMPT_SALT_HELP,
     UserError,
     add_subparser,
     add_trace_options,
     command_line,
+    first_error_line,
     fmt_s,
     knobs_from_args,
     load_trace,
     parse_slo,
     progress_bar,
 )
-from harness.cli.live import add_engine_options, live_target_spec
+from harness.cli.live import add_engine_options, live_target_spec, warn_prompt_cache
 from harness.target import TargetSpec
 
 CALIBRATE_GPU_HELP = (
@@ -41,6 +44,8 @@ def add_calibration_target_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", metavar="PATH",
                    help="local tokenizer of the served model, for prompts of exact length "
                    "(default: the model folder's own)")
+    g.add_argument("--prompt-salt", default="none", metavar="auto|TEXT|none",
+                   help=PROMPT_SALT_HELP)
 
 
 def resolve_reference_model(args: argparse.Namespace) -> str:
@@ -117,10 +122,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         detect_device,
         reference_config,
     )
+    from harness.live.prompts import resolve_prompt_salt
     from harness.live.session import engine_session
 
     engine_url_or_launch(args)
     knobs = knobs_from_args(args)
+    if args.url and not args.dry_run:  # the workload's bursts fit the server's own slots
+        knobs = with_server_knobs(knobs, args.url)
     if not knobs.is_given("prefix_caching"):
         # A designed workload measures compute: a prefix-cache hit would hide a prefill.
         knobs = replace(knobs, prefix_caching=False,
@@ -150,13 +158,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return 0
     tokenizer = args.tokenizer or (model_path if (Path(model_path) / "tokenizer.json").is_file()
                                    else None)
+    salt = resolve_prompt_salt(args.prompt_salt)
     try:
         with engine_session(session_spec(args, knobs), work_dir) as session:
+            if not session.plan.launch:
+                warn_prompt_cache(session.plan.base_url, salt)
             result = calibrate(session.plan, knobs, reference_model=reference_model, device=device,
                                out_path=out, work_dir=work_dir, spec=spec,
                                tokenizer_path=tokenizer,
                                telemetry_interval_s=args.telemetry_interval_s,
-                               command=command_line())
+                               command=command_line(), replay={"prompt_salt": salt})
     except KnobError as exc:
         raise UserError(str(exc)) from None
     except (EngineStartError, CalibrationError, ValueError) as exc:
@@ -219,6 +230,7 @@ def add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from adapters.process import EngineStartError
+    from harness.live.prompts import resolve_prompt_salt
     from harness.live.session import engine_session
     from harness.report.fidelity import render_fidelity_markdown
     from harness.validate import run_validation
@@ -233,17 +245,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 0
     model_path = args.model_path or args.model
     out = Path(args.out)
-    replay_kwargs: dict[str, Any] = {"seed": args.seed}
+    replay_kwargs: dict[str, Any] = {"seed": args.seed,
+                                     "prompt_salt": resolve_prompt_salt(args.prompt_salt)}
     if args.tokenizer:
         replay_kwargs["tokenizer_path"] = args.tokenizer
+    spec = session_spec(args, knobs)
     bar = progress_bar(len(trace.requests), "validate")
     try:
-        with engine_session(session_spec(args, knobs), out / "server") as session:
+        with engine_session(spec, out / "server") as session:
+            if not session.plan.launch:
+                warn_prompt_cache(session.plan.base_url, replay_kwargs["prompt_salt"])
+                knobs = with_server_knobs(knobs, session.plan.base_url)
             fid = run_validation(session.plan, knobs, trace, profile=args.profile,
                                  reference_model=reference_model, out_dir=out, model=model_path,
                                  replay_kwargs=replay_kwargs, slo=parse_slo(args.slo),
                                  command=command_line(), progress=bar.update_to,
-                                 telemetry_interval_s=args.telemetry_interval_s)
+                                 telemetry_interval_s=args.telemetry_interval_s,
+                                 metric_map=spec.metric_map,
+                                 log=lambda line: print(line, file=sys.stderr))
     except KnobError as exc:
         raise UserError(str(exc)) from None
     except (EngineStartError, ValueError) as exc:
@@ -256,6 +275,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"Engine speed since calibration (burst {speed['burst']} again): "
               f"{speed['before']:+.1%} before the replay, {speed['after']:+.1%} after "
               "(+: slower; a drifting machine, not the model).\n")
+    else:
+        reason = speed.get("before_reason") or speed.get("after_reason")
+        print(f"Engine speed since calibration: not measured ({reason}).\n")
+    first = first_error_line(str(out / "live"))
+    if first:
+        print(f"Live requests failed; first error: {first}\n")
     in_flight = fid.get("in_flight_requests")
     if in_flight:
         print(f"Requests in flight (send to finish, both sides from their timelines), mean: "
@@ -264,6 +289,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"results: {out}/fidelity.json  (compare: batchlab report {out}/live "
           f"{out}/simulated)")
     return 0
+
+
+def with_server_knobs(knobs: Knobs, base_url: str) -> Knobs:
+    """Knobs the user left unset, taken from what an attached server reports about itself
+    (llama.cpp: its slots and context), so the simulation runs the server's configuration
+    rather than batchlab's defaults."""
+    from harness.calibrate import probe_server_knobs
+
+    reported = probe_server_knobs(base_url)
+    unset = {k: v for k, v in reported.items() if not knobs.is_given(k)}
+    if unset:
+        print("server reports " + ", ".join(f"{k}={v}" for k, v in unset.items())
+              + " (used where no knob was given)", file=sys.stderr)
+    return knobs.with_defaults(unset)
 
 
 def session_spec(args: argparse.Namespace, knobs: Knobs) -> TargetSpec:

@@ -120,6 +120,17 @@ def reference_knobs_from_args(args: argparse.Namespace) -> ReferenceKnobs:
         raise UserError(str(exc)) from None
 
 
+PROMPT_SALT_HELP = (
+    "mix a salt into every prompt: auto = a fresh one for this run (recorded in the manifest), "
+    "TEXT = that salt (to repeat a salted run), none = no salt (default: the same prompts run "
+    "after run). A server that caches prompts (llama.cpp by default, vLLM with prefix caching) "
+    "answers repeated prompts from its cache")
+
+
+OVERWRITE_HELP = ("replace the run in --out when it is another run's (different kind, trace, "
+                  "engine or target); without it such a folder is refused")
+
+
 def add_gpu_option(g: argparse._ArgumentGroup | argparse.ArgumentParser,
                    help_text: str = GPU_HELP) -> None:
     g.add_argument("--gpu", metavar="NAME", default=None, help=help_text)
@@ -283,12 +294,34 @@ def print_headline(summary: dict[str, Any]) -> None:
     )
 
 
-def print_live_headline(summary: dict[str, Any]) -> None:
+def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> None:
     print_headline(summary)
     if summary.get("failures"):
         print("failures: " + ", ".join(f"{k} {v}" for k, v in summary["failures"].items()))
+        first = first_error_line(run_dir) if run_dir is not None else None
+        if first:
+            print(f"first error: {first}")
     lag = summary.get("send_lag_s") or {}
     if summary.get("client_limited"):
         print(f"warning: client-limited run: send-lag p99 {fmt_s(lag.get('p99'))} exceeds "
               f"{fmt_s(summary.get('client_lag_threshold_s'))}; the client, not the server, "
               "may have set these figures", file=sys.stderr)
+
+
+def first_error_line(run_dir: str) -> str | None:
+    """The earliest failed request of a run folder, with the server's own words (a counter
+    such as ``{'http_error': 7}`` alone does not say that the prompt was refused, or why)."""
+    from pathlib import Path
+
+    from harness.results import read_timelines
+
+    try:
+        failed = [tl for tl in read_timelines(Path(run_dir)) if not tl.ok]
+    except (OSError, ValueError):
+        return None
+    if not failed:
+        return None
+    tl = min(failed, key=lambda t: (t.sent_s if t.sent_s is not None else t.arrival_s))
+    message = " ".join((tl.error_message or "").split())[:300]
+    return f"request {tl.request_id}: {tl.error_kind or 'not_finished'}" + (
+        f": {message}" if message else "")

@@ -13,6 +13,8 @@ from adapters.catalog import ENGINES
 from adapters.knobs import UNIFORM, KnobError
 from harness.cli.common import (
     GPU_HELP,
+    OVERWRITE_HELP,
+    PROMPT_SALT_HELP,
     UserError,
     add_gpu_option,
     add_knob_flags,
@@ -84,12 +86,21 @@ def add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     g.add_argument("--http-client", choices=("lean", "httpx"), default="lean",
                    help="lean: batchlab's streaming HTTP/1.1 client, parsing in the socket "
                    "callback (default; several times the capacity); httpx: the httpx library")
+    g.add_argument("--prompt-salt", default="none", metavar="auto|TEXT|none",
+                   help=PROMPT_SALT_HELP)
     g.add_argument("--out", default="reports/replay", help="run folder (reports/replay)")
+    g.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    g.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="send from N processes, each with its own event loop (the trace split "
+                   "round-robin, one shared clock, one merged run folder; send lag checked per "
+                   "worker): for load one client core cannot send. With --target only (1)")
     add_engine_options(p)
 
 
 def replay_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """``ReplayConfig`` fields from the command line, all but the target URL."""
+    from harness.live.prompts import resolve_prompt_salt
+
     return {
         "protocol": args.protocol,
         "model": args.model,
@@ -104,13 +115,17 @@ def replay_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "http_client": args.http_client,
         "length_control": args.length_control,
+        "prompt_salt": resolve_prompt_salt(args.prompt_salt),
     }
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from harness.live.replay import ReplayConfig, replay_sync
+    from harness.live.workers import WorkerError, replay_workers
 
     if args.engine:
+        if args.workers != 1:
+            raise UserError("--workers: only for a replay against --target (not with --engine)")
         return cmd_replay_engine(args)
     _refuse_engine_options_without_engine(args)
     if not args.target:
@@ -122,17 +137,32 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     out = Path(args.out)
+    warn_prompt_cache(config.target_url, config.prompt_salt)
     bar = progress_bar(len(trace.requests), "replay")
     try:
-        summary = replay_sync(trace, config, out, progress=bar.update_to,
-                              command=command_line())
-    except ValueError as exc:  # a tokenizer that cannot be loaded, ...
+        if args.workers != 1:
+            summary = replay_workers(trace, config, out, num_workers=args.workers,
+                                     progress=bar.update_to, command=command_line(),
+                                     overwrite=args.overwrite)
+        else:
+            summary = replay_sync(trace, config, out, progress=bar.update_to,
+                                  command=command_line(), overwrite=args.overwrite)
+    except (ValueError, WorkerError) as exc:  # a tokenizer that cannot be loaded, ...
         raise UserError(str(exc)) from None
     finally:
         bar.close()
-    print_live_headline(summary)
+    print_live_headline(summary, str(out))
     print(f"results: {out}/")
     return 0
+
+
+def warn_prompt_cache(url: str, salt: str) -> None:
+    """Say so when an attached server may answer batchlab's repeated prompts from its cache."""
+    from harness.live.prompts import prompt_cache_warning
+
+    warning = prompt_cache_warning(url, salt)
+    if warning:
+        print(warning, file=sys.stderr)
 
 
 def _refuse_engine_options_without_engine(args: argparse.Namespace) -> None:
@@ -168,7 +198,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         summary = rebuild_summary(Path(args.run_dir), slo=parse_slo(args.slo))
     except (ValueError, OSError) as exc:
         raise UserError(str(exc)) from None
-    print_live_headline(summary)
+    print_live_headline(summary, args.run_dir)
     print(f"summary: {Path(args.run_dir) / 'summary.json'}")
     return 0
 
@@ -266,7 +296,8 @@ def run_engine(args: argparse.Namespace, trace: Trace, replay: dict[str, Any],
     from adapters.process import EngineStartError
 
     target = LiveTarget(live_target_spec(args, url=url or args.url))
-    options = RunOptions(progress=progress, command=command, replay=replay)
+    options = RunOptions(progress=progress, command=command, replay=replay,
+                         overwrite=getattr(args, "overwrite", False))
     try:
         return target.run(trace, Path(out_dir), options, dry_run=args.dry_run)
     except KnobError as exc:
@@ -288,15 +319,19 @@ def cmd_replay_engine(args: argparse.Namespace) -> int:
         run_engine(args, trace, replay_kwargs(args), args.out, url=args.target,
                     command=command)
         return 0
+    replay = replay_kwargs(args)
+    url = args.target or args.url
+    if url is not None and not args.launch:
+        warn_prompt_cache(url, replay["prompt_salt"])
     bar = progress_bar(len(trace.requests), f"replay {args.engine}")
     try:
-        summary = run_engine(args, trace, replay_kwargs(args), args.out, url=args.target,
+        summary = run_engine(args, trace, replay, args.out, url=args.target,
                               progress=bar.update_to, command=command)
     except ValueError as exc:  # replay options, a tokenizer that cannot be loaded, ...
         raise UserError(str(exc)) from None
     finally:
         bar.close()
-    print_live_headline(summary)
+    print_live_headline(summary, args.out)
     print(f"results: {args.out}/ (manifest.json: engine version, argv, knob mapping)")
     return 0
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.cli.common import (
+    OVERWRITE_HELP,
     Parser,
     UserError,
     add_gpu_option,
@@ -21,7 +22,7 @@ from harness.cli.common import (
     progress_bar,
     reference_knobs_from_args,
 )
-from harness.target import RunOptions, TargetSpec
+from harness.target import ClosedLoop, RunOptions, TargetSpec
 from harness.targets import SimulatedTarget
 
 if TYPE_CHECKING:
@@ -135,7 +136,37 @@ def add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     add_trace_options(p)
     add_reference_options(p)
     p.add_argument("--slo", help="SLOs for goodput, e.g. ttft_s=0.5,tpot_s=0.05,e2e_s=20")
+    add_load_mode_options(p)
     p.add_argument("--out", default="reports/simulate", help="run folder (reports/simulate)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+
+
+def add_load_mode_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("load")
+    g.add_argument("--mode", choices=("open", "closed"), default="open",
+                   help="open: requests arrive at the trace's times (default); closed: "
+                   "--concurrency users, each sending the trace's next request when its last "
+                   "one ends (as replay --mode closed)")
+    g.add_argument("--concurrency", type=int, metavar="N", help="closed loop: number of users")
+    g.add_argument("--think-time-s", type=float, default=0.0, metavar="S",
+                   help="closed loop: seconds a user waits after a finish before its next "
+                   "request (0)")
+
+
+def closed_loop_from_args(args: argparse.Namespace) -> ClosedLoop | None:
+    """The closed loop ``--mode closed --concurrency N [--think-time-s S]`` asks for."""
+    if args.mode != "closed":
+        if args.concurrency is not None or args.think_time_s:
+            raise UserError("--concurrency and --think-time-s: only with --mode closed")
+        return None
+    if args.concurrency is None:
+        raise UserError("--mode closed: give the number of users with --concurrency N")
+    loop = ClosedLoop(args.concurrency, args.think_time_s)
+    try:
+        loop.validate()
+    except ValueError as exc:
+        raise UserError("--" + str(exc).replace("think_time_s", "think-time-s")) from None
+    return loop
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -143,11 +174,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     target = SimulatedTarget(reference_spec(args))
     reference_config(args)  # configuration errors before anything is written
     slo = parse_slo(args.slo)
+    closed_loop = closed_loop_from_args(args)
     out = Path(args.out)
     bar = progress_bar(len(trace.requests), "simulate")
     try:
         summary = target.run(trace, out, RunOptions(slo=slo, progress=bar.update_to,
-                                                     command=command_line()))
+                                                     command=command_line(),
+                                                     closed_loop=closed_loop,
+                                                     overwrite=args.overwrite))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     finally:

@@ -39,10 +39,13 @@ def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from harness.runfolder import RunDirError, ensure_writable_dir
     from harness.scenario import ScenarioError, load_scenario, run_scenario, select
 
     try:
         scenario = load_scenario(args.scenario, trace_path=args.trace)
+        if not args.list:
+            ensure_writable_dir(Path(args.out) / scenario.name)
         if args.list:
             for cell in select(scenario.cells(), args.only):
                 print(f"{cell.name}\t{cell.engine.engine} ({cell.engine.mode})\t"
@@ -50,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 0
         result = run_scenario(scenario, args.out, only=args.only, resume=args.resume,
                               use_ray=args.ray is not None, ray_address=args.ray or None)
-    except ScenarioError as exc:
+    except (ScenarioError, RunDirError) as exc:
         raise UserError(str(exc)) from None
     for outcome in result.outcomes:
         if outcome.state == "failed":
@@ -86,6 +89,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     for d in dirs:
         if not d.is_dir():
             raise UserError(f"{d}: no such folder")
+    _check_report_output(args, dirs)
     try:
         if len(dirs) == 1 and (dirs[0] / report.SCENARIO_FILE).exists():
             out = report.render_scenario_report(
@@ -101,3 +105,25 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     print(f"report: {out}")
     return 0
+
+
+def _check_report_output(args: argparse.Namespace, dirs: list[Path]) -> None:
+    """The report's file must be writable, and not land in another run's folder (its plots
+    would replace that run's own)."""
+    from harness.manifest import MANIFEST_FILE
+    from harness.runfolder import RunDirError, ensure_writable_dir, ensure_writable_file
+
+    try:
+        if args.output:
+            out = Path(args.output)
+            ensure_writable_file(out)
+            if (out.parent / MANIFEST_FILE).exists() and \
+                    out.parent.resolve() not in {d.resolve() for d in dirs}:
+                raise RunDirError(f"-o {out}: {out.parent} is another run's folder; choose "
+                                  "another place for the report")
+        elif len(dirs) == 1:
+            ensure_writable_dir(dirs[0], what="report folder")
+        else:
+            ensure_writable_dir(Path("reports/comparison"), what="report folder")
+    except RunDirError as exc:
+        raise UserError(str(exc)) from None

@@ -6,6 +6,7 @@
     wire.py      one request on the wire (lean streaming client, or httpx), stamped at the socket
     sse_client.py, http_pool.py   the two HTTP stacks behind the wire
     protocols.py request bodies and stream parsing (OpenAI completions/chat, TGI)
+    sse_framing.py  server-sent events from raw bytes, linear time, a size cap per event
     prompts.py   prompts of exact token length, shared prefixes
     recorder.py  the append-only records.jsonl
     rundir.py    the live run folder's manifest, consolidation, ``rebuild_summary``

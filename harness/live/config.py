@@ -20,6 +20,7 @@ from harness.live.protocols import (
     LengthControl,
     ProtocolName,
 )
+from harness.live.sse_framing import DEFAULT_MAX_EVENT_BYTES
 from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo
 
 MANIFEST_FILE = "manifest.json"
@@ -64,6 +65,16 @@ class ReplayConfig:
     # Sleep until this long before each send, then yield to the event loop until the instant:
     # the loop's timers are only millisecond-precise. 0 = plain sleeps.
     spin_window_s: float = SPIN_WINDOW_NS / 1e9
+    # An SSE event larger than this ends its request as protocol_error (a token event is a few
+    # hundred bytes; a runaway one must not hold the event loop that times every other stream).
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    # Ask for llama.cpp's exact running token count on every event ("timings_per_token"); off
+    # by default because servers that validate request fields may refuse or warn about it.
+    timings_per_token: bool = False
+    # Mixed into every prompt's content ("" = none: the same prompts run after run). A server
+    # that caches prompts (llama.cpp by default, vLLM with prefix caching) answers a repeated
+    # prompt from its cache; a per-run salt keeps runs apart (harness.live.prompts).
+    prompt_salt: str = ""
 
     def validate(self) -> None:
         url = httpx.URL(self.target_url)
@@ -86,7 +97,8 @@ class ReplayConfig:
         if self.mode == "closed" and self.max_concurrency is not None:
             raise ValueError("max_concurrency: only for the open loop; the closed loop's users "
                              "are --concurrency")
-        for name in ("concurrency", "max_concurrency", "prefix_block_num_tokens"):
+        for name in ("concurrency", "max_concurrency", "prefix_block_num_tokens",
+                     "max_event_bytes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")

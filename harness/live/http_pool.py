@@ -10,7 +10,9 @@ This transport keeps, per origin, a stack of idle HTTP/1.1 connections (httpcore
 ``AsyncHTTPConnection``, the same protocol code): a request pops the most recently used one that
 is still alive, or opens a new one; a response returns its connection to the stack once it was
 read to the end. ``max_connections`` caps connections open at once (``None``: no cap), waiting
-in FIFO order for a free one.
+in FIFO order for a free one. A request that fails on a reused connection before its response
+head (the server closed the keep-alive connection as the request went out) is sent again once on
+a new connection, and counted in ``WireMarks.num_retries``.
 
 It also stamps, with ``time.perf_counter_ns``, the two instants the replay client times requests
 by, at the socket rather than after httpx's layers: the instant the request first touched the
@@ -58,6 +60,9 @@ _EXCEPTIONS: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
 
 _Key = tuple[bytes, bytes, int]  # scheme, host, port
 
+# What a request sent on a connection the server had closed fails with, before any response.
+_STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
 
 @dataclass(slots=True)
 class WireMarks:
@@ -65,6 +70,7 @@ class WireMarks:
 
     sent_ns: int = 0
     last_read_ns: int = 0
+    num_retries: int = 0  # sent again on a new connection after a reused one failed
 
     def stamp_sent(self) -> None:
         if not self.sent_ns:
@@ -172,7 +178,7 @@ class LifoPoolTransport(httpx.AsyncBaseTransport):
         url = request.url
         key: _Key = (url.raw_scheme, url.raw_host,
                      url.port or (443 if url.scheme == "https" else 80))
-        conn = await self._checkout(key)
+        conn, reused = await self._checkout(key)
         core_request = httpcore.Request(
             method=request.method,
             url=httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port,
@@ -181,12 +187,19 @@ class LifoPoolTransport(httpx.AsyncBaseTransport):
             content=request.stream,
             extensions=request.extensions,
         )
-        try:
-            with _mapped():
-                response = await conn.handle_async_request(core_request)
-        except BaseException:
-            await self._discard(conn)
-            raise
+        while True:
+            try:
+                with _mapped():
+                    response = await conn.handle_async_request(core_request)
+                break
+            except BaseException as exc:
+                await self._discard(conn)
+                if not (reused and isinstance(exc, _STALE_CONNECTION)):
+                    raise
+                marks = WIRE_MARKS.get()
+                if marks is not None:
+                    marks.num_retries += 1
+                conn, reused = self._new_connection(key), False  # (no await since _discard)
         return httpx.Response(
             status_code=response.status,
             headers=response.headers,
@@ -194,10 +207,11 @@ class LifoPoolTransport(httpx.AsyncBaseTransport):
             extensions=response.extensions,
         )
 
-    async def _checkout(self, key: _Key) -> httpcore.AsyncHTTPConnection:
+    async def _checkout(self, key: _Key) -> tuple[httpcore.AsyncHTTPConnection, bool]:
+        """A connection for ``key``, and whether it carried a request before."""
         conn = await self._pop_idle(key)
         if conn is not None:
-            return conn
+            return conn, True
         while self._max_connections is not None and len(self._open) >= self._max_connections:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -208,7 +222,10 @@ class LifoPoolTransport(httpx.AsyncBaseTransport):
                     self._waiters.remove(waiter)
             conn = await self._pop_idle(key)
             if conn is not None:
-                return conn
+                return conn, True
+        return self._new_connection(key), False
+
+    def _new_connection(self, key: _Key) -> httpcore.AsyncHTTPConnection:
         conn = httpcore.AsyncHTTPConnection(httpcore.Origin(*key), ssl_context=self._ssl_context,
                                             keepalive_expiry=self._keepalive_expiry_s,
                                             network_backend=self._backend)

@@ -21,12 +21,20 @@ block ``k`` of its prompt is derived only from hash ``k`` (a random generator se
 hash), so requests that share leading hashes share that prompt prefix, token for token, and a
 prefix cache sees the reuse the trace recorded. Tokens past the hashed blocks come from a
 generator seeded by the request id.
+
+Salt: prompts depend only on (seed, request id, prefix hashes), so a second run sends the same
+prompts, and a server that caches prompts (llama.cpp by default, vLLM with prefix caching)
+serves them from its cache: a much shorter TTFT that belongs to the cache, not the scheduler.
+``--prompt-salt`` mixes a per-run string into every seed (``auto``: a fresh one each run,
+recorded in the manifest); prefix sharing *within* the run is kept, and lengths are unchanged.
+The default (no salt) keeps today's reproducible prompts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +144,21 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
 # ---------------------------------------------------------------- deterministic token streams
 
 
+def resolve_prompt_salt(value: str | None) -> str:
+    """``--prompt-salt``: ``none`` (or nothing) is no salt, ``auto`` a fresh random one for
+    this run, anything else is used as given (to repeat a salted run)."""
+    if value is None or value.strip().lower() in ("", "none"):
+        return ""
+    if value.strip().lower() == "auto":
+        return secrets.token_hex(6)
+    return value
+
+
+def salted_seed(seed: int, salt: str) -> int:
+    """The seed prompts are drawn with: ``seed`` itself without a salt (today's prompts)."""
+    return seed if not salt else _seed(seed, "salt", salt)
+
+
 def _seed(*parts: object) -> int:
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
@@ -184,10 +207,12 @@ class PromptBuilder:
         *,
         seed: int = 0,
         block_num_tokens: int = DEFAULT_PREFIX_BLOCK_NUM_TOKENS,
+        salt: str = "",
     ) -> None:
         self.protocol = protocol
         self.tokenizer = tokenizer
-        self.seed = seed
+        self.salt = salt
+        self.seed = salted_seed(seed, salt)
         self.block_num_tokens = block_num_tokens
         self.mode: PromptMode
         if tokenizer is not None:
@@ -279,3 +304,50 @@ def word_token_pool(
 def count_output_tokens(tok: TextTokenizer, text: str) -> int:
     """Tokens in generated text, as vLLM's benchmark counts them (no special tokens added)."""
     return len(tok.encode(text, add_special_tokens=False)) if text else 0
+
+
+# ---------------------------------------------------------------- servers that cache prompts
+
+
+def prompt_cache_hint(base_url: str, *, timeout_s: float = 5.0) -> str | None:
+    """Why a running server may answer a repeated prompt from its cache, or None.
+
+    llama.cpp's server caches prompts by default (``--cache-prompt``, and ``--cache-ram``
+    keeps idle slots' prompts): it answers ``/props`` with ``total_slots``. vLLM says whether
+    prefix caching is on in ``vllm:cache_config_info``. A server that answers neither is not
+    known to cache. Two GETs, before anything is measured.
+    """
+    import httpx  # lazy: the prompt builder itself needs no HTTP
+
+    root = base_url.rstrip("/")
+    with httpx.Client(timeout=timeout_s, trust_env=False) as http:
+        try:
+            props = http.get(root + "/props")
+            body = props.json() if props.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            body = None
+        if isinstance(body, dict) and ("total_slots" in body
+                                       or "default_generation_settings" in body):
+            return ("llama.cpp's server caches prompts unless started with --no-cache-prompt "
+                    "(and keeps idle slots' prompts in --cache-ram)")
+        try:
+            metrics = http.get(root + "/metrics")
+            text = metrics.text if metrics.status_code == 200 else ""
+        except httpx.HTTPError:
+            text = ""
+    for line in text.splitlines():
+        if line.startswith("vllm:cache_config_info") and 'enable_prefix_caching="True"' in line:
+            return "vLLM runs with prefix caching on"
+    return None
+
+
+def prompt_cache_warning(base_url: str, salt: str) -> str | None:
+    """The console warning for an attached server that may cache prompts (None: no cause)."""
+    if salt:
+        return None
+    why = prompt_cache_hint(base_url)
+    if why is None:
+        return None
+    return (f"warning: {base_url} may answer repeated prompts from its cache: {why}. batchlab's "
+            "prompts are the same run after run (seed, request id), so a second run can measure "
+            "the cache, not the scheduler; pass --prompt-salt auto for fresh prompts each run")

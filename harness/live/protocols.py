@@ -13,9 +13,19 @@ Protocols (``../shared/reference/engines.md`` §3 has the wire details):
 
 What counts as a *chunk*: one SSE event that carries at least one generated token. A chat
 role-only first event, a usage-only trailer, ``[DONE]`` and keep-alive comments are not chunks.
-The number of tokens in a chunk is the increase of the server's running ``usage`` where the
-server sends one with every event (vLLM's ``continuous_usage_stats``), else 1 (one event per
-token, the common case).
+Events are not tokens: llama.cpp's server holds back a token that ends inside a UTF-8 character
+(no event) and sends special tokens as events with empty text. So the tokens in a chunk come
+from the best running count the server offers, when every token event so far carried it:
+
+    timings   llama.cpp's ``timings.predicted_n`` (asked for with ``"timings_per_token": true``)
+    usage     the running ``usage.completion_tokens`` (vLLM's ``continuous_usage_stats``)
+    else      1 for an event with text, 0 for one without (one event per token, the common case)
+
+A running count adds only its increase over the tokens already counted, so a last event that
+repeats the total (llama.cpp's empty final event with ``finish_reason`` and ``usage``) adds 0
+and is not a chunk. A total the server gives only at the end (``usage_num_output_tokens``) is
+the request's output length; it never becomes a chunk, so chunks hold only tokens seen arrive.
+``StreamOutcome.count_source`` names which count was used.
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from harness.live.sse_framing import DEFAULT_MAX_EVENT_BYTES, SseDecoder, SseEvent
 
 ProtocolName = Literal["openai", "openai-chat", "tgi"]
 PROTOCOLS: tuple[ProtocolName, ...] = ("openai", "openai-chat", "tgi")
@@ -92,9 +104,13 @@ def build_body(
     model: str | None = None,
     priority: int | None = None,
     length_control: LengthControl = "vllm",
+    timings_per_token: bool = False,
 ) -> dict[str, Any]:
     """The JSON body that asks ``protocol`` for exactly ``num_output_tokens`` streamed tokens
-    (``length_control`` says how an OpenAI server is asked; see LENGTH_CONTROLS)."""
+    (``length_control`` says how an OpenAI server is asked; see LENGTH_CONTROLS).
+
+    ``timings_per_token`` asks llama.cpp's server for ``timings.predicted_n``, its exact running
+    token count, on every event (servers that validate fields may refuse it: off by default)."""
     if num_output_tokens < 1:
         raise ValueError(f"num_output_tokens must be >= 1, got {num_output_tokens}")
     if protocol == "tgi":
@@ -135,78 +151,13 @@ def build_body(
     body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     if priority is not None:
         body["priority"] = priority
+    if timings_per_token:
+        body["timings_per_token"] = True
     return body
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
-
-
-# ---------------------------------------------------------------- SSE framing
-
-
-@dataclass(frozen=True, slots=True)
-class SseEvent:
-    """One server-sent event: its ``data`` lines joined by newlines, and its ``event`` name."""
-
-    data: str
-    event: str = ""
-
-
-class SseDecoder:
-    """Incremental SSE framing over raw bytes: ``feed`` returns the events completed so far.
-
-    Accepts ``data:`` with or without the space (TGI sends none), CRLF line ends, ``:`` comment
-    lines (keep-alives), multi-line data. An event still open when the bytes end is incomplete
-    and never returned: the stream was cut inside it.
-    """
-
-    __slots__ = ("_buffer",)
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    @property
-    def pending(self) -> bool:
-        """Whether bytes of an unfinished event are waiting."""
-        return bool(self._buffer.strip())
-
-    def feed(self, data: bytes) -> list[SseEvent]:
-        buf = self._buffer + data if self._buffer else data
-        if b"\r" in buf:
-            # A CRLF split across two reads is rejoined here because the whole tail is rescanned.
-            buf = buf.replace(b"\r\n", b"\n")
-        events: list[SseEvent] = []
-        start = 0
-        while True:
-            end = buf.find(b"\n\n", start)
-            if end < 0:
-                break
-            event = _parse_block(buf[start:end])
-            if event is not None:
-                events.append(event)
-            start = end + 2
-        self._buffer = buf[start:]
-        return events
-
-
-def _parse_block(block: bytes) -> SseEvent | None:
-    data_lines: list[str] = []
-    name = ""
-    for raw in block.decode("utf-8", errors="replace").split("\n"):
-        if not raw or raw.startswith(":"):
-            continue
-        field, _, value = raw.partition(":")
-        if value.startswith(" "):
-            value = value[1:]
-        if field == "data":
-            data_lines.append(value)
-        elif field == "event":
-            name = value
-        # id: and retry: carry nothing we use
-    if not data_lines and not name:
-        return None
-    return SseEvent(data="\n".join(data_lines), event=name)
 
 
 # ---------------------------------------------------------------- stream parsing
@@ -220,11 +171,16 @@ class StreamOutcome:
     chunk_num_tokens: tuple[int, ...]
     text: str  # the generated text, for counting tokens with a tokenizer
     finish_reason: str | None
-    usage_num_output_tokens: int | None  # the server's own count, where it gave one
+    # the server's own count of output tokens (its last usage, else llama.cpp's predicted_n)
+    usage_num_output_tokens: int | None
     usage_num_prompt_tokens: int | None
     completed: bool  # the protocol's end of stream was seen
     error_kind: str | None = None
     error_message: str = ""
+    # what the chunk sizes and usage_num_output_tokens came from (one of
+    # harness.timeline.TOKEN_COUNT_SOURCES), or "" when the server gave no count (the caller
+    # counts the text, or the chunks)
+    count_source: str = ""
 
     @property
     def num_chunk_tokens(self) -> int:
@@ -252,7 +208,12 @@ class StreamParser:
         self._finish_reason: str | None = None
         self._usage_out: int | None = None
         self._usage_in: int | None = None
-        self._running_usage = 0  # last running completion_tokens seen on a chunk
+        self._predicted_n: int | None = None  # llama.cpp's last timings.predicted_n
+        self._num_counted = 0  # tokens attributed to chunks so far
+        self._num_token_events = 0  # events with a choice (openai) or a token (tgi)
+        # whether every token event so far carried this running count
+        self._timings_running = True
+        self._usage_running = True
         self._saw_done = False
         self._error_kind: str | None = None
         self._error_message = ""
@@ -292,13 +253,19 @@ class StreamParser:
 
     def _on_openai(self, obj: dict[str, Any], t_ns: int) -> None:
         usage = obj.get("usage")
-        running: int | None = None
+        usage_count: int | None = None
         if isinstance(usage, dict):
-            if isinstance(usage.get("completion_tokens"), int):
-                running = usage["completion_tokens"]
-                self._usage_out = running
-            if isinstance(usage.get("prompt_tokens"), int):
+            if _is_count(usage.get("completion_tokens")):
+                usage_count = usage["completion_tokens"]
+                self._usage_out = usage_count
+            if _is_count(usage.get("prompt_tokens")):
                 self._usage_in = usage["prompt_tokens"]
+        timings = obj.get("timings")
+        predicted_n = timings.get("predicted_n") if isinstance(timings, dict) else None
+        if not _is_count(predicted_n):
+            predicted_n = None
+        else:
+            self._predicted_n = predicted_n
         choices = obj.get("choices")
         if not isinstance(choices, list) or not choices:
             return  # usage-only trailer, or an empty keep-alive object
@@ -311,21 +278,44 @@ class StreamParser:
             text = raw if isinstance(raw, str) else ""
         if choice.get("finish_reason"):
             self._finish_reason = str(choice["finish_reason"])
-        if running is not None:
-            n = running - self._running_usage
-            self._running_usage = running
+        elif not text and predicted_n is None and usage_count is None:
+            return  # a chat role-only event, or an empty one: no token, no say on the counts
+        self._num_token_events += 1
+        self._timings_running = self._timings_running and predicted_n is not None
+        self._usage_running = self._usage_running and usage_count is not None
+        if self._timings_running:
+            assert predicted_n is not None
+            n = max(0, predicted_n - self._num_counted)
+        elif self._usage_running:
+            assert usage_count is not None
+            n = max(0, usage_count - self._num_counted)
         else:
             n = 1 if text else 0
         if text:
             self._text.append(text)
         if n > 0:
+            self._num_counted += n
             self._times.append(t_ns)
             self._tokens.append(n)
+
+    def count_source(self) -> str:
+        """Which count the chunk sizes and the total came from (``TOKEN_COUNT_SOURCES`` in
+        ``harness.timeline``), or "" when the server gave none."""
+        if self._num_token_events and self.protocol != "tgi":
+            if self._timings_running:
+                return "timings"
+            if self._usage_running:
+                return "usage"
+        if self._usage_out is not None:
+            return "usage" if self.protocol == "tgi" else "usage_total"
+        return "usage_total" if self._predicted_n is not None else ""
 
     def _on_tgi(self, obj: dict[str, Any], t_ns: int) -> None:
         token = obj.get("token")
         if isinstance(token, dict):
             # One event per generated token; a special token (EOS) is still a generated token.
+            self._num_token_events += 1
+            self._num_counted += 1
             self._times.append(t_ns)
             self._tokens.append(1)
             if not token.get("special") and isinstance(token.get("text"), str):
@@ -340,6 +330,10 @@ class StreamParser:
                 self._finish_reason = str(details["finish_reason"])
         if obj.get("generated_text") is not None:
             self.done = True  # TGI's last event: no [DONE] follows
+
+    def protocol_error(self, message: str) -> None:
+        """The bytes broke the wire protocol (an oversized event): nothing more is read."""
+        self._fail("protocol_error", message)
 
     def _fail(self, kind: str, message: str) -> None:
         self._error_kind = kind
@@ -376,12 +370,18 @@ class StreamParser:
             chunk_num_tokens=tuple(self._tokens),
             text="".join(self._text),
             finish_reason=self._finish_reason,
-            usage_num_output_tokens=self._usage_out,
+            usage_num_output_tokens=(self._usage_out if self._usage_out is not None
+                                     else self._predicted_n),
             usage_num_prompt_tokens=self._usage_in,
             completed=completed,
             error_kind=kind,
             error_message=message,
+            count_source=self.count_source(),
         )
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0  # (bool is not a count)
 
 
 def _first_str(obj: Mapping[str, Any], keys: Iterable[str]) -> str:
@@ -415,13 +415,14 @@ def _stream_error(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def parse_stream(
-    protocol: ProtocolName, pieces: Iterable[bytes], times_ns: Iterable[int] | None = None
+    protocol: ProtocolName, pieces: Iterable[bytes], times_ns: Iterable[int] | None = None,
+    *, max_event_bytes: int | None = DEFAULT_MAX_EVENT_BYTES,
 ) -> StreamOutcome:
     """Parse a recorded response body given as the pieces it arrived in (pure; for tests).
 
     Each piece gets the matching instant of ``times_ns`` (default 0, 1, 2, …).
     """
-    decoder = SseDecoder()
+    decoder = SseDecoder(max_event_bytes)
     parser = StreamParser(protocol)
     clock: Iterator[int] = iter(times_ns) if times_ns is not None else _count()
     for piece in pieces:
@@ -429,6 +430,9 @@ def parse_stream(
         for event in decoder.feed(piece):
             if parser.on_event(event, t):
                 return parser.outcome(eof=False)
+        if decoder.error is not None:
+            parser.protocol_error(decoder.error)
+            return parser.outcome(eof=False)
     return parser.outcome(eof=True)
 
 

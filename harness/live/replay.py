@@ -22,7 +22,9 @@ Failures are rows, never exceptions: each request ends as exactly one ``RequestT
 appended to ``records.jsonl`` (``harness.live.recorder``) with an ``error_kind`` from
 ``harness.timeline.ERROR_KINDS``. At the end (also after Ctrl-C) the rows are consolidated into
 ``requests.parquet``/``chunks.parquet`` and ``summary.json``; ``rebuild_summary`` does the same
-from ``records.jsonl`` after a crash.
+from ``records.jsonl`` after a crash. When the disk refuses a row (full), the run stops there:
+what is in flight is recorded as ``not_finished``, the rows already written stay, the manifest
+says where it stopped, and ``RunWriteError`` is raised.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from harness.live.config import (
     ReplayConfig,
     TelemetrySource,
 )
+from harness.live.early_stop import watch_early_stop
 from harness.live.prompts import (
     PromptBuilder,
     TextTokenizer,
@@ -51,20 +54,25 @@ from harness.live.prompts import (
 )
 from harness.live.protocols import (
     PRIORITY_FIELD,
+    SseDecoder,
     StreamOutcome,
     StreamParser,
     build_body,
     encode_body,
 )
 from harness.live.recorder import RECORDS_FILE, RecordWriter
-from harness.live.rundir import consolidate, replay_manifest
+from harness.live.rundir import finish_run_folder, replay_manifest, update_manifest_quietly
 from harness.live.wire import Attempt, HttpxWire, LeanWire, Wire
 from harness.manifest import update_manifest
+from harness.redact import scrub_text, secret_values
 from harness.results import (
     CHUNKS_FILE,
     REQUESTS_FILE,
     SUMMARY_FILE,
+    write_json_atomic,
 )
+from harness.runfolder import RunIdentity, RunWriteError, claim_run_dir
+from harness.target import EarlyStop
 from harness.timeline import RequestTimeline
 from harness.traces import Trace, TraceRequest
 
@@ -152,7 +160,8 @@ class _Bodies:
         return encode_body(build_body(self._config.protocol, prompt,
                                       num_output_tokens=max(req.num_output_tokens, 1),
                                       model=self._config.model, priority=priority,
-                                      length_control=self._config.length_control))
+                                      length_control=self._config.length_control,
+                                      timings_per_token=self._config.timings_per_token))
 
 
 class _Run:
@@ -160,7 +169,7 @@ class _Run:
 
     def __init__(self, config: ReplayConfig, wire: Wire, writer: RecordWriter,
                  bodies: _Bodies, tokenizer: TextTokenizer | None, num_total: int,
-                 progress: Callable[[int, int], None] | None) -> None:
+                 progress: Callable[[int, int], None] | None, t0_ns: int | None = None) -> None:
         self.config = config
         self.wire = wire
         self.writer = writer
@@ -169,11 +178,18 @@ class _Run:
         self.num_total = num_total
         self.progress = progress
         self.spin_ns = round(config.spin_window_s * 1e9)
-        self.t0_ns = time.perf_counter_ns()
+        self.t0_ns = time.perf_counter_ns() if t0_ns is None else t0_ns  # given: shared
         self.timelines: list[RequestTimeline] = []
         self.tasks: set[asyncio.Task[None]] = set()
         self.num_sent = 0
         self._last_progress_ns = 0
+        self.last_send_lag_s: float | None = None  # the latest send's lateness
+        self.stop_reason: str | None = None  # an early-stop check ended the run
+        self.write_error: OSError | None = None  # the disk refused a row: the run stops
+        self.stopped_at_s: float | None = None
+        self.on_write_error: Callable[[], object] | None = None
+        # a server may echo the API key in an error body: never into a row
+        self.secrets = secret_values(api_key_env=config.api_key_env)
 
     def s(self, t_ns: int) -> float:
         return (t_ns - self.t0_ns) / 1e9
@@ -217,6 +233,7 @@ class _Run:
     async def closed_loop(self, requests: Sequence[TraceRequest]) -> None:
         assert self.config.concurrency is not None
         queue = iter(enumerate(requests))  # shared by the users; next() never yields
+        await sleep_until_ns(self.t0_ns, spin_ns=self.spin_ns)  # a t0 given ahead (workers)
 
         async def user() -> None:
             for i, req in queue:
@@ -245,9 +262,12 @@ class _Run:
 
     async def execute(self, req: TraceRequest, request: object, arrival_s: float,
                       scheduled_s: float | None) -> None:
-        att = Attempt(req, arrival_s, scheduled_s, StreamParser(self.config.protocol))
+        att = Attempt(req, arrival_s, scheduled_s, StreamParser(self.config.protocol),
+                      decoder=SseDecoder(self.config.max_event_bytes))
         att.sent_ns = time.perf_counter_ns()  # until the wire knows better
         self.num_sent += 1
+        self.last_send_lag_s = self.s(att.sent_ns) - (arrival_s if scheduled_s is None
+                                                      else scheduled_s)
         try:
             try:
                 async with asyncio.timeout(self.config.timeout_s):
@@ -271,7 +291,14 @@ class _Run:
 
     def _record(self, att: Attempt) -> None:
         tl = self._timeline(att)
-        self.writer.write(tl)
+        if self.write_error is None:
+            try:
+                self.writer.write(tl)
+            except OSError as exc:  # a full disk: stop the run here, keep what was written
+                self.write_error = exc
+                self.stopped_at_s = self.s(time.perf_counter_ns())
+                if self.on_write_error is not None:
+                    self.on_write_error()
         self.timelines.append(tl)
         if self.progress is not None:
             # at most every PROGRESS_INTERVAL_NS: a progress bar redraw costs the event loop
@@ -285,8 +312,10 @@ class _Run:
         out: StreamOutcome = att.parser.outcome(eof=att.eof)
         kind = att.error_kind or out.error_kind
         message = att.error_message if att.error_kind else out.error_message
+        if message and self.secrets:
+            message = scrub_text(message, self.secrets)
         if out.usage_num_output_tokens is not None:
-            num_output, source = out.usage_num_output_tokens, "usage"
+            num_output, source = out.usage_num_output_tokens, out.count_source
         elif self.tokenizer is not None and out.text:
             num_output, source = count_output_tokens(self.tokenizer, out.text), "tokenizer"
         else:
@@ -312,6 +341,7 @@ class _Run:
             error_message=message,
             finish_reason=out.finish_reason,
             token_count_source=source,
+            num_retries=att.num_retries,
             extra=extra,
         )
 
@@ -339,22 +369,35 @@ async def replay(
     progress: Callable[[int, int], None] | None = None,
     command: Sequence[str] | None = None,
     on_t0: Callable[[int], None] | None = None,
+    run_id: str | None = None,
+    overwrite: bool = False,
+    early_stop: EarlyStop | None = None,
+    t0_ns: int | None = None,
 ) -> dict[str, Any]:
     """Replay ``trace`` against ``config.target_url``; write the run folder; return the summary.
 
     ``on_t0`` receives the run's clock origin (``perf_counter_ns`` at t0) when the run starts,
-    so a caller can put other signals (telemetry) on the same clock.
+    so a caller can put other signals (telemetry) on the same clock. ``run_id``: the folder
+    was already claimed by the caller (``run_live``); otherwise it is claimed here
+    (``harness.runfolder``; another run's folder is refused unless ``overwrite``).
+    ``t0_ns`` sets the clock origin instead of now (a ``perf_counter_ns`` instant, possibly
+    ahead: worker processes replaying parts of one trace share it). ``early_stop``: see
+    ``harness.live.early_stop``; the reason is written to summary and manifest (``stopped_early``).
 
     Cancelled (Ctrl-C), it records the requests in flight as ``not_finished``, still writes
-    the parquet files and ``summary.json`` from what was measured, then re-raises."""
+    the parquet files and ``summary.json`` from what was measured, then re-raises. Raises
+    ``RunWriteError`` when the disk refused a row (module doc)."""
     config.validate()
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if run_id is None:
+        run_id = claim_run_dir(out_dir, RunIdentity("live", trace.digest, target=config.target_url),
+                               overwrite=overwrite)
     for stale in (RECORDS_FILE, REQUESTS_FILE, CHUNKS_FILE, SUMMARY_FILE):
         (out_dir / stale).unlink(missing_ok=True)
     tokenizer = load_tokenizer(config.tokenizer_path) if config.tokenizer_path else None
     builder = PromptBuilder(config.protocol, tokenizer, seed=config.seed,
-                            block_num_tokens=config.prefix_block_num_tokens)
+                            block_num_tokens=config.prefix_block_num_tokens,
+                            salt=config.prompt_salt)
     requests = trace.requests
     bodies = _Bodies(requests, config, builder)
     prebuilt = bodies.prebuild()
@@ -368,9 +411,10 @@ async def replay(
     except BaseException:
         await wire.aclose()
         raise
-    writer = RecordWriter(out_dir / RECORDS_FILE, fsync_interval_s=config.fsync_interval_s)
+    writer = RecordWriter(out_dir / RECORDS_FILE, fsync_interval_s=config.fsync_interval_s,
+                          run_id=run_id)
     stop = asyncio.Event()
-    run = _Run(config, wire, writer, bodies, tokenizer, len(requests), progress)  # t0
+    run = _Run(config, wire, writer, bodies, tokenizer, len(requests), progress, t0_ns)  # t0
     if on_t0 is not None:
         on_t0(run.t0_ns)
     sync_task = asyncio.create_task(writer.sync_loop(stop))
@@ -379,11 +423,25 @@ async def replay(
     status = "interrupted"
     try:
         try:
-            if config.mode == "open":
-                await run.open_loop(requests)
-            else:
-                await run.closed_loop(requests)
-            status = "finished"
+            load = asyncio.create_task(run.open_loop(requests) if config.mode == "open"
+                                       else run.closed_loop(requests))
+            run.on_write_error = load.cancel
+            watch = (asyncio.create_task(watch_early_stop(run, early_stop, telemetry, load))
+                     if early_stop is not None else None)
+            try:
+                await load
+                status = "finished"
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if ((run.write_error is None and run.stop_reason is None)
+                        or (current is not None and current.cancelling())):
+                    raise
+                # the disk refused a row, or the early-stop check said so (finally records
+                # the rest)
+                status = "failed" if run.write_error is not None else "stopped"
+            finally:
+                if watch is not None:
+                    watch.cancel()
         finally:
             await run.cancel_all()
             await wire.aclose()
@@ -395,10 +453,18 @@ async def replay(
     finally:
         sync_task.cancel()
         writer.close()
-        summary = consolidate(out_dir, run.timelines, slo=config.slo,
-                               client_lag_threshold_s=config.client_lag_threshold_s)
+        summary, stopped = finish_run_folder(
+            out_dir, run.timelines, config, run_id=run_id, error=run.write_error or writer.error,
+            stopped_at_s=run.stopped_at_s, num_on_disk=writer.num_written)
+        if run.stop_reason is not None and stopped is None:
+            summary["stopped_early"] = run.stop_reason
+            with contextlib.suppress(OSError):
+                write_json_atomic(summary, out_dir / SUMMARY_FILE)
+        if stopped is not None:
+            status = "failed"
         stats = builder.stats
-        update_manifest(out_dir, {
+        update_manifest_quietly(out_dir, {
+            **(stopped or {}),
             "status": status,
             "t0_perf_counter_ns": run.t0_ns,
             "num_sent": run.num_sent,
@@ -408,7 +474,10 @@ async def replay(
             "num_prompts_inexact": stats.num_inexact,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "client_limited": summary.get("client_limited"),
+            **({"stopped_early": run.stop_reason} if run.stop_reason is not None else {}),
         })
+    if stopped is not None:
+        raise RunWriteError(stopped["error"])
     return summary
 
 
@@ -440,10 +509,11 @@ def replay_sync(
     telemetry: TelemetrySource | None = None,
     progress: Callable[[int, int], None] | None = None,
     command: Sequence[str] | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """``replay`` under ``asyncio.run``. On Ctrl-C, asyncio cancels the replay, which records
     what was in flight and writes the run folder; then KeyboardInterrupt propagates."""
     return asyncio.run(replay(trace, config, out_dir, telemetry=telemetry, progress=progress,
-                              command=command))
+                              command=command, overwrite=overwrite))
 
 

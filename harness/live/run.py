@@ -11,6 +11,11 @@
                                    ▼
               teardown: SIGTERM ─► SIGKILL the group (also on failure, Ctrl-C, SIGTERM)
 
+The run folder is claimed first (``harness.runfolder``: another run's folder is refused unless
+``overwrite``); the manifest records the server's pid and process group as soon as it starts.
+Secrets (engine environment off the allow-list, secret flag values, the API key) are redacted
+in the manifest and scrubbed from the server logs and error messages (``harness.redact``).
+
 ``--dry-run`` stops after planning: it prints the argv, the generated config file and the
 mapping, and starts nothing.
 """
@@ -18,7 +23,7 @@ mapping, and starts nothing.
 from __future__ import annotations
 
 import asyncio
-import re
+import contextlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
@@ -26,7 +31,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from adapters.base import Knobs, LaunchPlan
-from adapters.process import ServerProcess, probe_version
+from adapters.catalog import attached_manifest, replay_defaults
+from adapters.process import EngineStartError, ServerProcess, probe_version
 from harness.live.replay import ReplayConfig, replay
 from harness.live.session import engine_session, plan_for
 from harness.live.telemetry import DEFAULT_INTERVAL_S, TELEMETRY_FILE, TelemetryScraper, source_for
@@ -37,15 +43,10 @@ from harness.manifest import (
     trace_manifest,
     update_manifest,
 )
-from harness.target import RunOptions, TargetSpec
+from harness.redact import redact_env, scrub_files, scrub_text, secret_values
+from harness.runfolder import RunIdentity, claim_run_dir
+from harness.target import EarlyStop, RunOptions, TargetSpec
 from harness.traces import Trace
-
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
-
-
-def _redact(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: ("***" if _SECRET.search(k) else v) for k, v in env.items()}
-
 
 
 def _engine_manifest(plan: LaunchPlan, knobs: Knobs, trace: Trace, *, model: str,
@@ -66,13 +67,15 @@ def _engine_manifest(plan: LaunchPlan, knobs: Knobs, trace: Trace, *, model: str
         },
         "launch": {
             "argv": list(argv),
-            "env": _redact(plan.env),
+            "env": redact_env(plan.env),
             "config_files": dict(plan.config_files),
             "stop_argv": list(plan.stop_argv),
         } if plan.launch else None,
         "knobs": jsonable(knobs.as_dict()),
         "allow_approximate": allow_approximate,
         "mapping": [jsonable(asdict(m)) for m in plan.mapping],
+        # attached: no knob reached the server; each is as stated, reported or "unknown"
+        **({} if plan.launch else attached_manifest(knobs)),
         "trace": trace_manifest(trace),
         "model": model,
         "gpu": gpu,
@@ -108,7 +111,7 @@ def run_live(
     """
     plan = plan_for(spec)
     model = spec.model
-    replay_kwargs = dict(options.replay)
+    replay_kwargs = {**replay_defaults(plan.engine), **options.replay}  # the engine's, then ours
     tokenizer = _default_tokenizer(model, replay_kwargs)
     # TGI is replayed through its native /generate_stream; other engines speak OpenAI, over
     # completions unless chat was asked for.
@@ -132,7 +135,10 @@ def run_live(
     config.validate()
 
     out_path = Path(out_dir)
-    out_path.mkdir(parents=True, exist_ok=True)
+    run_id = claim_run_dir(out_path, RunIdentity(
+        "live", trace.digest, engine=plan.engine,
+        target=None if plan.launch else plan.base_url), overwrite=options.overwrite)
+    secrets = secret_values(env=plan.env, argv=plan.argv, api_key_env=config.api_key_env)
     (out_path / TELEMETRY_FILE).unlink(missing_ok=True)
     for name, content in plan.config_files.items():
         (out_path / name).write_text(content)
@@ -143,16 +149,23 @@ def run_live(
     ))
     scraper = TelemetryScraper(
         source_for(plan.telemetry, plan.base_url), out_path / TELEMETRY_FILE,
-        interval_s=spec.telemetry_interval_s or DEFAULT_INTERVAL_S,
+        interval_s=spec.telemetry_interval_s or DEFAULT_INTERVAL_S, run_id=run_id,
     )
     engine: dict[str, Any] = {}
     started: list[ServerProcess] = []
+
+    def on_start(server: ServerProcess) -> None:
+        started.append(server)
+        engine.update(pid=server.pid, pgid=server.pgid)
+        update_manifest(out_path, {"engine": _merged_engine(out_path, engine)})
+
     try:
-        with engine_session(spec, out_path, plan=plan, on_start=started.append) as session:
+        with engine_session(spec, out_path, plan=plan, on_start=on_start) as session:
             engine["ready_s"] = round(session.ready_s, 3)
             summary = asyncio.run(_replay_on(
                 plan, trace, config, out_path, scraper, engine, progress=options.progress,
-                command=options.command,
+                command=options.command, run_id=run_id, early_stop=options.early_stop,
+                knobs=spec.knobs,
             ))
             died = session.server.poll() if session.server is not None else None
             if died is not None:
@@ -162,14 +175,18 @@ def run_live(
     except BaseException as exc:
         interrupted = isinstance(exc, KeyboardInterrupt | SystemExit | asyncio.CancelledError)
         engine["status"] = "interrupted" if interrupted else "failed"
-        engine["error"] = f"{type(exc).__name__}: {exc}"
+        engine["error"] = scrub_text(f"{type(exc).__name__}: {exc}", secrets)
+        if isinstance(exc, EngineStartError) and secrets:  # it quotes argv and the log tail
+            raise EngineStartError(scrub_text(str(exc), secrets)) from None
         raise
     finally:
         for server in started:
             exit_info = server.stop()  # already stopped by the session: its recorded exit
             engine["exit"] = asdict(exit_info) if exit_info else None
             engine["logs"] = [server.stdout_path.name, server.stderr_path.name]
-        _finish_manifest(out_path, engine, scraper)
+        with contextlib.suppress(OSError):  # a full disk must not hide the run's outcome
+            _finish_manifest(out_path, engine, scraper)
+        scrub_files(out_path, secrets)  # server logs may print their argv or environment
 
 
 async def _replay_on(
@@ -182,14 +199,20 @@ async def _replay_on(
     *,
     progress: Callable[[int, int], None] | None,
     command: Sequence[str] | None,
+    run_id: str,
+    early_stop: EarlyStop | None = None,
+    knobs: Knobs | None = None,
 ) -> dict[str, Any]:
     engine["version_probe"] = await probe_version(plan.base_url, plan.version_paths)
     engine["version"] = engine["version_probe"].get("version")
+    if not plan.launch and knobs is not None:  # what the server says about itself
+        update_manifest(out_dir, attached_manifest(knobs, engine["version_probe"].get("body")))
     engine["status"] = "running"
     update_manifest(out_dir, {"engine": _merged_engine(out_dir, engine)})
     origin: list[int] = []
     summary = await replay(trace, config, out_dir, telemetry=scraper, progress=progress,
-                           command=command, on_t0=origin.append)
+                           command=command, on_t0=origin.append, run_id=run_id,
+                           early_stop=early_stop)
     if origin:
         _align_telemetry(out_dir, scraper, origin[0])
     return summary

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,8 @@ from harness.live.protocols import (
     PRIORITY_FIELD,
     ProtocolName,
 )
-from harness.live.recorder import RECORDS_FILE, read_records
-from harness.manifest import run_fields, trace_manifest
+from harness.live.recorder import RECORDS_FILE, read_records, records_run_id
+from harness.manifest import run_fields, trace_manifest, update_manifest
 from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo, summarize
 from harness.results import (
     REQUESTS_FILE,
@@ -32,6 +33,8 @@ from harness.results import (
 )
 from harness.timeline import RequestTimeline
 from harness.traces import Trace
+
+log = logging.getLogger(__name__)
 
 
 def priority_note(trace: Trace, protocol: ProtocolName) -> str:
@@ -64,14 +67,57 @@ def replay_manifest(trace: Trace, config: ReplayConfig, builder: PromptBuilder,
 
 
 def consolidate(out_dir: Path, timelines: Sequence[RequestTimeline], *, slo: Slo | None,
-                 client_lag_threshold_s: float) -> dict[str, Any]:
+                 client_lag_threshold_s: float, run_id: str | None = None) -> dict[str, Any]:
+    """Write the parquet files and ``summary.json`` (all stamped with ``run_id``)."""
     ordered = sorted(timelines, key=lambda tl: tl.arrival_s)
-    write_timelines(out_dir, ordered, live=True)
     summary = summarize(ordered, slo=slo, client_lag_threshold_s=client_lag_threshold_s)
+    if run_id is not None:
+        summary["run_id"] = run_id
+    write_timelines(out_dir, ordered, live=True, run_id=run_id)
     write_json_atomic(summary, out_dir / SUMMARY_FILE)
     return summary
 
 
+
+
+def finish_run_folder(out_dir: Path, timelines: Sequence[RequestTimeline], config: ReplayConfig,
+                      *, run_id: str, error: OSError | None, stopped_at_s: float | None,
+                      num_on_disk: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Consolidate the run folder. After a write the disk refused (``error``, or one here),
+    also what the manifest records of where the run stopped; the summary is then computed
+    in memory if even it cannot be written."""
+    try:
+        summary = consolidate(out_dir, timelines, slo=config.slo,
+                              client_lag_threshold_s=config.client_lag_threshold_s,
+                              run_id=run_id)
+    except OSError as exc:
+        error = error or exc
+        summary = summarize(timelines, slo=config.slo,
+                            client_lag_threshold_s=config.client_lag_threshold_s)
+        summary["run_id"] = run_id
+    if error is None:
+        return summary, None
+    where = getattr(error, "filename", None) or str(out_dir / RECORDS_FILE)
+    at = "" if stopped_at_s is None else f" at t={stopped_at_s:.2f} s"
+    reason = (f"{where}: {error.strerror or error}: the run stopped{at} with {num_on_disk} of "
+              f"{len(timelines)} requests written to {RECORDS_FILE}; those rows are on disk "
+              "(summary and manifest.json say where it stopped)")
+    stopped = {"error": reason, "stopped_at": {
+        "t_s": stopped_at_s, "num_recorded_on_disk": num_on_disk,
+        "num_recorded": len(timelines), "file": where}}
+    summary["stopped_early"] = reason
+    with contextlib.suppress(OSError):
+        write_json_atomic(summary, out_dir / SUMMARY_FILE)
+    return summary, stopped
+
+
+def update_manifest_quietly(out_dir: Path, fields: dict[str, Any]) -> None:
+    """The manifest's last word; on a full disk it may not fit, which must not hide the
+    run's own error."""
+    try:
+        update_manifest(out_dir, fields)
+    except OSError:
+        log.warning("%s: could not update manifest.json (disk full?)", out_dir)
 
 
 def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
@@ -79,7 +125,9 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     from its ``records.jsonl`` (after a crash), or re-summarise its parquet files.
 
     ``slo`` defaults to the one in the folder's manifest. Keys of an existing summary that
-    ``summarize`` does not produce (e.g. a simulation's step count) are kept."""
+    ``summarize`` does not produce (e.g. a simulation's step count) are kept. A
+    ``records.jsonl`` is used only when it belongs to the folder's run (a live run whose
+    ``run_id`` its header names); otherwise the parquet files are the run's record."""
     out_dir = Path(out_dir)
     manifest: dict[str, Any] = {}
     with contextlib.suppress(ValueError, OSError):
@@ -88,14 +136,17 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
         slo = Slo(**manifest["slo"])
     threshold = float(manifest.get("client_lag_threshold_s") or DEFAULT_CLIENT_LAG_THRESHOLD_S)
     records = out_dir / RECORDS_FILE
-    if records.exists():
+    run_id = manifest.get("run_id") if isinstance(manifest.get("run_id"), str) else None
+    if records.exists() and _records_belong(records, manifest, run_id):
         timelines = sorted(read_records(records), key=lambda tl: tl.arrival_s)
-        write_timelines(out_dir, timelines, live=True)
+        write_timelines(out_dir, timelines, live=True, run_id=run_id)
     elif (out_dir / REQUESTS_FILE).exists():
         timelines = read_timelines(out_dir)
     else:
         raise ValueError(f"{out_dir}: no {RECORDS_FILE} or {REQUESTS_FILE} to summarise")
     summary = summarize(timelines, slo=slo, client_lag_threshold_s=threshold)
+    if run_id is not None:
+        summary["run_id"] = run_id
     old_path = out_dir / SUMMARY_FILE
     if old_path.exists():
         with contextlib.suppress(ValueError, OSError):
@@ -107,3 +158,12 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
                     summary[key] = value
     write_json_atomic(summary, old_path)
     return summary
+
+
+def _records_belong(records: Path, manifest: dict[str, Any], run_id: str | None) -> bool:
+    """Whether ``records.jsonl`` is this folder's run's (not left by an earlier run)."""
+    if manifest.get("kind") == "simulated":
+        return False  # a simulation writes no records.jsonl
+    if run_id is None:
+        return True  # a folder from before run ids: its records are all there is
+    return records_run_id(records) == run_id

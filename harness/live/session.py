@@ -4,6 +4,10 @@
         session.plan.base_url ...                        # replay, calibrate, validate
     # SIGTERM, then SIGKILL, of the server's process group, however the block ends
 
+A launch refuses a port something already listens on, and the ready answer must come from the
+launched process group (``adapters.process.ServerProcess``): batchlab never measures a server
+it did not start while believing it did.
+
 Used by ``run_live`` (one replay), ``calibrate`` and ``validate`` (several replays).
 """
 
@@ -14,10 +18,12 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from adapters.base import KnobError, LaunchPlan
 from adapters.catalog import ENGINES, make_adapter
 from adapters.process import ServerProcess, terminate_on_signals, wait_healthy
+from harness.redact import scrub_files, secret_values
 from harness.target import TargetSpec
 
 DEFAULT_READY_TIMEOUT_S = 900.0  # vLLM takes 60-110 s on 2 CPU cores; big models far longer
@@ -54,14 +60,31 @@ def engine_session(spec: TargetSpec, log_dir: Path, *, plan: LaunchPlan | None =
         return
     log_dir.mkdir(parents=True, exist_ok=True)
     server = ServerProcess(plan.resolved_argv(str(log_dir.resolve())), log_dir=log_dir,
-                           name=f"{plan.engine}-server", env=plan.env, stop_argv=plan.stop_argv)
-    with terminate_on_signals(), server:
-        server.start()
-        if on_start is not None:
-            on_start(server)
-        ready_s = asyncio.run(server.wait_ready(
-            health, timeout_s=spec.ready_timeout_s or DEFAULT_READY_TIMEOUT_S))
-        yield EngineSession(plan, server, ready_s)
+                           name=f"{plan.engine}-server", env=plan.env, stop_argv=plan.stop_argv,
+                           listen=_listen_address(plan.base_url),
+                           check_listener=not plan.stop_argv)
+    version_url = plan.base_url + plan.version_paths[0] if plan.version_paths else None
+    try:
+        with terminate_on_signals(), server:
+            server.start()
+            if on_start is not None:
+                on_start(server)
+            ready_s = asyncio.run(server.wait_ready(
+                health, timeout_s=spec.ready_timeout_s or DEFAULT_READY_TIMEOUT_S,
+                version_url=version_url))
+            yield EngineSession(plan, server, ready_s)
+    finally:  # the server is gone: its logs may have printed its argv or environment
+        scrub_files(log_dir, secret_values(env=plan.env, argv=plan.argv))
+
+
+def _listen_address(base_url: str) -> tuple[str, int] | None:
+    """(host, port) a launched server's base URL says it listens on."""
+    parts = urlsplit(base_url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    return (parts.hostname or "127.0.0.1", port)
 
 
 def plan_for(spec: TargetSpec) -> LaunchPlan:

@@ -12,6 +12,18 @@ waits on one future for the whole exchange.
 What it does not do, because no serving engine needs it: redirects, cookies, proxies,
 compression (it asks for ``identity``), HTTP/2, pipelining. HTTPS works through asyncio's TLS.
 
+- A send on a reused connection that closes before any response byte is sent again once on a
+  fresh connection (``Exchange.num_retries``), as HTTP clients do for idempotent requests: a
+  server may close a keep-alive connection as the next request goes out (llama.cpp's server
+  announces keep-alive, then closes after every streamed reply).
+- Every read is acknowledged at once (``TCP_QUICKACK``). A server with Nagle's algorithm on
+  holds its first SSE event until the response headers sent before it are acknowledged, which
+  Linux delays up to 40 ms on a reused connection, and bunches later events the same way.
+  uvicorn on the standard asyncio loop, serving a socket made with ``proto`` 0, is such a
+  server: asyncio sets ``TCP_NODELAY`` only where ``proto`` is ``IPPROTO_TCP``
+  (``_set_nodelay`` in CPython 3.11's ``asyncio/base_events.py``); uvloop sets it on every
+  connection (``uvloop/handles/tcp.pyx``). ``bench/ttft_side_by_side.py`` measures it.
+
 Timing, same clock as the rest (``time.perf_counter_ns``):
 
     sent_ns   the start of the TCP connect when the request opens a connection, else the
@@ -26,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import time
 from collections import deque
@@ -38,7 +51,10 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_ERROR_BODY_BYTES = 300  # kept of a non-2xx response, for its error message
 TAIL_TIMEOUT_S = 0.5  # after a stream's end event, how long the body's end may take
 
-End = Literal["stopped", "complete", "cut", "connect_error", "protocol_error"]
+End = Literal["stopped", "complete", "cut", "connect_error", "protocol_error",
+              "not_event_stream"]
+# Linux only: acknowledge received data at once instead of delaying the ACK (see above).
+_QUICKACK: int = getattr(socket, "TCP_QUICKACK", 0)  # 0: not on this platform
 
 
 class BodySink(Protocol):
@@ -60,20 +76,27 @@ class Exchange:
     sent_ns: int
     end_ns: int  # when the end was seen
     status: int | None = None
-    error_body: bytes = b""  # the first bytes of a non-2xx body
+    # the first bytes of a non-2xx body, or of a 2xx body that is not an event stream
+    error_body: bytes = b""
     message: str = ""
+    content_type: str = ""  # of the response ("" when it had none)
+    num_retries: int = 0  # sent again on a fresh connection (see the module docstring)
 
 
 class _Pending:
     """The exchange a connection is carrying (mutable; private)."""
 
-    __slots__ = ("error_body", "future", "sink", "status", "stopped")
+    __slots__ = ("content_type", "error_body", "event_stream", "future", "got_bytes", "sink",
+                 "status", "stopped")
 
     def __init__(self, sink: BodySink, future: asyncio.Future[tuple[End, int, str]]) -> None:
         self.sink = sink
         self.future = future
         self.status: int | None = None
+        self.content_type = ""
+        self.event_stream = True  # no Content-Type, or text/event-stream
         self.stopped = False
+        self.got_bytes = False  # any byte of the response arrived
         self.error_body = bytearray()
 
     def resolve(self, end: End, t_ns: int, message: str = "") -> None:
@@ -105,19 +128,29 @@ class _Connection(asyncio.Protocol):
         self._state = "idle"
         self._remaining = 0
         self._pending: _Pending | None = None
+        self._sock: socket.socket | None = None  # for TCP_QUICKACK, where there is one
+        self.num_exchanges = 0  # started on this connection
 
     # -- asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if _QUICKACK and sock is not None and sock.family in (
+                socket.AF_INET, socket.AF_INET6):
+            self._sock = sock
 
     def data_received(self, data: bytes) -> None:
         t_ns = time.perf_counter_ns()
+        if self._sock is not None:  # the ACK now: see the module docstring
+            with contextlib.suppress(OSError):
+                self._sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
         if self._pending is None:  # bytes nobody asked for: the connection is unusable
             self.reusable = False
             self._close()
             return
+        self._pending.got_bytes = True
         self._buf += data
         try:
             self._parse(t_ns)
@@ -135,6 +168,10 @@ class _Connection(asyncio.Protocol):
 
     def start(self, request: bytes, pending: _Pending) -> None:
         assert self.transport is not None and self._state == "idle"
+        self.num_exchanges += 1
+        if not self.alive:  # closed by the server since it was opened: nothing will come
+            pending.resolve("cut", time.perf_counter_ns(), "connection closed before the send")
+            return
         self._pending = pending
         self._state = "head"
         self._buf.clear()
@@ -223,7 +260,7 @@ class _Connection(asyncio.Protocol):
                 self.reusable = False
             self._state = "idle"
             self._pending = None
-            pending.resolve("stopped" if pending.stopped else "complete", t_ns)
+            pending.resolve(_end_of(pending), t_ns)
             if not self.reusable:
                 self._close()
             if self.awaiting_tail:
@@ -247,6 +284,9 @@ class _Connection(asyncio.Protocol):
             if sep:
                 headers[name.strip().lower()] = value.strip()
         pending.status = status
+        content_type = headers.get(b"content-type", b"").decode("latin-1")
+        pending.content_type = content_type
+        pending.event_stream = is_event_stream(content_type)
         if headers.get(b"connection", b"").lower() == b"close" or parts[0] == b"HTTP/1.0":
             self.reusable = False
         if status in (204, 304):
@@ -265,10 +305,13 @@ class _Connection(asyncio.Protocol):
 
     def _deliver(self, pending: _Pending, data: bytes, t_ns: int) -> None:
         status = pending.status or 0
-        if not 200 <= status < 300:
+        if not 200 <= status < 300 or not pending.event_stream:
             room = MAX_ERROR_BODY_BYTES - len(pending.error_body)
             if room > 0:
                 pending.error_body += data[:room]
+            if not pending.event_stream and len(pending.error_body) >= MAX_ERROR_BODY_BYTES:
+                # seen enough of a body that is not an event stream; drop the rest
+                self._fail("not_event_stream", t_ns, "")
             return
         if pending.stopped:
             return  # read on to the body's end, for the connection's sake
@@ -288,7 +331,7 @@ class _Connection(asyncio.Protocol):
         if self._state == "until_close":
             self._state = "idle"
             self._pending = None
-            pending.resolve("stopped" if pending.stopped else "complete", t_ns)
+            pending.resolve(_end_of(pending), t_ns)
             return
         self._pending = None
         self._state = "idle"
@@ -308,6 +351,20 @@ class _Connection(asyncio.Protocol):
     def _close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+
+def is_event_stream(content_type: str) -> bool:
+    """Whether a response's Content-Type allows an SSE body (a missing one does)."""
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return not media_type or media_type == "text/event-stream"
+
+
+def _end_of(pending: _Pending) -> End:
+    """How an exchange whose body ended went."""
+    if pending.stopped:
+        return "stopped"
+    ok = pending.status is not None and 200 <= pending.status < 300
+    return "not_event_stream" if ok and not pending.event_stream else "complete"
 
 
 class SseClient:
@@ -354,35 +411,53 @@ class SseClient:
         return head.encode("latin-1") + body
 
     async def exchange(self, request: bytes, sink: BodySink) -> Exchange:
-        """Send ``request`` (from ``encode_request``); feed a 2xx body to ``sink``; report."""
-        loop = asyncio.get_running_loop()
+        """Send ``request`` (from ``encode_request``); feed a 2xx body to ``sink``; report.
+
+        A send on a reused connection that closes before any response byte is repeated once
+        on a fresh connection; ``sent_ns`` stays the first send's instant."""
         conn = await self._checkout()
         sent_ns = 0
-        if conn is None:
-            sent_ns = time.perf_counter_ns()
-            sink.on_sent(sent_ns)
+        num_retries = 0
+        while True:
+            if conn is None:
+                if not sent_ns:
+                    sent_ns = time.perf_counter_ns()
+                    sink.on_sent(sent_ns)
+                try:
+                    conn = await self._connect()
+                except (OSError, TimeoutError, ssl.SSLError) as exc:
+                    self._wake()
+                    return Exchange("connect_error", sent_ns, time.perf_counter_ns(),
+                                    message=f"{type(exc).__name__}: {exc}",
+                                    num_retries=num_retries)
+                except BaseException:  # cancelled: the place it held goes to a waiter
+                    self._wake()
+                    raise
+            reused = conn.num_exchanges > 0
+            future: asyncio.Future[tuple[End, int, str]] = (
+                asyncio.get_running_loop().create_future())
+            pending = _Pending(sink, future)
+            if not sent_ns:
+                sent_ns = time.perf_counter_ns()
+                sink.on_sent(sent_ns)
+            finished = False
             try:
-                conn = await self._connect()
-            except (OSError, TimeoutError, ssl.SSLError) as exc:
-                self._wake()
-                return Exchange("connect_error", sent_ns, time.perf_counter_ns(),
-                                message=f"{type(exc).__name__}: {exc}")
-        future: asyncio.Future[tuple[End, int, str]] = loop.create_future()
-        pending = _Pending(sink, future)
-        if not sent_ns:
-            sent_ns = time.perf_counter_ns()
-        sink.on_sent(sent_ns)
-        finished = False
-        try:
-            conn.start(request, pending)
-            end, end_ns, message = await future
-            finished = True
-        finally:
-            if not finished:
-                conn.abandon()
+                conn.start(request, pending)
+                end, end_ns, message = await future
+                finished = True
+            finally:
+                if not finished:
+                    conn.abandon()
+                    self._release(conn)
+            if end == "cut" and reused and not pending.got_bytes and not num_retries:
+                num_retries += 1
+                self._drop(conn)  # (no _wake: the retry keeps its place under the cap)
+                conn = None
+                continue
             self._release(conn)
-        return Exchange(end, sent_ns, end_ns, status=pending.status,
-                        error_body=bytes(pending.error_body), message=message)
+            return Exchange(end, sent_ns, end_ns, status=pending.status,
+                            error_body=bytes(pending.error_body), message=message,
+                            content_type=pending.content_type, num_retries=num_retries)
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -454,7 +529,6 @@ class SseClient:
         self._open.discard(conn)
         if conn.transport is not None and not conn.transport.is_closing():
             conn.transport.close()
-
     def _wake(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()

@@ -337,6 +337,7 @@ class TelemetryScraper:
     clock_ns: Callable[[], int] = time.perf_counter_ns
     origin_ns: int | None = None  # t_s = 0; default: when run() starts
     rows: list[dict[str, Any]] = field(default_factory=list)
+    run_id: str | None = None  # the run folder's, stamped into the parquet file's metadata
 
     async def scrape_once(self) -> dict[str, Any]:
         reading = await self.source.read()
@@ -377,7 +378,7 @@ class TelemetryScraper:
         return telemetry_table(self.rows)
 
     def write(self, path: Path) -> None:
-        write_parquet_atomic(self.table(), Path(path))
+        write_parquet_atomic(self.table(), Path(path), run_id=self.run_id)
 
     def missing_signals(self) -> list[str]:
         """Signals missing from every successful scrape (what the engine does not export)."""

@@ -15,6 +15,8 @@ Faults, per request id (the ``X-Request-Id`` header) or for every request::
     malformed       send a chunk that is not JSON
     error_event     an error event inside the 200 stream (each protocol's shape)
     overload_event  TGI's overload answer: HTTP 200 and an ``overloaded`` error event
+    giant_event     one event of ``giant_event_bytes`` (16 MiB) after ``fault_after_tokens``
+    not_sse         HTTP 200 with a JSON body (Content-Type application/json), not a stream
     429 / 500 / 503 answer with that status and a JSON error body
 
 ``python -m harness.live.testing --port 0`` runs it standalone and prints its URL.
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FAULTS = ("kill", "close", "hang", "malformed", "error_event", "overload_event",
-          "429", "500", "503")
+          "giant_event", "not_sse", "429", "500", "503")
 STREAM_PATHS = {"/v1/completions": "openai", "/v1/chat/completions": "openai-chat",
                 "/generate_stream": "tgi"}
 
@@ -71,6 +73,7 @@ class ScheduledStreamServer:
         keep_bodies: bool = False,
         log_events: bool = False,
         send_usage: bool = True,
+        giant_event_bytes: int = 16 << 20,
     ) -> None:
         for fault in [*(faults or {}).values(), default_fault]:
             if fault is not None and fault not in FAULTS:
@@ -89,6 +92,7 @@ class ScheduledStreamServer:
         self.keep_bodies = keep_bodies
         self.log_events = log_events
         self.send_usage = send_usage  # False: a server that ignores stream_options / details
+        self.giant_event_bytes = giant_event_bytes
         self.stats = ServerStats()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -191,6 +195,9 @@ class ScheduledStreamServer:
             assert fault is not None
             message = json.dumps({"error": {"message": f"injected {fault}", "code": int(fault)}})
             return await _respond(writer, int(fault), message.encode())
+        if fault == "not_sse":  # as a server that ignores "stream": true would answer
+            return await _respond(writer, 200, json.dumps({"id": rid, "choices": [
+                {"index": 0, "text": " tok", "finish_reason": "length"}]}).encode())
         self.stats.num_active += 1
         self.stats.max_active = max(self.stats.max_active, self.stats.num_active)
         try:
@@ -305,6 +312,12 @@ class ScheduledStreamServer:
         if fault == "malformed":
             prefix = b"data:" if protocol == "tgi" else b"data: "
             _write_chunk(writer, prefix + b'{"choices": [{"text": " to\n\n')
+            await writer.drain()
+            return _end(writer)
+        if fault == "giant_event":
+            padding = b"x" * self.giant_event_bytes
+            _write_chunk(writer, b'data: {"choices": [{"index": 0, "text": "' + padding
+                         + b'"}]}\n\n')
             await writer.drain()
             return _end(writer)
         if fault == "error_event":

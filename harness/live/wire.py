@@ -25,7 +25,7 @@ from harness.live.protocols import (
     StreamParser,
     error_kind_for_status,
 )
-from harness.live.sse_client import SseClient
+from harness.live.sse_client import SseClient, is_event_stream
 from harness.manifest import batchlab_version
 from harness.traces import TraceRequest
 
@@ -45,6 +45,7 @@ class Attempt:
     error_message: str = ""
     http_status: int | None = None
     decoder: SseDecoder = field(default_factory=SseDecoder)
+    num_retries: int = 0  # sent again on a fresh connection (a reused one closed first)
 
     # -- as the lean client's BodySink (harness.live.sse_client)
 
@@ -57,6 +58,10 @@ class Attempt:
             if self.parser.on_event(event, t_ns):
                 self.end_ns = t_ns
                 return True
+        if self.decoder.error is not None:  # an event over the size cap
+            self.parser.protocol_error(self.decoder.error)
+            self.end_ns = t_ns
+            return True
         return False
 
     def fail(self, kind: str, message: str) -> None:
@@ -104,15 +109,19 @@ class LeanWire:
         ex = await self._client.exchange(prepared, att)
         att.sent_ns = ex.sent_ns
         att.http_status = ex.status
+        att.num_retries = ex.num_retries
         if ex.end == "connect_error":
             att.fail("connect_error", ex.message)
         elif ex.status is not None and not 200 <= ex.status < 300:
             att.fail(error_kind_for_status(ex.status), f"HTTP {ex.status}: "
                      + ex.error_body.decode("utf-8", errors="replace"))
+        elif ex.end == "not_event_stream":
+            att.fail("protocol_error", not_event_stream_message(ex.status, ex.content_type,
+                                                                ex.error_body))
         elif ex.end == "cut":
             att.fail("stream_cut", ex.message)
         elif ex.end == "protocol_error":
-            att.fail("http_error", f"malformed HTTP response: {ex.message}")
+            att.fail("protocol_error", f"malformed HTTP response: {ex.message}")
         elif ex.end == "complete":  # the body ended without the sink seeing the stream's end
             att.eof = True
             att.end_ns = ex.end_ns
@@ -157,9 +166,15 @@ class HttpxWire:
         token = WIRE_MARKS.set(marks)
         try:
             await self._exchange(att, prepared, marks)
+        except httpx.RemoteProtocolError as exc:
+            # h11 says so both for a connection closed early ("Server disconnected ...",
+            # "peer closed connection ...") and for framing it cannot parse
+            text = str(exc).lower()
+            cut = "disconnect" in text or "closed" in text
+            att.fail("stream_cut" if cut else "protocol_error", f"{type(exc).__name__}: {exc}")
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             att.fail("connect_error", f"{type(exc).__name__}: {exc}")
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        except (httpx.ReadError, httpx.WriteError) as exc:
             att.fail("stream_cut", f"{type(exc).__name__}: {exc}")
         except httpx.TimeoutException as exc:
             att.fail("timeout", f"{type(exc).__name__}: {exc}")
@@ -168,6 +183,7 @@ class HttpxWire:
         finally:
             if marks.sent_ns:
                 att.sent_ns = marks.sent_ns
+            att.num_retries = marks.num_retries
             WIRE_MARKS.reset(token)
 
     async def _exchange(self, att: Attempt, request: httpx.Request, marks: WireMarks) -> None:
@@ -178,6 +194,16 @@ class HttpxWire:
                 text = (await response.aread())[:300].decode("utf-8", errors="replace")
                 att.fail(error_kind_for_status(response.status_code),
                          f"HTTP {response.status_code}: {text}")
+                return
+            content_type = response.headers.get("content-type", "")
+            if not is_event_stream(content_type):
+                head = b""
+                async for data in response.aiter_raw():
+                    head += data
+                    if len(head) >= 300:
+                        break
+                att.fail("protocol_error", not_event_stream_message(
+                    response.status_code, content_type, head))
                 return
             chunks = response.aiter_raw()  # identity encoding was asked for; skip decoders
             async for data in chunks:
@@ -203,6 +229,11 @@ class HttpxWire:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def not_event_stream_message(status: int | None, content_type: str, head: bytes) -> str:
+    text = head[:300].decode("utf-8", errors="replace")
+    return f"HTTP {status} with Content-Type {content_type!r}, not an event stream: {text}"
 
 
 def request_headers(config: ReplayConfig) -> dict[str, str]:

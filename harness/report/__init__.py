@@ -11,13 +11,17 @@ Layout of a report::
     ## Key findings                 generated sentences, largest differences first
     ## Cells                        knobs per cell, mapped engine flags, approximations
     ## Latency / Throughput / ...   one table per metric family, deltas against the baseline
+    ## Throughput–latency curves    each setting across its load points (curves.py)
+    ## Capacity at SLO              per setting: from search.json, else interpolated
+    ## Batch size                   a max_num_seqs sweep measured, the turn marked
     ## Per priority class           when classes exist
     ## Prediction fidelity          live cells against a simulated cell of the same trace
     ## Plots                        latency CDFs, engine state, throughput, batch-size sweep
     ## Reproduce                    the command, and a link to the metric definitions
 
-``runs`` reads the folders into ``CellResult`` records; ``sections`` writes the header and the
-tables, ``findings`` the key findings, ``fidelity`` the prediction fidelity, ``plots`` the
+``runs`` reads the folders into ``CellResult`` records (``curves`` the load curves, capacity
+searches and batch-size rows); ``sections`` writes the header and the tables, ``findings`` the
+key findings, ``fidelity`` the prediction fidelity, ``plots`` the
 figures, all spelled by ``format``; ``render`` puts them together. The text depends only on the
 results on disk (no clock, no host), so the same results give the same markdown: the golden
 tests rely on it.

@@ -7,12 +7,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from harness.report.context import ReportContext, class_name, priority_sort_key
+from harness.report.curves import MIN_SWEEP_CAPS, batch_rows
 from harness.report.format import (
     code,
+    fmt_int,
     fmt_number,
     fmt_pct,
     fmt_ratio,
     fmt_seconds,
+    load_text,
     missing,
     short,
 )
@@ -22,6 +25,7 @@ from harness.report.runs import (
     client_limited,
     get,
     knob,
+    series_key,
     sweep_cells,
     varying_knobs,
 )
@@ -57,7 +61,9 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
             leaders = _leaders(ok)
             if leaders:
                 out.append(leaders)
-        out += _batch_size_findings(ok, ctx.slo)
+        batch = _batch_size_findings(ok, ctx.slo)
+        out += batch
+        out += tuning_findings(ok, ctx.slo, latency_stated=bool(batch))
         out += _priority_findings(ok, base, ctx)
     preemption = _preemption_finding(ok, preempted) if len(ok) > 1 else ""
     if preemption:
@@ -205,6 +211,8 @@ def _batch_size_findings(cells: Sequence[CellResult], slo: Mapping[str, float] |
     varying = varying_knobs(sweep)
     if set(varying) - {"max_num_seqs"}:
         return []  # more than one dimension: the tables and plot say it better
+    if len({load_text(c.cell.get("load") or {}) for c in sweep}) > 1:
+        return []  # several loads: ``tuning_findings`` compares caps at each load
     pts = sorted(sweep, key=lambda c: int(knob(c, "max_num_seqs")))
     lo, hi = pts[0], pts[-1]
     out = []
@@ -284,3 +292,108 @@ def _preemption_finding(cells: Sequence[CellResult], counts: Mapping[str, int | 
         parts.append(text)
     return "Preemptions: " + ", ".join(parts) + "."
 
+
+
+# ---------------------------------------------------------------- tuning advice, computed
+
+
+def tuning_findings(cells: Sequence[CellResult], slo: Mapping[str, float] | None, *,
+                    latency_stated: bool = False) -> list[str]:
+    """The seed's three tuning guidelines, as sentences with this run's numbers, each naming
+    the cells it comes from: latency-sensitive (the largest cap whose TPOT p90 meets the SLO;
+    ``latency_stated`` when the batch-size findings already said it), throughput-first (the
+    cap from which KV memory, not the cap, bounds the batch) and mixed traffic (the
+    max_num_seqs / max_num_batched_tokens pair with the best goodput)."""
+    out: list[str] = []
+    sweep = sweep_cells(cells)
+    groups: dict[str, list[CellResult]] = {}
+    varying = varying_knobs(sweep)
+    for c in sweep:
+        groups.setdefault(series_key(c, varying), []).append(c)
+    tpot_slo = (slo or {}).get("tpot_s")
+    for name, group in groups.items():
+        if len({knob(c, "max_num_seqs") for c in group}) < MIN_SWEEP_CAPS:
+            continue
+        series = f" ({name})" if len(groups) > 1 else ""
+        if tpot_slo and not latency_stated:
+            out.append(_latency_sensitive(group, tpot_slo, series))
+        text = _throughput_first(group, series)
+        if text:
+            out.append(text)
+    out += _mixed_finding(cells)
+    return out
+
+
+def _latency_sensitive(group: Sequence[CellResult], tpot_slo: float, where: str) -> str:
+    meeting = [c for c in group if not missing(get(c.summary, "tpot_s.p90"))
+               and get(c.summary, "tpot_s.p90") <= tpot_slo]
+    if not meeting:
+        return (f"Latency-sensitive{where}: no max_num_seqs tried kept TPOT p90 within the "
+                f"{fmt_seconds(tpot_slo)} TPOT SLO.")
+    best = max(meeting, key=lambda c: int(knob(c, "max_num_seqs")))
+    return (f"Latency-sensitive{where}: the largest max_num_seqs whose TPOT p90 meets the "
+            f"{fmt_seconds(tpot_slo)} TPOT SLO is {knob(best, 'max_num_seqs')} "
+            f"({code(best.name)}: TPOT p90 {fmt_seconds(get(best.summary, 'tpot_s.p90'))}).")
+
+
+def _throughput_first(group: Sequence[CellResult], where: str) -> str:
+    rows = batch_rows(group)
+    if all(r.use is None for r in rows):
+        return ""
+    first_kv = next((i for i, r in enumerate(rows) if r.limit == "kv"), None)
+    if first_kv is None:
+        top = rows[-1]
+        peak = "–" if top.use is None else fmt_pct(top.use.kv_peak)
+        bound = {"cap": "the cap did", "load": "the load did (too few requests to fill it)",
+                 "budget": "the per-step token budget did (requests waited with room in the "
+                           "batch: max_num_batched_tokens admits prefills only so fast)"}
+        return (f"Throughput-first{where}: KV memory never bounded the running batch up to "
+                f"max_num_seqs {top.cap} ({code(top.cell.name)}: KV use peaked at {peak}, "
+                f"{fmt_int(get(top.cell.summary, 'num_preemptions'))} preemptions); "
+                f"{bound.get(top.limit, 'nothing measured did')}.")
+    r = rows[first_kv]
+    use = r.use
+    assert use is not None
+    evidence = [f"its running batch peaked at {use.running_peak:.0f} of {r.cap}"]
+    if use.kv_peak is not None:
+        evidence.append(f"KV use reached {fmt_pct(use.kv_peak)}")
+    n_pre = get(r.cell.summary, "num_preemptions") or 0
+    if n_pre:
+        evidence.append(f"{n_pre:,} preemptions")
+    text = (f"Throughput-first{where}: from max_num_seqs {r.cap} ({code(r.cell.name)}) KV "
+            f"memory, not the cap, is the limit: " + ", ".join(evidence))
+    below = [x for x in rows[:first_kv] if x.limit == "cap"]
+    if below:
+        b = below[-1]
+        text += (f"; below it, max_num_seqs {b.cap} ({code(b.cell.name)}) is the largest cap "
+                 f"the running batch still reaches "
+                 f"({fmt_number(get(b.cell.summary, 'throughput.output_tokens_per_s'))} against "
+                 f"{fmt_number(get(r.cell.summary, 'throughput.output_tokens_per_s'))} tok/s)")
+    return text + "."
+
+
+def _mixed_finding(cells: Sequence[CellResult]) -> list[str]:
+    by_load: dict[str, list[CellResult]] = {}
+    for c in cells:
+        if (isinstance(knob(c, "max_num_seqs"), int)
+                and isinstance(knob(c, "max_num_batched_tokens"), int)
+                and not missing(get(c.summary, "goodput.requests_per_s"))):
+            by_load.setdefault(load_text(c.cell.get("load") or {}), []).append(c)
+    out = []
+    for load, group in by_load.items():
+        pairs = {(knob(c, "max_num_seqs"), knob(c, "max_num_batched_tokens")) for c in group}
+        if len(pairs) < 2 or len({knob(c, "max_num_batched_tokens") for c in group}) < 2:
+            continue  # a pair only when both knobs were varied
+        ranked = sorted(group, key=lambda c: -get(c.summary, "goodput.requests_per_s"))
+        best, second = ranked[0], ranked[1]
+
+        def pair(c: CellResult) -> str:
+            return (f"{knob(c, 'max_num_seqs')} / {knob(c, 'max_num_batched_tokens'):,} "
+                    f"({code(c.name)}: {fmt_number(get(c.summary, 'goodput.requests_per_s'))} "
+                    f"good req/s, {fmt_pct(get(c.summary, 'goodput.slo_attainment'))} within "
+                    "SLO)")
+
+        at = f" at {load}" if len(by_load) > 1 else ""
+        out.append(f"Mixed traffic{at}: the max_num_seqs / max_num_batched_tokens pair with the "
+                   f"best goodput is {pair(best)}; next best {pair(second)}.")
+    return out[:2]

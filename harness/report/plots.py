@@ -157,3 +157,64 @@ def batch_size_sweep(points: Sequence[SweepPoint], path: Path, *,
     ax_tpot.set_title("TPOT against batch size")
     ax_tp.set_title("Throughput against batch size")
     return _save(fig, path)
+
+
+@dataclass(frozen=True, slots=True)
+class CurveLine:
+    """One engine × knob setting across its load points (ascending load)."""
+
+    label: str
+    loads: Sequence[float]
+    output_tokens_per_s: Sequence[float | None]
+    tpot_p50_s: Sequence[float | None]
+    tpot_p90_s: Sequence[float | None]
+    ttft_p90_s: Sequence[float | None]
+    stopped: Sequence[bool] = ()  # stopped early (over-saturated): partial figures, marked x
+
+
+def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
+                       slo: Mapping[str, float] | None = None) -> Path | None:
+    """Output tokens/s against TPOT (p50, p90) and against TTFT p90, one line per setting,
+    each point labelled with its load; the SLOs as horizontal lines."""
+    if not any(len(line.loads) >= 2 for line in lines):
+        return None
+    fig = Figure(figsize=(12, 4.4), layout="constrained")
+    ax_tpot, ax_ttft = fig.subplots(1, 2)
+
+    def arr(values: Sequence[float | None], scale: float = 1.0) -> np.ndarray:
+        return np.array([np.nan if v is None else v * scale for v in values], dtype=np.float64)
+
+    marked = False
+    for i, line in enumerate(lines):
+        color = f"C{i % 10}"
+        x = arr(line.output_tokens_per_s)
+        stopped = np.array([bool(v) for v in line.stopped] or [False] * len(x), dtype=bool)
+        full = ~stopped  # a stopped probe's figures are partial: a mark, not a point of the line
+        panels = ((ax_tpot, arr(line.tpot_p50_s, 1e3), "o-", f"{line.label} p50"),
+                  (ax_tpot, arr(line.tpot_p90_s, 1e3), "s--", f"{line.label} p90"),
+                  (ax_ttft, arr(line.ttft_p90_s, 1e3), "s--", line.label))
+        for ax, y, style, label in panels:
+            ax.plot(x[full], y[full], style, color=color, label=label)
+            if stopped.any():
+                ax.plot(x[stopped], y[stopped], "x", color=color, linestyle="none",
+                        label=None if marked else "stopped early (partial)")
+                marked = True
+        for load, xv, yv in zip(line.loads, x, arr(line.ttft_p90_s, 1e3), strict=True):
+            if np.isfinite(xv) and np.isfinite(yv):
+                ax_ttft.annotate(f"{load:g}", (xv, yv), textcoords="offset points",
+                                 xytext=(3, 3), fontsize="x-small", color=color)
+    for ax, key, title in ((ax_tpot, "tpot_s", "TPOT p50 / p90 (ms)"),
+                           (ax_ttft, "ttft_s", "TTFT p90 (ms)")):
+        limit = (slo or {}).get(key)
+        if limit is not None:
+            ax.axhline(limit * 1e3, color="red", linestyle=":",
+                       label=f"{key.split('_')[0].upper()} SLO ({limit * 1e3:g} ms)")
+        ax.set_xlabel("output tokens/s")
+        ax.set_ylabel(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best", fontsize="x-small")
+    ax_tpot.set_ylim(bottom=0)
+    ax_ttft.set_yscale("log")  # queueing makes TTFT grow by orders of magnitude
+    ax_tpot.set_title("Throughput against TPOT")
+    ax_ttft.set_title("Throughput against TTFT (points labelled with their load)")
+    return _save(fig, path)

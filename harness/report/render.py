@@ -10,6 +10,16 @@ import numpy as np
 
 from harness.report import plots
 from harness.report.context import ReportContext, scenario_context, slo_from
+from harness.report.curves import (
+    DEFAULT_TARGET,
+    MIN_SWEEP_CAPS,
+    BatchRow,
+    batch_rows,
+    capacity_rows,
+    cell_setting,
+    find_searches,
+    load_series,
+)
 from harness.report.fidelity import prediction_section
 from harness.report.findings import key_findings
 from harness.report.format import code, display_path
@@ -30,13 +40,17 @@ from harness.report.runs import (
     varying_knobs,
 )
 from harness.report.sections import (
+    batch_size_section,
+    capacity_section,
     cells_section,
+    curves_section,
     failures_section,
     goodput_section,
     header,
     latency_section,
     output_length_section,
     preemption_section,
+    prefix_cache_section,
     priority_section,
     reproduce_section,
     throughput_section,
@@ -66,7 +80,9 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
         lines += latency_section(ok, base)
         lines += throughput_section(ok, base)
         lines += goodput_section(ok, base, ctx)
+        lines += _load_sections(cells, ok, base, ctx, draw)
         lines += preemption_section(ok, preempted)
+        lines += prefix_cache_section(ok)
         lines += output_length_section(ok)
         lines += failures_section(ok)
         lines += priority_section(ok, base, ctx)
@@ -78,6 +94,32 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
             lines += [f"![{alt}]({name})", ""]
     lines += reproduce_section(cells, ctx, out_dir)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _load_sections(cells: Sequence[CellResult], ok: Sequence[CellResult],
+                   base: CellResult | None, ctx: ReportContext, draw: bool) -> list[str]:
+    """Throughput–latency curves, capacity at SLO and the batch-size table, where the cells
+    (or capacity searches beside them) give them."""
+    series = load_series(ok)
+    searches = find_searches(cells)
+    target = searches[0].target if searches else DEFAULT_TARGET
+    lines = curves_section(series, has_plot=draw)
+    rows = capacity_rows(series, searches, target)
+    base_key = cell_setting(base) if base is not None else None
+    lines += capacity_section(rows, base_key, ctx.slo, target)
+    lines += batch_size_section(_batch_series(ok))
+    return lines
+
+
+def _batch_series(ok: Sequence[CellResult]) -> dict[str, list[BatchRow]]:
+    """A batch-size sweep's rows, one series per combination of its other settings."""
+    sweep = sweep_cells(ok)
+    varying = varying_knobs(sweep)
+    groups: dict[str, list[CellResult]] = {}
+    for c in sweep:
+        groups.setdefault(series_key(c, varying), []).append(c)
+    return {name: batch_rows(group) for name, group in groups.items()
+            if len({knob(c, "max_num_seqs") for c in group}) >= MIN_SWEEP_CAPS}
 
 
 def write_report(cells: Sequence[CellResult], ctx: ReportContext, out_file: Path) -> Path:
@@ -122,6 +164,9 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext
         series = {c.name: series_key(c, varying) for c in sweep}
         if len(set(series.values())) == 1:
             series = dict.fromkeys(series, "")
+        lines = [key for key in set(series.values())  # a series needs two caps to be a line
+                 if len({knob(c, "max_num_seqs") for c in sweep if series[c.name] == key}) >= 2]
+        sweep = [c for c in sweep if series[c.name] in lines]
         points = [plots.SweepPoint(
             series=series[c.name],
             max_num_seqs=int(knob(c, "max_num_seqs")),
@@ -131,6 +176,16 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext
         tpot_slo = (ctx.slo or {}).get("tpot_s")
         if plots.batch_size_sweep(points, out_dir / "batch_size.png", tpot_slo_s=tpot_slo):
             drawn.append(("TPOT and throughput against max_num_seqs", "batch_size.png"))
+    curves = [plots.CurveLine(
+        label=s.key, loads=[p.load for p in s.points],
+        output_tokens_per_s=[p.output_tokens_per_s for p in s.points],
+        tpot_p50_s=[p.tpot_p50_s for p in s.points], tpot_p90_s=[p.tpot_p90_s for p in s.points],
+        ttft_p90_s=[p.ttft_p90_s for p in s.points],
+        stopped=[bool(p.stopped) for p in s.points]) for s in load_series(ok)]
+    if curves and plots.throughput_latency(curves, out_dir / "throughput_latency.png",
+                                           slo=ctx.slo):
+        drawn.append(("Output tokens/s against TPOT and TTFT across load points, SLO lines "
+                      "drawn in", "throughput_latency.png"))
     return drawn
 
 

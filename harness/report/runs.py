@@ -316,7 +316,16 @@ def client_limited(c: CellResult) -> bool:
 
 
 def approximations(c: CellResult) -> list[str]:
-    """Knobs the engine approximated or did not apply, one line each."""
+    """Knobs the engine approximated or did not apply, one line each. An attached server got
+    no knob at all: one line says so, and which knobs are known and how."""
+    engine = c.manifest.get("engine")
+    if isinstance(engine, Mapping) and engine.get("mode") == "attach":
+        sources = c.manifest.get("knob_sources")
+        known = ([f"{k}={value_text(c.knobs.get(k))} ({v})" for k, v in sources.items()
+                  if v != "unknown"] if isinstance(sources, Mapping) else [])
+        return ["attached to a server started outside batchlab: no knob reached it; "
+                + ("known: " + ", ".join(known) + "; the rest unknown" if known
+                   else "its knobs are unknown")]
     out = [str(a) if not isinstance(a, Mapping) else
            f"{a.get('knob', '?')}: {a.get('note') or a.get('status', '')}".strip()
            for a in c.manifest.get("approximations") or []]

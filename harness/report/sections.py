@@ -5,8 +5,11 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from harness.redact import redact_argv
 from harness.report.context import ReportContext, class_name, metrics_link, priority_sort_key
+from harness.report.curves import BatchRow, CapacityRow, Series, roofline_of
 from harness.report.format import (
     code,
     display_path,
@@ -17,6 +20,7 @@ from harness.report.format import (
     load_text,
     missing,
     short,
+    sig,
     table,
     value_text,
     with_delta,
@@ -75,8 +79,44 @@ def header(cells: Sequence[CellResult], base: CellResult | None, ctx: ReportCont
     if base is not None and len(cells) > 1:
         rows.append(("Baseline", code(base.name)))
     rows.append(("Client ever the limit", _client_text(cells)))
+    predicted = _prediction_text(cells)
+    if predicted:
+        rows.append(("Predicted", predicted))
     lines += [table(("", ""), rows, align=("l", "l")), ""]
     return lines
+
+
+def _prediction_text(cells: Sequence[CellResult]) -> str:
+    """Which cells are predictions (simulated), by what, and how accurate that kind of
+    prediction was measured to be against published real-hardware figures."""
+    groups: dict[str, list[str]] = {}
+    for c in cells:
+        engine = c.manifest.get("engine")
+        if not isinstance(engine, Mapping) or engine.get("mode") != "simulated":
+            continue
+        groups.setdefault(_prediction_of(engine), []).append(code(c.name))
+    return "<br>".join(f"{', '.join(names)}: {text}" for text, names in groups.items())
+
+
+def _prediction_of(engine: Mapping[str, Any]) -> str:
+    prediction = engine.get("prediction")
+    if not isinstance(prediction, Mapping):
+        return "**predicted** by the reference engine (accuracy not recorded in this run)"
+    accuracy = prediction.get("accuracy")
+    acc = accuracy if isinstance(accuracy, Mapping) else {}
+    if prediction.get("profile"):
+        what = f"**predicted** by the reference engine with profile {code(prediction['profile'])}"
+        median, worst = acc.get("held_out_median_abs_error"), acc.get("held_out_worst_abs_error")
+        if median is None:
+            return what + "; its accuracy was not measured against published figures"
+        return (what + f"; on published figures it was not fitted on it missed by a median "
+                f"{fmt_pct(median)} (worst {fmt_pct(worst)}, docs/fidelity.md)")
+    median, worst = acc.get("median_abs_error"), acc.get("worst_abs_error")
+    text = "**predicted** by the reference engine with the catalog's datasheet coefficients"
+    if median is None:
+        return text
+    return (text + f"; on {acc.get('num_rows')} published figures it missed by a median "
+            f"{fmt_pct(median)} (worst {fmt_pct(worst)}, docs/published.md)")
 
 
 def _trace_text(c: CellResult) -> str:
@@ -209,6 +249,8 @@ def _flags_text(c: CellResult) -> str:
                 parts.append(code(flag if value else "--no-" + key.replace("_", "-")))
             else:
                 parts.append(code(f"{flag} {value}"))
+        if config.get("prefix_caching") is True:
+            parts.append(code("--prefix-caching"))
         return " ".join(parts)
     for m in c.manifest.get("mapping") or []:
         if not isinstance(m, Mapping):
@@ -302,6 +344,28 @@ def preemption_section(ok: Sequence[CellResult], preempted: Mapping[str, int | N
             table(["cell", "preemptions", "requests preempted", "per 100 requests"], rows), ""]
 
 
+def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
+    """Prefix-cache hit rates, when any cell cached prefixes (simulated: summary.json)."""
+    rows = []
+    for c in ok:
+        pc = get(c.summary, "prefix_cache")
+        if not isinstance(pc, Mapping):
+            continue
+        rate, again = pc.get("hit_rate"), pc.get("preempted_hit_rate")
+        rows.append([code(c.name), fmt_int(pc.get("queries_tokens")),
+                     fmt_int(pc.get("hits_tokens")),
+                     fmt_pct(rate) if rate is not None else "–",
+                     fmt_pct(again) if again is not None else "–"])
+    if not rows:
+        return []
+    return ["## Prefix cache", "",
+            "Prompt tokens looked up in the prefix cache when a request was admitted, and how "
+            "many were found (their prefill is skipped); re-admissions after a preemption are "
+            "counted apart, as vLLM counts `vllm:prefix_cache_queries` and `_hits`.", "",
+            table(["cell", "tokens looked up", "tokens hit", "hit rate",
+                   "hit rate after preemption"], rows), ""]
+
+
 def output_length_section(ok: Sequence[CellResult]) -> list[str]:
     rows = []
     for c in ok:
@@ -371,15 +435,16 @@ def priority_section(ok: Sequence[CellResult], base: CellResult | None, ctx: Rep
 def reproduce_section(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Path
                       ) -> list[str]:
     lines = ["## Reproduce", ""]
+    # Commands are redacted again: a manifest written before redaction may hold secrets.
     if ctx.command:
-        lines += ["Run it again:", "", "```sh", shlex.join(ctx.command), "```", ""]
+        lines += ["Run it again:", "", "```sh", shlex.join(redact_argv(ctx.command)), "```", ""]
     else:
         commands = [(c, list(c.manifest["command"])) for c in cells
                     if c.manifest.get("command")]
         if commands:
             lines += ["Each cell was produced by:", "", "```sh"]
             for c, cmd in commands:
-                lines += [f"# {c.name}", shlex.join(str(a) for a in cmd)]
+                lines += [f"# {c.name}", shlex.join(redact_argv(cmd))]
             lines += ["```", ""]
     if ctx.rerender:
         lines += ["Re-render this report from the saved results, without re-running:", "",
@@ -387,3 +452,134 @@ def reproduce_section(cells: Sequence[CellResult], ctx: ReportContext, out_dir: 
     lines += [f"Metric definitions (TTFT, TPOT, ITL, E2E, goodput): "
               f"[docs/metrics.md]({metrics_link(ctx, out_dir)}).", ""]
     return lines
+
+
+# ---------------------------------------------------------------- load curves and capacity
+
+_UNITS = {"rate": "req/s", "concurrency": "users", "time_scale": "× time"}
+
+
+def curves_section(series: Sequence[Series], has_plot: bool) -> list[str]:
+    """Each setting across its load points: tokens/s, TPOT, TTFT and SLO attainment."""
+    if not series:
+        return []
+    lines = ["## Throughput–latency curves", "",
+             "Each engine and knob setting across its load points, by load: output tokens/s "
+             "against TPOT (p50, p90) and TTFT p90"
+             + (" (plotted in `throughput_latency.png`, SLO lines drawn in)." if has_plot
+                else "."), ""]
+    for s in series:
+        rows = []
+        for p in s.points:
+            att = fmt_pct(p.attainment) + (" (stopped early)" if p.stopped else "")
+            rows.append([f"{sig(p.load)} {_UNITS.get(s.kind, '')}".strip(), code(p.cell),
+                         fmt_number(p.output_tokens_per_s), fmt_seconds(p.tpot_p50_s),
+                         fmt_seconds(p.tpot_p90_s), fmt_seconds(p.ttft_p90_s), att])
+        lines += [f"### {code(s.key)}", "",
+                  table(["load", "cell", "output tok/s", "TPOT p50", "TPOT p90", "TTFT p90",
+                         "SLO attainment"], rows, align=("r", "l", "r", "r", "r", "r", "r")),
+                  ""]
+    return lines
+
+
+def _capacity_text(row: CapacityRow) -> str:
+    if row.capacity is None:
+        return "–"
+    sign = "" if row.bound == "=" else f"{row.bound} "
+    return f"{sign}{sig(row.capacity)} {_UNITS.get(row.kind, '')}".strip()
+
+
+def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
+                     slo: Mapping[str, float] | None, target: float) -> list[str]:
+    """Capacity at SLO per setting, with its ratio to the baseline setting's."""
+    if not rows:
+        return []
+    lines = ["## Capacity at SLO", ""]
+    if not slo:
+        return [*lines, "No SLO was set, so there is no capacity at SLO.", ""]
+    lines += [f"The highest load at which at least {fmt_pct(target)} of requests met every SLO "
+              f"({_slo_text(slo)}). *search*: found by `batchlab capacity` (its `search.json`: "
+              "the bracket, to the stated precision); *interpolated*: between this report's "
+              "load points, linear in SLO attainment (a rough figure; a search states its "
+              "precision). ≥: no load tried failed; <: every load tried failed.", ""]
+    base = next((r for r in rows if r.key == base_key), rows[0])
+    table_rows = []
+    for r in rows:
+        if r is base:
+            ratio = "baseline"
+        elif (r.capacity is None or base.capacity is None or base.bound != "="
+              or base.capacity <= 0 or r.kind != base.kind):
+            ratio = "–"
+        else:
+            ratio = ("" if r.bound == "=" else f"{r.bound} ") + (
+                f"{r.capacity / base.capacity:.2f}×")
+        evidence = r.evidence
+        if r.cells:
+            evidence += "; " + ", ".join(code(c) for c in r.cells[:4])
+        table_rows.append([code(r.key), _capacity_text(r), ratio, r.source, evidence])
+    lines += [table(["setting", "capacity", "vs baseline", "from", "evidence"], table_rows,
+                    align=("l", "r", "r", "l", "l")), ""]
+    return lines
+
+
+def batch_size_section(series: Mapping[str, Sequence[BatchRow]]) -> list[str]:
+    """The seed's batch-size table from measurements, with the turn marked."""
+    if not series:
+        return []
+    lines = ["## Batch size", "",
+             "The cost model's batch-size table (docs/cost-model.md), measured: each "
+             "`max_num_seqs` cap with the running batch it reached (mean over busy time / "
+             "peak), TPOT, output tokens/s and KV-cache use. *bound by*: what kept the running "
+             "batch from growing: kv (KV memory: preemptions, or the cache full), cap (reached), "
+             "budget (requests waited with room in the batch: the per-step token budget admits "
+             "prefills only so fast) or load (nothing waited). *gain*: how output tokens/s "
+             "grew against the running batch "
+             "since the previous cap (1: in proportion, memory-bound; near 0: flat); the turn "
+             "is the first cap under 0.5.", ""]
+    roof_line = _roofline_text(series)
+    if roof_line:
+        lines += [roof_line, ""]
+    for name, rows in series.items():
+        table_rows = []
+        for i, r in enumerate(rows):
+            use, s = r.use, r.cell.summary
+            running = "–" if use is None or use.running_mean is None else (
+                f"{use.running_mean:.1f} / {use.running_peak:.0f}")
+            kv = "–" if use is None or use.kv_mean is None else (
+                f"{fmt_pct(use.kv_mean)} / {fmt_pct(use.kv_peak)}")
+            gain = "–" if r.gain is None else f"{r.gain:.2f}"
+            if r.past_turn and (i == 0 or not rows[i - 1].past_turn):
+                gain += " **← turn**"
+            table_rows.append([str(r.cap), code(r.cell.name), running,
+                               fmt_seconds(get(s, "tpot_s.p50")),
+                               fmt_seconds(get(s, "tpot_s.p90")),
+                               fmt_number(get(s, "throughput.output_tokens_per_s")), kv,
+                               fmt_int(get(s, "num_preemptions")), r.limit, gain, r.roofline])
+        if len(series) > 1:
+            lines += [f"### {code(name)}", ""]
+        lines += [table(["max_num_seqs", "cell", "running mean / peak", "TPOT p50", "TPOT p90",
+                         "output tok/s", "KV use mean / peak", "preemptions", "bound by", "gain",
+                         "roofline"], rows=table_rows,
+                        align=("r", "l", "r", "r", "r", "r", "r", "r", "l", "l", "l")), ""]
+    return lines
+
+
+def _roofline_text(series: Mapping[str, Sequence[BatchRow]]) -> str:
+    roof = next((rf for rows in series.values() for r in rows
+                 if (rf := roofline_of(r.cell)) is not None), None)
+    if roof is None:
+        return ""
+    ctx, ridge = roof.get("context_len"), roof.get("ridge_flop_per_byte")
+    head = (f"Roofline (the reference cost model, at the trace's mean decode context of "
+            f"{fmt_int(ctx)} tokens; ridge {fmt_number(ridge)} FLOP/byte): ")
+    turn = roof.get("turn_batch_size")
+    if turn is not None:
+        return head + (f"decode turns from memory-bound to compute-bound at a running batch "
+                       f"of {fmt_int(turn)}; the *roofline* column places each cap's mean "
+                       "running batch.")
+    return head + (f"decode stays memory-bound up to the KV cache's limit of "
+                   f"{fmt_int(roof.get('max_batch_in_kv'))} requests (intensity "
+                   f"{fmt_number(roof.get('intensity_at_max_batch'))} FLOP/byte there). No "
+                   "batch it holds is compute-bound: past the measured turn, reading each "
+                   "request's KV and the per-request overheads grow with the batch, and "
+                   "tokens/s flatten while every step is still memory-bound.")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,12 +22,21 @@ class Node:
     kind: Literal["map", "seq", "scalar"]
 
 
+# A scenario file is a few hundred values. Aliases (``*name``) repeat a node without
+# copying it, so a few lines can stand for billions of values (the "billion laughs"); a
+# document that would expand past this many is refused before anything is expanded.
+MAX_EXPANDED_NODES = 100_000
+
+
 def compose(text: str, file: str) -> Node | None:
     """Parse YAML keeping line numbers (``yaml.compose`` nodes carry marks); ``None`` when empty."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
-        return None if node is None else _convert(loader, node, file)
+        if node is None:
+            return None
+        check_expanded_size(node, file)
+        return _convert(loader, node, file)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -35,28 +44,70 @@ def compose(text: str, file: str) -> Node | None:
         raise ScenarioError(file, line, "", f"invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         raise ScenarioError(file, None, "", f"invalid YAML: {exc}") from None
+    except RecursionError:
+        raise ScenarioError(file, None, "", "invalid YAML: nested too deeply") from None
     finally:
         loader.dispose()
 
 
-def _convert(loader: yaml.SafeLoader, node: yaml.Node, file: str) -> Node:
+def check_expanded_size(root: yaml.Node, file: str, limit: int = MAX_EXPANDED_NODES) -> int:
+    """The number of values ``root`` stands for once its aliases and merge keys are expanded,
+    counted without expanding them (each distinct node is visited once); a ScenarioError at
+    the node where the count passes ``limit``, or at an alias to a node that contains it."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()  # nodes being counted: an alias to one of them is a cycle
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        line = node.start_mark.line + 1
+        if key in open_:
+            raise ScenarioError(file, line, "", "a YAML alias refers to a node that contains it")
+        open_.add(key)
+        n = 1
+        if isinstance(node, yaml.MappingNode):
+            n += sum(size(k) + size(v) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            n += sum(size(v) for v in node.value)
+        open_.discard(key)
+        if n > limit:
+            raise ScenarioError(file, line, "", f"the YAML aliases here expand to more than "
+                                f"{limit} values; write the values out instead of *aliases")
+        sizes[key] = n
+        return n
+
+    return size(root)
+
+
+def _convert(loader: yaml.SafeLoader, node: yaml.Node, file: str,
+             own_keys: dict[int, set[int]] | None = None) -> Node:
+    """``node`` as ``Node``s. ``own_keys``: for each mapping seen, its key nodes as written
+    (before merge keys were flattened into it; an alias may bring the mapping back)."""
+    own_keys = {} if own_keys is None else own_keys
     line = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
-        loader.flatten_mapping(node)  # YAML merge keys (<<)
+        own = own_keys.setdefault(id(node), {id(k) for k, _ in node.value})
+        loader.flatten_mapping(node)  # YAML merge keys (<<): merged pairs first, then own
         out: dict[str, tuple[Node, Node]] = {}
+        written: dict[str, int] = {}  # key -> line, for keys written in this mapping itself
         for key_node, value_node in node.value:
             key = loader.construct_object(key_node)
             key_line = key_node.start_mark.line + 1
             if not isinstance(key, str):
                 raise ScenarioError(file, key_line, str(key), "keys must be names (text)")
-            if key in out:
-                raise ScenarioError(
-                    file, key_line, key, f"duplicate key (first on line {out[key][0].line})"
-                )
-            out[key] = (Node(key, key_line, "scalar"), _convert(loader, value_node, file))
+            # A merged key may be overridden (by a later merge or by the mapping's own key),
+            # as YAML's merge keys allow; a key written twice in the mapping itself may not.
+            if id(key_node) in own:
+                if key in written:
+                    raise ScenarioError(
+                        file, key_line, key, f"duplicate key (first on line {written[key]})")
+                written[key] = key_line
+            out[key] = (Node(key, key_line, "scalar"),
+                        _convert(loader, value_node, file, own_keys))
         return Node(out, line, "map")
     if isinstance(node, yaml.SequenceNode):
-        return Node([_convert(loader, n, file) for n in node.value], line, "seq")
+        return Node([_convert(loader, n, file, own_keys) for n in node.value], line, "seq")
     return Node(loader.construct_object(node), line, "scalar")
 
 
@@ -122,6 +173,15 @@ class Checker:
         if not math.isfinite(v) or (positive and v <= 0):
             raise self.fail(y, key, f"must be a {'positive ' if positive else ''}number, got {v}")
         return float(v)
+
+    def bounded(self, y: Node, key: str, check: Callable[[Any, str], object], value: Any
+                ) -> None:
+        """Apply a check shared with the command line and trace files (``harness.traces.
+        bounds``, ``adapters.knobs.check_positive_int``); its ValueError, at ``y``'s line."""
+        try:
+            check(value, key)
+        except ValueError as exc:
+            raise self.fail(y, key, str(exc).removeprefix(f"{key}: ")) from None
 
     def boolean(self, y: Node, key: str) -> bool:
         if y.kind != "scalar" or not isinstance(y.value, bool):

@@ -10,7 +10,7 @@ from typing import Any
 from adapters.knobs import ReferenceKnobs
 from harness.metrics import Slo
 from harness.scenario.schema import Cell
-from harness.target import RunOptions, TargetSpec
+from harness.target import ClosedLoop, RunOptions, TargetSpec
 from harness.targets import SimulatedTarget, make_target
 
 ProgressFn = Callable[[int, int | None], None]
@@ -33,13 +33,17 @@ def run_cell(job: CellJob, out_dir: Path, progress: ProgressFn) -> Mapping[str, 
     """Run one cell into ``out_dir`` on its target; return the summary."""
     cell = job.cell
     replay = dict(cell.engine.replay)
+    closed_loop = None
     if cell.load.kind == "concurrency" and cell.load.value is not None:
-        replay.setdefault("mode", "closed")
-        replay["concurrency"] = int(cell.load.value)
+        if cell.engine.mode == "simulated":  # N users on the virtual clock
+            closed_loop = ClosedLoop(int(cell.load.value))
+        else:
+            replay.setdefault("mode", "closed")
+            replay["concurrency"] = int(cell.load.value)
     # No per-cell report.md: the scenario's report covers every cell (and plotting each cell
     # would double the sweep's time on small runs).
     options = RunOptions(slo=job.slo, progress=progress, command=list(job.command),
-                         replay=replay, write_report=False)
+                         replay=replay, write_report=False, closed_loop=closed_loop)
     return make_target(target_spec(cell, job.model, job.gpu)).run(job.trace, out_dir, options)
 
 
@@ -52,7 +56,7 @@ def target_spec(cell: Cell, model: str, gpu: str | None) -> TargetSpec:
             "block_size": engine.block_size,
         })
         return TargetSpec("reference", "simulate", knobs=cell.knobs, reference=reference,
-                          model=engine.model or model, gpu=gpu)
+                          model=engine.model or model, gpu=gpu, profile=engine.profile)
     return TargetSpec(
         engine.engine, "launch" if engine.launch else "attach", knobs=cell.knobs,
         model=engine.model or model, served_model_name=engine.served_model_name, gpu=gpu,

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from adapters.base import KnobError, Knobs
-from adapters.knobs import ADMISSIONS
-from harness.metrics import Slo
+from adapters.knobs import ADMISSIONS, check_positive_int
+from harness.metrics import SLO_KEYS, Slo, slo_problem
 from harness.scenario._text import REPO_ROOT, did_you_mean, value_text
 from harness.scenario._yaml import Checker, Node, compose, plain
 from harness.scenario.cell import reference_config
+from harness.scenario.expand import trace_options
 from harness.scenario.schema import (
     ENGINE_KINDS,
     MODES,
@@ -26,6 +27,13 @@ from harness.scenario.schema import (
     ScenarioError,
     TraceSpec,
     expand,
+)
+from harness.traces.bounds import (
+    check_concurrency,
+    check_count,
+    check_rate,
+    check_timestamp_s,
+    check_tokens,
 )
 
 BUNDLED_DATA = Path(__file__).resolve().parents[1] / "data"  # harness/data: bundled excerpts
@@ -52,6 +60,21 @@ TRACE_OPTION_TYPES: dict[str, str] = {
     "skip_bad_rows": "bool",
 }
 
+# The bounds the command line and trace files apply to the same options
+# (``harness.traces.bounds``), and the least value of each integer option (as TraceOptions).
+TRACE_OPTION_BOUNDS: dict[str, Callable[[Any, str], object]] = {
+    "limit": check_count,
+    "num_requests": check_count,
+    "prompt_tokens": check_tokens,
+    "output_tokens": check_tokens,
+    "max_model_len": check_tokens,
+    "rate": check_rate,
+    "start_s": check_timestamp_s,
+    "end_s": check_timestamp_s,
+}
+TRACE_OPTION_MINIMUM = {"limit": 1, "num_requests": 1, "prompt_tokens": 1, "output_tokens": 1,
+                        "max_model_len": 2, "seed": 0}
+
 LOAD_KEYS: dict[str, LoadKind] = {
     "rates": "rate",
     "time_scales": "time_scale",
@@ -65,7 +88,7 @@ SCENARIO_KEYS = (
 ENGINE_KEYS = (
     "name", "engine", "mode", "model", "knobs", "url", "launch", "allow_approximate",
     "admission", "num_gpu_blocks", "block_size", "replay", "executable", "runtime",
-    "served_model_name", "port", "ready_timeout_s", "env",
+    "served_model_name", "port", "ready_timeout_s", "env", "profile",
 )
 _LIVE_ONLY = ("url", "launch", "allow_approximate", "replay", "executable", "runtime",
               "served_model_name", "port", "ready_timeout_s", "env")
@@ -109,20 +132,13 @@ def load_scenario(path: str | Path, *, trace_path: str | Path | None = None) -> 
     if trace.mix and any(lp.kind == "rate" for lp in loads):
         raise c.fail(top["load"], "load.rates",
                      "a mixed trace keeps each part's timing: use time_scales instead of rates")
-    if any(lp.kind == "concurrency" for lp in loads):
-        for e in engines:
-            if e.mode == "simulated":
-                raise c.fail(
-                    top["load"], "load.concurrencies",
-                    f"closed-loop concurrency needs live engines; engine {e.name!r} is simulated "
-                    "(use rates or time_scales)",
-                )
 
     scenario = Scenario(
         name=name, question=question, source=path, trace=trace, loads=loads, model=model,
         gpu=gpu, engines=engines, slo=slo, priority_classes=classes, grid=grid,
         baseline=baseline, seed=seed,
     )
+    _check_trace_at_loads(c, scenario, top)
     cells = _expand_checked(c, scenario, top)
     if baseline is not None:
         names = [cell.name for cell in cells] + [e.name for e in engines]
@@ -144,7 +160,7 @@ def _parse_trace(c: Checker, y: Node, base: Path, override: str | Path | None,
         kind = TRACE_OPTION_TYPES[name]
         where = f"{key}.{name}"
         if kind == "int":
-            options[name] = c.integer(value, where, minimum=0)
+            options[name] = c.integer(value, where, minimum=TRACE_OPTION_MINIMUM.get(name, 0))
         elif kind == "float":
             options[name] = c.number(value, where)
         elif kind == "bool":
@@ -153,6 +169,9 @@ def _parse_trace(c: Checker, y: Node, base: Path, override: str | Path | None,
             options[name] = str(resolve_trace_path(c.string(value, where), base, c, value, where))
         else:
             options[name] = c.string(value, where)
+        if name in TRACE_OPTION_BOUNDS:
+            c.bounded(value, where, TRACE_OPTION_BOUNDS[name], options[name])
+    check_trace_options(c, options, items, y, key)
     if override is not None:
         path = Path(override)
         if not path.exists():
@@ -175,6 +194,23 @@ def _parse_trace(c: Checker, y: Node, base: Path, override: str | Path | None,
     )
 
 
+def check_trace_options(c: Checker, options: dict[str, Any], items: dict[str, Node], y: Node,
+                        key: str) -> None:
+    """Build the ``TraceOptions`` now, so that what it refuses (a negative start, rate and
+    time_scale together, ...) stops the file at load, at the key its message names."""
+    from harness.traces import TraceError, TraceOptions
+
+    try:
+        TraceOptions(**options)
+    except TraceError as exc:
+        message = str(exc)
+        flag, sep, rest = message.partition(": ")
+        name = flag.removeprefix("--").replace("-", "_")
+        if sep and flag.startswith("--") and name in items:  # "--start-s: expected ..."
+            raise c.fail(items[name], f"{key}.{name}", rest) from None
+        raise c.fail(y, key, message) from None
+
+
 def resolve_trace_path(text: str, base: Path, c: Checker, y: Node, where: str) -> Path:
     """A trace path: absolute, relative to the scenario file, relative to the repository, or
     the name of a bundled excerpt (``harness/data``). ``$VARS`` and ``~`` are expanded."""
@@ -190,6 +226,21 @@ def resolve_trace_path(text: str, base: Path, c: Checker, y: Node, where: str) -
                  f"{', '.join(str(p.parent) for p in candidates)}){hint}.{listing}")
 
 
+def _check_trace_at_loads(c: Checker, scenario: Scenario, top: dict[str, Node]) -> None:
+    """Each load point's trace options (a rate from ``load.rates`` and a time_scale in
+    ``trace``, say) are the options one cell runs with: refused now, not in the sweep."""
+    if "load" not in top:
+        return
+    from harness.traces import TraceError, TraceOptions
+
+    for load in scenario.loads:
+        for spec in scenario.trace.components():
+            try:
+                TraceOptions(**trace_options(scenario, load, spec))
+            except TraceError as exc:
+                raise c.fail(top["load"], "load", f"{load.label}: {exc}") from None
+
+
 def _parse_load(c: Checker, y: Node) -> tuple[LoadPoint, ...]:
     items = c.mapping(y, "load", tuple(LOAD_KEYS))
     if len(items) != 1:
@@ -200,6 +251,9 @@ def _parse_load(c: Checker, y: Node) -> tuple[LoadPoint, ...]:
         where = f"load.{key}[{i}]"
         number = (c.integer(item, where, minimum=1) if key == "concurrencies"
                   else c.number(item, where, positive=True))
+        if key in ("concurrencies", "rates"):
+            c.bounded(item, where, check_concurrency if key == "concurrencies" else check_rate,
+                      number)
         points.append(LoadPoint(LOAD_KEYS[key], float(number)))
     labels = [p.label for p in points]
     if len(set(labels)) != len(labels):
@@ -208,9 +262,17 @@ def _parse_load(c: Checker, y: Node) -> tuple[LoadPoint, ...]:
 
 
 def _parse_slo(c: Checker, y: Node) -> Slo:
-    keys = ("ttft_s", "tpot_s", "e2e_s")
-    items = c.mapping(y, "slo", keys)
-    return Slo(**{k: c.number(v, f"slo.{k}", positive=True) for k, v in items.items()})
+    """The same rule as ``--slo`` (``slo_problem``), reported at the value's line."""
+    items = c.mapping(y, "slo", SLO_KEYS)
+    values: dict[str, float] = {}
+    for key, value in items.items():
+        problem = (slo_problem(value.value) if value.kind == "scalar"
+                   else "must be a number of seconds, got "
+                   + ("a list" if value.kind == "seq" else "a mapping"))
+        if problem:
+            raise c.fail(value, f"slo.{key}", problem)
+        values[key] = float(value.value)
+    return Slo(**values)
 
 
 def _parse_priority_classes(c: Checker, y: Node) -> tuple[PriorityClass, ...]:
@@ -237,14 +299,32 @@ def _parse_priority_classes(c: Checker, y: Node) -> tuple[PriorityClass, ...]:
     return tuple(out)
 
 
+def _knob_int(c: Checker, y: Node, where: str) -> int:
+    """A positive integer, bounded as every integer knob is (``check_positive_int``)."""
+    value = c.integer(y, where, minimum=1)
+    c.bounded(y, where, check_positive_int, value)
+    return value
+
+
+def _port(c: Checker, y: Node, where: str) -> int:
+    value = c.integer(y, where, minimum=1)
+    if value > 65535:
+        raise c.fail(y, where, f"must be a TCP port (1 to 65535), got {value}")
+    return value
+
+
 def _check_knob(c: Checker, name: str, value: Any, y: Node, where: str) -> None:
+    """Validate one knob as ``Knobs.from_mapping`` does; its error at ``y``'s line, or at the
+    offending item's for a list (``extra_args`` items must be text, never nested lists)."""
+    if y.kind == "seq":
+        for i, item in enumerate(y.value):
+            if item.kind != "scalar":
+                raise c.fail(item, f"{where}[{i}]", "every item must be one argv item (text), "
+                             f"got {'a list' if item.kind == 'seq' else 'a mapping'}")
     try:
-        Knobs.from_mapping({name: value}, where=where)
+        Knobs.from_mapping({name: value}, where="knobs")
     except (KnobError, TypeError) as exc:
-        message = str(exc)
-        prefix = f"{where}."
-        if message.startswith(prefix):
-            message = message[len(prefix):]
+        message = str(exc).removeprefix(f"knobs.{name}: ").removeprefix("knobs: ")
         raise c.fail(y, where, message) from None
 
 
@@ -285,7 +365,7 @@ def _parse_engines(c: Checker, y: Node) -> tuple[EngineSpec, ...]:
         launch = c.boolean(f["launch"], f"{where}.launch") if "launch" in f else url is None
         if mode == "live" and not launch and url is None:
             raise c.fail(item, f"{where}.url", "a live engine that is not launched needs a url")
-        reference_only = ("admission", "num_gpu_blocks", "block_size")
+        reference_only = ("admission", "num_gpu_blocks", "block_size", "profile")
         for key in reference_only:
             if key in f and engine != "reference":
                 raise c.fail(f[key], f"{where}.{key}", "applies to the reference engine only")
@@ -312,16 +392,17 @@ def _parse_engines(c: Checker, y: Node) -> tuple[EngineSpec, ...]:
                                if "allow_approximate" in f else False),
             admission=(c.choice(f["admission"], f"{where}.admission", ADMISSIONS)
                        if "admission" in f else None),
-            num_gpu_blocks=(c.integer(f["num_gpu_blocks"], f"{where}.num_gpu_blocks", minimum=1)
+            num_gpu_blocks=(_knob_int(c, f["num_gpu_blocks"], f"{where}.num_gpu_blocks")
                             if "num_gpu_blocks" in f else None),
-            block_size=(c.integer(f["block_size"], f"{where}.block_size", minimum=1)
+            block_size=(_knob_int(c, f["block_size"], f"{where}.block_size")
                         if "block_size" in f else 16),
             replay=replay,
+            profile=_profile(c, f["profile"], f"{where}.profile") if "profile" in f else None,
             model=text("model"),
             executable=text("executable"),
             runtime=text("runtime"),
             served_model_name=text("served_model_name"),
-            port=c.integer(f["port"], f"{where}.port", minimum=1) if "port" in f else None,
+            port=_port(c, f["port"], f"{where}.port") if "port" in f else None,
             ready_timeout_s=(c.number(f["ready_timeout_s"], f"{where}.ready_timeout_s",
                                       positive=True) if "ready_timeout_s" in f else None),
             env=env,
@@ -389,3 +470,15 @@ def _check_simulated_configs(c: Checker, scenario: Scenario, cells: Sequence[Cel
                 where = f"{where}.knobs"
                 y = y.value["knobs"][1] if "knobs" in y.value else y
             raise c.fail(y, where, f"cell {cell.name}: {exc}") from None
+
+
+def _profile(c: Checker, node: Node, where: str) -> str:
+    """A shipped engine profile's name (``batchlab profiles``) or a profile file."""
+    from adapters.reference.cost_model import ProfileError, resolve_profile
+
+    name = c.string(node, where)
+    try:
+        resolve_profile(name)
+    except ProfileError as exc:
+        raise c.fail(node, where, str(exc)) from None
+    return name

@@ -19,6 +19,7 @@ from harness.scenario.schema import Cell, LoadPoint, Scenario, ScenarioError
 from harness.scenario.status import (
     ERROR_FILE,
     CellOutcome,
+    check_done_cell,
     finish_status,
     prepare_cell_dir,
     read_status,
@@ -184,10 +185,14 @@ def run_scenario(
         status = read_status(cell_dir)
         if (resume and status.get("state") == "done"
                 and status.get("digest") == scenario.cell_digest(cell)):
-            progress.skip_cell(cell.name, "finished earlier")
-            outcomes[cell.name] = CellOutcome(cell.name, "skipped", "finished earlier", cell_dir)
-        else:
-            todo.append(cell)
+            damage = check_done_cell(cell_dir, status)
+            if not damage:
+                progress.skip_cell(cell.name, "finished earlier")
+                outcomes[cell.name] = CellOutcome(cell.name, "skipped", "finished earlier",
+                                                  cell_dir)
+                continue
+            progress.message(f"{cell.name}: finished earlier, but {damage}: running it again")
+        todo.append(cell)
 
     traces: dict[LoadPoint, Any] = {}
     for cell in todo:

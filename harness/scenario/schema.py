@@ -116,6 +116,7 @@ class EngineSpec:
     admission: str | None = None  # reference: "optimistic" | "reserve"
     num_gpu_blocks: int | None = None  # reference: override the KV block count
     block_size: int = 16  # reference: tokens per KV block
+    profile: str | None = None  # reference: an engine profile (name or file) to predict with
     replay: dict[str, Any] = field(default_factory=dict)  # live: replay client options
     model: str | None = None  # what this engine loads, when not the scenario's model
     executable: str | None = None  # live: the engine's command, when not the default

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -9,6 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.redact import redact_tree
 from harness.results import write_json_atomic
 from harness.scenario.schema import Cell, Scenario, ScenarioError
 
@@ -18,11 +23,17 @@ from harness.scenario.schema import Cell, Scenario, ScenarioError
 #     status.json  {"state": "running"}  ──►  "done" (written after every result file)
 #                                       └──►  "failed" with the reason (the sweep goes on)
 #
-# ``--resume`` skips a cell whose status is "done" with the same digest and redoes the rest, so
-# a sweep killed mid-cell loses nothing that had finished.
+# ``--resume`` skips a cell whose status is "done" with the same digest, and whose files are
+# still what the cell wrote (``check_done_cell``: each file it wrote present, parseable and
+# with the sha256 "done" recorded), and redoes the rest: a sweep killed mid-cell loses nothing
+# that had finished, and a deleted or damaged file is measured again rather than reported
+# missing.
 CELL_FILE = "cell.json"
 STATUS_FILE = "status.json"
 ERROR_FILE = "error.txt"
+# What every finished cell has, simulated or live (the run folder's own files).
+REQUIRED_FILES = ("requests.parquet", "summary.json", "manifest.json")
+_MARKERS = (STATUS_FILE, ERROR_FILE)  # not results: never digested
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +68,64 @@ def prepare_cell_dir(cell_dir: Path, scenario: Scenario, cell: Cell, attempt: in
                                 "move them or choose another --out")
         shutil.rmtree(cell_dir)
     cell_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic({**cell.as_dict(), "scenario": scenario.name,
-                       "digest": scenario.cell_digest(cell)}, cell_dir / CELL_FILE)
+    write_json_atomic(redact_tree({**cell.as_dict(), "scenario": scenario.name,  # env: ***
+                                   "digest": scenario.cell_digest(cell)}), cell_dir / CELL_FILE)
     write_json_atomic({"state": "running", "started_at": _now(), "attempt": attempt,
                        "digest": scenario.cell_digest(cell)}, cell_dir / STATUS_FILE)
 
 
 def finish_status(cell_dir: Path, state: str, reason: str, status: dict[str, Any]) -> None:
-    """Mark the cell done or failed (with the reason): the last file written."""
+    """Mark the cell done (with the sha256 of every file it wrote) or failed (with the
+    reason): the last file written."""
     record = {**status, "state": state, "finished_at": _now()}
     if reason:
         record["reason"] = reason
+    if state == "done":
+        record["files"] = file_digests(cell_dir)
     write_json_atomic(record, cell_dir / STATUS_FILE)
+
+
+def file_digests(cell_dir: Path) -> dict[str, str]:
+    """``{relative path: sha256 hex}`` of the cell's files (its markers and temporaries left
+    out)."""
+    out: dict[str, str] = {}
+    for path in sorted(cell_dir.rglob("*")):
+        rel = path.relative_to(cell_dir).as_posix()
+        if path.is_file() and rel not in _MARKERS and not path.name.endswith(".tmp"):
+            out[rel] = _sha256(path)
+    return out
+
+
+def check_done_cell(cell_dir: Path, status: dict[str, Any]) -> str:
+    """Why a cell marked done cannot be kept ('' when it can): a file it must have, or one it
+    wrote, is missing, does not parse, or differs from the digest recorded when it finished.
+    A status written before digests were recorded is checked for presence and parsing only."""
+    recorded = status.get("files")
+    digests: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+    for rel in dict.fromkeys([*REQUIRED_FILES, *digests]):
+        path = cell_dir / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        problem = _parse_problem(path)
+        if problem:
+            return f"{rel} {problem}"
+        if rel in digests and _sha256(path) != digests[rel]:
+            return f"{rel} changed since the cell finished (its sha256 differs)"
+    return ""
+
+
+def _parse_problem(path: Path) -> str:
+    """'' when the file reads as its kind (parquet metadata, JSON), else what is wrong."""
+    try:
+        if path.suffix == ".parquet":
+            pq.read_metadata(path)
+        elif path.suffix == ".json":
+            json.loads(path.read_bytes())
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        return f"does not parse ({type(exc).__name__})"
+    return ""
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -14,12 +14,13 @@ docs/reference-server.md has the details of what a client sees:
   cache) is refused before streaming: HTTP 400 with vLLM's error body on the OpenAI routes
   (``openai``), TGI's validation error on TGI's (``tgi``: 422 on ``/generate``; HTTP 200 and an
   error event on ``/generate_stream``, as TGI does).
-- A client that disconnects does not abort its request (the scheduler has no abort): the
-  request runs to its length and its tokens are dropped.
+- A client that disconnects aborts its request: it leaves the scheduler with its KV blocks
+  freed and is counted as aborted in ``/metrics`` (``cancel``).
 
 Modules: ``app`` (the Starlette app, ``serve``, a server on a thread), ``loop`` (the wall-clock
-step loop), ``openai``, ``tgi``, ``metrics`` (Prometheus), ``prompts``, ``output``, ``bodies``
-(request fields and ``ApiError``), ``process`` (the server in a child process).
+step loop), ``openai``, ``tgi``, ``cancel`` (abort on disconnect), ``metrics`` (Prometheus),
+``prompts``, ``output``, ``bodies`` (request fields and ``ApiError``), ``process`` (the server
+in a child process).
 """
 
 from harness.serve.app import (

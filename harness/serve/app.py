@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -26,6 +27,7 @@ from starlette.requests import Request as StarletteRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from adapters.process import NONCE_ENV
 from adapters.reference.config import ReferenceConfig
 from harness.manifest import batchlab_version
 from harness.serve.loop import ENGINE_NAME, ServedEngine
@@ -86,7 +88,10 @@ class ReferenceServer:
         return Response(status_code=200)
 
     async def version(self, _request: StarletteRequest) -> Response:
-        return JSONResponse({"version": batchlab_version(), "engine": ENGINE_NAME})
+        # launch_nonce: the launcher's BATCHLAB_LAUNCH_NONCE, so it can tell this server from
+        # another one answering on the same port (adapters.process.ServerProcess.wait_ready)
+        return JSONResponse({"version": batchlab_version(), "engine": ENGINE_NAME,
+                             "launch_nonce": os.environ.get(NONCE_ENV)})
 
     async def prometheus(self, _request: StarletteRequest) -> Response:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
@@ -109,11 +114,17 @@ class ServerOptions:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket (port 0 picks a free one); raises OSError when it cannot bind."""
+    """A listening TCP socket (port 0 picks a free one); raises OSError when it cannot bind.
+
+    Its connections send each SSE event at once (TCP_NODELAY). asyncio turns Nagle's algorithm
+    off only for sockets made with proto IPPROTO_TCP, and uvicorn serving a socket made with
+    proto 0 left it on: the first event waited for the client's delayed ACK of the response
+    headers, up to 40 ms on a reused connection (``bench/ttft_side_by_side.py``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # (accepted ones inherit it)
         sock.bind((host, port))
         sock.listen(2048)
     except OSError:

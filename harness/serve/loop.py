@@ -13,8 +13,8 @@ arrivals (late by the event loop's timer granularity, under a millisecond, plus 
 server spends behind; ``batchlab_reference_step_lateness_seconds`` measures it). There is no
 multi-step shortcut: every step is scheduled and costed on its own.
 
-A client that disconnects does not abort its request (the scheduler has no abort): the request
-runs to its length and its tokens are dropped.
+A client that disconnects aborts its request (``abort``, called by the HTTP handlers through
+``cancel``): it leaves the pending queue or the scheduler, its KV blocks freed, between steps.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.engine import EngineCore, StepLog
-from adapters.reference.request import Request
+from adapters.reference.request import Request, chain_block_hashes
 from adapters.reference.scheduler import StepOutput
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,8 @@ class EngineObserver:
 
     def on_finished(self, request: Request, num_tokens: int) -> None: ...
 
+    def on_aborted(self, request: Request, num_tokens: int) -> None: ...
+
     def on_lateness(self, lateness_s: float) -> None: ...
 
 
@@ -140,9 +142,10 @@ class ServedEngine:
         return ""
 
     def submit(self, num_prompt_tokens: int, max_output_tokens: int, *, priority: int = 0,
-               request_id: str | None = None,
-               arrival_s: float | None = None) -> TokenStream | Rejection:
-        """Queue a request that arrives now (or at ``arrival_s``, for tests)."""
+               request_id: str | None = None, arrival_s: float | None = None,
+               prompt_keys: Sequence[int] = ()) -> TokenStream | Rejection:
+        """Queue a request that arrives now (or at ``arrival_s``, for tests). ``prompt_keys``
+        (token identities) let prefix caching find shared prompt blocks."""
         reason = self.rejection(num_prompt_tokens, max_output_tokens)
         if reason:
             return Rejection(reason)
@@ -152,8 +155,11 @@ class ServedEngine:
         # stamped before the read) counts as arriving with the request submitted before it.
         arrival_s = max(self.now_s() if arrival_s is None else arrival_s, self._last_arrival_s)
         self._last_arrival_s = arrival_s
+        hashes = (chain_block_hashes(prompt_keys[:num_prompt_tokens], self.config.block_size)
+                  if prompt_keys and self.config.prefix_caching else ())
         request = Request(request_id or f"req-{index}", num_prompt_tokens, max_output_tokens,
-                          arrival_s=arrival_s, priority=priority, index=index)
+                          arrival_s=arrival_s, priority=priority, index=index,
+                          block_hashes=hashes)
         stream = TokenStream(request)
         if self.failure is not None:  # the step loop is gone: fail now rather than hang
             stream.error = f"engine failure: {self.failure}"
@@ -162,6 +168,28 @@ class ServedEngine:
         self._pending.append(stream)
         self._wake.set()
         return stream
+
+    def abort(self, stream: TokenStream) -> bool:
+        """End ``stream``'s request now, its client gone (vLLM's abort on disconnect): out of
+        the pending queue, or out of the scheduler with its KV blocks freed. False when there
+        was nothing to abort: it had finished (or finishes in the step now running, whose
+        ``deliver`` ends it), or failed."""
+        if stream.done:
+            return False
+        request_id = stream.request_id
+        if stream in self._pending:
+            self._pending.remove(stream)
+        elif (self._streams.get(request_id) is not stream
+              or self.core.scheduler.abort(request_id) is None):
+            return False
+        else:
+            del self._streams[request_id]
+        stream.error = "aborted"
+        stream.done = True
+        stream.notify()
+        if self.observer is not None:
+            self.observer.on_aborted(stream.request, stream.num_tokens)
+        return True
 
     @property
     def num_pending(self) -> int:
@@ -222,7 +250,9 @@ class ServedEngine:
         streams = self._streams
         woken: list[TokenStream] = []
         for request_id in out.token_request_ids:
-            stream = streams[request_id]
+            stream = streams.get(request_id)
+            if stream is None:  # aborted after its step ran: nobody to stream to
+                continue
             stream.num_tokens += 1
             woken.append(stream)
             if stream.num_tokens == 1 and self.observer is not None:
@@ -230,7 +260,9 @@ class ServedEngine:
         if self.observer is not None:
             self.observer.on_tokens(len(out.token_request_ids))
         for request_id in out.finished_request_ids:
-            stream = streams.pop(request_id)
+            stream = streams.pop(request_id, None)
+            if stream is None:
+                continue
             stream.done = True
             woken.append(stream)
             if self.observer is not None:

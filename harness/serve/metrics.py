@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import generate_latest
 
 from adapters.reference.request import Request
@@ -53,15 +54,22 @@ class PrometheusMetrics(EngineObserver):
         gauge("tgi_batch_max_total_tokens", "KV-cache capacity in tokens (TGI's name).",
               lambda: num_blocks * block_size, labelled=False)
 
+        if engine.config.prefix_caching:
+            r.register(_PrefixCacheCollector(engine, labels))
         self.preemptions = Counter("vllm:num_preemptions", "Cumulative preemptions.", names,
                                    registry=r).labels(**labels)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefilled prompt tokens.", names,
                                      registry=r).labels(**labels)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", names,
                                          registry=r).labels(**labels)
-        self.success = Counter("vllm:request_success", "Finished requests.",
-                               (*names, "finished_reason"), registry=r)
-        self.success_labels = labels
+        # A series per finish reason from the start, zero until used, as vLLM's
+        # PrometheusStatLogger does (vllm-project/vllm, vllm/v1/metrics/loggers.py, commit
+        # 005a810bc40faa25b8870fbc8559c3462581eee3, read 2026-11-30): "length" (every request
+        # runs to its max_tokens) and "abort" (its client went away).
+        success = Counter("vllm:request_success", "Finished requests.",
+                          (*names, "finished_reason"), registry=r)
+        self.success_length = success.labels(**labels, finished_reason="length")
+        self.success_abort = success.labels(**labels, finished_reason="abort")
         self.iteration_tokens = Histogram(
             "vllm:iteration_tokens_total", "Tokens scheduled per engine step.", names,
             buckets=ITERATION_TOKEN_BUCKETS, registry=r).labels(**labels)
@@ -94,12 +102,36 @@ class PrometheusMetrics(EngineObserver):
         self.generation_tokens.inc(num_tokens)
 
     def on_finished(self, request: Request, num_tokens: int) -> None:
-        self.success.labels(**self.success_labels, finished_reason="length").inc()
+        self.success_length.inc()
         if request.finished_s is not None:
             self.e2e.observe(max(0.0, request.finished_s - request.arrival_s))
+
+    def on_aborted(self, request: Request, num_tokens: int) -> None:
+        self.success_abort.inc()
 
     def on_lateness(self, lateness_s: float) -> None:
         self.lateness.observe(max(0.0, lateness_s))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _PrefixCacheCollector:
+    """``vllm:prefix_cache_queries`` and ``_hits`` (prompt tokens looked up at admission and
+    found), read from the block manager when scraped."""
+
+    def __init__(self, engine: ServedEngine, labels: dict[str, str]) -> None:
+        self.blocks = engine.core.blocks
+        self.labels = labels
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        names = list(self.labels)
+        for name, doc, value in (
+            ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+             self.blocks.prefix_cache_queries_tokens),
+            ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+             self.blocks.prefix_cache_hits_tokens),
+        ):
+            family = CounterMetricFamily(name, doc, labels=names)
+            family.add_metric([self.labels[n] for n in names], value)
+            yield family

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request as StarletteRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from harness.serve.bodies import ApiError, bool_field, int_field, is_int, read_json
+from harness.serve.cancel import CLIENT_CLOSED_REQUEST, AbortOnClose, wait_or_abort
 from harness.serve.loop import ENGINE_NAME, Rejection, ServedEngine, TokenStream
 from harness.serve.output import dumps, output_text, output_token_text
 from harness.serve.prompts import PromptCounter
@@ -34,6 +35,7 @@ class OpenAiRequest:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    prompt_keys: tuple[int, ...] = ()  # token identities, kept only when prefix caching is on
 
 
 def openai_error(err: ApiError) -> JSONResponse:
@@ -78,14 +80,13 @@ class OpenAiRoutes:
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         stream = self.engine.submit(req.num_prompt_tokens, req.max_tokens,
                                     priority=req.priority, request_id=response_id,
-                                    arrival_s=arrival_s)
+                                    arrival_s=arrival_s, prompt_keys=req.prompt_keys)
         if isinstance(stream, Rejection):
             return openai_error(ApiError(400, f"the request can never run: {stream.message}"))
         if req.stream:
-            return StreamingResponse(self._events(stream, req, chat),
-                                     media_type="text/event-stream")
-        async for _ in stream.tokens():
-            pass
+            return AbortOnClose(self._events(stream, req, chat), self.engine, stream)
+        if not await wait_or_abort(request, self.engine, stream):
+            return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody is there to read it
         if stream.error is not None:
             return openai_error(ApiError(500, stream.error, "InternalServerError"))
         n = stream.num_tokens
@@ -234,8 +235,23 @@ class OpenAiRoutes:
         reason = self.engine.rejection(num_prompt, max_tokens)
         if reason:
             return ApiError(400, f"the request can never run: {reason}")
+        keys = (self.prompt_keys(body, chat=chat) if self.engine.config.prefix_caching
+                else ())
         return OpenAiRequest(num_prompt, max_tokens, int(priority), bool(stream), include_usage,
-                             continuous)
+                             continuous, keys)
+
+    def prompt_keys(self, body: Mapping[str, Any], *, chat: bool) -> tuple[int, ...]:
+        """A validated prompt's token identities: ids as sent, else the counted pieces."""
+        if chat:
+            texts = [m.get("content") for m in body.get("messages") or []
+                     if isinstance(m, dict)]
+            return tuple(k for t in texts if isinstance(t, str) for k in self.counter.keys(t))
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return self.counter.keys(prompt)
+        return tuple(int(t) for t in prompt) if isinstance(prompt, list) else ()
 
 
 def _usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:

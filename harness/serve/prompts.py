@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import zlib
 
 from harness.live.prompts import TextTokenizer, load_tokenizer
 
@@ -34,3 +35,10 @@ class PromptCounter:
         if self._tokenizer is not None:
             return len(self._tokenizer.encode(text, add_special_tokens=True))
         return sum(1 for _ in self._PIECES.finditer(text))
+
+    def keys(self, text: str) -> tuple[int, ...]:
+        """The prompt's token identities, for prefix caching: the tokenizer's ids, else a
+        stable hash of each word or punctuation mark (the same pieces ``count`` counts)."""
+        if self._tokenizer is not None:
+            return tuple(self._tokenizer.encode(text, add_special_tokens=True))
+        return tuple(zlib.crc32(m.group().encode()) for m in self._PIECES.finditer(text))

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from adapters.reference.request import Request
 from harness.manifest import batchlab_version
 from harness.serve.bodies import ApiError, bool_field, int_field, read_json
+from harness.serve.cancel import CLIENT_CLOSED_REQUEST, AbortOnClose, wait_or_abort
 from harness.serve.loop import ENGINE_NAME, Rejection, ServedEngine, TokenStream
 from harness.serve.output import dumps, output_text, output_token_id, output_token_text
 from harness.serve.prompts import PromptCounter
@@ -112,11 +113,10 @@ class TgiRoutes:
                                          media_type="text/event-stream", headers=headers)
             return tgi_error(err)
         if stream:
-            return StreamingResponse(self._events(token_stream, req),
-                                     media_type="text/event-stream",
-                                     headers={**headers, "X-Accel-Buffering": "no"})
-        async for _ in token_stream.tokens():
-            pass
+            return AbortOnClose(self._events(token_stream, req), self.engine, token_stream,
+                                headers={**headers, "X-Accel-Buffering": "no"})
+        if not await wait_or_abort(request, self.engine, token_stream):
+            return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody is there to read it
         if token_stream.error is not None:
             return JSONResponse({"error": token_stream.error, "error_type": "generation"},
                                 status_code=424, headers=headers)

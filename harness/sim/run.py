@@ -14,7 +14,14 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from adapters.reference import ReferenceConfig
-from harness.manifest import MANIFEST_FILE, batchlab_version, run_fields, trace_manifest
+from adapters.reference.cost_model import ProfileError, profile_accuracy
+from harness.manifest import (
+    batchlab_version,
+    run_fields,
+    trace_manifest,
+    update_manifest,
+    write_manifest,
+)
 from harness.metrics import Slo, summarize
 from harness.results import (
     STEPS_FILE,
@@ -23,7 +30,10 @@ from harness.results import (
     write_parquet_atomic,
     write_timelines,
 )
+from harness.runfolder import RunIdentity, claim_run_dir
 from harness.sim.driver import simulate
+from harness.sim.roofline import decode_context_len, roofline_turn
+from harness.target import ClosedLoop, EarlyStop
 from harness.traces import Trace
 
 
@@ -34,7 +44,30 @@ def reference_engine_manifest(config: ReferenceConfig, num_kv_blocks_total: int)
         "version": batchlab_version(),
         "config": config.as_dict(),
         "num_kv_blocks_total": num_kv_blocks_total,
+        "prediction": prediction_record(config),
     }
+
+
+# What the catalog's datasheet coefficients (no engine profile) miss by: 167 published rows of
+# TensorRT-LLM on H100-SXM and H200 and vLLM on H100-SXM, simulated with the catalog
+# coefficients and each engine's scheduler defaults (docs/published.md, "Catalog coefficients").
+CATALOG_ACCURACY = {
+    "median_abs_error": 0.169, "worst_abs_error": 1.61, "num_rows": 167,
+    "note": "catalog datasheet coefficients, no engine overheads",
+    "source": "docs/published.md",
+}
+
+
+def prediction_record(config: ReferenceConfig) -> dict[str, Any]:
+    """Every simulated number is a prediction: of which engine model, and how accurate that
+    kind of prediction has been measured to be."""
+    if config.profile is None:
+        return {"kind": "catalog", "profile": None, "accuracy": CATALOG_ACCURACY}
+    try:
+        accuracy = profile_accuracy(config.profile)
+    except ProfileError:
+        accuracy = None
+    return {"kind": "profile", "profile": config.profile, "accuracy": accuracy}
 
 
 def run_simulation(
@@ -47,23 +80,47 @@ def run_simulation(
     command: Sequence[str] | None = None,
     knobs: dict[str, Any] | None = None,
     write_report: bool = True,
+    closed_loop: ClosedLoop | None = None,
+    early_stop: EarlyStop | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Simulate ``trace`` on the reference engine and write the run folder; returns the summary."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Simulate ``trace`` on the reference engine and write the run folder; returns the summary.
+
+    ``closed_loop``: N users instead of the trace's arrival times. ``early_stop``: see
+    ``simulate``; the summary and manifest then say why the run stopped (``stopped_early``).
+    ``out_dir`` is claimed first (``harness.runfolder``): a folder of another run is refused
+    unless ``overwrite``. Interrupted (Ctrl-C, SIGTERM), the manifest says so.
+    """
+    identity = RunIdentity("simulated", trace.digest, engine="reference")
+    run_id = claim_run_dir(out_dir, identity, overwrite=overwrite)
     wall_start = time.perf_counter()
-    result = simulate(trace.requests, config, progress=progress)
+    try:
+        result = simulate(trace.requests, config, progress=progress, closed_loop=closed_loop,
+                          early_stop=early_stop)
+    except KeyboardInterrupt:
+        update_manifest(out_dir, {**run_fields("simulated", command), "status": "interrupted",
+                                  "error": "interrupted before the simulation finished"})
+        raise
     wall_s = time.perf_counter() - wall_start
 
-    write_timelines(out_dir, result.timelines, live=False)
-    write_parquet_atomic(result.steps, out_dir / STEPS_FILE)
+    write_timelines(out_dir, result.timelines, live=False, run_id=run_id)
+    write_parquet_atomic(result.steps, out_dir / STEPS_FILE, run_id=run_id)
     summary = summarize(result.timelines, slo=slo)
     summary["num_steps"] = result.steps.num_rows
     summary["simulation_wall_s"] = wall_s
+    summary["run_id"] = run_id
+    if result.prefix_cache is not None:
+        summary["prefix_cache"] = result.prefix_cache
+    if result.stopped_reason:
+        summary["stopped_early"] = result.stopped_reason
+        summary["num_not_sent"] = result.num_not_sent
     write_json_atomic(summary, out_dir / SUMMARY_FILE)
 
     cfg = config.as_dict()
     manifest = {
         **run_fields("simulated", command),
+        "run_id": run_id,
+        "identity": identity.as_dict(),
         "engine": reference_engine_manifest(config, result.num_kv_blocks_total),
         "model": cfg.get("model"),
         "gpu": cfg.get("gpu"),
@@ -71,13 +128,24 @@ def run_simulation(
         "trace": trace_manifest(trace),
         "slo": slo.as_dict() if slo else None,
         "client_limited": None,
-        "status": "finished",
+        "load": _load_manifest(closed_loop),
+        "roofline": roofline_turn(config, decode_context_len(trace.requests)),
+        "status": "stopped" if result.stopped_reason else "finished",
     }
-    write_json_atomic(manifest, out_dir / MANIFEST_FILE)
+    if result.stopped_reason:
+        manifest["stopped_early"] = result.stopped_reason
+    write_manifest(out_dir, manifest)
 
     if write_report:
         _write_run_report(out_dir)
     return summary
+
+
+def _load_manifest(closed_loop: ClosedLoop | None) -> dict[str, Any]:
+    if closed_loop is None:
+        return {"mode": "open", "arrivals": "the trace's arrival times"}
+    return {"mode": "closed", "concurrency": closed_loop.concurrency,
+            "think_time_s": closed_loop.think_time_s}
 
 
 def _write_run_report(run_dir: Path) -> None:

@@ -33,4 +33,6 @@ class SimulatedTarget:
         return run_simulation(trace, config, out_dir, slo=options.slo,
                               progress=options.progress, command=options.command,
                               knobs=config.effective_knobs(),
-                              write_report=options.write_report)
+                              write_report=options.write_report,
+                              closed_loop=options.closed_loop, early_stop=options.early_stop,
+                              overwrite=options.overwrite)

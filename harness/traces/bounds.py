@@ -36,6 +36,11 @@ MAX_REQUESTS_PER_TRACE = 10_000_000
 MIN_RATE_PER_S = 1e-6
 MAX_RATE_PER_S = 1e6
 
+# 65,536 closed-loop users: each holds its own connection to the one server address, and a
+# client has fewer ephemeral ports than that towards one address (Linux's default
+# ip_local_port_range, 32768-60999, gives 28,232).
+MAX_CONCURRENCY = 1 << 16
+
 # 1e10 s (317 years): a timestamp column may hold Unix-epoch seconds (1.7e9 today, 1e10 in the
 # year 2286); beyond that it is a unit mix-up, and arrivals are replayed on a clock.
 MAX_TIMESTAMP_S = 1e10
@@ -59,6 +64,17 @@ def check_count(
     """``value`` (an int) if it is at most ``MAX_REQUESTS_PER_TRACE``, else a TraceError."""
     if not value <= MAX_REQUESTS_PER_TRACE:
         raise _error(f"expected at most {MAX_REQUESTS_PER_TRACE} requests", value, where, path,
+                     line, got)
+    return int(value)
+
+
+def check_concurrency(
+    value: float, where: str, *, path: str | None = None, line: int | None = None,
+    got: object = None,
+) -> int:
+    """``value`` (an int) if it is at most ``MAX_CONCURRENCY`` users, else a TraceError."""
+    if not value <= MAX_CONCURRENCY:
+        raise _error(f"expected at most {MAX_CONCURRENCY} concurrent users", value, where, path,
                      line, got)
     return int(value)
 

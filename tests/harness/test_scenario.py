@@ -154,10 +154,11 @@ def test_engine_config_checked_before_running(tmp_path: Path) -> None:
     assert "cell cont: max_num_batched_tokens" in str(err) and "max_model_len" in str(err)
 
 
-def test_concurrency_needs_live_engines(tmp_path: Path) -> None:
+def test_concurrency_on_simulated_engines(tmp_path: Path) -> None:
+    """Closed-loop users on the virtual clock: concurrency load points for simulated cells."""
     path = write(tmp_path, GOOD + "load:\n  concurrencies: [4, 8]\n")
-    err = error_of(path)
-    assert err.key == "load.concurrencies" and "needs live engines" in str(err)
+    cells = load_scenario(path).cells()
+    assert {c.load.label for c in cells} == {"conc-4", "conc-8"}
 
 
 def test_live_only_option_on_reference(tmp_path: Path) -> None:

@@ -146,3 +146,16 @@ def test_decode_spans_never_change_results(case: tuple[list[TraceRequest], Refer
     used = fast.steps["num_kv_blocks_used"].to_pylist()
     assert all(0 <= u <= fast.num_kv_blocks_total for u in used)
     assert max(fast.steps["num_running"].to_pylist(), default=0) <= config.max_num_seqs
+
+
+def test_decode_spans_count_the_last_prompt_token_as_prefill() -> None:
+    """A request whose last prompt token is left for its own step (chunked prefill filled
+    the budget) is still prefilling: no decode span may start before that step."""
+    reqs = [TraceRequest("r0", 0.46875, 100, 1, 0), TraceRequest("r1", 0.0, 1, 1, 0),
+            TraceRequest("r2", 0.4375, 1, 6, 0), TraceRequest("r3", 0.25, 1, 36, 0)]
+    config = ReferenceConfig(policy="fcfs", max_num_seqs=3, max_num_batched_tokens=101,
+                             chunked_prefill=True, num_gpu_blocks=11, max_model_len=1024,
+                             swap_space_gib=0.0)
+    fast = simulate(reqs, config, check_invariants=True)
+    slow = simulate(reqs, config, decode_spans=False, check_invariants=True)
+    assert fast.steps.equals(slow.steps)

@@ -1,0 +1,175 @@
+"""One llama-server, three clients' figures side by side: batchlab, the server's own, vLLM's.
+
+Starts llama.cpp's ``llama-server`` (``make engines``: ``.build/llama-server`` and
+``models/small-llama.gguf``) once, then on that same server, one after another:
+
+1. batchlab (``--engine llamacpp --url``): TTFT and TPOT per request, token counts from the
+   server's running count (``timings_per_token``);
+2. the server's own per-request timings, from its log (``prompt eval time``, ``eval time ... ms
+   per token``): time in the slot, without HTTP and queueing;
+3. vLLM's ``bench serve`` client (``.venvs/vllm``, when present) on the same load: it counts
+   output tokens by re-tokenising the text it received, which llama.cpp streams with special
+   tokens as empty text and incomplete UTF-8 held back.
+
+Each client sends N requests of P prompt tokens asking for exactly O output tokens, from C
+users (closed loop). The prompt cache is off, so every request computes its prompt. Prints the
+figures and each client's ratio against the server's own (the baseline).
+
+    .venv/bin/python bench/llamacpp_side_by_side.py [--requests 32 --users 4 --output 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import pyarrow.parquet as pq  # noqa: E402
+
+from adapters.knobs import Knobs  # noqa: E402
+from adapters.process import ServerProcess, free_port  # noqa: E402
+from harness.live import run as live  # noqa: E402
+from harness.target import RunOptions, TargetSpec  # noqa: E402
+from harness.traces import TraceOptions, load_trace  # noqa: E402
+
+BINARY = REPO / ".build" / "llama-server"
+MODEL = REPO / "models" / "small-llama"
+VLLM_PYTHON = REPO / ".venvs" / "vllm" / "bin" / "python"
+PROMPT = re.compile(r"task (\d+) \| prompt eval time =\s+([\d.]+) ms /\s+(\d+) tokens")
+EVAL = re.compile(r"task (\d+) \|\s+eval time =\s+([\d.]+) ms /\s+(\d+) tokens \(\s*([\d.]+) ms "
+                  r"per token")
+VLLM_RUNNER = """
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+p = FlexibleArgumentParser()
+add_cli_args(p)
+main(p.parse_args(sys.argv[1:]))
+"""
+
+
+def ms(values: list[float]) -> str:
+    p50, mean = statistics.median(values) * 1e3, statistics.fmean(values) * 1e3
+    return f"p50 {p50:7.2f} ms  mean {mean:7.2f} ms"
+
+
+def server_timings(log: str) -> dict[int, dict[str, float]]:
+    """Per task: prompt_ms, eval per-token ms and eval tokens, from llama-server's log."""
+    out: dict[int, dict[str, float]] = {}
+    for task, prompt_ms, _n in PROMPT.findall(log):
+        out.setdefault(int(task), {})["prompt_s"] = float(prompt_ms) / 1e3
+    for task, _ms, n, per_token in EVAL.findall(log):
+        out.setdefault(int(task), {}).update(tpot_s=float(per_token) / 1e3, tokens=int(n))
+    return {t: v for t, v in out.items() if "tpot_s" in v}
+
+
+def run_batchlab(url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    trace = load_trace("synthetic", TraceOptions(num_requests=args.requests, rate=1000.0,
+                                                 prompt_tokens=args.prompt,
+                                                 output_tokens=args.output))
+    spec = TargetSpec("llamacpp", "attach", knobs=Knobs(given=frozenset()), model=str(MODEL),
+                      served_model_name="small", url=url, telemetry_interval_s=0.25)
+    live.run_live(spec, trace, out, RunOptions(
+        replay={"mode": "closed", "concurrency": args.users, "prompt_salt": "batchlab"},
+        write_report=False))
+    ok = [r for r in pq.read_table(out / "requests.parquet").to_pylist() if not r["error_kind"]]
+    return {
+        "ttft": [r["ttft_s"] for r in ok if r["ttft_s"] == r["ttft_s"]],  # not NaN
+        "tpot": [r["tpot_s"] for r in ok if r["tpot_s"] == r["tpot_s"]],
+        "tokens": sum(r["num_output_tokens"] or 0 for r in ok),
+        "num": len(ok),
+    }
+
+
+def run_vllm_client(url: str, args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
+    if not VLLM_PYTHON.exists():
+        return None
+    result = out / "vllm-bench.json"
+    argv = [str(VLLM_PYTHON), "-c", VLLM_RUNNER, "--backend", "openai", "--base-url", url,
+            "--endpoint", "/v1/completions", "--model", "small", "--tokenizer", str(MODEL),
+            "--dataset-name", "random", "--random-input-len", str(args.prompt),
+            "--random-output-len", str(args.output), "--num-prompts", str(args.requests),
+            "--max-concurrency", str(args.users), "--request-rate", "inf", "--ignore-eos",
+            "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--save-result", "--save-detailed", "--result-dir", str(out),
+            "--result-filename", result.name, "--disable-tqdm"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False,
+                          timeout=600)
+    if done.returncode != 0 or not result.exists():
+        print(f"vllm bench serve failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        return None
+    data = json.loads(result.read_text())
+    # its own TPOT: (latency - TTFT) / (output tokens it counted - 1), per request
+    per = zip(data["latencies"], data["ttfts"], data["output_lens"], strict=False)
+    return {
+        "ttft": [t for t in data["ttfts"] if t],
+        "tpot": [(lat - ttft) / (n - 1) for lat, ttft, n in per if ttft and n > 1],
+        "tokens": int(data.get("total_output_tokens") or sum(data["output_lens"])),
+        "num": int(data.get("completed") or 0),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--users", type=int, default=4)
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--output", type=int, default=64)
+    p.add_argument("--slots", type=int, default=4)
+    args = p.parse_args()
+    for path in (BINARY, MODEL, MODEL.with_suffix(".gguf")):
+        if not path.exists():
+            print(f"{path.relative_to(REPO)} missing: run `make engines`")
+            return 2
+    work = Path(tempfile.mkdtemp(prefix="llamacpp-bench-"))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [str(BINARY), "-m", str(MODEL.with_suffix(".gguf")), "--alias", "small",
+            "--host", "127.0.0.1", "--port", str(port), "--metrics", "-np", str(args.slots),
+            "-c", str(args.slots * 1024), "-cb", "--no-cache-prompt", "--cache-ram", "0",
+            "-t", "2"]
+    print(f"load: {args.requests} requests, {args.prompt} prompt + {args.output} output tokens, "
+          f"{args.users} users; llama-server -np {args.slots}; load average "
+          f"{os.getloadavg()[0]:.2f}")
+    with ServerProcess(argv, log_dir=work, name="llama-server") as server:
+        server.start()
+        asyncio.run(server.wait_ready(url + "/health", timeout_s=60))
+        ours = run_batchlab(url, args, work / "batchlab")
+        log = server.stderr_path.read_text() + server.stdout_path.read_text()
+        own = server_timings(log)
+        theirs = run_vllm_client(url, args, work)
+    print(f"\n{'client':<32} {'TTFT':<34} {'TPOT':<34} output tokens")
+    srv_ttft = [v["prompt_s"] for v in own.values() if "prompt_s" in v]
+    srv_tpot = [v["tpot_s"] for v in own.values()]
+    srv_tokens = int(sum(v["tokens"] for v in own.values()))
+    print(f"{'llama-server log (baseline)':<32} {ms(srv_ttft):<34} {ms(srv_tpot):<34} "
+          f"{srv_tokens} ({len(own)} requests; TTFT = prompt eval in the slot)")
+    rows = [("batchlab", ours)] + ([("vllm bench serve", theirs)] if theirs else [])
+    for name, fig in rows:
+        print(f"{name:<32} {ms(fig['ttft']):<34} {ms(fig['tpot']):<34} {fig['tokens']} "
+              f"({fig['num']} requests)")
+    exact = args.requests * args.output
+    print(f"\nasked for {exact} output tokens in all ({args.requests} x {args.output})")
+    for name, fig in rows:
+        tpot_ratio = statistics.median(fig["tpot"]) / statistics.median(srv_tpot)
+        ttft_extra = statistics.median(fig["ttft"]) - statistics.median(srv_ttft)
+        print(f"{name}: TPOT p50 / server's {tpot_ratio:.3f}; TTFT p50 - server's prompt time "
+              f"{ttft_extra * 1e3:+.1f} ms; output tokens / asked {fig['tokens'] / exact:.3f}")
+    print(f"(run folder and server log: {work})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""How much load ``replay --workers N`` sustains: 1 and 2 client processes, in one run.
+
+Starts the scheduled-stream loopback server of ``bench/client_capacity.py`` (``harness.live.
+testing``: first chunk 20 ms after the request, then one every 5 ms, 16 tokens; it does no
+model work) in a subprocess, then for 1 worker and for 2 workers replays constant-rate traces at
+rising rates through ``harness.live.workers.replay_workers`` until the client falls behind
+(sent rate off by more than 2 %, send-lag p50 over 5 ms, or a failure). Per step it prints the
+sent rate, send lag, streamed tokens/s, and where the CPU went: each worker's CPU seconds in
+its replay and the server's (from /proc), as a fraction of the run, so that the limit can be
+named: a worker near 100 % of a core is a client limit; the server near 100 % is a server
+limit; all processes together near the machine's cores is the machine.
+
+The baseline is 1 worker (the ordinary replay's event loop in one process): the script prints
+the ratio of the highest rate 2 workers kept up with to it, and which process was the limit.
+
+    .venv/bin/python bench/workers_capacity.py [--rates 200,400,...] [--step-s 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from harness.live.config import ReplayConfig
+from harness.live.workers import replay_workers
+from harness.traces import Trace, TraceRequest
+
+REPO = Path(__file__).resolve().parent.parent
+TTFT_S, ITL_S, OUTPUT_TOKENS, PROMPT_TOKENS = 0.020, 0.005, 16, 32
+KEEP_UP_LAG_S = 0.005
+DEFAULT_RATES = (50, 100, 150, 200, 250, 300, 400, 500, 600, 800, 1000, 1200, 1600, 2000)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def start_server() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.live.testing", "--port", "0", "--ttft-s", str(TTFT_S),
+         "--itl-s", str(ITL_S)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise SystemExit(f"loopback server did not start: {line!r}")
+    return proc, line.split()[-1]
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine so far, every process (Linux /proc/stat)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return sum(values) - idle, sum(values)
+
+
+def ticks_at(t0_ns: int) -> tuple[int, int]:
+    """The machine's ticks at the replay's start: wait for t0 (the parent idles meanwhile)."""
+    time.sleep(max(0.0, (t0_ns - time.perf_counter_ns()) / 1e9))
+    return machine_ticks()
+
+
+def constant_trace(rate: float, duration_s: float, tag: str) -> Trace:
+    n = max(int(rate * duration_s), 1)
+    reqs = tuple(TraceRequest(f"{tag}-{i}", i / rate, PROMPT_TOKENS, OUTPUT_TOKENS)
+                 for i in range(n))
+    return Trace(reqs, source=f"constant:{rate}", format="synthetic", digest=tag)
+
+
+def step(url: str, server_pid: int, workers: int, rate: float, step_s: float,
+         out: Path) -> dict[str, Any]:
+    trace = constant_trace(rate, step_s, f"w{workers}r{rate:g}")
+    ticks: list[tuple[int, int]] = []
+    config = ReplayConfig(target_url=url, protocol="openai", timeout_s=30.0)
+    server_before = cpu_s(server_pid)
+    summary = replay_workers(trace, config, out, num_workers=workers,
+                             on_t0=lambda t0_ns: ticks.append(ticks_at(t0_ns)))
+    ticks.append(machine_ticks())
+    server_cpu = cpu_s(server_pid) - server_before  # the server idles while workers spawn
+    (busy0, total0), (busy1, total1) = ticks[0], ticks[-1]
+    table = pq.read_table(out / "requests.parquet", columns=["sent_s", "error_kind"]).to_pydict()
+    sent = np.sort(np.asarray([s for s in table["sent_s"] if s is not None], dtype=np.float64))
+    span = float(sent[-1] - sent[0]) if sent.size > 1 else 0.0
+    duration = float(summary["duration_s"]) or 1.0
+    lag = summary.get("send_lag_s") or {}
+    per_worker = summary.get("workers") or []
+    return {
+        "workers": workers, "rate": rate, "num": len(table["sent_s"]),
+        "failed": sum(1 for e in table["error_kind"] if e),
+        "sent_rate": (sent.size - 1) / span if span > 0 else float("nan"),
+        "lag_p50": lag.get("p50") or 0.0, "lag_p99": lag.get("p99") or 0.0,
+        "tok_s": summary["throughput"]["output_tokens_per_s"],
+        "worker_lag_p99": [w.get("send_lag_s_p99") or 0.0 for w in per_worker],
+        "worker_cpu": [(w.get("cpu_s") or 0.0) / duration for w in per_worker],
+        "server_cpu": server_cpu / duration,
+        # the whole machine during the replay, other users' processes included
+        "machine_busy": (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0,
+    }
+
+
+def kept_up(r: dict[str, Any]) -> bool:
+    return (not r["failed"] and r["lag_p50"] < KEEP_UP_LAG_S
+            and abs(r["sent_rate"] - r["rate"]) <= 0.02 * r["rate"])
+
+
+def line(r: dict[str, Any]) -> str:
+    lags = "/".join(f"{v * 1e3:.2f}" for v in r["worker_lag_p99"])
+    cpus = "/".join(f"{v:.0%}" for v in r["worker_cpu"])
+    return (f"{r['workers']:>7} {r['rate']:6g} {r['sent_rate']:8.1f} {r['failed']:6d} "
+            f"{r['lag_p50'] * 1e3:8.2f} {r['lag_p99'] * 1e3:8.2f}  {lags:>13}  "
+            f"{r['tok_s']:8.0f}  {cpus:>9}  {r['server_cpu']:6.0%}  {r['machine_busy']:7.0%}  "
+            f"{'yes' if kept_up(r) else 'NO'}")
+
+
+def limit_of(r: dict[str, Any]) -> str:
+    """Which process ran out of CPU at the first rate not kept up."""
+    cores = os.cpu_count() or 1
+    total = r["server_cpu"] + sum(r["worker_cpu"])
+    parts = []
+    if r["server_cpu"] >= 0.85:
+        parts.append(f"the server ({r['server_cpu']:.0%} of a core)")
+    busy = [f"worker {i} ({c:.0%})" for i, c in enumerate(r["worker_cpu"]) if c >= 0.85]
+    if busy:
+        parts.append("the client: " + ", ".join(busy))
+    if total >= 0.85 * cores:
+        parts.append(f"the machine: server and workers used {total:.2f} of {cores} cores")
+    elif r["machine_busy"] >= 0.9:
+        parts.append(f"the machine, shared: its {cores} cores were {r['machine_busy']:.0%} busy "
+                     f"but server and workers got only {total:.2f} of them (other processes "
+                     "took the rest)")
+    return "; ".join(parts) or (f"no process near a full core (server {r['server_cpu']:.0%}, "
+                                f"workers {'/'.join(f'{c:.0%}' for c in r['worker_cpu'])})")
+
+
+def sweep(url: str, pid: int, workers: int, rates: list[float], step_s: float,
+          tmp: Path) -> list[dict[str, Any]]:
+    results = []
+    for rate in rates:
+        r = step(url, pid, workers, rate, step_s, tmp / f"w{workers}-r{rate:g}")
+        results.append(r)
+        print(line(r), flush=True)
+        if not kept_up(r):
+            break
+    return results
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rates", default=",".join(str(r) for r in DEFAULT_RATES),
+                   help="request rates to sweep, ascending")
+    p.add_argument("--step-s", type=float, default=3.0, help="seconds of arrivals per rate")
+    args = p.parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    proc, url = start_server()
+    wall0 = time.perf_counter()
+    try:
+        print(f"loopback server {url} (pid {proc.pid}): first chunk after {TTFT_S * 1e3:g} ms, "
+              f"then every {ITL_S * 1e3:g} ms, {OUTPUT_TOKENS} tokens; constant rate, "
+              f"{args.step_s:g} s per step; {os.cpu_count()} CPUs, load average "
+              f"{os.getloadavg()[0]:.1f}")
+        print("workers   rate   sent/s failed  lag p50  lag p99  worker p99 ms     tok/s  "
+              "worker CPU  server  machine  kept up")
+        best: dict[int, dict[str, Any] | None] = {}
+        limits: dict[int, str] = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for workers in (1, 2):
+                results = sweep(url, proc.pid, workers, rates, args.step_s, Path(tmp))
+                kept = [r for r in results if kept_up(r)]
+                best[workers] = max(kept, key=lambda r: r["rate"]) if kept else None
+                behind = next((r for r in results if not kept_up(r)), None)
+                limits[workers] = (limit_of(behind) if behind is not None
+                                   else "none reached: raise --rates")
+        for workers in (1, 2):
+            b = best[workers]
+            text = (f"{b['rate']:g} req/s, {b['tok_s']:.0f} streamed tok/s" if b
+                    else "no rate tried")
+            print(f"{workers} worker{'s' if workers > 1 else ''}: highest rate kept up with: "
+                  f"{text}; limit at the next rate: {limits[workers]}")
+        one, two = best[1], best[2]
+        if one and two:
+            print(f"2 workers / 1 worker (the baseline): {two['rate'] / one['rate']:.2f}x the "
+                  f"rate")
+        print(f"total wall time {time.perf_counter() - wall0:.1f} s; load average "
+              f"{os.getloadavg()[0]:.1f}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""One probe of a capacity search: the trace at one load, run on the target into its own folder.
+
+A probe is an ordinary recorded run (``harness.targets.make_target(spec).run``), simulated or
+live, plus three small files that make its folder a report cell and a resumable step::
+
+    <search folder>/rate-4/        requests.parquet, summary.json, manifest.json, ... (the run)
+                                   cell.json   engine, knobs, grid and load, as a scenario cell
+                                   status.json done / running (as a scenario cell)
+                                   probe.json  load, attainment, passed, stopped, digest
+
+A probe passes when its SLO attainment (requests meeting every SLO / requests sent) is at
+least the target. A probe the saturation check stopped fails, with the reason recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from harness.capacity.saturation import SaturationMonitor, interval_for
+from harness.capacity.search import LOAD_UNITS, LoadKind, ProbeOutcome, normal_load
+from harness.metrics import Slo
+from harness.redact import redact_tree
+from harness.results import SUMMARY_FILE, write_json_atomic
+from harness.target import ClosedLoop, RunOptions, TargetSpec
+from harness.targets import make_target
+from harness.traces import Trace, TraceOptions, load_trace
+
+PROBE_FILE = "probe.json"
+CELL_FILE = "cell.json"
+STATUS_FILE = "status.json"
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """What every probe of one search shares: target, trace, SLO, load axis."""
+
+    spec: TargetSpec
+    trace_at: Callable[[LoadKind, float], Trace]  # the trace at a load (rate: rescaled)
+    slo: Slo
+    kind: LoadKind
+    target: float
+    cell: Mapping[str, Any]  # cell.json without the load: name, engine, knobs, grid
+    digest: str  # what the outcome depends on: a resumed search reuses only equal digests
+    think_time_s: float = 0.0  # simulated closed loop only
+    replay: Mapping[str, Any] = field(default_factory=dict)  # live: ReplayConfig fields
+    command: Sequence[str] | None = None
+    early_stop: bool = True
+
+
+def probe_label(kind: LoadKind, load: float) -> str:
+    """The probe's folder name, e.g. ``rate-4.5`` or ``conc-16`` (as scenario load points)."""
+    text = f"{load:g}" if kind == "rate" else f"{int(load)}"
+    return f"rate-{text}" if kind == "rate" else f"conc-{text}"
+
+
+def trace_file_at(path: str, options: Mapping[str, Any]) -> Callable[[LoadKind, float], Trace]:
+    """A trace file (or "synthetic") with ``TraceOptions`` fields: at a rate probe's load it is
+    rescaled to that mean rate (synthetic arrivals: drawn at it); for N users it is as given
+    (a synthetic one needs no rate then)."""
+    def at(kind: LoadKind, load: float) -> Trace:
+        fields = dict(options)
+        if kind == "rate":
+            fields["rate"] = load
+        elif fields.get("rate") is None and str(path).startswith("synthetic"):
+            fields["rate"] = math.inf  # users send as they free up: arrival times unused
+        return load_trace(path, TraceOptions(**fields))
+    return at
+
+
+def run_probe(plan: ProbePlan, load: float, out_dir: Path) -> ProbeOutcome:
+    """Run one probe into ``out_dir``; its outcome (also written to ``probe.json``).
+
+    Exceptions of the run (an engine that does not start) propagate: a probe that could not
+    run says nothing about the SLO."""
+    load = normal_load(plan.kind, load)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / PROBE_FILE).unlink(missing_ok=True)
+    trace = plan.trace_at(plan.kind, load)
+    write_json_atomic(redact_tree({**plan.cell, "name": f"{plan.cell.get('name')}/{out_dir.name}",
+                                   "load": {"kind": plan.kind, "value": load}}),  # env: ***
+                      out_dir / CELL_FILE)
+    write_json_atomic({"state": "running"}, out_dir / STATUS_FILE)
+    closed = plan.kind == "concurrency"
+    replay = dict(plan.replay)
+    if closed and not plan.spec.simulated:
+        replay.update(mode="closed", concurrency=int(load))
+    monitor = SaturationMonitor(interval_s=interval_for(_span_s(trace, plan.kind, load)))
+    options = RunOptions(
+        slo=plan.slo, command=list(plan.command) if plan.command else None, replay=replay,
+        write_report=False,
+        closed_loop=ClosedLoop(int(load), plan.think_time_s) if closed and plan.spec.simulated
+        else None,
+        early_stop=monitor if plan.early_stop else None,
+    )
+    try:
+        summary = make_target(plan.spec).run(trace, out_dir, options)
+    except BaseException as exc:
+        write_json_atomic({"state": "failed", "reason": f"{type(exc).__name__}: {exc}"},
+                          out_dir / STATUS_FILE)
+        raise
+    outcome = outcome_from_summary(load, summary, plan.target, run_dir=out_dir.name)
+    write_json_atomic({"kind": plan.kind, "unit": LOAD_UNITS[plan.kind], "digest": plan.digest,
+                       "target": plan.target, **outcome.as_dict()}, out_dir / PROBE_FILE)
+    write_json_atomic({"state": "done"}, out_dir / STATUS_FILE)
+    return outcome
+
+
+def _span_s(trace: Trace, kind: LoadKind, load: float) -> float:
+    if kind == "rate":
+        return trace.duration_s
+    return math.inf  # a closed loop's length is not known before it runs
+
+
+def outcome_from_summary(load: float, summary: Mapping[str, Any], target: float,
+                         *, run_dir: str | None = None) -> ProbeOutcome:
+    """A probe's outcome from its ``summary.json``: passed when attainment >= target and the
+    run was not stopped early."""
+    goodput = summary.get("goodput") or {}
+    attainment = goodput.get("slo_attainment")
+    stopped = summary.get("stopped_early")
+    passed = attainment is not None and attainment >= target and not stopped
+    return ProbeOutcome(
+        load=load, attainment=attainment, passed=bool(passed),
+        stopped=str(stopped) if stopped else None, run_dir=run_dir,
+        output_tokens_per_s=(summary.get("throughput") or {}).get("output_tokens_per_s"),
+        ttft_p90_s=(summary.get("ttft_s") or {}).get("p90"),
+        tpot_p90_s=(summary.get("tpot_s") or {}).get("p90"),
+    )
+
+
+def read_probe(run_dir: Path, digest: str) -> ProbeOutcome | None:
+    """A finished probe of the same search (equal digest) in ``run_dir``, else None."""
+    import json
+
+    try:
+        data = json.loads((run_dir / PROBE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("digest") != digest:
+        return None
+    if not (run_dir / SUMMARY_FILE).exists():
+        return None
+    try:
+        outcome = ProbeOutcome.from_dict(data)
+    except TypeError:
+        return None
+    return replace(outcome, run_dir=run_dir.name)

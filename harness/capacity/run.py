@@ -1,0 +1,223 @@
+"""Capacity searches for several engine × knob settings, recorded so a report can read them.
+
+    OUT/scenario.json               the probes as the cells of one sweep (for ``batchlab report``)
+    OUT/capacity.json               one row per setting: capacity, bracket, status
+    OUT/report.md                   curves, capacity table, findings, every probe
+    OUT/<setting>/search.json       spec, bracket, result, precision and every probe, in order
+    OUT/<setting>/<probe>/          one recorded run per probe (harness.capacity.probe)
+
+``search.json`` is rewritten after every probe, so an interrupted search shows how far it got;
+``resume`` reuses every finished probe whose digest matches (what the outcome depends on: the
+engine, knobs, trace, SLO and target) and runs only the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.capacity.probe import ProbePlan, probe_label, read_probe, run_probe
+from harness.capacity.search import (
+    LOAD_UNITS,
+    ProbeOutcome,
+    SearchResult,
+    SearchSpec,
+    search,
+)
+from harness.manifest import jsonable
+from harness.redact import redact_argv, redact_tree
+from harness.results import write_json_atomic
+
+SEARCH_FILE = "search.json"
+CAPACITY_FILE = "capacity.json"
+SCENARIO_FILE = "scenario.json"  # read by harness.report as a sweep's metadata
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One engine × knob setting whose capacity is searched."""
+
+    name: str  # its folder, e.g. ``fcfs__max_num_seqs-64``
+    plan: ProbePlan
+
+
+@dataclass(frozen=True)
+class SettingResult:
+    setting: Setting
+    result: SearchResult | None  # None: the search failed (``error`` says why)
+    error: str | None = None
+
+
+def digest_of(payload: Mapping[str, Any]) -> str:
+    text = json.dumps(jsonable(dict(payload)), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def known_probes(search_dir: Path, digest: str) -> dict[float, ProbeOutcome]:
+    """Finished probes of this search (same digest) in ``search_dir``, by load. Refuses a
+    ``search.json`` made with other settings rather than mixing two searches."""
+    recorded = _read_json(search_dir / SEARCH_FILE)
+    if recorded and recorded.get("digest") != digest:
+        raise ValueError(f"{search_dir / SEARCH_FILE}: made with other settings (engine, knobs, "
+                         "trace, SLO or target changed); drop --resume to start over, or "
+                         "choose another --out")
+    known: dict[float, ProbeOutcome] = {}
+    if not search_dir.is_dir():
+        return known
+    for sub in sorted(search_dir.iterdir()):
+        outcome = read_probe(sub, digest) if sub.is_dir() else None
+        if outcome is not None:
+            known[outcome.load] = outcome
+    return known
+
+
+def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: bool = False,
+               log: Log | None = None) -> SearchResult:
+    """Search one setting's capacity into ``out_dir`` (its probes are subfolders)."""
+    spec.validate()
+    plan = setting.plan
+    out_dir.mkdir(parents=True, exist_ok=True)
+    known = known_probes(out_dir, plan.digest) if resume else {}
+    done: list[ProbeOutcome] = []
+
+    def write(status: str, result: SearchResult | None = None, error: str | None = None) -> None:
+        probes = result.probes if result is not None else tuple(done)
+        write_json_atomic(redact_tree(_search_record(setting, spec, status, probes, result,
+                                                     error)), out_dir / SEARCH_FILE)
+
+    def probe(load: float) -> ProbeOutcome:
+        if log is not None:
+            log(f"{setting.name}: probe {load:g} {LOAD_UNITS[spec.kind]}")
+        return run_probe(plan, load, out_dir / probe_label(spec.kind, load))
+
+    def recorded(outcome: ProbeOutcome) -> None:
+        done.append(outcome)
+        write("running")
+        if log is not None:
+            verdict = "passed" if outcome.passed else "failed"
+            att = "–" if outcome.attainment is None else f"{outcome.attainment:.1%}"
+            extra = f"; stopped early: {outcome.stopped}" if outcome.stopped else ""
+            how = " (resumed)" if outcome.resumed else ""
+            log(f"{setting.name}: {outcome.load:g} {LOAD_UNITS[spec.kind]}: SLO attainment "
+                f"{att}, {verdict}{how}{extra}")
+
+    write("running")
+    try:
+        result = search(spec, probe, known=known, on_probe=recorded)
+    except KeyboardInterrupt:
+        write("interrupted")
+        raise
+    except Exception as exc:
+        write("failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    write(result.status, result)
+    return result
+
+
+def _search_record(setting: Setting, spec: SearchSpec, status: str,
+                   probes: Sequence[ProbeOutcome], result: SearchResult | None,
+                   error: str | None) -> dict[str, Any]:
+    plan = setting.plan
+    cell = dict(plan.cell)
+    return {
+        "setting": setting.name,
+        "engine": cell.get("engine"),
+        "knobs": cell.get("knobs"),
+        "grid": cell.get("grid") or {},
+        "kind": spec.kind,
+        "unit": LOAD_UNITS[spec.kind],
+        "slo": plan.slo.as_dict(),
+        "target_attainment": plan.target,
+        "spec": spec.as_dict(),
+        "precision": spec.precision,
+        "precision_text": spec.precision_text(),
+        "digest": plan.digest,
+        "status": status,
+        "error": error,
+        "capacity": result.capacity if result is not None else None,
+        "bracket": {"passing": result.passing if result is not None else None,
+                    "failing": result.failing if result is not None else None},
+        "probes": [{**p.as_dict(), "label": probe_label(spec.kind, p.load)} for p in probes],
+        "command": redact_argv(plan.command) if plan.command else None,
+    }
+
+
+def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *,
+                 name: str, resume: bool = False, baseline: str | None = None,
+                 command: Sequence[str] | None = None, log: Log | None = None,
+                 write_report: bool = True) -> list[SettingResult]:
+    """Search every setting (each into ``out_dir/<setting>``), then write ``capacity.json``,
+    the sweep metadata and the report. A setting whose probe cannot run (an engine that does
+    not start) is recorded as failed and the others go on."""
+    spec.validate()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: list[SettingResult] = []
+    for setting in settings:
+        try:
+            result = run_search(setting, spec, out_dir / setting.name, resume=resume, log=log)
+            results.append(SettingResult(setting, result))
+        except KeyboardInterrupt:
+            _write_summary(results, spec, out_dir, name=name, baseline=baseline,
+                           command=command)
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            if log is not None:
+                log(f"{setting.name}: search failed: {reason}")
+            results.append(SettingResult(setting, None, reason))
+    _write_summary(results, spec, out_dir, name=name, baseline=baseline, command=command)
+    if write_report:
+        from harness.report import render_scenario_report
+
+        render_scenario_report(out_dir)
+    return results
+
+
+def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: Path, *,
+                   name: str, baseline: str | None, command: Sequence[str] | None) -> None:
+    rows = []
+    cells: list[str] = []
+    for r in results:
+        row: dict[str, Any] = {"setting": r.setting.name, "search": f"{r.setting.name}/"
+                               f"{SEARCH_FILE}", "error": r.error}
+        if r.result is not None:
+            row.update(status=r.result.status, capacity=r.result.capacity,
+                       bracket={"passing": r.result.passing, "failing": r.result.failing},
+                       num_probes=len(r.result.probes))
+            loads = sorted({p.load for p in r.result.probes})
+            cells += [f"{r.setting.name}/{probe_label(spec.kind, load)}" for load in loads]
+        else:
+            row["status"] = "failed"
+        rows.append(row)
+    slo = results[0].setting.plan.slo.as_dict() if results else None
+    target = results[0].setting.plan.target if results else spec.target
+    write_json_atomic({"kind": spec.kind, "unit": LOAD_UNITS[spec.kind], "slo": slo,
+                       "target_attainment": target, "spec": spec.as_dict(), "settings": rows},
+                      out_dir / CAPACITY_FILE)
+    base = next((c for c in cells if baseline and c.startswith(baseline + "/")),
+                cells[0] if cells else None)
+    what = "request rate" if spec.kind == "rate" else "number of concurrent users"
+    write_json_atomic({
+        "name": name,
+        "question": f"What is the highest {what} each engine and knob setting serves with at "
+                    f"least {target:.0%} of requests within the SLO?",
+        "slo": slo, "baseline": base, "cells": cells,
+        "command": redact_argv(command) if command else None,
+        "capacity": CAPACITY_FILE,
+    }, out_dir / SCENARIO_FILE)
+
+

@@ -1,0 +1,92 @@
+"""The settings a capacity search covers: a scenario's engines × knob grid, or one target.
+
+A scenario's load points are replaced by the search; everything else (trace and its options,
+priority classes, model, GPU, engines, grid, SLO) is the scenario's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness.capacity.probe import ProbePlan, trace_file_at
+from harness.capacity.run import Setting, digest_of
+from harness.capacity.search import LoadKind
+from harness.metrics import Slo
+from harness.scenario import Scenario, ScenarioError, select
+from harness.scenario.cell import target_spec
+from harness.scenario.expand import load_cell_trace
+from harness.scenario.schema import Cell, LoadPoint
+from harness.target import TargetSpec
+from harness.traces import Trace
+
+
+def scenario_settings(scenario: Scenario, *, kind: LoadKind, target: float, slo: Slo | None,
+                      think_time_s: float = 0.0, only: str | None = None,
+                      command: Sequence[str] | None = None,
+                      early_stop: bool = True) -> list[Setting]:
+    """One setting per engine × grid combination of ``scenario`` (``only``: name patterns)."""
+    slo = slo or scenario.slo
+    if slo is None or not slo.as_dict():
+        raise ScenarioError(scenario.source, None, "slo",
+                            "a capacity search needs an SLO: give one in the scenario or --slo")
+    if kind == "rate" and scenario.trace.mix:
+        raise ScenarioError(scenario.source, scenario.trace.line, "trace.mix",
+                            "a mixed trace keeps each part's timing: a rate search cannot "
+                            "rescale it (search concurrency instead)")
+    if kind == "rate" and "time_scale" in scenario.trace.options:
+        # each probe's rate replaces the scenario's time scale (both rescale time)
+        options = {k: v for k, v in scenario.trace.options.items() if k != "time_scale"}
+        scenario = dataclasses.replace(
+            scenario, trace=dataclasses.replace(scenario.trace, options=options))
+    one_load = dataclasses.replace(scenario, loads=(LoadPoint(),))
+    settings = []
+    for cell in select(one_load.cells(), only):
+        if think_time_s and cell.engine.mode != "simulated":
+            raise ScenarioError(scenario.source, cell.engine.line, cell.engine.name,
+                                "think time is simulated only (the live closed loop has none)")
+        spec = target_spec(cell, scenario.model, scenario.gpu)
+        payload = {"cell": scenario.cell_digest(cell), "kind": kind, "target": target,
+                   "slo": slo.as_dict(), "think_time_s": think_time_s}
+        settings.append(Setting(cell.name, ProbePlan(
+            spec=spec, trace_at=_scenario_trace(scenario), slo=slo, kind=kind,
+            target=target, cell=_cell_record(cell, scenario.name), digest=digest_of(payload),
+            think_time_s=think_time_s, replay=dict(cell.engine.replay), command=command,
+            early_stop=early_stop,
+        )))
+    return settings
+
+
+def _scenario_trace(scenario: Scenario) -> Any:
+    def at(kind: LoadKind, load: float) -> Trace:
+        point = LoadPoint("rate", load) if kind == "rate" else LoadPoint()
+        trace: Trace = load_cell_trace(scenario, point)
+        return trace
+    return at
+
+
+def _cell_record(cell: Cell, scenario: str) -> dict[str, Any]:
+    """``cell.json`` of the setting's probes, as a scenario cell's (the load is the probe's)."""
+    record = cell.as_dict()
+    record.pop("load", None)
+    return {**record, "scenario": scenario}
+
+
+def single_setting(spec: TargetSpec, *, name: str, trace_path: str,
+                   trace_options: Mapping[str, Any], kind: LoadKind, target: float, slo: Slo,
+                   knobs: Mapping[str, Any], think_time_s: float = 0.0,
+                   replay: Mapping[str, Any] | None = None,
+                   command: Sequence[str] | None = None, early_stop: bool = True) -> Setting:
+    """The one target the command line describes (``batchlab capacity --trace ...``)."""
+    mode = "simulated" if spec.simulated else "live"
+    payload = {"spec": repr(spec), "trace": trace_path, "options": dict(trace_options),
+               "kind": kind, "target": target, "slo": slo.as_dict(),
+               "think_time_s": think_time_s, "replay": dict(replay or {})}
+    cell = {"name": name, "engine": {"name": name, "engine": spec.engine, "mode": mode},
+            "knobs": dict(knobs), "grid": {}}
+    return Setting(name, ProbePlan(
+        spec=spec, trace_at=trace_file_at(trace_path, trace_options), slo=slo, kind=kind,
+        target=target, cell=cell, digest=digest_of(payload), think_time_s=think_time_s,
+        replay=dict(replay or {}), command=command, early_stop=early_stop,
+    ))

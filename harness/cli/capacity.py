@@ -1,0 +1,206 @@
+"""``batchlab capacity``: the highest load each engine × knob setting serves within the SLO."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.cli.common import (
+    UserError,
+    add_knob_flags,
+    add_subparser,
+    add_trace_options,
+    command_line,
+    knobs_from_args,
+    parse_slo,
+    trace_options,
+)
+from harness.cli.live import add_engine_options, live_target_spec
+from harness.cli.offline import add_profile_option, reference_config, reference_spec
+
+if TYPE_CHECKING:
+    from harness.capacity import SearchSpec, Setting, SettingResult
+
+
+def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(
+        sub, "capacity",
+        help="find the highest request rate (or concurrency) each setting serves within SLO",
+        description="For each engine × knob setting, find the highest request rate (or number "
+        "of closed-loop users) at which SLO attainment (requests meeting every SLO / requests "
+        "sent) stays at or above --target. The search brackets the answer (doubling or halving "
+        "the load), then bisects to --precision. Every probe is a recorded run folder; a probe "
+        "stops early once the engine is clearly over-saturated (its waiting queue, or the "
+        "client's send lag, grows at every check) and counts as failing. OUT/<setting>/"
+        "search.json lists the probes, bracket, result and precision; OUT/report.md draws the "
+        "throughput-latency curves and the capacity table. With a scenario file its engines × "
+        "grid are searched (its load points are replaced by the search); without one, the "
+        "simulated reference engine of the knob flags, or --engine NAME live.",
+        epilog="examples:\n"
+        "  batchlab capacity scenarios/batch-size.yaml --search rate --slo tpot_s=0.02,"
+        "ttft_s=1\n"
+        "  batchlab capacity --trace harness/data/azure_conv_excerpt.csv --limit 300 \\\n"
+        "      --max-num-seqs 64 --slo ttft_s=0.5,tpot_s=0.03 --out reports/capacity\n"
+        "  batchlab capacity --trace synthetic --num-requests 400 --prompt-tokens 512 \\\n"
+        "      --output-tokens 128 --search concurrency --start 8 --slo ttft_s=1,tpot_s=0.05\n"
+        "  batchlab capacity scenarios/batch-size.yaml --resume     # after an interruption",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("scenario", nargs="?", metavar="SCENARIO.yaml",
+                   help="search every engine × grid setting of this scenario (optional)")
+    g = p.add_argument_group("search")
+    g.add_argument("--search", choices=("rate", "concurrency"), default="rate",
+                   help="the load to search: request rate in req/s (the trace rescaled to it; "
+                   "default), or closed-loop users")
+    g.add_argument("--target", type=float, default=0.99, metavar="F",
+                   help="SLO attainment to keep, a fraction (0.99)")
+    g.add_argument("--slo", help="SLOs a request must meet, e.g. ttft_s=0.5,tpot_s=0.05 "
+                   "(default: the scenario's)")
+    g.add_argument("--start", type=float, metavar="LOAD",
+                   help="the first probe's load (rate 1 req/s, concurrency 4 users)")
+    g.add_argument("--precision", type=float, metavar="P",
+                   help="stop when the passing and failing loads are this close: rate, relative "
+                   "(0.05 = 5%%); concurrency, users (1)")
+    g.add_argument("--min-load", type=float, metavar="LOAD",
+                   help="lowest load to try (rate 0.01, concurrency 1)")
+    g.add_argument("--max-load", type=float, metavar="LOAD",
+                   help="highest load to try (rate 10000, concurrency 4096)")
+    g.add_argument("--max-probes", type=int, default=40, metavar="N",
+                   help="at most N probes per setting (40)")
+    g.add_argument("--think-time-s", type=float, default=0.0, metavar="S",
+                   help="concurrency search, simulated: seconds a user waits after a finish (0)")
+    g.add_argument("--no-early-stop", action="store_true",
+                   help="run every probe to the end, even over-saturated ones")
+    g.add_argument("--only", metavar="PATTERN",
+                   help="scenario: only settings whose name or engine matches (comma-separated "
+                   "shell patterns)")
+    g.add_argument("--out", metavar="DIR",
+                   help="where the searches go (reports/<scenario>-capacity, or "
+                   "reports/capacity)")
+    g.add_argument("--resume", action="store_true",
+                   help="reuse the probes already done in --out (same engine, knobs, trace, SLO "
+                   "and target); run only the rest")
+    add_trace_options(p)
+    add_engine_options(p)
+    r = p.add_argument_group("reference engine (without --engine)")
+    r.add_argument("--model", default="llama-3.1-8b",
+                   help="simulated: catalog model or config.json (llama-3.1-8b); live: the "
+                   "model name requests carry")
+    add_profile_option(r)
+    add_knob_flags(p, reference=True)
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from harness.capacity import run_capacity
+
+    spec = _search_spec(args)
+    settings, name, out = _settings(args, spec)
+    if args.rate is not None and spec.kind == "rate":
+        raise UserError("--rate: a rate search sets the rate of each probe itself")
+    for setting in settings:  # trace errors before any probe runs
+        try:
+            setting.plan.trace_at(spec.kind, spec.start)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    print(f"capacity search ({spec.kind}, SLO attainment >= {args.target:.1%}, "
+          f"{spec.precision_text()}): {len(settings)} setting(s) into {out}/", flush=True)
+    try:
+        results = run_capacity(settings, spec, out, name=name, resume=args.resume,
+                               command=command_line(), log=_log)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    _print_table(results, spec)
+    print(f"report: {out / 'report.md'}")
+    return 1 if any(r.result is None for r in results) else 0
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _search_spec(args: argparse.Namespace) -> SearchSpec:
+    from harness.capacity import SearchSpec
+
+    rate = args.search == "rate"
+    spec = SearchSpec(
+        kind=args.search, target=args.target,
+        start=args.start if args.start is not None else (1.0 if rate else 4.0),
+        precision=args.precision if args.precision is not None else (0.05 if rate else 1.0),
+        min_load=args.min_load, max_load=args.max_load, max_probes=args.max_probes)
+    try:
+        spec.validate()
+    except ValueError as exc:  # names the field: target, start, precision, min_load, ...
+        raise UserError(f"search options: {exc}") from None
+    if args.think_time_s and rate:
+        raise UserError("--think-time-s: only for --search concurrency")
+    return spec
+
+
+def _settings(args: argparse.Namespace, spec: SearchSpec) -> tuple[list[Setting], str, Path]:
+    from harness.capacity import scenario_settings
+    from harness.scenario import ScenarioError, load_scenario
+
+    slo = parse_slo(args.slo)
+    if args.scenario:
+        try:
+            scenario = load_scenario(args.scenario, trace_path=args.trace)
+            settings = scenario_settings(scenario, kind=spec.kind, target=spec.target, slo=slo,
+                                         think_time_s=args.think_time_s, only=args.only,
+                                         command=command_line(),
+                                         early_stop=not args.no_early_stop)
+        except ScenarioError as exc:
+            raise UserError(str(exc)) from None
+        if not settings:
+            raise UserError(f"--only {args.only!r}: no setting of {args.scenario} matches")
+        name = f"{scenario.name}-capacity"
+        return settings, name, Path(args.out or f"reports/{name}")
+    if args.only:
+        raise UserError("--only: only with a scenario file")
+    if not args.trace and args.format != "synthetic":
+        raise UserError("--trace is required without a scenario: a trace file, or 'synthetic'")
+    if slo is None:
+        raise UserError("--slo is required without a scenario, e.g. --slo ttft_s=0.5,tpot_s=0.05")
+    return [_single_setting(args, spec, slo)], "capacity", Path(args.out or "reports/capacity")
+
+
+def _single_setting(args: argparse.Namespace, spec: SearchSpec, slo: Any) -> Setting:
+    import dataclasses
+
+    from harness.capacity import single_setting
+
+    options = {f.name: getattr(trace_options(args), f.name)
+               for f in dataclasses.fields(trace_options(args))}
+    if args.engine:
+        if args.think_time_s:
+            raise UserError("--think-time-s: simulated only (the live closed loop has none)")
+        target = live_target_spec(args, url=args.url)
+        knobs: dict[str, Any] = dict(knobs_from_args(args).as_dict())
+        name = args.engine
+    else:
+        target = reference_spec(args)
+        knobs = reference_config(args).effective_knobs()
+        name = "reference"
+    return single_setting(target, name=name, trace_path=args.trace or "synthetic",
+                          trace_options=options, kind=spec.kind, target=spec.target, slo=slo,
+                          knobs=knobs, think_time_s=args.think_time_s, command=command_line(),
+                          early_stop=not args.no_early_stop)
+
+
+def _print_table(results: list[SettingResult], spec: SearchSpec) -> None:
+    from harness.capacity.search import LOAD_UNITS
+
+    unit = LOAD_UNITS[spec.kind]
+    width = max([len(r.setting.name) for r in results] + [7])
+    print(f"{'setting':<{width}}  {'capacity':>10}  bracket (pass .. fail)     probes  status")
+    for r in results:
+        if r.result is None:
+            print(f"{r.setting.name:<{width}}  {'–':>10}  {'':<25} {'':>6}  failed: {r.error}")
+            continue
+        res = r.result
+        cap = "–" if res.capacity is None else f"{res.capacity:g}"
+        bracket = (f"{'–' if res.passing is None else f'{res.passing:g}'} .. "
+                   f"{'–' if res.failing is None else f'{res.failing:g}'} {unit}")
+        print(f"{r.setting.name:<{width}}  {cap:>10}  {bracket:<25} {len(res.probes):>6}  "
+              f"{res.status}")

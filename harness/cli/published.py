@@ -1,0 +1,40 @@
+"""Commands over the published-measurement set: ``profiles``, ``check-published``,
+``fit-published`` (the work is in ``harness.published``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.cli.common import add_subparser
+from harness.published import cli as published
+
+
+def add_profiles(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(sub, "profiles", help=published.PROFILES_HELP,
+                      description=published.PROFILES_HELP,
+                      epilog="example: batchlab profiles; then batchlab simulate --profile "
+                      "vllm-h100-sxm --trace harness/data/azure_conv_excerpt.csv")
+    published.profiles_add_arguments(p)
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    return int(published.profiles_run(args))
+
+
+def add_check_published(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(sub, "check-published", help=published.CHECK_HELP)
+    published.check_add_arguments(p)
+
+
+def cmd_check_published(args: argparse.Namespace) -> int:
+    return int(published.check_run(args))
+
+
+def add_fit_published(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subparser(sub, "fit-published", help=published.FIT_HELP,
+                      description=published.FIT_HELP)
+    published.fit_add_arguments(p)
+
+
+def cmd_fit_published(args: argparse.Namespace) -> int:
+    return int(published.fit_run(args))

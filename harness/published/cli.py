@@ -1,0 +1,145 @@
+"""Command-line entry points: ``check-published``, ``profiles``, ``fit-published``.
+
+Each command is a pair ``*_add_arguments(parser)`` / ``*_run(args) -> int`` for harness/cli to
+mount as a subcommand; nothing here parses ``sys.argv`` itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from adapters.reference.cost_model import ProfileError, shipped_profiles
+from harness.published.check import (
+    FIDELITY_MD,
+    check_rows,
+    render_fidelity,
+    render_text,
+)
+from harness.published.profiles import read_profile
+from harness.published.rows import load_rows, select
+
+CHECK_HELP = "Replay every published measurement on the reference engine and compare."
+CHECK_DESCRIPTION = """\
+Simulate each row of harness/data/published/measurements.csv (a published throughput, TTFT or
+ITL on real hardware) with the shipped profile of its engine and GPU, and print published vs
+predicted, their ratio, and whether the row's source was used to fit the profile (train) or
+never seen by it (held-out); then the median and worst |error| of each group.
+
+examples:
+  batchlab check-published
+  batchlab check-published --profile vllm-h100-sxm
+  batchlab check-published --write-docs      # regenerate docs/fidelity.md
+"""
+PROFILES_HELP = "List the shipped engine profiles with their fit and held-out errors."
+FIT_HELP = "Refit every shipped profile on the published rows (minutes) and rewrite the docs."
+
+
+def check_add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = CHECK_DESCRIPTION
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--profile", metavar="NAME",
+                        help="only the rows of this shipped profile (e.g. vllm-h100-sxm), or a "
+                             "profile file: then the rows of its engine and GPU, simulated with it")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="parallel simulations (default: one per CPU core)")
+    parser.add_argument("--write-docs", action="store_true",
+                        help=f"also write {FIDELITY_MD.relative_to(FIDELITY_MD.parents[1])} "
+                             "(all rows only)")
+
+
+def check_run(args: argparse.Namespace) -> int:
+    rows = load_rows()
+    profile = None
+    if args.profile:
+        try:
+            profile = read_profile(args.profile)
+        except ProfileError as exc:
+            print(f"error: --profile: {exc}", file=sys.stderr)
+            return 2
+        rows = select(rows, profile=f"{profile.engine}-{profile.gpu}")
+        if not rows:
+            print(f"error: no published rows for {profile.engine} on {profile.gpu}",
+                  file=sys.stderr)
+            return 2
+        if args.write_docs:
+            print("error: --write-docs needs all rows (drop --profile)", file=sys.stderr)
+            return 2
+    # A shipped name checks the rows with the shipped profiles (in parallel); a file is used
+    # for every selected row.
+    custom = profile if args.profile and args.profile not in shipped_profiles() else None
+    checked = check_rows(rows, jobs=args.jobs, profile=custom)
+    print(render_text(checked))
+    if args.write_docs:
+        FIDELITY_MD.write_text(render_fidelity(checked))
+        print(f"\nwrote {FIDELITY_MD}")
+    return 0
+
+
+def profiles_add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "The engine profiles shipped in adapters/reference/profiles: each engine's scheduling "
+        "defaults on one GPU and the cost-model coefficients fitted on published rows. Use one "
+        "with --profile NAME wherever the reference engine runs.\n\nexample:\n"
+        "  batchlab profiles")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def profiles_run(args: argparse.Namespace) -> int:
+    del args
+    print(f"{'profile':<18} {'fitted':<24} {'train rows':>10} {'train median':>12} "
+          f"{'held-out rows':>13} {'held-out median':>15} {'held-out worst':>14}")
+    for name in shipped_profiles():
+        fit = read_profile(name).fit
+        train, held = fit.get("train") or {}, fit.get("held_out") or {}
+        how = "yes" if fit.get("fitted") else f"from {fit.get('coefficients_from', '-')}"
+        print(f"{name:<18} {how:<24} {train.get('num_rows', 0):>10} "
+              f"{_pct(train.get('median_abs_error')):>12} {held.get('num_rows', 0):>13} "
+              f"{_pct(held.get('median_abs_error')):>15} "
+              f"{_pct(held.get('worst_abs_error')):>14}")
+    return 0
+
+
+def fit_add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Fit each shipped profile's coefficients on the rows of the training sources, hold the "
+        "other sources out, write the profiles and docs/fidelity.md. Takes a few minutes.\n\n"
+        "example:\n  batchlab fit-published")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="fit rounds, each on freshly simulated schedules (default 3)")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="parallel simulations for the final check")
+
+
+def fit_run(args: argparse.Namespace) -> int:
+    from harness.published.check import stats_lines
+    from harness.published.refit import refit_all
+
+    checked = refit_all(load_rows(), rounds=args.rounds, jobs=args.jobs)
+    print("\n".join(stats_lines(checked)))
+    return 0
+
+
+def _pct(x: object) -> str:
+    return f"{100 * float(x):.1f}%" if isinstance(x, int | float) else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.published.cli {check-published,profiles,fit-published}``."""
+    parser = argparse.ArgumentParser(prog="python -m harness.published.cli")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_, add, run in (
+        ("check-published", CHECK_HELP, check_add_arguments, check_run),
+        ("profiles", PROFILES_HELP, profiles_add_arguments, profiles_run),
+        ("fit-published", FIT_HELP, fit_add_arguments, fit_run),
+    ):
+        p = sub.add_parser(name, help=help_)
+        add(p)
+        p.set_defaults(run=run)
+    args = parser.parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

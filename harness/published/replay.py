@@ -1,0 +1,215 @@
+"""Simulate one published row: its workload through the reference engine under a profile.
+
+    row (workload, engine, GPU, model)  +  profile (scheduler defaults, coefficients)
+        -> synthetic trace:  offline      all requests at t=0
+                             rate         Poisson arrivals at arrival_value/s, seed from row_id
+                             concurrency  all at t=0 with max_num_seqs = concurrency (emulated)
+        -> simulate(trace, ReferenceConfig)  -> timelines -> harness.metrics.summarize -> value
+
+A closed loop of C clients is emulated: with max_num_seqs = C the engine never runs more than C
+requests, and request j >= C is taken as sent when the (j - C + 1)-th request finished, so its
+TTFT and E2E are measured from then (plus the front end's delay, which the emulated request
+skipped). The engine's own waiting queue (KV full) still counts, as it does in a real loop.
+
+Large published runs are cut to ``max_simulated_requests`` (docs/fidelity.md): with every
+request the same length the engine reaches its steady state within a few batches.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adapters.reference.config import ReferenceConfig
+from adapters.reference.cost_model import CostModelParams
+from harness.metrics import summarize
+from harness.published.profiles import COST_OVERRIDE_KEYS, EngineProfile, parse_setting
+from harness.published.rows import PublishedRow
+from harness.timeline import RequestTimeline
+from harness.traces import TraceRequest
+
+try:  # the simulation driver is moving into harness.sim
+    from harness.sim import simulate
+except ImportError:  # pragma: no cover - older layout
+    from adapters.reference import simulate  # type: ignore[attr-defined,no-redef]
+
+MAX_SIMULATED_REQUESTS = 2000
+MAX_SIMULATED_TOKENS = 2_000_000  # prompt + output tokens of the simulated requests
+MIN_SIMULATED_REQUESTS = 200
+# Data sets with varying lengths (a row's input/output tokens are then their means):
+#   sharegpt         lengths drawn from the bundled ShareGPT excerpt
+#                    (harness/data/sharegpt_lengths_excerpt.csv), scaled to the row's means
+#   uniform-15pct    uniform within +-15% of the means
+# Any other data set is simulated at fixed lengths.
+SHAREGPT_LENGTHS_CSV = Path(__file__).resolve().parent.parent / "data" / (
+    "sharegpt_lengths_excerpt.csv")
+
+
+@dataclass(frozen=True)
+class RowWorkload:
+    """What is simulated for a row."""
+
+    requests: tuple[TraceRequest, ...]
+    config: ReferenceConfig
+    concurrency: int | None  # emulated closed-loop clients
+    num_published_requests: int
+
+
+@dataclass(frozen=True)
+class RowPrediction:
+    row_id: str
+    predicted: float
+    published: float
+    num_simulated_requests: int
+    num_preemptions: int
+
+    @property
+    def ratio(self) -> float:
+        return self.predicted / self.published
+
+    @property
+    def abs_error(self) -> float:
+        return abs(self.ratio - 1.0)
+
+
+def num_simulated_requests(row: PublishedRow) -> int:
+    """The published request count, cut for speed (at least the concurrency's worth)."""
+    by_tokens = MAX_SIMULATED_TOKENS // (row.input_tokens + row.output_tokens)
+    cap = max(MIN_SIMULATED_REQUESTS, min(MAX_SIMULATED_REQUESTS, by_tokens))
+    if row.concurrency is not None:
+        cap = max(cap, 4 * row.concurrency)
+    return min(row.num_requests, cap)
+
+
+def row_params(row: PublishedRow, params: CostModelParams) -> CostModelParams:
+    """``params`` with the row's own cost-model settings (an offline API has no front end)."""
+    overrides = {k: parse_setting(k, v) for k, v in row.settings().items()
+                 if k in COST_OVERRIDE_KEYS}
+    return replace(params, **overrides) if overrides else params
+
+
+def row_config(row: PublishedRow, profile: EngineProfile,
+               params: CostModelParams | None = None,
+               max_request_tokens: int | None = None) -> ReferenceConfig:
+    """The reference engine's configuration for ``row`` under ``profile``."""
+    sched: dict[str, Any] = dict(profile.scheduler)
+    sched.update({k: parse_setting(k, v) for k, v in row.settings().items()
+                  if k not in COST_OVERRIDE_KEYS})
+    sched.pop("prefix_caching", None)  # an engine default the reference does not simulate
+    if row.concurrency is not None:
+        sched["max_num_seqs"] = min(int(sched.get("max_num_seqs", 256)), row.concurrency)
+    longest = max_request_tokens or row.input_tokens + row.output_tokens
+    max_model_len = max(int(sched.pop("max_model_len", 0)), _round_up(longest, 256))
+    budget = int(sched.get("max_num_batched_tokens", 8192))
+    if not sched.get("chunked_prefill", True):
+        budget = max(budget, max_model_len)  # a whole prompt must fit one step
+    sched["max_num_batched_tokens"] = max(budget, int(sched.get("max_num_seqs", 256)))
+    return ReferenceConfig(
+        model=row.model, gpu=row.gpu, tp=row.tensor_parallel_size,
+        weights_dtype=row.weights_dtype, kv_cache_dtype=row.kv_cache_dtype,
+        max_model_len=max_model_len, cost_params=row_params(row, params or profile.params),
+        **sched,
+    )
+
+
+def row_workload(row: PublishedRow, profile: EngineProfile,
+                 params: CostModelParams | None = None) -> RowWorkload:
+    n = num_simulated_requests(row)
+    rng = np.random.default_rng(zlib.crc32(row.row_id.encode()))
+    arrivals = np.zeros(n)
+    if row.arrival == "rate":
+        assert row.arrival_value is not None
+        arrivals = np.cumsum(rng.exponential(1.0 / row.arrival_value, size=n))
+        arrivals -= arrivals[0]
+    inputs, outputs = request_lengths(row, n, rng)
+    requests = tuple(
+        TraceRequest(f"{row.row_id}-{i}", float(a), int(i_len), int(o_len))
+        for i, (a, i_len, o_len) in enumerate(zip(arrivals, inputs, outputs, strict=True)))
+    max_len = int((inputs + outputs).max())
+    return RowWorkload(requests, row_config(row, profile, params, max_len), row.concurrency,
+                       row.num_requests)
+
+
+def request_lengths(row: PublishedRow, n: int,
+                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output lengths of the ``n`` simulated requests (means: the row's)."""
+    if row.dataset == "sharegpt":
+        prompts, outputs = _sharegpt_lengths()
+        pick = rng.integers(0, len(prompts), size=n)
+        return (_scaled(prompts[pick], row.input_tokens),
+                _scaled(outputs[pick], row.output_tokens))
+    if row.dataset == "uniform-15pct":
+        return (_scaled(rng.uniform(0.85, 1.15, n), row.input_tokens),
+                _scaled(rng.uniform(0.85, 1.15, n), row.output_tokens))
+    return (np.full(n, row.input_tokens), np.full(n, row.output_tokens))
+
+
+def _scaled(values: np.ndarray, mean: int) -> np.ndarray:
+    return np.maximum(1, np.rint(values * (mean / values.mean()))).astype(np.int64)
+
+
+@cache
+def _sharegpt_lengths() -> tuple[np.ndarray, np.ndarray]:
+    with SHAREGPT_LENGTHS_CSV.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return (np.array([float(r["num_prefill_tokens"]) for r in rows]),
+            np.array([float(r["num_decode_tokens"]) for r in rows]))
+
+
+def closed_loop_timelines(timelines: Sequence[RequestTimeline], concurrency: int,
+                          frontend_latency_s: float) -> list[RequestTimeline]:
+    """Timelines re-based on when C closed-loop clients would have sent each request."""
+    finishes = np.sort(np.array([tl.finished_s if tl.finished_s is not None else math.inf
+                                 for tl in timelines]))
+    out = []
+    for j, tl in enumerate(timelines):
+        if j < concurrency:
+            out.append(tl)
+            continue
+        sent = float(finishes[j - concurrency]) - frontend_latency_s
+        out.append(replace(tl, sent_s=sent, scheduled_s=sent))
+    return out
+
+
+def metric_value(summary: dict[str, Any], metric: str) -> float:
+    """The published metric ``metric`` read from a ``harness.metrics.summarize`` summary."""
+    throughput = summary["throughput"]
+    table = {
+        "output_tok_s": throughput["output_tokens_per_s"],
+        "req_s": throughput["requests_per_s"],
+        "duration_s": summary["duration_s"],
+        "ttft_mean_s": summary["ttft_s"]["mean"],
+        "ttft_p50_s": summary["ttft_s"]["p50"],
+        "itl_mean_s": summary["itl_s"]["mean"],
+        "itl_p50_s": summary["itl_s"]["p50"],
+        "tpot_mean_s": summary["tpot_s"]["mean"],
+        "e2e_mean_s": summary["e2e_s"]["mean"],
+    }
+    value = table[metric]
+    return math.nan if value is None else float(value)
+
+
+def predict_row(row: PublishedRow, profile: EngineProfile,
+                params: CostModelParams | None = None) -> RowPrediction:
+    """Simulate ``row`` under ``profile`` (or ``params`` instead of its coefficients)."""
+    work = row_workload(row, profile, params)
+    result = simulate(work.requests, work.config)
+    timelines = result.timelines
+    if work.concurrency is not None:
+        timelines = closed_loop_timelines(timelines, work.concurrency,
+                                          work.config.params.frontend_latency_s)
+    summary = summarize(timelines, by_priority=False)
+    return RowPrediction(row.row_id, metric_value(summary, row.metric), row.value,
+                         len(work.requests), int(summary["num_preemptions"]))
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple

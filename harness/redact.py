@@ -1,0 +1,234 @@
+"""Secrets never reach a file: one redaction for manifests, reports, cell records and logs.
+
+What is a secret is decided by an allow-list, not by guessing from names:
+
+- an environment variable given to an engine (``--engine-env K=V``, scenario ``env:``, docker's
+  ``-e K=V``) keeps its value only when ``K`` is in ``SAFE_ENV_NAMES``; any other value is
+  ``***`` (``MY_AUTH=zzz`` is as secret as ``HF_TOKEN=hf_...``);
+- in an argv (batchlab's own command line, an engine's launch argv, ``--extra-arg`` values), the
+  value after a flag with a secret word in its name (``--api-key X``, ``--hf-token=X``) is
+  ``***``; flags ending in ``-env`` name a variable, not a value, and are kept;
+- free text (server logs, error messages) has every known secret value replaced
+  (``scrub_text``, ``scrub_files``): the values redacted above and the API key a replay read
+  from its variable.
+
+    redact_argv(["batchlab", "replay", "--engine-env", "HF_TOKEN=abc", "--extra-arg=--api-key",
+                 "--extra-arg=sk-1"])
+    -> ["batchlab", "replay", "--engine-env", "HF_TOKEN=***", "--extra-arg=--api-key",
+        "--extra-arg=***"]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+MASK = "***"
+
+# Known-safe environment names: batchlab's own launch settings, knobs that engines read from
+# the environment (adapters/tgi.py), and device/thread settings. Keep it short and explicit.
+SAFE_ENV_NAMES = frozenset({
+    "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+    "PREFIX_CACHING", "PREFILL_CHUNKING", "TGI_WIGGLE_ROOM",
+    "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
+    "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_ATTENTION_BACKEND",
+    "VLLM_LOGGING_LEVEL", "VLLM_USE_V1", "VLLM_WORKER_MULTIPROC_METHOD",
+    "PYTORCH_CUDA_ALLOC_CONF", "LOG_LEVEL", "RUST_LOG",
+})
+
+# Flags whose next argument is KEY=VALUE environment: batchlab's, docker's and podman's.
+_ENV_FLAGS = frozenset({"--engine-env", "--env", "-e"})
+_EXTRA_ARG = "--extra-arg"
+_SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd",
+                           "credential", "credentials", "auth", "cookie", "bearer"})
+# A value this short (or a number, a boolean) is not scrubbed from free text: it would blank
+# every "1" of a log. Structured places (env, argv) are redacted whatever the value.
+_MIN_SCRUB_LEN = 3
+_PLAIN_VALUES = frozenset({"true", "false", "yes", "no", "on", "off", "none", "null"})
+# Free text only: structured files (manifest, summary, records) are redacted field by field,
+# and a value replaced inside them could hit a key or a knob value (a secret "fp16").
+_TEXT_SUFFIXES = (".log", ".txt")
+
+
+def safe_env_name(name: str) -> bool:
+    return name in SAFE_ENV_NAMES
+
+
+def redact_env(env: Mapping[str, Any]) -> dict[str, Any]:
+    """The environment with every value not on the allow-list masked."""
+    return {str(k): (v if safe_env_name(str(k)) else MASK) for k, v in env.items()}
+
+
+def _redact_assignment(text: str) -> str:
+    key, sep, _ = text.partition("=")
+    return text if not sep or safe_env_name(key) else f"{key}={MASK}"
+
+
+def secret_flag(token: str) -> bool:
+    """``--api-key``, ``--hf-token=...``, ``--auth``: a flag named like a secret."""
+    if not token.startswith("-") or token in _ENV_FLAGS:
+        return False
+    name = token.lstrip("-").split("=", 1)[0].lower()
+    if name.endswith("-env") or name.endswith("_env"):
+        return False  # names a variable (--api-key-env VAR), not a value
+    return any(word in _SECRET_WORDS for word in re.split(r"[-_.]", name))
+
+
+def _redact_tokens(tokens: list[str]) -> list[str]:
+    """Redact one flat argv: env assignments and values of secret flags."""
+    out = list(tokens)
+    i = 0
+    while i < len(out):
+        token = out[i]
+        flag, eq, value = token.partition("=")
+        if flag in _ENV_FLAGS:
+            if eq:
+                out[i] = f"{flag}={_redact_assignment(value)}"
+            elif i + 1 < len(out):
+                out[i + 1] = _redact_assignment(out[i + 1])
+                i += 1
+        elif secret_flag(token):
+            if eq:
+                out[i] = f"{flag}={MASK}"
+            elif i + 1 < len(out) and not out[i + 1].startswith("--"):
+                out[i + 1] = MASK
+                i += 1
+        i += 1
+    return out
+
+
+def redact_argv(argv: Sequence[Any]) -> list[str]:
+    """An argv safe to store: env values and secret flag values masked, also inside the
+    ``--extra-arg`` values of batchlab's command line (which form an argv of their own)."""
+    tokens = [str(a) for a in argv]
+    # --extra-arg values: (index, prefix to keep, value)
+    extra: list[tuple[int, str, str]] = []
+    rest: list[int] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == _EXTRA_ARG and i + 1 < len(tokens):
+            extra.append((i + 1, "", tokens[i + 1]))
+            rest.append(i)
+            i += 2
+            continue
+        if token.startswith(_EXTRA_ARG + "="):
+            extra.append((i, _EXTRA_ARG + "=", token[len(_EXTRA_ARG) + 1:]))
+        else:
+            rest.append(i)
+        i += 1
+    for idx, value in zip(rest, _redact_tokens([tokens[j] for j in rest]), strict=True):
+        tokens[idx] = value
+    redacted = _redact_tokens([value for _, _, value in extra])
+    for (idx, prefix, _), value in zip(extra, redacted, strict=True):
+        tokens[idx] = prefix + value
+    return tokens
+
+
+def redact_tree(value: Any) -> Any:
+    """A manifest-like record with ``env`` mappings and ``command``/``argv``/``extra_args``
+    lists redacted, at any depth; everything else unchanged."""
+    if isinstance(value, Mapping):
+        if value.get("knob") == "extra_args":  # a knob mapping entry (adapters.base.MappedKnob)
+            return _redact_extra_args_mapping(value)
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if key in ("env", "engine_env") and isinstance(item, Mapping):
+                out[key] = redact_env(item)
+            elif (key in ("command", "argv", "extra_args", "stop_argv")
+                  and isinstance(item, list | tuple)
+                  and all(isinstance(a, str | int | float) for a in item)):
+                out[key] = redact_argv(item)
+            else:
+                out[key] = redact_tree(item)
+        return out
+    if isinstance(value, list | tuple):
+        return [redact_tree(v) for v in value]
+    return value
+
+
+def _redact_extra_args_mapping(entry: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(entry)
+    if isinstance(out.get("value"), list | tuple):
+        out["value"] = redact_argv(out["value"])
+    if isinstance(out.get("flags"), list | tuple):
+        flags = []
+        for fragment in out["flags"]:
+            try:
+                flags.append(shlex.join(redact_argv(shlex.split(str(fragment)))))
+            except ValueError:  # unbalanced quotes: mask it all rather than guess
+                flags.append(MASK)
+        out["flags"] = flags
+    return out
+
+
+def secret_values(*, env: Mapping[str, str] | None = None, argv: Sequence[Any] = (),
+                  api_key_env: str | None = None) -> frozenset[str]:
+    """The secret values of a run, to scrub from free text (logs, error messages)."""
+    values: set[str] = set()
+    for key, value in (env or {}).items():
+        if not safe_env_name(key):
+            values.add(str(value))
+    tokens = [str(a) for a in argv]
+    for original, redacted in zip(tokens, redact_argv(tokens), strict=True):
+        if original != redacted:
+            values.update(_masked_parts(original, redacted))
+    api_key = os.environ.get(api_key_env) if api_key_env else None
+    if api_key:
+        values.add(api_key)
+    return frozenset(v for v in values if _scrubbable(v))
+
+
+def _masked_parts(original: str, redacted: str) -> Iterable[str]:
+    if redacted == MASK:
+        yield original
+        return
+    head = redacted[: redacted.rfind(MASK)]
+    if original.startswith(head):
+        yield original[len(head):]
+
+
+def _scrubbable(value: str) -> bool:
+    v = value.strip()
+    return (len(v) >= _MIN_SCRUB_LEN and not v.replace(".", "", 1).isdigit()
+            and v.lower() not in _PLAIN_VALUES)
+
+
+def scrub_text(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret value replaced by ``***`` (longest first)."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return text
+
+
+def scrub_files(folder: Path, secrets: Iterable[str], *, max_bytes: int = 256 << 20) -> int:
+    """Scrub the logs (``*.log``, ``*.txt``) directly in ``folder``; returns how many changed.
+    A file is rewritten only when a secret was found in it."""
+    values = frozenset(secrets)
+    if not values:
+        return 0
+    encoded = [v.encode() for v in values]
+    changed = 0
+    for path in sorted(Path(folder).iterdir()):
+        if not path.is_file() or not path.name.endswith(_TEXT_SUFFIXES):
+            continue
+        try:
+            if path.stat().st_size > max_bytes:
+                continue
+            data = path.read_bytes()
+            if not any(v in data for v in encoded):
+                continue
+            for value in sorted(encoded, key=len, reverse=True):
+                data = data.replace(value, MASK.encode())
+            tmp = path.with_name(path.name + ".scrub.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+            changed += 1
+        except OSError:
+            continue  # a full disk must not turn scrubbing into a crash
+    return changed

@@ -1,0 +1,315 @@
+"""Load curves and capacity, read back from run folders: the data behind the report's
+throughput–latency curves, its capacity-at-SLO table and its batch-size table.
+
+    cells with a load (cell.json "load")  ──► Series per engine × knob setting, by load
+    search.json of a capacity search      ──► SearchRecord (capacity, bracket, precision)
+    Series + SearchRecord                 ──► CapacityRow: from the search when there is one,
+                                              else interpolated between the load points
+    a batch-size sweep + engine state     ──► BatchRow (running batch, KV use, regime)
+
+A setting is the engine's name in the scenario plus its grid values, so the cells of one
+setting at several loads, and the probes of its capacity search, fall together.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.report.format import value_text
+from harness.report.runs import CellResult, get, knob, read_engine_state
+
+SEARCH_FILE = "search.json"
+DEFAULT_TARGET = 0.99  # SLO attainment a capacity keeps, when no search says otherwise
+FLAT_GAIN = 0.5  # tokens/s growing at under half the batch's growth: past the turn
+KV_FULL = 0.95  # KV use this high counts as a full cache
+MIN_SWEEP_CAPS = 3  # caps a batch-size series needs for its table and tuning findings
+
+
+# ---------------------------------------------------------------- settings and load curves
+
+
+def setting_key(engine: Any, grid: Mapping[str, Any] | None) -> str:
+    """``fcfs`` or ``fcfs, max_num_seqs=64``: how the report names an engine × knob setting."""
+    parts = [str(engine)]
+    parts += [f"{k}={value_text(v)}" for k, v in (grid or {}).items()]
+    return ", ".join(parts)
+
+
+def cell_setting(c: CellResult) -> str | None:
+    engine = c.cell.get("engine")
+    if not isinstance(engine, Mapping) or not engine.get("name"):
+        return None
+    return setting_key(engine["name"], c.cell.get("grid"))
+
+
+@dataclass(frozen=True, slots=True)
+class CurvePoint:
+    """One cell of a setting at one load."""
+
+    cell: str
+    load: float
+    output_tokens_per_s: float | None
+    tpot_p50_s: float | None
+    tpot_p90_s: float | None
+    ttft_p90_s: float | None
+    attainment: float | None
+    stopped: str | None = None
+
+
+@dataclass(frozen=True)
+class Series:
+    """A setting across its load points, by load."""
+
+    key: str
+    kind: str  # rate, time_scale or concurrency
+    points: tuple[CurvePoint, ...]
+
+
+def load_series(ok: Sequence[CellResult]) -> list[Series]:
+    """Settings measured at two or more loads, in report order."""
+    groups: dict[tuple[str, str], list[CurvePoint]] = {}
+    for c in ok:
+        key = cell_setting(c)
+        load = c.cell.get("load") or {}
+        if key is None or load.get("kind") in (None, "trace") or load.get("value") is None:
+            continue
+        s = c.summary
+        groups.setdefault((key, str(load["kind"])), []).append(CurvePoint(
+            cell=c.name, load=float(load["value"]),
+            output_tokens_per_s=get(s, "throughput.output_tokens_per_s"),
+            tpot_p50_s=get(s, "tpot_s.p50"), tpot_p90_s=get(s, "tpot_s.p90"),
+            ttft_p90_s=get(s, "ttft_s.p90"), attainment=get(s, "goodput.slo_attainment"),
+            stopped=get(s, "stopped_early")))
+    return [Series(key, kind, tuple(sorted(points, key=lambda p: p.load)))
+            for (key, kind), points in groups.items() if len(points) >= 2]
+
+
+# ---------------------------------------------------------------- capacity
+
+
+@dataclass(frozen=True)
+class SearchRecord:
+    """A capacity search's ``search.json``, as the report needs it."""
+
+    path: Path
+    key: str
+    kind: str
+    unit: str
+    status: str
+    capacity: float | None
+    passing: float | None
+    failing: float | None
+    target: float
+    precision_text: str
+    num_probes: int
+    num_stopped: int
+    probe_labels: Mapping[float, str] = field(default_factory=dict)  # load -> probe folder
+
+
+def find_searches(cells: Sequence[CellResult]) -> list[SearchRecord]:
+    """``search.json`` files beside the cells: in a cell's parent (the probes of a search),
+    in its siblings (a capacity folder's settings) and under ``capacity/`` (a capacity search
+    run into a scenario's folder)."""
+    parents = list(dict.fromkeys(c.run_dir.parent for c in cells))
+    paths: list[Path] = []
+    for p in parents:
+        paths += [p / SEARCH_FILE, *sorted(p.glob(f"*/{SEARCH_FILE}")),
+                  *sorted(p.glob(f"capacity/*/{SEARCH_FILE}"))]
+    out, seen = [], set()
+    for path in paths:
+        if not path.is_file() or path.resolve() in seen:
+            continue
+        seen.add(path.resolve())
+        record = _read_search(path)
+        if record is not None:
+            out.append(record)
+    return out
+
+
+def _read_search(path: Path) -> SearchRecord | None:
+    try:
+        d = json.loads(path.read_text())
+        engine = d.get("engine") or {}
+        bracket = d.get("bracket") or {}
+        probes = d.get("probes") or []
+        return SearchRecord(
+            path=path, key=setting_key(engine.get("name") or d.get("setting"), d.get("grid")),
+            kind=str(d.get("kind")), unit=str(d.get("unit") or ""), status=str(d.get("status")),
+            capacity=d.get("capacity"), passing=bracket.get("passing"),
+            failing=bracket.get("failing"),
+            target=float(d.get("target_attainment") or DEFAULT_TARGET),
+            precision_text=str(d.get("precision_text") or ""), num_probes=len(probes),
+            num_stopped=sum(1 for p in probes if p.get("stopped")),
+            probe_labels={float(p["load"]): str(p.get("label") or p.get("run_dir"))
+                          for p in probes if p.get("load") is not None})
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True)
+class CapacityRow:
+    """One setting's capacity at the SLO, and where the number comes from."""
+
+    key: str
+    kind: str
+    capacity: float | None  # None: not known (below every load tried)
+    bound: str  # "=" a value, "≥" none of the loads failed, "<" all failed
+    source: str  # "search" or "interpolated"
+    evidence: str  # probes or load points the number comes from
+    cells: tuple[str, ...] = field(default_factory=tuple)
+
+
+def capacity_rows(series: Sequence[Series], searches: Sequence[SearchRecord],
+                  target: float) -> list[CapacityRow]:
+    """A row per setting: from its capacity search when present, else interpolated."""
+    rows: dict[str, CapacityRow] = {}
+    for s in series:
+        if s.kind in ("rate", "concurrency"):
+            rows[s.key] = interpolated_capacity(s, target)
+    for r in searches:
+        rows[r.key] = _search_row(r)
+    return list(rows.values())
+
+
+def _search_row(r: SearchRecord) -> CapacityRow:
+    bound = {"at_least_max": "≥", "below_min": "<"}.get(r.status, "=")
+    value = r.capacity if bound != "<" else r.failing
+    passing = "–" if r.passing is None else f"{r.passing:g}"
+    failing = "–" if r.failing is None else f"{r.failing:g}"
+    stopped = f", {r.num_stopped} stopped early" if r.num_stopped else ""
+    evidence = (f"search ({r.status}): {passing} passed, {failing} failed ({r.precision_text}); "
+                f"{r.num_probes} probes{stopped}")
+    bracket = tuple(f"{r.path.parent.name}/{r.probe_labels[load]}"
+                    for load in (r.passing, r.failing)
+                    if load is not None and load in r.probe_labels)
+    return CapacityRow(r.key, r.kind, value, bound, "search", evidence, bracket)
+
+
+def interpolated_capacity(s: Series, target: float) -> CapacityRow:
+    """Linear in attainment between the last load that met ``target`` and the first that did
+    not (points with no attainment are skipped)."""
+    pts = [p for p in s.points if p.attainment is not None]
+    if not pts:
+        return CapacityRow(s.key, s.kind, None, "=", "interpolated", "no SLO attainment")
+    first_fail = next((i for i, p in enumerate(pts) if (p.attainment or 0.0) < target), None)
+    if first_fail is None:
+        top = pts[-1]
+        return CapacityRow(s.key, s.kind, top.load, "≥", "interpolated",
+                           f"every load point met it (highest {top.load:g})", (top.cell,))
+    if first_fail == 0:
+        low = pts[0]
+        return CapacityRow(s.key, s.kind, low.load, "<", "interpolated",
+                           f"even the lowest load point ({low.load:g}) missed it", (low.cell,))
+    a, b = pts[first_fail - 1], pts[first_fail]
+    assert a.attainment is not None and b.attainment is not None
+    frac = (a.attainment - target) / (a.attainment - b.attainment)
+    value = a.load + frac * (b.load - a.load)
+    return CapacityRow(s.key, s.kind, value, "=", "interpolated",
+                       f"between {a.load:g} ({a.attainment:.1%}) and {b.load:g} "
+                       f"({b.attainment:.1%})", (a.cell, b.cell))
+
+
+# ---------------------------------------------------------------- batch size
+
+
+@dataclass(frozen=True)
+class EngineUse:
+    """How full the engine ran, from its steps or telemetry (time-weighted samples)."""
+
+    running_mean: float | None
+    running_peak: float | None
+    waiting_peak: float | None
+    kv_mean: float | None
+    kv_peak: float | None
+
+
+def engine_use(run_dir: Path) -> EngineUse | None:
+    state = read_engine_state(run_dir)
+    if state is None:
+        return None
+
+    def stats(values: np.ndarray | None, busy: np.ndarray | None) -> tuple[float | None, ...]:
+        if values is None:
+            return None, None
+        v = np.asarray(values, dtype=np.float64)
+        v = v[busy] if busy is not None and busy.size == v.size and busy.any() else v
+        v = v[np.isfinite(v)]
+        return (float(v.mean()), float(v.max())) if v.size else (None, None)
+
+    running = state.num_running
+    busy = None if running is None else np.asarray(running, dtype=np.float64) > 0
+    r_mean, r_peak = stats(running, busy)
+    kv_mean, kv_peak = stats(state.kv_usage, busy)
+    _, w_peak = stats(state.num_waiting, None)
+    return EngineUse(r_mean, r_peak, w_peak, kv_mean, kv_peak)
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One cap of a batch-size sweep, with what bounded the running batch."""
+
+    cell: CellResult
+    cap: int
+    use: EngineUse | None
+    limit: str  # "kv", "cap", "budget", "load" (``kv_bound``) or "–"
+    gain: float | None  # d log(tok/s) / d log(running batch) from the previous row
+    past_turn: bool  # tokens/s no longer grow with the batch (from this row on)
+    roofline: str  # "memory" / "compute" at this row's running batch, "–" when not known
+
+
+def kv_bound(c: CellResult, use: EngineUse | None) -> str:
+    """What kept the running batch from growing: KV memory (it preempted, or the cache ran
+    full), else the cap (reached), else the per-step token budget (requests waited with
+    room in the batch: prefills admitted only so fast), else the load (nothing waited)."""
+    cap = knob(c, "max_num_seqs")
+    if use is None or use.running_peak is None or not isinstance(cap, int):
+        return "–"
+    if (get(c.summary, "num_preemptions") or 0) > 0 or (use.kv_peak or 0) >= KV_FULL:
+        return "kv"
+    if use.running_peak >= cap:
+        return "cap"
+    return "budget" if (use.waiting_peak or 0) > 0 else "load"
+
+
+def batch_rows(cells: Sequence[CellResult]) -> list[BatchRow]:
+    """The rows of one series of a batch-size sweep, by cap, with the measured turn marked:
+    the first cap whose larger running batch raised tokens/s by under half as much."""
+    pts = sorted(cells, key=lambda c: int(knob(c, "max_num_seqs")))
+    rows: list[BatchRow] = []
+    prev: tuple[float, float] | None = None
+    turned = False
+    for c in pts:
+        use = engine_use(c.run_dir)
+        cap = int(knob(c, "max_num_seqs"))
+        batch = use.running_mean if use is not None and use.running_mean else float(cap)
+        tps = get(c.summary, "throughput.output_tokens_per_s")
+        limit = kv_bound(c, use)
+        gain = None
+        # Only between saturated rows: a batch the load bounds says nothing about the engine.
+        saturated = limit in ("cap", "kv", "budget")  # requests were waiting
+        if prev is not None and tps and saturated and batch / prev[0] >= 1.1:
+            gain = math.log(tps / prev[1]) / math.log(batch / prev[0])
+            turned = turned or gain < FLAT_GAIN
+        prev = (batch, float(tps)) if tps and saturated else None
+        rows.append(BatchRow(c, cap, use, limit, gain, turned, _roofline_bound(c, batch)))
+    return rows
+
+
+def roofline_of(c: CellResult) -> Mapping[str, Any] | None:
+    roof = c.manifest.get("roofline")
+    return roof if isinstance(roof, Mapping) and roof.get("ridge_flop_per_byte") else None
+
+
+def _roofline_bound(c: CellResult, batch: float) -> str:
+    roof = roofline_of(c)
+    if roof is None:
+        return "–"
+    turn = roof.get("turn_batch_size")
+    return "compute" if turn is not None and batch >= turn else "memory"

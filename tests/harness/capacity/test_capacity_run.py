@@ -1,0 +1,178 @@
+"""Capacity searches on the reference engine: recorded probes, a known capacity, early stop,
+resume, the command line and the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import harness.capacity.run as capacity_run
+from adapters.reference import ReferenceConfig
+from harness.capacity import (
+    SEARCH_FILE,
+    ProbeOutcome,
+    SearchSpec,
+    run_probe,
+    run_search,
+    single_setting,
+)
+from harness.capacity.probe import outcome_from_summary
+from harness.cli import main as cli_main
+from harness.metrics import Slo, summarize
+from harness.sim import simulate
+from harness.target import TargetSpec
+from harness.traces import TraceOptions, load_trace
+
+# A tiny configuration with a sharp, known capacity: constant arrivals of identical requests,
+# at most 8 running. Up to about 31 req/s every request meets TTFT <= 100 ms; above, the
+# queue grows and TTFTs run away.
+KNOBS = {"policy": "fcfs", "max_num_seqs": 8}
+TRACE = {"num_requests": 80, "arrival": "constant", "prompt_tokens": 512, "output_tokens": 32}
+SLO = Slo(ttft_s=0.1, tpot_s=0.02)
+CONFIG = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", **KNOBS)  # type: ignore[arg-type]
+
+
+def setting(**kw: object) -> capacity_run.Setting:
+    from adapters.knobs import Knobs
+
+    spec = TargetSpec("reference", "simulate", knobs=Knobs.from_mapping(KNOBS))
+    args = {"name": "fcfs", "trace_path": "synthetic", "trace_options": TRACE, "kind": "rate",
+            "target": 0.99, "slo": SLO, "knobs": KNOBS, **kw}
+    return single_setting(spec, **args)  # type: ignore[arg-type]
+
+
+def attainment_at(rate: float, num_requests: int = 80) -> float:
+    """A direct simulation at one rate, outside the search."""
+    trace = load_trace("synthetic", TraceOptions(**{**TRACE, "num_requests": num_requests,
+                                                    "rate": rate}))
+    summary = summarize(simulate(trace.requests, CONFIG).timelines, slo=SLO)
+    return float(summary["goodput"]["slo_attainment"])
+
+
+def test_search_finds_the_capacity_a_direct_sweep_finds(tmp_path: Path) -> None:
+    spec = SearchSpec(kind="rate", start=4.0, precision=0.02)
+    result = run_search(setting(), spec, tmp_path)
+    assert result.status == "found"
+    lo, hi = result.passing, result.failing
+    assert lo is not None and hi is not None and hi / lo - 1 <= 0.02
+    # The direct sweep: 1% steps across the region. Everything up to the search's answer
+    # passes, everything from its failing load fails: the capacity lies in [lo, hi).
+    grid = [20 * 1.01 ** k for k in range(60)]  # 20 .. 36 req/s
+    passing = {r: attainment_at(r) >= 0.99 for r in grid}
+    assert all(passing[r] for r in grid if r <= lo)
+    assert not any(passing[r] for r in grid if r >= hi)
+    swept = max(r for r in grid if passing[r])
+    assert lo <= swept * 1.01 and swept < hi
+    # Every probe is a recorded run folder, listed in search.json.
+    record = json.loads((tmp_path / SEARCH_FILE).read_text())
+    assert record["status"] == "found" and record["capacity"] == lo
+    assert record["bracket"] == {"passing": lo, "failing": hi}
+    assert record["precision"] == 0.02 and record["kind"] == "rate"
+    for probe in record["probes"]:
+        folder = tmp_path / probe["label"]
+        assert (folder / "summary.json").exists() and (folder / "probe.json").exists()
+        cell = json.loads((folder / "cell.json").read_text())
+        assert cell["load"] == {"kind": "rate", "value": probe["load"]}
+
+
+def test_an_over_saturated_probe_stops_early_and_fails(tmp_path: Path) -> None:
+    plan = setting(trace_options={**TRACE, "num_requests": 600}).plan
+    outcome = run_probe(plan, 200.0, tmp_path / "rate-200")
+    assert not outcome.passed
+    assert outcome.stopped is not None and "over-saturated" in outcome.stopped
+    summary = json.loads((tmp_path / "rate-200" / "summary.json").read_text())
+    assert summary["stopped_early"] == outcome.stopped
+    assert summary["num_not_sent"] > 0  # it stopped well before the trace ran out
+    manifest = json.loads((tmp_path / "rate-200" / "manifest.json").read_text())
+    assert manifest["status"] == "stopped"
+    # Without the check the same probe runs to the end (and fails all the same).
+    plan_full = setting(trace_options={**TRACE, "num_requests": 600}, early_stop=False).plan
+    full = run_probe(plan_full, 200.0, tmp_path / "full")
+    assert full.stopped is None and not full.passed
+
+
+def test_a_stopped_probe_fails_whatever_its_attainment() -> None:
+    summary = {"goodput": {"slo_attainment": 1.0}, "stopped_early": "over-saturated: ..."}
+    assert not outcome_from_summary(8.0, summary, 0.99).passed
+    assert outcome_from_summary(8.0, {"goodput": {"slo_attainment": 0.995}}, 0.99).passed
+
+
+def test_resume_runs_only_the_probes_not_done(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = SearchSpec(kind="rate", start=4.0, precision=0.05)
+    full = run_search(setting(), spec, tmp_path / "full")
+    ran: list[float] = []
+    real_probe = capacity_run.run_probe
+
+    def interrupted_after_three(plan: object, load: float, out: Path) -> ProbeOutcome:
+        if len(ran) == 3:
+            raise KeyboardInterrupt
+        ran.append(load)
+        return real_probe(plan, load, out)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(capacity_run, "run_probe", interrupted_after_three)
+    half = tmp_path / "half"
+    with pytest.raises(KeyboardInterrupt):
+        run_search(setting(), spec, half)
+    record = json.loads((half / SEARCH_FILE).read_text())
+    assert record["status"] == "interrupted" and len(record["probes"]) == 3
+
+    ran.clear()
+    monkeypatch.setattr(capacity_run, "run_probe", lambda plan, load, out: (
+        ran.append(load), real_probe(plan, load, out))[1])
+    resumed = run_search(setting(), spec, half, resume=True)
+    assert (resumed.passing, resumed.failing) == (full.passing, full.failing)
+    assert [p.load for p in resumed.probes] == [p.load for p in full.probes]
+    assert ran == [p.load for p in full.probes[3:]]  # the first three were not run again
+    assert [p.resumed for p in resumed.probes[:3]] == [True] * 3
+    # Other settings (another SLO) must not reuse these probes.
+    with pytest.raises(ValueError, match="made with other settings"):
+        run_search(setting(slo=Slo(ttft_s=0.5)), spec, half, resume=True)
+
+
+def test_cli_capacity_concurrency_search_and_report(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cap"
+    code = cli_main([
+        "capacity", "--trace", "synthetic", "--num-requests", "60", "--prompt-tokens", "512",
+        "--output-tokens", "32", "--max-num-seqs", "8", "--search", "concurrency",
+        "--start", "2", "--slo", "ttft_s=0.1,tpot_s=0.02", "--out", str(out),
+    ])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "reference" in printed and "found" in printed
+    search = json.loads((out / "reference" / SEARCH_FILE).read_text())
+    assert search["kind"] == "concurrency" and search["status"] == "found"
+    capacity = search["capacity"]
+    assert search["bracket"]["failing"] == capacity + 1  # exact, to one user
+    report = (out / "report.md").read_text()
+    assert "## Throughput–latency curves" in report and "## Capacity at SLO" in report
+    assert f"| `reference` | {capacity:g} users | baseline | search |" in report
+    assert (out / "throughput_latency.png").exists()
+    # a rate search cannot also be given a rate
+    assert cli_main(["capacity", "--trace", "synthetic", "--num-requests", "4",
+                     "--prompt-tokens", "8", "--output-tokens", "2", "--rate", "3",
+                     "--slo", "ttft_s=1", "--out", str(tmp_path / "x")]) == 2
+    assert "--rate" in capsys.readouterr().err
+
+
+def test_cli_capacity_over_a_scenario(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(
+        "name: tiny\nquestion: which cap serves more?\n"
+        "trace: {path: azure_conv_excerpt.csv, limit: 60, prompt_tokens: 512,"
+        " output_tokens: 32}\n"
+        "model: llama-3.1-8b\ngpu: h100-sxm\nslo: {ttft_s: 0.1, tpot_s: 0.02}\n"
+        "engines:\n  - {name: fcfs, engine: reference, knobs: {policy: fcfs}}\n"
+        "grid:\n  max_num_seqs: [4, 8]\n")
+    out = tmp_path / "out"
+    assert cli_main(["capacity", str(scenario), "--start", "8", "--precision", "0.1",
+                     "--out", str(out)]) == 0
+    rows = json.loads((out / "capacity.json").read_text())["settings"]
+    caps = {r["setting"]: r["capacity"] for r in rows}
+    assert set(caps) == {"fcfs__max_num_seqs-4", "fcfs__max_num_seqs-8"}
+    assert caps["fcfs__max_num_seqs-8"] > caps["fcfs__max_num_seqs-4"]
+    report = (out / "report.md").read_text()
+    assert "`fcfs, max_num_seqs=8`" in report.split("## Capacity at SLO")[1]

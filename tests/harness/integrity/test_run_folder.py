@@ -1,0 +1,146 @@
+"""A run folder belongs to one run: another run's folder is refused unless --overwrite (then
+emptied first), and every file batchlab writes there carries the run's id."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from harness.cli import main as cli_main
+from harness.live.recorder import RECORDS_FILE, records_run_id
+from harness.runfolder import MARKERS, RunDirError, RunIdentity, claim_run_dir
+
+SIM = RunIdentity("simulated", "a" * 64, engine="reference")
+LIVE = RunIdentity("live", "a" * 64, target="http://127.0.0.1:1")
+
+
+def test_claim_an_empty_or_new_folder_writes_the_run_id(tmp_path: Path) -> None:
+    run_id = claim_run_dir(tmp_path / "new", SIM)
+    manifest = json.loads((tmp_path / "new" / "manifest.json").read_text())
+    assert manifest["run_id"] == run_id and len(run_id) == 32
+    assert manifest["identity"] == SIM.as_dict()
+
+
+def test_another_runs_folder_is_refused_unless_overwrite(tmp_path: Path) -> None:
+    claim_run_dir(tmp_path, SIM)
+    (tmp_path / "requests.parquet").write_bytes(b"old")
+    for other in (LIVE, RunIdentity("simulated", "b" * 64, engine="reference"),
+                  RunIdentity("live", "a" * 64, engine="vllm")):
+        with pytest.raises(RunDirError, match=r"holds another run.*--overwrite"):
+            claim_run_dir(tmp_path, other)
+    assert (tmp_path / "requests.parquet").exists()  # nothing was touched
+    (tmp_path / "notes.txt").write_text("mine")
+    claim_run_dir(tmp_path, LIVE, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+
+
+def test_the_same_run_again_replaces_the_old_files_only(tmp_path: Path) -> None:
+    first = claim_run_dir(tmp_path, SIM)
+    for name in ("requests.parquet", "summary.json", "server.stdout.log", "records.jsonl"):
+        (tmp_path / name).write_text("old")
+    (tmp_path / "notes.txt").write_text("the user's own file")
+    second = claim_run_dir(tmp_path, SIM)
+    assert second != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "notes.txt"]
+
+
+def test_foreign_files_are_refused_even_with_overwrite(tmp_path: Path) -> None:
+    (tmp_path / "thesis.tex").write_text("do not delete")
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(RunDirError, match=r"batchlab did not write \(sub/, thesis.tex\)"):
+        claim_run_dir(tmp_path, SIM, overwrite=True)
+    assert (tmp_path / "thesis.tex").exists()
+
+
+def test_a_scenario_cells_markers_are_kept(tmp_path: Path) -> None:
+    for name in MARKERS:
+        (tmp_path / name).write_text("{}")
+    claim_run_dir(tmp_path, SIM)
+    assert {p.name for p in tmp_path.iterdir()} >= MARKERS
+
+
+def test_simulate_into_a_replay_folder_then_summarize(tmp_path: Path, loopback: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue case: `simulate` into an earlier replay's folder, then `summarize`, rebuilt the
+    summary from the replay's records.jsonl (3 requests instead of 200)."""
+    out = tmp_path / "run"
+    small = ["--trace", "synthetic", "--num-requests", "3", "--rate", "20", "--prompt-tokens",
+             "8", "--output-tokens", "4"]
+    assert cli_main(["replay", "--target", loopback, *small, "--out", str(out)]) == 0
+    assert (out / RECORDS_FILE).exists()
+    big = ["--trace", "synthetic", "--num-requests", "200", "--rate", "20",
+           "--prompt-tokens", "8", "--output-tokens", "4", "--out", str(out)]
+    capsys.readouterr()
+    assert cli_main(["simulate", *big]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "holds another run" in err and "--overwrite" in err
+    assert cli_main(["simulate", *big, "--overwrite"]) == 0
+    assert not (out / RECORDS_FILE).exists()
+    assert cli_main(["summarize", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_requests"] == 200
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["kind"] == "simulated" and summary["run_id"] == manifest["run_id"]
+    for name in ("requests.parquet", "chunks.parquet", "steps.parquet"):
+        metadata = pq.read_schema(out / name).metadata
+        assert metadata[b"batchlab.run_id"].decode() == manifest["run_id"], name
+
+
+def test_summarize_ignores_records_of_another_run(tmp_path: Path, loopback: str) -> None:
+    """A records.jsonl whose header names another run (copied in, or left by an older
+    batchlab) is not the folder's record: the parquet files are."""
+    replayed, simulated = tmp_path / "replayed", tmp_path / "simulated"
+    small = ["--trace", "synthetic", "--num-requests", "3", "--rate", "20", "--prompt-tokens",
+             "8", "--output-tokens", "4"]
+    assert cli_main(["replay", "--target", loopback, *small, "--out", str(replayed)]) == 0
+    assert cli_main(["simulate", "--trace", "synthetic", "--num-requests", "50", "--rate",
+                     "20", "--prompt-tokens", "8", "--output-tokens", "4",
+                     "--out", str(simulated)]) == 0
+    (simulated / RECORDS_FILE).write_bytes((replayed / RECORDS_FILE).read_bytes())
+    assert cli_main(["summarize", str(simulated)]) == 0
+    assert json.loads((simulated / "summary.json").read_text())["num_requests"] == 50
+
+
+def test_a_live_runs_files_all_carry_its_run_id(tmp_path: Path, loopback: str) -> None:
+    out = tmp_path / "run"
+    assert cli_main(["replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
+                     "4", "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "4",
+                     "--out", str(out)]) == 0
+    run_id = json.loads((out / "manifest.json").read_text())["run_id"]
+    assert json.loads((out / "summary.json").read_text())["run_id"] == run_id
+    assert records_run_id(out / RECORDS_FILE) == run_id
+    for name in ("requests.parquet", "chunks.parquet"):
+        assert pq.read_schema(out / name).metadata[b"batchlab.run_id"].decode() == run_id
+
+
+def test_replay_into_an_engine_runs_folder_keeps_nothing_of_it(tmp_path: Path, loopback: str,
+                                                                bl: type) -> None:
+    """Issue case: a replay into an earlier `--engine` run's folder kept the old engine,
+    knobs and telemetry in the manifest, so the report credited the wrong engine."""
+    out = tmp_path / "run"
+    launched = bl.run("replay", "--engine", "reference", "--launch", *bl.SMALL_TRACE,
+                      "--max-num-seqs", "4", "--out", str(out))
+    assert launched.returncode == 0, launched.stderr
+    assert (out / "telemetry.parquet").exists()
+    first = bl.read_json(out / "manifest.json")
+    assert first["engine"]["name"] == "reference" and first["knobs"]["max_num_seqs"] == 4
+    for name in ("telemetry.parquet", "requests.parquet"):
+        assert pq.read_schema(out / name).metadata[b"batchlab.run_id"].decode() == \
+            first["run_id"], name
+    plain = ["replay", "--target", loopback, "--trace", "synthetic", "--num-requests", "3",
+             "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "4", "--out", str(out)]
+    refused = bl.run(*plain)
+    assert refused.returncode == 2
+    assert "holds another run (a live run of reference" in refused.stderr
+    assert bl.read_json(out / "manifest.json")["run_id"] == first["run_id"]  # untouched
+    replaced = bl.run(*plain, "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    manifest = bl.read_json(out / "manifest.json")
+    assert manifest["run_id"] != first["run_id"]
+    for stale in ("engine", "knobs", "mapping", "launch", "telemetry"):
+        assert stale not in manifest, stale
+    assert sorted(p.name for p in out.iterdir()) == [
+        "chunks.parquet", "manifest.json", "records.jsonl", "requests.parquet", "summary.json"]

@@ -1,0 +1,86 @@
+"""SIGTERM and SIGHUP are Ctrl-C: what is in flight is recorded as not_finished, the summary
+is written, the manifest says "interrupted", and the exit status is 128 + the signal."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from harness.live.recorder import RECORDS_FILE, read_records
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_plain_replay_stopped_by_a_signal_loses_no_request(tmp_path: Path, loopback: str,
+                                                              bl: type,
+                                                              sig: signal.Signals) -> None:
+    """Issue case: SIGTERM to a plain replay (as `timeout`, systemd or Kubernetes send it)
+    lost the requests in flight; the manifest stayed "running"; the goodput denominator
+    shrank."""
+    out = tmp_path / "run"
+    proc = bl.start("replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
+                    "400", "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "40",
+                    "--out", str(out))
+    try:
+        records = out / RECORDS_FILE
+        bl.wait_for(lambda: records.exists() and len(records.read_text().splitlines()) >= 4,
+                    "three finished requests")
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + sig, err
+    assert f"interrupted by {sig.name}" in err and "Traceback" not in err
+    manifest = bl.read_json(out / "manifest.json")
+    assert manifest["status"] == "interrupted"
+    rows = read_records(out / RECORDS_FILE)
+    not_finished = [r for r in rows if r.error_kind == "not_finished"]
+    assert not_finished, "requests in flight at the signal are rows too"
+    assert manifest["num_sent"] == manifest["num_recorded"] == len(rows)
+    summary = bl.read_json(out / "summary.json")
+    assert summary["num_requests"] == len(rows)
+    assert summary["failures"]["not_finished"] == len(not_finished)
+    assert pq.read_table(out / "requests.parquet").num_rows == len(rows)
+
+
+def test_simulate_stopped_by_sigterm_says_interrupted(tmp_path: Path, bl: type) -> None:
+    out = tmp_path / "sim"
+    proc = bl.start("simulate", "--trace", "synthetic", "--num-requests", "50000", "--rate",
+                    "50", "--prompt-tokens", "64", "--output-tokens", "64", "--out", str(out))
+    try:
+        bl.wait_for(lambda: bl.read_json(out / "manifest.json").get("status") == "starting",
+                    "the run folder to be claimed")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    assert bl.read_json(out / "manifest.json")["status"] == "interrupted"
+
+
+def test_a_signal_ignored_at_start_stays_ignored(tmp_path: Path, loopback: str,
+                                                 bl: type) -> None:
+    """Under `nohup` SIGHUP is ignored: batchlab must not turn it back into an interrupt."""
+    out = tmp_path / "run"
+    command = bl.batchlab("replay", "--target", loopback, "--trace", "synthetic",
+                          "--num-requests", "30", "--rate", "20", "--prompt-tokens", "8",
+                          "--output-tokens", "10", "--out", str(out))
+    proc = subprocess.Popen(["nohup", *command], cwd=bl.REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        records = out / RECORDS_FILE
+        bl.wait_for(lambda: records.exists() and len(records.read_text().splitlines()) >= 2,
+                    "a finished request")
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert bl.read_json(out / "manifest.json")["status"] == "finished"

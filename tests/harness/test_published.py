@@ -1,0 +1,230 @@
+"""Published measurements, shipped engine profiles, the fit, and docs/fidelity.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from adapters.reference.config import ReferenceConfig
+from adapters.reference.cost_model import (
+    CostModelParams,
+    ProfileError,
+    load_profile,
+    resolve_profile,
+    shipped_profiles,
+)
+from harness.published import cli
+from harness.published.check import (
+    FIDELITY_MD,
+    _fmt,
+    check_rows,
+    fidelity_digest,
+    inputs_digest,
+)
+from harness.published.fit import HELD_OUT_SOURCES, fit_profile, split
+from harness.published.frozen import evaluate, freeze
+from harness.published.profiles import SCHEDULER_KEYS, read_profile
+from harness.published.replay import closed_loop_timelines, predict_row, row_config
+from harness.published.rows import PublishedRow, load_rows, sources
+from harness.timeline import RequestTimeline
+
+# ---------------------------------------------------------------- the data set
+
+
+def test_measurements_cover_the_engines_gpus_and_sources() -> None:
+    rows = load_rows()
+    assert len(rows) >= 40
+    assert len(sources(rows)) >= 4
+    assert {r.engine for r in rows} == {"vllm", "trtllm", "tgi"}
+    assert {"h100-sxm", "h200", "a100-80gb"} <= {r.gpu for r in rows}
+    assert {"llama-3.1-8b", "llama-3.1-70b"} <= {r.model for r in rows}
+    assert {"bf16", "fp8"} <= {r.weights_dtype for r in rows}
+    assert {"offline", "rate", "concurrency"} == {r.arrival for r in rows}
+    assert any(r.metric.startswith("ttft") for r in rows)
+    for r in rows:
+        assert r.source and r.source_date, r.row_id
+        assert r.profile_name in shipped_profiles(), r.row_id
+
+
+def test_held_out_sources_are_whole_and_at_least_a_third() -> None:
+    rows = load_rows()
+    train, held = split(rows)
+    assert len(held) * 3 >= len(rows)
+    assert not {r.source_id for r in train} & {r.source_id for r in held}
+    assert set(HELD_OUT_SOURCES) <= set(sources(rows))
+
+
+# ---------------------------------------------------------------- profiles
+
+
+def test_profile_by_name_and_by_path_are_the_same() -> None:
+    path = resolve_profile("vllm-h100-sxm")
+    assert path.name == "vllm-h100-sxm.json" and path.exists()
+    assert load_profile("vllm-h100-sxm") == load_profile(path)
+    assert load_profile(str(path)) == load_profile(path)
+    config = ReferenceConfig(model="llama-3.1-8b", profile="vllm-h100-sxm")
+    assert config.gpu_spec.name == "h100-sxm"
+    assert config.params == load_profile(path)
+
+
+def test_unknown_profile_name_lists_the_shipped_ones() -> None:
+    with pytest.raises(ProfileError, match="vllm-h100-sxm"):
+        load_profile("no-such-engine-h100")
+
+
+def test_profile_path_that_does_not_exist_is_an_error(tmp_path) -> None:
+    with pytest.raises(ProfileError, match="cannot read"):
+        load_profile(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("name", shipped_profiles())
+def test_shipped_profile_has_scheduler_defaults_with_sources_and_fit(name: str) -> None:
+    profile = read_profile(name)
+    assert name == f"{profile.engine}-{profile.gpu}"
+    assert profile.params.device == profile.gpu
+    sched = profile.raw["metadata"]["scheduler"]
+    for key in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "admission"):
+        assert key in sched and key in sched["sources"], key
+    assert set(profile.scheduler) <= set(SCHEDULER_KEYS)
+    ids = {r.row_id for r in load_rows()}
+    fit = profile.fit
+    assert set(fit.get("train_row_ids", [])) <= ids
+    assert set(fit.get("held_out_row_ids", [])) <= ids
+    assert fit.get("fitted") or fit.get("coefficients_from")
+
+
+def test_engine_settings_override_the_profile() -> None:
+    row = _row("x", arrival="offline", arrival_value=None,
+               engine_settings="max_num_seqs=256;chunked_prefill=false;"
+                                    "frontend_latency_s=0")
+    config = row_config(row, read_profile("vllm-h100-sxm"))
+    assert config.max_num_seqs == 256 and not config.chunked_prefill
+    assert config.max_num_batched_tokens >= config.resolved_max_model_len
+    assert config.params.frontend_latency_s == 0
+
+
+# ---------------------------------------------------------------- simulating a row
+
+
+def _row(row_id: str, **kw: object) -> PublishedRow:
+    base: dict[str, object] = dict(
+        row_id=row_id, source_id="synthetic", source="test", source_date="2026-01-01",
+        engine="vllm", engine_version="test", gpu="h100-sxm", model="llama-3.1-8b",
+        weights_dtype="bf16", kv_cache_dtype="bf16", tensor_parallel_size=1,
+        input_tokens=256, output_tokens=64, dataset="synthetic-fixed", num_requests=4,
+        arrival="concurrency", arrival_value=1.0, metric="itl_mean_s", value=1.0,
+        emulated=True, engine_settings="", notes="")
+    base.update(kw)
+    return PublishedRow(**base)  # type: ignore[arg-type]
+
+
+def test_closed_loop_sends_each_request_when_a_client_frees() -> None:
+    def tl(i: int, first: float, end: float) -> RequestTimeline:
+        return RequestTimeline(f"r{i}", 0.0, 8, 2, chunk_times_s=(first, end),
+                               chunk_num_tokens=(1, 1), finished_s=end, num_output_tokens=2)
+
+    timelines = [tl(0, 1.0, 2.0), tl(1, 1.0, 3.0), tl(2, 2.5, 4.0), tl(3, 3.5, 5.0)]
+    out = closed_loop_timelines(timelines, concurrency=2, frontend_latency_s=0.1)
+    assert [t.start_s for t in out] == [0.0, 0.0, 1.9, 2.9]
+    assert out[2].ttft_s() == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(arrival="offline", arrival_value=None, num_requests=64, metric="output_tok_s"),
+    dict(arrival="concurrency", arrival_value=4.0, num_requests=16, metric="ttft_mean_s"),
+    dict(arrival="concurrency", arrival_value=4.0, num_requests=16, metric="itl_p50_s",
+         kv_cache_dtype="fp8"),
+])
+def test_frozen_schedule_retimes_exactly_like_a_simulation(kw: dict[str, object]) -> None:
+    row = _row("frozen", **kw)
+    profile = read_profile("vllm-h100-sxm")
+    frozen = freeze(row, profile, CostModelParams())
+    other = replace(CostModelParams(), memory_efficiency=0.6, compute_efficiency=0.4,
+                    step_overhead_s=2e-3, per_seq_overhead_s=3e-5, frontend_latency_s=0.02,
+                    per_fp8_kv_token_overhead_s=2e-8)
+    assert evaluate(frozen, other) == pytest.approx(
+        predict_row(row, profile, other).predicted, rel=1e-9)
+
+
+def test_fit_recovers_the_coefficients_that_generated_the_rows() -> None:
+    truth = replace(CostModelParams(), memory_efficiency=0.7, compute_efficiency=0.45,
+                    step_overhead_s=1.5e-3, per_seq_overhead_s=2e-5,
+                    frontend_latency_s=0.012)
+    shapes: list[dict[str, Any]] = [
+        dict(arrival="offline", arrival_value=None, input_tokens=128, output_tokens=128,
+             num_requests=256, metric="output_tok_s"),
+        dict(arrival="offline", arrival_value=None, input_tokens=2048, output_tokens=16,
+             num_requests=64, metric="output_tok_s"),
+        dict(arrival="offline", arrival_value=None, input_tokens=16, output_tokens=256,
+             num_requests=512, metric="output_tok_s"),
+        dict(input_tokens=256, output_tokens=64, metric="itl_mean_s"),
+        dict(input_tokens=256, output_tokens=64, metric="ttft_mean_s"),
+        dict(input_tokens=4096, output_tokens=8, metric="ttft_mean_s"),
+        dict(arrival_value=64.0, input_tokens=512, output_tokens=128, num_requests=128,
+             metric="tpot_mean_s"),
+    ]
+    profile = read_profile("vllm-h100-sxm").with_params(CostModelParams())
+    rows = []
+    for i, kw in enumerate(shapes):
+        row = _row(f"synthetic-{i}", **kw)
+        rows.append(replace(row, value=predict_row(row, profile, truth).predicted))
+    # no prior: the optimiser and the frozen re-timing alone must land on the truth
+    result = fit_profile(profile, rows, rounds=1, max_evals=800, prior_weight=0.0)
+    for name in ("memory_efficiency", "compute_efficiency", "step_overhead_s",
+                 "per_seq_overhead_s", "frontend_latency_s"):
+        assert getattr(result.params, name) == pytest.approx(getattr(truth, name), rel=0.05), name
+
+
+# ---------------------------------------------------------------- the check and its document
+
+
+def test_fidelity_doc_is_current() -> None:
+    text = FIDELITY_MD.read_text()
+    assert fidelity_digest(text) == inputs_digest(), (
+        "docs/fidelity.md is stale: run `batchlab check-published --write-docs`")
+    rows = {r.row_id: r for r in load_rows()}
+    quick = ["fp8kv-8b-bf16-b1-1024-itl", "vci-8b-h200-tp1-latency",
+             "tgiv3-tgi-70b-h100-tp8-long"]
+    for c in check_rows([rows[i] for i in quick], jobs=1):
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"| `{c.row.row_id}` |"))
+        assert f"| {_fmt(c.prediction.predicted)} |" in line, (
+            f"docs/fidelity.md is stale for {c.row.row_id}: run "
+            "`batchlab check-published --write-docs`")
+
+
+def test_profiles_record_their_fit_errors() -> None:
+    fit = read_profile("trtllm-h100-sxm").fit
+    assert fit["fitted"] and fit["train"]["num_rows"] > 0 and fit["held_out"]["num_rows"] > 0
+    assert json.dumps(fit)  # plain JSON
+
+
+def test_check_published_cli_for_one_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    cli.check_add_arguments(parser)
+    assert cli.check_run(parser.parse_args(["--profile", "tgi-h100-sxm", "--jobs", "1"])) == 0
+    out = capsys.readouterr().out
+    assert "tgiv3-tgi-70b-h100-tp8-long" in out and "held-out" in out
+
+    assert cli.check_run(parser.parse_args(["--profile", "nope"])) == 2
+
+
+def test_profiles_cli_lists_every_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    cli.profiles_add_arguments(parser)
+    assert cli.profiles_run(parser.parse_args([])) == 0
+    out = capsys.readouterr().out
+    for name in shipped_profiles():
+        assert name in out
+
+
+def test_check_published_with_a_profile_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    mine = tmp_path / "my-tgi.json"
+    mine.write_text(resolve_profile("tgi-h100-sxm").read_text())
+    parser = argparse.ArgumentParser()
+    cli.check_add_arguments(parser)
+    assert cli.check_run(parser.parse_args(["--profile", str(mine)])) == 0
+    assert "tgiv3-tgi-70b-h100-tp8-small" in capsys.readouterr().out
