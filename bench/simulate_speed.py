@@ -6,7 +6,11 @@ requests per second. The baseline is the same run with decode spans off (``decod
 every step goes through the full scheduler); both must give identical results, which this
 script checks. CPU time is printed next to wall time because the machine may be shared.
 
-    .venv/bin/python bench/simulate_speed.py [TRACE] [--limit N] [--no-baseline]
+    .venv/bin/python bench/simulate_speed.py [TRACE] [--limit N] [--no-baseline] [--no-cli]
+
+Then, with prefix caching off and on, the whole command line (`batchlab simulate`: process
+start, trace load, simulation, writing every result file and report.md) next to the core
+simulation of the same configuration, in one run; the target is at most 1.30x.
 
 TRACE defaults to $BATCHLAB_TRACES_DIR/AzureLLMInferenceTrace_conv.csv (the folder defaults
 to ../shared/traces next to the repository).
@@ -15,7 +19,9 @@ to ../shared/traces next to the repository).
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("trace", nargs="?", help=f"trace file (default: shared {TRACE_NAME})")
     parser.add_argument("--limit", type=int, help="first N requests only")
     parser.add_argument("--no-baseline", action="store_true", help="skip the step-by-step run")
+    parser.add_argument("--no-cli", action="store_true", help="skip the command-line runs")
     args = parser.parse_args(argv)
 
     path: Path | None = Path(args.trace) if args.trace else None
@@ -75,7 +82,31 @@ def main(argv: list[str] | None = None) -> int:
               f"{slow_cpu_s / fast_cpu_s:.2f}x cpu; identical results: {same}")
         if not same:
             return 1
+    if not args.no_cli:
+        for caching in (False, True):
+            _cli_vs_core(path, trace.requests, args.limit, prefix_caching=caching)
     return 0
+
+
+def _cli_vs_core(path: Path, requests: tuple, limit: int | None, *, prefix_caching: bool
+                 ) -> None:
+    """The whole ``batchlab simulate`` process against the core simulation it runs."""
+    config = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", policy="fcfs",
+                             prefix_caching=prefix_caching)
+    _, core_s, _ = _run(requests, config, decode_spans=True)
+    flag = "--prefix-caching" if prefix_caching else "--no-prefix-caching"
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [sys.executable, "-m", "harness.cli", "simulate", "--trace", str(path),
+                "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--policy", "fcfs", flag,
+                "--out", str(Path(tmp) / "run")]
+        if limit is not None:
+            argv += ["--limit", str(limit)]
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        cli_s = time.perf_counter() - t0
+    print(f"prefix caching {'on ' if prefix_caching else 'off'}: core simulation "
+          f"{core_s:6.2f} s, whole CLI {cli_s:6.2f} s: {cli_s / core_s:.2f}x "
+          f"(target <= 1.30x)")
 
 
 if __name__ == "__main__":
