@@ -373,6 +373,7 @@ async def replay(
     overwrite: bool = False,
     early_stop: EarlyStop | None = None,
     t0_ns: int | None = None,
+    wire: Wire | None = None,
 ) -> dict[str, Any]:
     """Replay ``trace`` against ``config.target_url``; write the run folder; return the summary.
 
@@ -404,8 +405,9 @@ async def replay(
     update_manifest(out_dir, replay_manifest(trace, config, builder, command))
 
     cap = config.max_concurrency if config.mode == "open" else config.concurrency
-    wire: Wire = (LeanWire(config, cap) if config.http_client == "lean"
-                   else HttpxWire(config, cap))
+    if wire is None:  # tests hand in harness.live.wire.MemoryWire
+        wire = (LeanWire(config, cap) if config.http_client == "lean"
+                else HttpxWire(config, cap))
     try:
         await _warm_up(wire, config)
     except BaseException:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -132,6 +133,44 @@ class LeanWire:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+# One scripted reply: (seconds to wait, bytes that then arrive), in order.
+Reply = list[tuple[float, bytes]]
+
+
+class MemoryWire:
+    """An in-memory wire for tests: ``respond(request, body)`` scripts each reply as the
+    pieces of its HTTP body (an SSE stream) and the pause before each; no socket, no server.
+    Everything after the wire (parsing, timing, records, summaries) runs as in a live run."""
+
+    def __init__(self, respond: Callable[[TraceRequest, bytes], Reply],
+                 *, status: int = 200) -> None:
+        self._respond = respond
+        self._status = status
+        self.sent: list[str] = []  # request ids, in send order
+
+    def prepare(self, req: TraceRequest, body: bytes) -> tuple[TraceRequest, bytes]:
+        return (req, body)
+
+    async def stream(self, att: Attempt, prepared: object) -> None:
+        assert isinstance(prepared, tuple)
+        req, body = prepared
+        att.sent_ns = time.perf_counter_ns()
+        att.http_status = self._status
+        self.sent.append(req.request_id)
+        for delay_s, data in self._respond(req, body):
+            await asyncio.sleep(delay_s)
+            if att.on_body(data, time.perf_counter_ns()):
+                return
+        att.eof = True
+        att.end_ns = time.perf_counter_ns()
+
+    async def warm_up(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
 
 
 class IgnoreBody:
