@@ -19,6 +19,7 @@ Latency distributions are over successful requests. Counts and goodput divide by
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -166,6 +167,61 @@ def request_metrics(tl: RequestTimeline) -> RequestMetrics:
     )
 
 
+def request_metric_columns(timelines: Sequence[RequestTimeline]) -> dict[str, np.ndarray]:
+    """``request_metrics`` of every request as columns (the ``RequestMetrics`` field names),
+    computed with numpy: the same formulas, the same float operations, the same NaNs."""
+    n = len(timelines)
+    ok = np.fromiter((tl.ok for tl in timelines), dtype=bool, count=n)
+    start = np.fromiter((tl.start_s for tl in timelines), dtype=np.float64, count=n)
+    first = np.fromiter((tl.chunk_times_s[0] if tl.chunk_times_s else math.nan
+                         for tl in timelines), dtype=np.float64, count=n)
+    last = np.fromiter((tl.chunk_times_s[-1] if tl.chunk_times_s else math.nan
+                        for tl in timelines), dtype=np.float64, count=n)
+    finished = np.fromiter((math.nan if tl.finished_s is None else tl.finished_s
+                            for tl in timelines), dtype=np.float64, count=n)
+    tokens = np.fromiter((tl.output_tokens for tl in timelines), dtype=np.int64, count=n)
+    has_chunks = np.fromiter((bool(tl.chunk_times_s) for tl in timelines), dtype=bool, count=n)
+    ttft = np.where(ok, first - start, math.nan)
+    e2e = np.where(ok, finished - start, math.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):  # masked out below
+        per_gap = (tokens - 1).astype(np.float64)
+        per_token = tokens.astype(np.float64)
+        tpot = np.where(ok & (tokens > 1), (e2e - ttft) / per_gap, math.nan)
+        tpot_guidellm = np.where(ok & (tokens >= 1) & has_chunks, (last - start) / per_token,
+                                 math.nan)
+        itl_guidellm = np.where(ok & (tokens > 1) & has_chunks, (last - first) / per_gap,
+                                math.nan)
+    return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "tpot_guidellm_s": tpot_guidellm,
+            "itl_guidellm_s": itl_guidellm}
+
+
+def pooled_gaps_s(timelines: Sequence[RequestTimeline]) -> tuple[np.ndarray, np.ndarray]:
+    """``(chunk gaps, token gaps)`` of every request in order: what concatenating
+    ``chunk_gaps_s`` and ``token_gaps_s`` over ``timelines`` gives, in a few numpy calls.
+    The second is the first itself (same object) when no chunk carried more than one token."""
+    lengths = np.fromiter((len(tl.chunk_times_s) for tl in timelines), dtype=np.int64,
+                          count=len(timelines))
+    times = np.fromiter(itertools.chain.from_iterable(tl.chunk_times_s for tl in timelines),
+                        dtype=np.float64, count=int(lengths.sum()))
+    first_rows = (np.cumsum(lengths) - lengths)[lengths > 0]
+    gap_ends = np.ones(times.size, dtype=bool)
+    gap_ends[first_rows] = False  # a request's first chunk ends no gap of that request
+    gaps = np.diff(times)[gap_ends[1:]] if times.size else times
+    weights: np.ndarray | None = None  # tokens per gap, where a chunk carried more than one
+    offset = 0
+    for tl, num in zip(timelines, lengths.tolist(), strict=True):
+        counts = tl.chunk_num_tokens
+        if num > 1 and len(counts) == num and counts[1:].count(1) != num - 1:
+            if weights is None:
+                weights = np.ones(gaps.size, dtype=np.int64)
+            weights[offset:offset + num - 1] = np.maximum(
+                np.asarray(counts[1:], dtype=np.int64), 1)
+        offset += max(num - 1, 0)
+    if weights is None:
+        return gaps, gaps
+    return gaps, np.repeat(gaps / weights, weights)
+
+
 # ---------------------------------------------------------------- distributions
 
 
@@ -185,10 +241,6 @@ def distribution(values: Iterable[float] | np.ndarray) -> dict[str, float | None
     out["max"] = float(arr.max())
     out["count"] = int(arr.size)
     return out
-
-
-def _concat(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    return np.concatenate(arrays) if arrays else np.empty(0)
 
 
 def run_duration_s(timelines: Sequence[RequestTimeline]) -> float:
@@ -214,8 +266,10 @@ def summarize(
 ) -> dict[str, Any]:
     """The summary written to ``summary.json``; identical for simulated and live runs."""
     duration = run_duration_s(timelines) if duration_s is None else duration_s
-    per_req = [request_metrics(tl) for tl in timelines]
+    per_req = request_metric_columns(timelines)
     ok = [tl for tl in timelines if tl.ok]
+    chunk_gaps, token_gaps = pooled_gaps_s(ok)
+    itl = distribution(token_gaps)
     failures: dict[str, int] = {}
     for tl in timelines:
         if not tl.ok:
@@ -244,13 +298,14 @@ def summarize(
             "output_tokens_per_s": rate(num_out),
             "total_tokens_per_s": rate(num_in + num_out),
         },
-        "ttft_s": distribution(m.ttft_s for m in per_req),
-        "tpot_s": distribution(m.tpot_s for m in per_req),
-        "itl_s": distribution(_concat([token_gaps_s(tl) for tl in ok])),
-        "e2e_s": distribution(m.e2e_s for m in per_req),
-        "tpot_guidellm_s": distribution(m.tpot_guidellm_s for m in per_req),
-        "itl_chunk_s": distribution(_concat([chunk_gaps_s(tl) for tl in ok])),
-        "itl_guidellm_s": distribution(m.itl_guidellm_s for m in per_req),
+        "ttft_s": distribution(per_req["ttft_s"]),
+        "tpot_s": distribution(per_req["tpot_s"]),
+        "itl_s": itl,
+        "e2e_s": distribution(per_req["e2e_s"]),
+        "tpot_guidellm_s": distribution(per_req["tpot_guidellm_s"]),
+        # one-token chunks (all of simulation): the same values, the same distribution
+        "itl_chunk_s": dict(itl) if token_gaps is chunk_gaps else distribution(chunk_gaps),
+        "itl_guidellm_s": distribution(per_req["itl_guidellm_s"]),
         "output_length_fidelity": {
             "num_reached_target": sum(1 for tl in ok if tl.reached_target_length),
             "fraction_reached_target": (
@@ -272,8 +327,10 @@ def summarize(
     if slo is not None and slo.as_dict():
         good = sum(
             1
-            for tl, m in zip(timelines, per_req, strict=True)
-            if tl.ok and slo.met(m.ttft_s, m.tpot_s, m.e2e_s)
+            for tl, ttft, tpot, e2e in zip(timelines, per_req["ttft_s"].tolist(),
+                                           per_req["tpot_s"].tolist(), per_req["e2e_s"].tolist(),
+                                           strict=True)
+            if tl.ok and slo.met(ttft, tpot, e2e)
         )
         summary["slo"] = slo.as_dict()
         summary["goodput"] = {

@@ -6,10 +6,11 @@ without re-running. Live runs add columns (``sent_s``, ``send_lag_s``, ...); rea
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.metrics import request_metrics
+from harness.metrics import request_metric_columns
 from harness.timeline import RequestTimeline
 
 REQUESTS_FILE = "requests.parquet"
@@ -33,7 +34,7 @@ def _nan_if_none(x: float | None) -> float:
 
 def requests_table(timelines: Sequence[RequestTimeline], *, live: bool = False) -> pa.Table:
     """One row per request (the columns ``docs/metrics.md`` lists)."""
-    metrics = [request_metrics(tl) for tl in timelines]
+    metrics = request_metric_columns(timelines)
     cols: dict[str, Any] = {
         "request_id": pa.array([tl.request_id for tl in timelines], pa.string()),
         "arrival_s": pa.array([tl.arrival_s for tl in timelines], pa.float64()),
@@ -45,9 +46,9 @@ def requests_table(timelines: Sequence[RequestTimeline], *, live: bool = False) 
         "num_output_tokens": pa.array([tl.output_tokens for tl in timelines], pa.int64()),
         "first_token_s": pa.array([_nan_if_none(tl.first_token_s) for tl in timelines]),
         "finished_s": pa.array([_nan_if_none(tl.finished_s) for tl in timelines]),
-        "ttft_s": pa.array([m.ttft_s for m in metrics], pa.float64()),
-        "tpot_s": pa.array([m.tpot_s for m in metrics], pa.float64()),
-        "e2e_s": pa.array([m.e2e_s for m in metrics], pa.float64()),
+        "ttft_s": pa.array(metrics["ttft_s"], pa.float64()),
+        "tpot_s": pa.array(metrics["tpot_s"], pa.float64()),
+        "e2e_s": pa.array(metrics["e2e_s"], pa.float64()),
         "num_preemptions": pa.array([tl.num_preemptions for tl in timelines], pa.int64()),
         "error_kind": pa.array([tl.error_kind for tl in timelines], pa.string()),
         "error_message": pa.array([tl.error_message for tl in timelines], pa.string()),
@@ -69,25 +70,40 @@ def requests_table(timelines: Sequence[RequestTimeline], *, live: bool = False) 
 
 
 def chunks_table(timelines: Sequence[RequestTimeline]) -> pa.Table:
-    """One row per streamed chunk (one per token in simulation)."""
-    lengths = [len(tl.chunk_times_s) for tl in timelines]
+    """One row per streamed chunk (one per token in simulation).
+
+    Built column by column in C loops: millions of rows on a whole trace."""
+    lengths = np.fromiter((len(tl.chunk_times_s) for tl in timelines), dtype=np.int64,
+                          count=len(timelines))
+    total = int(lengths.sum())
     ids = np.repeat(np.arange(len(timelines)), lengths)
     request_ids = pa.array([tl.request_id for tl in timelines], pa.string()).take(pa.array(ids))
-    times = np.fromiter(
-        (t for tl in timelines for t in tl.chunk_times_s), dtype=np.float64, count=sum(lengths)
-    )
-    tokens = np.fromiter(
-        (n for tl in timelines for n in tl.chunk_num_tokens), dtype=np.int64, count=sum(lengths)
-    )
-    index = np.concatenate([np.arange(n) for n in lengths]) if lengths else np.empty(0, np.int64)
+    times = np.fromiter(itertools.chain.from_iterable(tl.chunk_times_s for tl in timelines),
+                        dtype=np.float64, count=total)
+    starts = np.cumsum(lengths) - lengths  # each request's first row
+    index = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
     return pa.table(
         {
             "request_id": request_ids,
             "chunk_index": pa.array(index, pa.int64()),
             "t_s": pa.array(times, pa.float64()),
-            "num_tokens": pa.array(tokens, pa.int64()),
+            "num_tokens": pa.array(_chunk_tokens(timelines, lengths, total), pa.int64()),
         }
     )
+
+
+def _chunk_tokens(timelines: Sequence[RequestTimeline], lengths: np.ndarray,
+                  total: int) -> np.ndarray:
+    """Every chunk's token count; a timeline of one-token chunks (all of simulation) is
+    recognised in C (``tuple.count``) and costs no per-chunk Python work."""
+    tokens = np.ones(total, dtype=np.int64)
+    end = 0
+    for tl, n in zip(timelines, lengths.tolist(), strict=True):
+        end += n
+        counts = tl.chunk_num_tokens
+        if counts.count(1) != n:
+            tokens[end - n:end] = np.asarray(counts, dtype=np.int64)
+    return tokens
 
 
 def write_parquet_atomic(table: pa.Table, path: Path, *, run_id: str | None = None) -> None:
@@ -97,8 +113,17 @@ def write_parquet_atomic(table: pa.Table, path: Path, *, run_id: str | None = No
         table = table.replace_schema_metadata(
             {**(table.schema.metadata or {}), RUN_ID_KEY: run_id.encode()})
     tmp = path.with_suffix(path.suffix + ".tmp")
-    pq.write_table(table, tmp)
+    pq.write_table(table, tmp, **_parquet_options(table.schema))
     os.replace(tmp, path)
+
+
+def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """Dictionaries for text columns only (numbers have too many distinct values for one: on a
+    whole trace's millions of chunk rows that writes faster); pyarrow's default compression,
+    snappy, which every Parquet reader takes."""
+    text = [f.name for f in schema
+            if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    return {"use_dictionary": text}
 
 
 def write_json_atomic(obj: Any, path: Path) -> None:
@@ -138,10 +163,22 @@ def _json_default(obj: Any) -> Any:
 
 def write_timelines(out_dir: Path, timelines: Sequence[RequestTimeline], *, live: bool,
                     run_id: str | None = None) -> None:
+    write_tables(out_dir, timeline_tables(timelines, live=live), run_id=run_id)
+
+
+def timeline_tables(timelines: Sequence[RequestTimeline], *, live: bool) -> dict[str, pa.Table]:
+    """``requests.parquet`` and ``chunks.parquet`` of ``timelines``, by file name."""
+    return {REQUESTS_FILE: requests_table(timelines, live=live),
+            CHUNKS_FILE: chunks_table(timelines)}
+
+
+def write_tables(out_dir: Path, tables: Mapping[str, pa.Table], *,
+                 run_id: str | None = None) -> None:
+    """Each table to ``out_dir / name`` (``write_parquet_atomic``), in order. The writing
+    itself runs without Python's lock: a thread can write while the caller computes."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_parquet_atomic(requests_table(timelines, live=live), out_dir / REQUESTS_FILE,
-                         run_id=run_id)
-    write_parquet_atomic(chunks_table(timelines), out_dir / CHUNKS_FILE, run_id=run_id)
+    for name, table in tables.items():
+        write_parquet_atomic(table, out_dir / name, run_id=run_id)
 
 
 def read_timelines(run_dir: Path) -> list[RequestTimeline]:

@@ -12,12 +12,17 @@ that does the work. Knob flags are generated from ``adapters.knobs`` (``common.a
   A signal batchlab was started with ignored (``nohup``) stays ignored.
 - a usage error, an unwritable file or a full disk is one line on stderr, never a traceback;
 - a closed stdout (``batchlab engines | head -1``) ends the command quietly.
+
+Command modules load lazily: ``main`` imports only the chosen subcommand's module (``simulate``
+never imports the live client or the calibration code); ``--help``, no command or an unknown
+one builds the whole parser, so every command is listed.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import signal
 import sys
@@ -25,49 +30,58 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from harness.cli import calibration, capacity, live, offline, published, sweep
 from harness.cli.common import EXIT_FAILURE, EXIT_USAGE, Parser, UserError
 
 __all__ = ["UserError", "build_parser", "main"]
 
 Command = Callable[[argparse.Namespace], int]
 
-# (name, add arguments, action), in the order `batchlab --help` lists them
-_COMMANDS: tuple[tuple[str, Callable[..., None], Command], ...] = (
-    ("simulate", offline.add_simulate, offline.cmd_simulate),
-    ("costmodel", offline.add_costmodel, offline.cmd_costmodel),
-    ("trace", offline.add_trace, offline.cmd_trace),
-    ("run", sweep.add_run, sweep.cmd_run),
-    ("report", sweep.add_report, sweep.cmd_report),
-    ("capacity", capacity.add_capacity, capacity.cmd_capacity),
-    ("replay", live.add_replay, live.cmd_replay),
-    ("summarize", live.add_summarize, live.cmd_summarize),
-    ("engines", live.add_engines, live.cmd_engines),
-    ("serve", offline.add_serve, offline.cmd_serve),
-    ("calibrate", calibration.add_calibrate, calibration.cmd_calibrate),
-    ("validate", calibration.add_validate, calibration.cmd_validate),
-    ("profiles", published.add_profiles, published.cmd_profiles),
-    ("check-published", published.add_check_published, published.cmd_check_published),
-    ("fit-published", published.add_fit_published, published.cmd_fit_published),
+# (name, module in harness.cli, its add-arguments and action functions), in the order
+# `batchlab --help` lists them. Modules are imported only when their command is built.
+_COMMANDS: tuple[tuple[str, str, str, str], ...] = (
+    ("simulate", "offline", "add_simulate", "cmd_simulate"),
+    ("costmodel", "offline", "add_costmodel", "cmd_costmodel"),
+    ("trace", "offline", "add_trace", "cmd_trace"),
+    ("run", "sweep", "add_run", "cmd_run"),
+    ("report", "sweep", "add_report", "cmd_report"),
+    ("capacity", "capacity", "add_capacity", "cmd_capacity"),
+    ("replay", "live", "add_replay", "cmd_replay"),
+    ("summarize", "live", "add_summarize", "cmd_summarize"),
+    ("engines", "live", "add_engines", "cmd_engines"),
+    ("serve", "offline", "add_serve", "cmd_serve"),
+    ("calibrate", "calibration", "add_calibrate", "cmd_calibrate"),
+    ("validate", "calibration", "add_validate", "cmd_validate"),
+    ("profiles", "published", "add_profiles", "cmd_profiles"),
+    ("check-published", "published", "add_check_published", "cmd_check_published"),
+    ("fit-published", "published", "add_fit_published", "cmd_fit_published"),
 )
+_NAMES = frozenset(name for name, *_ in _COMMANDS)
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
+def build_parser(only: str | None = None
+                 ) -> tuple[argparse.ArgumentParser, dict[str, Command]]:
+    """The parser with every command, or with command ``only`` alone (``main``'s fast path:
+    only that command's module is imported)."""
     parser = Parser(
         prog="batchlab",
         description="Replay real LLM traffic against continuous-batching engines and compare them.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands: dict[str, Command] = {}
-    for name, add, action in _COMMANDS:
-        add(sub)
-        commands[name] = action
+    for name, module_name, add, action in _COMMANDS:
+        if only is not None and name != only:
+            continue
+        module = importlib.import_module(f"harness.cli.{module_name}")
+        getattr(module, add)(sub)
+        commands[name] = getattr(module, action)
     return parser, commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser, commands = build_parser()
-    args = parser.parse_args(argv)
+    args_list = sys.argv[1:] if argv is None else list(argv)
+    chosen = args_list[0] if args_list and args_list[0] in _NAMES else None
+    parser, commands = build_parser(chosen)
+    args = parser.parse_args(args_list)
     if not args.command:
         parser.print_help()
         return EXIT_USAGE

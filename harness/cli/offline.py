@@ -22,8 +22,8 @@ from harness.cli.common import (
     progress_bar,
     reference_knobs_from_args,
 )
+from harness.sim.target import SimulatedTarget  # not harness.targets: no live client to load
 from harness.target import ClosedLoop, RunOptions, TargetSpec
-from harness.targets import SimulatedTarget
 
 if TYPE_CHECKING:
     from adapters.reference import ReferenceConfig

@@ -20,6 +20,8 @@ DPI = 100
 # same bytes on the same machine.
 _METADATA = {"Software": None}
 
+CDF_POINTS = 2000  # a CDF curve drawn from more points than this is drawn from this many
+
 LATENCY_PANELS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))
 
 
@@ -63,6 +65,9 @@ def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path) -> 
             if values.size == 0:
                 continue
             y = np.arange(1, values.size + 1) / values.size
+            if values.size > CDF_POINTS:  # the same picture from evenly spaced quantiles
+                keep = np.unique(np.linspace(0, values.size - 1, CDF_POINTS).round().astype(int))
+                values, y = values[keep], y[keep]
             ax.step(values, y, where="post", label=name)
             drawn = True
         ax.set_title(title)

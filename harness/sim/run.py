@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,9 @@ from harness.metrics import Slo, summarize
 from harness.results import (
     STEPS_FILE,
     SUMMARY_FILE,
+    timeline_tables,
     write_json_atomic,
-    write_parquet_atomic,
-    write_timelines,
+    write_tables,
 )
 from harness.runfolder import RunIdentity, claim_run_dir
 from harness.sim.driver import simulate
@@ -103,9 +104,13 @@ def run_simulation(
         raise
     wall_s = time.perf_counter() - wall_start
 
-    write_timelines(out_dir, result.timelines, live=False, run_id=run_id)
-    write_parquet_atomic(result.steps, out_dir / STEPS_FILE, run_id=run_id)
-    summary = summarize(result.timelines, slo=slo)
+    tables = {**timeline_tables(result.timelines, live=False), STEPS_FILE: result.steps}
+    # parquet writing releases the GIL: the files are written while the summary is computed,
+    # and all are on disk before summary.json
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        written = pool.submit(write_tables, out_dir, tables, run_id=run_id)
+        summary = summarize(result.timelines, slo=slo)
+        written.result()
     summary["num_steps"] = result.steps.num_rows
     summary["simulation_wall_s"] = wall_s
     summary["run_id"] = run_id

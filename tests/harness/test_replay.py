@@ -182,8 +182,10 @@ def test_faults_are_rows_and_none_are_lost(tmp_path: Path, protocol: str,
     names = list(faults)
     trace = make_trace(len(names) + 4)
     server_faults = {f"r{i}": name for i, name in enumerate(names)}
+    # The hung stream ends at the timeout; healthy ones must finish well within it even on a
+    # loaded 2-core machine.
     summary, rows, _ = run(trace, tmp_path, {"faults": server_faults}, protocol=protocol,
-                           timeout_s=0.5, slo=Slo(ttft_s=10.0), http_client=http_client)
+                           timeout_s=2.0, slo=Slo(ttft_s=10.0), http_client=http_client)
     got = by_id(rows)
     assert set(got) == {r.request_id for r in trace.requests}
     for i, name in enumerate(names):
