@@ -126,6 +126,15 @@ def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
     return {"use_dictionary": text}
 
 
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; {} when the file is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def write_json_atomic(obj: Any, path: Path) -> None:
     """Write ``obj`` as strict JSON (non-finite floats as null, see ``finite_json``) to a
     temporary file, then rename."""

@@ -30,7 +30,7 @@ from harness.capacity.search import (
 )
 from harness.manifest import jsonable
 from harness.redact import redact_argv, redact_tree
-from harness.results import write_json_atomic
+from harness.results import read_json_object, write_json_atomic
 
 SEARCH_FILE = "search.json"
 CAPACITY_FILE = "capacity.json"
@@ -59,18 +59,10 @@ def digest_of(payload: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def known_probes(search_dir: Path, digest: str) -> dict[float, ProbeOutcome]:
     """Finished probes of this search (same digest) in ``search_dir``, by load. Refuses a
     ``search.json`` made with other settings rather than mixing two searches."""
-    recorded = _read_json(search_dir / SEARCH_FILE)
+    recorded = read_json_object(search_dir / SEARCH_FILE)
     if recorded and recorded.get("digest") != digest:
         raise ValueError(f"{search_dir / SEARCH_FILE}: made with other settings (engine, knobs, "
                          "trace, SLO or target changed); drop --resume to start over, or "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,7 @@ import pyarrow.parquet as pq
 from harness.manifest import MANIFEST_FILE
 from harness.report.format import load_text, value_text
 from harness.report.plots import EngineState
-from harness.results import REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE
+from harness.results import REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE, read_json_object
 
 TELEMETRY_FILE = "telemetry.parquet"
 CELL_FILE = "cell.json"
@@ -88,19 +87,11 @@ def _manifest_engine(manifest: Mapping[str, Any]) -> tuple[str | None, str | Non
 # ---------------------------------------------------------------- run folders
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def load_run(run_dir: Path, name: str | None = None) -> CellResult:
     """A run folder (a scenario cell or a single ``simulate``/``replay`` run)."""
     run_dir = Path(run_dir)
-    status = _read_json(run_dir / STATUS_FILE)
-    summary = _read_json(run_dir / SUMMARY_FILE) or None
+    status = read_json_object(run_dir / STATUS_FILE)
+    summary = read_json_object(run_dir / SUMMARY_FILE) or None
     if status:
         state = str(status.get("state", "running"))
     elif summary is not None:
@@ -115,13 +106,14 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
     return CellResult(
         name=name or run_dir.name, run_dir=run_dir, state=state, reason=reason,
         summary=summary if state == "done" else None,
-        manifest=_read_json(run_dir / MANIFEST_FILE), cell=_read_json(run_dir / CELL_FILE),
+        manifest=read_json_object(run_dir / MANIFEST_FILE),
+        cell=read_json_object(run_dir / CELL_FILE),
     )
 
 
 def load_scenario_dir(scenario_dir: Path) -> tuple[dict[str, Any], list[CellResult]]:
     """``scenario.json`` and every cell of the scenario, in scenario order."""
-    meta = _read_json(scenario_dir / SCENARIO_FILE)
+    meta = read_json_object(scenario_dir / SCENARIO_FILE)
     names = list(meta.get("cells") or [])
     if not names:
         names = sorted(p.name for p in scenario_dir.iterdir() if p.is_dir() and (
