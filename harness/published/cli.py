@@ -18,6 +18,7 @@ from harness.published.check import (
 )
 from harness.published.profiles import read_profile
 from harness.published.rows import load_rows, select
+from harness.published.sensitivity import length_sensitivity
 
 CHECK_HELP = "Replay every published measurement on the reference engine and compare."
 CHECK_DESCRIPTION = """\
@@ -71,7 +72,8 @@ def check_run(args: argparse.Namespace) -> int:
     checked = check_rows(rows, jobs=args.jobs, profile=custom)
     print(render_text(checked))
     if args.write_docs:
-        FIDELITY_MD.write_text(render_fidelity(checked))
+        FIDELITY_MD.write_text(render_fidelity(
+            checked, sensitivity=length_sensitivity(rows, jobs=args.jobs)))
         print(f"\nwrote {FIDELITY_MD}")
     return 0
 

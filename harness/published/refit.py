@@ -35,6 +35,7 @@ from harness.published.fit import (
 )
 from harness.published.profiles import EngineProfile, all_profiles, write_profile
 from harness.published.rows import PublishedRow, select, sources
+from harness.published.sensitivity import length_sensitivity
 
 # An NVLink all-reduce costs the same whichever engine launches it: a profile without
 # tensor-parallel training rows takes the value fitted for another engine on the same GPU.
@@ -89,7 +90,8 @@ def refit_all(rows: Sequence[PublishedRow], *, rounds: int = 3, jobs: int | None
             fit["borrowed"] = borrowed[name]
         write_profile(EngineProfile(profile.name, profile.engine, profile.gpu, profile.params,
                                     profile.scheduler, profile.path, fit, profile.raw))
-    FIDELITY_MD.write_text(render_fidelity(checked))
+    FIDELITY_MD.write_text(render_fidelity(
+        checked, sensitivity=length_sensitivity(rows, jobs=jobs)))
     log(f"wrote {FIDELITY_MD}")
     return checked
 

@@ -49,8 +49,17 @@ MIN_SIMULATED_REQUESTS = 200
 #                    (harness/data/sharegpt_lengths_excerpt.csv), scaled to the row's means
 #   uniform-15pct    uniform within +-15% of the means
 # Any other data set is simulated at fixed lengths.
-SHAREGPT_LENGTHS_CSV = Path(__file__).resolve().parent.parent / "data" / (
-    "sharegpt_lengths_excerpt.csv")
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+SHAREGPT_LENGTHS_CSV = DATA_DIR / "sharegpt_lengths_excerpt.csv"
+AZURE_CONV_CSV = DATA_DIR / "azure_conv_excerpt.csv"
+# Where a ShareGPT row's per-request lengths come from (only their means are published):
+#   excerpt      the bundled ShareGPT excerpt, scaled to the row's means (what the check uses)
+#   fixed        every request at the means
+#   azure-conv   the bundled Azure conversation excerpt (a production chat service's prompt
+#                and response lengths), scaled to the row's means
+# The other two only show how much a row depends on the unpublished distribution
+# (harness/published/sensitivity.py).
+LENGTH_SHAPES = ("excerpt", "fixed", "azure-conv")
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,8 @@ def row_config(row: PublishedRow, profile: EngineProfile,
 
 
 def row_workload(row: PublishedRow, profile: EngineProfile,
-                 params: CostModelParams | None = None) -> RowWorkload:
+                 params: CostModelParams | None = None, *,
+                 lengths: str = "excerpt") -> RowWorkload:
     n = num_simulated_requests(row)
     rng = np.random.default_rng(zlib.crc32(row.row_id.encode()))
     arrivals = np.zeros(n)
@@ -129,7 +139,7 @@ def row_workload(row: PublishedRow, profile: EngineProfile,
         assert row.arrival_value is not None
         arrivals = np.cumsum(rng.exponential(1.0 / row.arrival_value, size=n))
         arrivals -= arrivals[0]
-    inputs, outputs = request_lengths(row, n, rng)
+    inputs, outputs = request_lengths(row, n, rng, lengths)
     requests = tuple(
         TraceRequest(f"{row.row_id}-{i}", float(a), int(i_len), int(o_len))
         for i, (a, i_len, o_len) in enumerate(zip(arrivals, inputs, outputs, strict=True)))
@@ -138,11 +148,15 @@ def row_workload(row: PublishedRow, profile: EngineProfile,
                        row.num_requests)
 
 
-def request_lengths(row: PublishedRow, n: int,
-                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Prompt and output lengths of the ``n`` simulated requests (means: the row's)."""
-    if row.dataset == "sharegpt":
-        prompts, outputs = _sharegpt_lengths()
+def request_lengths(row: PublishedRow, n: int, rng: np.random.Generator,
+                    shape: str = "excerpt") -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output lengths of the ``n`` simulated requests (means: the row's).
+
+    ``shape`` (one of LENGTH_SHAPES) only matters for ShareGPT rows."""
+    if shape not in LENGTH_SHAPES:
+        raise ValueError(f"lengths: one of {', '.join(LENGTH_SHAPES)}, got {shape!r}")
+    if row.dataset == "sharegpt" and shape != "fixed":
+        prompts, outputs = _sharegpt_lengths() if shape == "excerpt" else _azure_conv_lengths()
         pick = rng.integers(0, len(prompts), size=n)
         return (_scaled(prompts[pick], row.input_tokens),
                 _scaled(outputs[pick], row.output_tokens))
@@ -158,10 +172,20 @@ def _scaled(values: np.ndarray, mean: int) -> np.ndarray:
 
 @cache
 def _sharegpt_lengths() -> tuple[np.ndarray, np.ndarray]:
-    with SHAREGPT_LENGTHS_CSV.open(newline="") as f:
+    return _length_columns(SHAREGPT_LENGTHS_CSV, "num_prefill_tokens", "num_decode_tokens")
+
+
+@cache
+def _azure_conv_lengths() -> tuple[np.ndarray, np.ndarray]:
+    return _length_columns(AZURE_CONV_CSV, "ContextTokens", "GeneratedTokens")
+
+
+def _length_columns(path: Path, prompt_col: str, output_col: str
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    return (np.array([float(r["num_prefill_tokens"]) for r in rows]),
-            np.array([float(r["num_decode_tokens"]) for r in rows]))
+    return (np.array([float(r[prompt_col]) for r in rows]),
+            np.array([float(r[output_col]) for r in rows]))
 
 
 def closed_loop_timelines(timelines: Sequence[RequestTimeline], concurrency: int,
@@ -198,9 +222,11 @@ def metric_value(summary: dict[str, Any], metric: str) -> float:
 
 
 def predict_row(row: PublishedRow, profile: EngineProfile,
-                params: CostModelParams | None = None) -> RowPrediction:
-    """Simulate ``row`` under ``profile`` (or ``params`` instead of its coefficients)."""
-    work = row_workload(row, profile, params)
+                params: CostModelParams | None = None, *,
+                lengths: str = "excerpt") -> RowPrediction:
+    """Simulate ``row`` under ``profile`` (or ``params`` instead of its coefficients);
+    ``lengths``: see LENGTH_SHAPES."""
+    work = row_workload(row, profile, params, lengths=lengths)
     result = simulate(work.requests, work.config)
     timelines = result.timelines
     if work.concurrency is not None:

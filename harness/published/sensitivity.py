@@ -1,0 +1,117 @@
+"""How much a row's prediction depends on what its source did not publish.
+
+Two kinds of rows have a workload that is only partly published (``UNPUBLISHED_WORKLOAD``,
+keyed by data set; the rule looks at the workload, never at the error):
+
+* ShareGPT rows publish the mean prompt and output lengths, not the lengths of the sampled
+  requests. An offline or saturated run of a few hundred requests lasts until its longest
+  requests finish, so its throughput follows the tail of the length distribution.
+  ``length_sensitivity`` simulates each such row under every shape of ``LENGTH_SHAPES``
+  (fixed means, the bundled ShareGPT excerpt, the bundled Azure conversation excerpt, each
+  scaled to the row's means) and docs/fidelity.md shows the spread next to the published value.
+* TGI's k6 rows ask for at most 50 output tokens without forcing them, so the output lengths
+  are not known.
+
+docs/fidelity.md reports the error statistics with and without these rows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+
+from harness.published.profiles import EngineProfile, read_profile
+from harness.published.replay import LENGTH_SHAPES, predict_row
+from harness.published.rows import PublishedRow
+
+UNPUBLISHED_WORKLOAD = {
+    "sharegpt": "per-request lengths not published (means only)",
+    "orca-first-200": "outputs not forced to max_tokens: output lengths not published",
+    "govreport-20": "outputs not forced to max_tokens: output lengths not published",
+}
+SHAPE_LABELS = {
+    "excerpt": "ShareGPT excerpt (used)",
+    "fixed": "fixed at the means",
+    "azure-conv": "Azure conversation excerpt",
+}
+
+
+def workload_published(row: PublishedRow) -> bool:
+    """False when part of the row's workload (see UNPUBLISHED_WORKLOAD) is not published."""
+    return row.dataset not in UNPUBLISHED_WORKLOAD
+
+
+@dataclass(frozen=True)
+class LengthSensitivity:
+    row_id: str
+    profile: str
+    metric: str
+    published: float
+    predicted: dict[str, float]  # by shape of LENGTH_SHAPES
+
+    def ratio(self, shape: str) -> float:
+        return self.predicted[shape] / self.published
+
+    @property
+    def spread(self) -> float:
+        """Largest over smallest prediction across the shapes."""
+        values = [v for v in self.predicted.values() if math.isfinite(v) and v > 0]
+        return max(values) / min(values) if values else math.nan
+
+
+@cache
+def _profile(name: str) -> EngineProfile:
+    return read_profile(name)
+
+
+def _predict(job: tuple[PublishedRow, str]) -> float:
+    row, shape = job
+    return predict_row(row, _profile(row.profile_name), lengths=shape).predicted
+
+
+def length_sensitivity(rows: Sequence[PublishedRow], *, jobs: int | None = None
+                       ) -> list[LengthSensitivity]:
+    """Every ShareGPT row of ``rows`` simulated under each length shape (shipped profiles)."""
+    selected = [r for r in rows if r.dataset == "sharegpt"]
+    work = [(r, shape) for r in selected for shape in LENGTH_SHAPES]
+    if not work:
+        return []
+    jobs = jobs or min(len(work), os.cpu_count() or 1)
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            values = list(pool.map(_predict, work, chunksize=2))
+    else:
+        values = [_predict(j) for j in work]
+    out = []
+    for i, row in enumerate(selected):
+        chunk = values[i * len(LENGTH_SHAPES):(i + 1) * len(LENGTH_SHAPES)]
+        out.append(LengthSensitivity(row.row_id, row.profile_name, row.metric, row.value,
+                                     dict(zip(LENGTH_SHAPES, chunk, strict=True))))
+    return out
+
+
+def render_sensitivity(items: Sequence[LengthSensitivity], held_out: set[str]) -> list[str]:
+    """Markdown lines: one row per ShareGPT row, its ratio under each length shape."""
+    if not items:
+        return []
+    header = " | ".join(SHAPE_LABELS[s] for s in LENGTH_SHAPES)
+    lines = [
+        "## ShareGPT rows: how much the unpublished lengths matter",
+        "",
+        "Predicted / published under three length distributions, each scaled to the row's",
+        "published means (harness/published/sensitivity.py). The check uses the first. *Spread*",
+        "is the largest prediction over the smallest: where it is large, the published figure",
+        "cannot tell the model's error from the workload's.",
+        "",
+        f"| row | metric | split | {header} | spread |",
+        "|---|---|---|" + "---:|" * (len(LENGTH_SHAPES) + 1),
+    ]
+    for s in items:
+        ratios = " | ".join(f"{s.ratio(shape):.2f}" for shape in LENGTH_SHAPES)
+        split = "held-out" if s.row_id in held_out else "train"
+        lines.append(f"| `{s.row_id}` | {s.metric} | {split} | {ratios} | {s.spread:.2f}x |")
+    return lines
