@@ -51,24 +51,27 @@ SOURCE_NOTES = {
         "Triton streaming server. Latencies are published in whole milliseconds (ITL 7 ms is "
         "+-7%). At high request rates the published ITL grows faster than predicted: each "
         "running request costs the Triton front end something per token that the offline "
-        "rows of the same profile do not have. The 202/214 rows are ShareGPT-like (inferred "
-        "from the mean lengths) and their throughput at QPS inf depends on a length "
-        "distribution that is not published."),
+        "rows of the same profile do not have. The data set of the 202/214 rows is not named; "
+        "202/214 are the means of the first 500 requests of vLLM's ShareGPT sampler (201.8/"
+        "213.9), which they are simulated as."),
     "vllm-blog-v0.6.0": (
         "Bar heights read from the charts (+-1%). vLLM 0.6.0 (V0 engine, multi-step "
         "scheduling) is held out against a profile fitted on vLLM 0.19 (V1): the error "
         "includes a year of engine changes. TensorRT-LLM r24.07 on Llama-3-8B decode-heavy "
         "(20.8 req/s, below vLLM's 31 and below the same engine's own 0.14 serving table) "
         "cannot be matched by a profile that fits TensorRT-LLM's own tables. ShareGPT rows "
-        "depend on the length distribution of the 500 sampled prompts (its longest requests "
-        "set the run's duration), for which the bundled excerpt is only a stand-in: see the "
-        "ShareGPT table below."),
+        "replay the 500 requests of vLLM's ShareGPT sampler (seed 0), whose longest requests "
+        "set the run's duration; the blog's mean output, 179 tokens, is below the sample's "
+        "214 (runs stopped at end of sequence), and which requests stopped early is not "
+        "published: see the ShareGPT table below."),
     "vllm-blog-fp8kv": (
         "The only vLLM V1 source with fixed workloads: it trains the vLLM profile. Lengths "
         "vary +-15% around 20k/2k; the single-request rows come from the post's linear fit."),
     "vllm-ci-perf-9515": (
         "H200 rows simulated with the H100-fitted vLLM coefficients (no H200 training rows). "
-        "The throughput test uses 200 ShareGPT prompts (see above). The 8B latency test "
+        "The throughput test replays 200 ShareGPT prompts of vLLM's sampler with every output "
+        "at its sampled length; the page gives no lengths, so the default seed is assumed. "
+        "The 8B latency test "
         "(batch 8) takes 6.5 ms a step on the H200, what the same engine takes at batch 1 on "
         "an H100: the H200's extra memory bandwidth is not reached at this batch size, and the "
         "borrowed coefficients assume it is."),

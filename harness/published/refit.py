@@ -35,7 +35,7 @@ from harness.published.fit import (
 )
 from harness.published.profiles import EngineProfile, all_profiles, write_profile
 from harness.published.rows import PublishedRow, select, sources
-from harness.published.sensitivity import length_sensitivity
+from harness.published.sensitivity import length_sensitivity, workload_published
 
 # An NVLink all-reduce costs the same whichever engine launches it: a profile without
 # tensor-parallel training rows takes the value fitted for another engine on the same GPU.
@@ -119,6 +119,7 @@ def _fit_metadata(name: str, rows: Sequence[PublishedRow], checked: Sequence[Che
     mine = [c for c in checked if c.row.profile_name == name]
     train_stats = error_stats(c for c in mine if not c.held_out)
     held_stats = error_stats(c for c in mine if c.held_out)
+    held_published = error_stats(c for c in mine if c.held_out and workload_published(c.row))
     fit: dict[str, object] = {
         "fitted": result is not None,
         "date": str(date.today()),
@@ -128,6 +129,8 @@ def _fit_metadata(name: str, rows: Sequence[PublishedRow], checked: Sequence[Che
         "held_out_row_ids": [c.row.row_id for c in mine if c.held_out],
         "train": train_stats.as_dict() if train_stats else None,
         "held_out": held_stats.as_dict() if held_stats else None,
+        # the held-out rows whose workload is fully published (harness.published.sensitivity)
+        "held_out_workload_published": held_published.as_dict() if held_published else None,
     }
     if result is not None:
         fit.update({"method": METHOD, "coefficients": list(result.coefficients),

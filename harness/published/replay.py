@@ -45,21 +45,25 @@ MAX_SIMULATED_REQUESTS = 2000
 MAX_SIMULATED_TOKENS = 2_000_000  # prompt + output tokens of the simulated requests
 MIN_SIMULATED_REQUESTS = 200
 # Data sets with varying lengths (a row's input/output tokens are then their means):
-#   sharegpt         lengths drawn from the bundled ShareGPT excerpt
-#                    (harness/data/sharegpt_lengths_excerpt.csv), scaled to the row's means
+#   sharegpt         the requests of vLLM's ShareGPT sampler in its order (seed 0; the bundled
+#                    harness/data/sharegpt_vllm_sample_excerpt.csv), scaled to the row's means
 #   uniform-15pct    uniform within +-15% of the means
 # Any other data set is simulated at fixed lengths.
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-SHAREGPT_LENGTHS_CSV = DATA_DIR / "sharegpt_lengths_excerpt.csv"
+VLLM_SHAREGPT_CSV = DATA_DIR / "sharegpt_vllm_sample_excerpt.csv"
+SHAREGPT_8K_CSV = DATA_DIR / "sharegpt_lengths_excerpt.csv"
 AZURE_CONV_CSV = DATA_DIR / "azure_conv_excerpt.csv"
-# Where a ShareGPT row's per-request lengths come from (only their means are published):
-#   excerpt      the bundled ShareGPT excerpt, scaled to the row's means (what the check uses)
+# Where a ShareGPT row's per-request lengths come from (the sources publish means only):
+#   vllm-sample  the first N requests vLLM's ShareGPT sampler draws with seed 0 (what the check
+#                uses: the benchmarks behind these rows ran that sampler)
 #   fixed        every request at the means
-#   azure-conv   the bundled Azure conversation excerpt (a production chat service's prompt
-#                and response lengths), scaled to the row's means
-# The other two only show how much a row depends on the unpublished distribution
-# (harness/published/sensitivity.py).
-LENGTH_SHAPES = ("excerpt", "fixed", "azure-conv")
+#   sharegpt-8k  random draws from the bundled 8k-filtered ShareGPT excerpt (multi-turn
+#                contexts, Llama-2 tokenizer)
+#   azure-conv   random draws from the bundled Azure conversation excerpt (a production chat
+#                service's prompt and response lengths)
+# each scaled to the row's means. The other three only show how much a row depends on the
+# length distribution (harness/published/sensitivity.py).
+LENGTH_SHAPES = ("vllm-sample", "fixed", "sharegpt-8k", "azure-conv")
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,7 @@ def row_config(row: PublishedRow, profile: EngineProfile,
 
 def row_workload(row: PublishedRow, profile: EngineProfile,
                  params: CostModelParams | None = None, *,
-                 lengths: str = "excerpt") -> RowWorkload:
+                 lengths: str = "vllm-sample") -> RowWorkload:
     n = num_simulated_requests(row)
     rng = np.random.default_rng(zlib.crc32(row.row_id.encode()))
     arrivals = np.zeros(n)
@@ -149,15 +153,23 @@ def row_workload(row: PublishedRow, profile: EngineProfile,
 
 
 def request_lengths(row: PublishedRow, n: int, rng: np.random.Generator,
-                    shape: str = "excerpt") -> tuple[np.ndarray, np.ndarray]:
+                    shape: str = "vllm-sample") -> tuple[np.ndarray, np.ndarray]:
     """Prompt and output lengths of the ``n`` simulated requests (means: the row's).
 
     ``shape`` (one of LENGTH_SHAPES) only matters for ShareGPT rows."""
     if shape not in LENGTH_SHAPES:
         raise ValueError(f"lengths: one of {', '.join(LENGTH_SHAPES)}, got {shape!r}")
     if row.dataset == "sharegpt" and shape != "fixed":
-        prompts, outputs = _sharegpt_lengths() if shape == "excerpt" else _azure_conv_lengths()
-        pick = rng.integers(0, len(prompts), size=n)
+        if shape == "vllm-sample":  # the sampler's order: request i is its i-th draw
+            prompts, outputs = _length_columns(VLLM_SHAREGPT_CSV, "num_prefill_tokens",
+                                               "num_decode_tokens")
+            pick = np.arange(n) % len(prompts)
+        else:
+            prompts, outputs = (
+                _length_columns(SHAREGPT_8K_CSV, "num_prefill_tokens", "num_decode_tokens")
+                if shape == "sharegpt-8k"
+                else _length_columns(AZURE_CONV_CSV, "ContextTokens", "GeneratedTokens"))
+            pick = rng.integers(0, len(prompts), size=n)
         return (_scaled(prompts[pick], row.input_tokens),
                 _scaled(outputs[pick], row.output_tokens))
     if row.dataset == "uniform-15pct":
@@ -171,15 +183,6 @@ def _scaled(values: np.ndarray, mean: int) -> np.ndarray:
 
 
 @cache
-def _sharegpt_lengths() -> tuple[np.ndarray, np.ndarray]:
-    return _length_columns(SHAREGPT_LENGTHS_CSV, "num_prefill_tokens", "num_decode_tokens")
-
-
-@cache
-def _azure_conv_lengths() -> tuple[np.ndarray, np.ndarray]:
-    return _length_columns(AZURE_CONV_CSV, "ContextTokens", "GeneratedTokens")
-
-
 def _length_columns(path: Path, prompt_col: str, output_col: str
                     ) -> tuple[np.ndarray, np.ndarray]:
     with path.open(newline="") as f:
@@ -223,7 +226,7 @@ def metric_value(summary: dict[str, Any], metric: str) -> float:
 
 def predict_row(row: PublishedRow, profile: EngineProfile,
                 params: CostModelParams | None = None, *,
-                lengths: str = "excerpt") -> RowPrediction:
+                lengths: str = "vllm-sample") -> RowPrediction:
     """Simulate ``row`` under ``profile`` (or ``params`` instead of its coefficients);
     ``lengths``: see LENGTH_SHAPES."""
     work = row_workload(row, profile, params, lengths=lengths)

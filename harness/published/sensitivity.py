@@ -3,12 +3,14 @@
 Two kinds of rows have a workload that is only partly published (``UNPUBLISHED_WORKLOAD``,
 keyed by data set; the rule looks at the workload, never at the error):
 
-* ShareGPT rows publish the mean prompt and output lengths, not the lengths of the sampled
-  requests. An offline or saturated run of a few hundred requests lasts until its longest
-  requests finish, so its throughput follows the tail of the length distribution.
-  ``length_sensitivity`` simulates each such row under every shape of ``LENGTH_SHAPES``
-  (fixed means, the bundled ShareGPT excerpt, the bundled Azure conversation excerpt, each
-  scaled to the row's means) and docs/fidelity.md shows the spread next to the published value.
+* ShareGPT rows publish the mean prompt and output lengths, not the requests. The benchmarks
+  behind them ran vLLM's ShareGPT sampler, whose draws with the default seed are bundled, so
+  the requests are known up to what the source leaves out: which of them stopped early at end
+  of sequence (the vLLM blog's mean output, 179 tokens, is below the sample's 214), and for
+  some rows whether the default seed was kept. An offline or saturated run of a few hundred
+  requests lasts until its longest requests finish, so its throughput follows the tail of the
+  lengths. ``length_sensitivity`` simulates each such row under every shape of
+  ``LENGTH_SHAPES`` and docs/fidelity.md shows the spread next to the published value.
 * TGI's k6 rows ask for at most 50 output tokens without forcing them, so the output lengths
   are not known.
 
@@ -29,13 +31,14 @@ from harness.published.replay import LENGTH_SHAPES, predict_row
 from harness.published.rows import PublishedRow
 
 UNPUBLISHED_WORKLOAD = {
-    "sharegpt": "per-request lengths not published (means only)",
+    "sharegpt": "requests inferred from vLLM's sampler, early stops not published",
     "orca-first-200": "outputs not forced to max_tokens: output lengths not published",
     "govreport-20": "outputs not forced to max_tokens: output lengths not published",
 }
 SHAPE_LABELS = {
-    "excerpt": "ShareGPT excerpt (used)",
+    "vllm-sample": "vLLM's ShareGPT sample (used)",
     "fixed": "fixed at the means",
+    "sharegpt-8k": "8k-filtered ShareGPT excerpt",
     "azure-conv": "Azure conversation excerpt",
 }
 
@@ -102,7 +105,7 @@ def render_sensitivity(items: Sequence[LengthSensitivity], held_out: set[str]) -
     lines = [
         "## ShareGPT rows: how much the unpublished lengths matter",
         "",
-        "Predicted / published under three length distributions, each scaled to the row's",
+        "Predicted / published under four length distributions, each scaled to the row's",
         "published means (harness/published/sensitivity.py). The check uses the first. *Spread*",
         "is the largest prediction over the smallest: where it is large, the published figure",
         "cannot tell the model's error from the workload's.",

@@ -109,8 +109,14 @@ def _prediction_of(engine: Mapping[str, Any]) -> str:
         median, worst = acc.get("held_out_median_abs_error"), acc.get("held_out_worst_abs_error")
         if median is None:
             return what + "; its accuracy was not measured against published figures"
-        return (what + f"; on published figures it was not fitted on it missed by a median "
-                f"{fmt_pct(median)} (worst {fmt_pct(worst)}, docs/fidelity.md)")
+        text = (what + f"; on published figures it was not fitted on it missed by a median "
+                f"{fmt_pct(median)} (worst {fmt_pct(worst)}")
+        pub_n = acc.get("held_out_published_num_rows")
+        if pub_n and pub_n != acc.get("held_out_num_rows"):
+            text += (f"; {fmt_pct(acc.get('held_out_published_median_abs_error'))} "
+                     f"(worst {fmt_pct(acc.get('held_out_published_worst_abs_error'))}) on the "
+                     f"{pub_n} whose workload is fully published")
+        return text + ", docs/fidelity.md)"
     median, worst = acc.get("median_abs_error"), acc.get("worst_abs_error")
     text = "**predicted** by the reference engine with the catalog's datasheet coefficients"
     if median is None:

@@ -40,6 +40,16 @@ def test_every_length_shape_keeps_the_published_means(shape: str) -> None:
         assert outputs.max() > 2 * row.output_tokens  # a tail, which is what the rows hinge on
 
 
+def test_sharegpt_rows_replay_the_requests_of_vllms_sampler_in_order() -> None:
+    row = next(r for r in load_rows() if r.row_id == "vci-8b-h200-tp1-throughput")
+    inputs, outputs = request_lengths(row, row.num_requests, np.random.default_rng(0))
+    # the bundled sample's first rows, in order (its means are the row's: scaled by ~1.001)
+    assert inputs[:3].tolist() == [13, 25, 27]
+    assert np.abs(outputs[:3] - np.array([120, 770, 233])).max() <= 1
+    assert len(inputs) == 200 and round(inputs.mean()) == row.input_tokens == 213
+    assert round(outputs.mean()) == row.output_tokens == 218
+
+
 def test_an_unknown_length_shape_is_refused() -> None:
     row = next(r for r in load_rows() if r.row_id == SHAREGPT_ROW)
     with pytest.raises(ValueError, match="lengths: one of"):
@@ -59,14 +69,14 @@ def test_sensitivity_of_a_sharegpt_row() -> None:
     row = next(r for r in rows if r.row_id == SHAREGPT_ROW)
     assert item.row_id == SHAREGPT_ROW and set(item.predicted) == set(LENGTH_SHAPES)
     used = predict_row(row, read_profile(row.profile_name)).predicted
-    assert item.predicted["excerpt"] == pytest.approx(used)
+    assert item.predicted["vllm-sample"] == pytest.approx(used)
     # every request at the mean ends the run sooner than a distribution with a tail
-    assert item.predicted["fixed"] > item.predicted["excerpt"]
+    assert item.predicted["fixed"] > item.predicted["vllm-sample"]
     assert item.spread == pytest.approx(max(item.predicted.values())
                                         / min(item.predicted.values()))
     lines = render_sensitivity([item], held_out={SHAREGPT_ROW})
     line = next(ln for ln in lines if ln.startswith(f"| `{SHAREGPT_ROW}` |"))
-    assert "| held-out |" in line and f"{item.ratio('excerpt'):.2f}" in line
+    assert "| held-out |" in line and f"{item.ratio('vllm-sample'):.2f}" in line
     assert render_sensitivity([], held_out=set()) == []
 
 

@@ -1,0 +1,47 @@
+"""Every simulated cell says it is a prediction, of which model, and how accurate it is."""
+
+from __future__ import annotations
+
+from adapters.reference.config import ReferenceConfig
+from adapters.reference.cost_model import profile_accuracy, profile_metadata
+from harness.report.format import fmt_pct
+from harness.report.sections import _prediction_of
+from harness.sim.run import CATALOG_ACCURACY, prediction_record
+
+
+def _label(config: ReferenceConfig) -> str:
+    return _prediction_of({"mode": "simulated", "prediction": prediction_record(config)})
+
+
+def test_a_profile_cell_names_its_profile_and_its_held_out_error() -> None:
+    text = _label(ReferenceConfig(model="llama-3.1-8b", profile="vllm-h200"))
+    held = profile_metadata("vllm-h200")["fit"]["held_out"]
+    published = profile_metadata("vllm-h200")["fit"]["held_out_workload_published"]
+    assert "**predicted**" in text and "`vllm-h200`" in text
+    assert f"a median {fmt_pct(held['median_abs_error'])}" in text
+    assert f"(worst {fmt_pct(held['worst_abs_error'])}" in text
+    # vllm-h200 has held-out ShareGPT rows: the figure without them is shown too
+    assert published["num_rows"] < held["num_rows"]
+    assert (f"{fmt_pct(published['median_abs_error'])} (worst "
+            f"{fmt_pct(published['worst_abs_error'])}) on the {published['num_rows']} whose "
+            "workload is fully published") in text
+
+
+def test_a_profile_whose_held_out_rows_are_all_published_shows_one_figure() -> None:
+    acc = profile_accuracy("trtllm-h200")
+    assert acc is not None
+    assert acc["held_out_published_num_rows"] == acc["held_out_num_rows"]
+    assert "whose workload" not in _label(ReferenceConfig(model="llama-3.1-8b",
+                                                          profile="trtllm-h200"))
+
+
+def test_a_catalog_cell_shows_the_catalog_accuracy() -> None:
+    text = _label(ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm"))
+    assert "catalog's datasheet coefficients" in text
+    median = CATALOG_ACCURACY["median_abs_error"]
+    assert isinstance(median, float)
+    assert f"a median {fmt_pct(median)}" in text
+
+
+def test_an_old_run_without_a_prediction_record_still_says_predicted() -> None:
+    assert "accuracy not recorded" in _prediction_of({"mode": "simulated"})
