@@ -76,14 +76,15 @@ SOURCE_NOTES = {
         "an H100: the H200's extra memory bandwidth is not reached at this batch size, and the "
         "borrowed coefficients assume it is."),
     "nim-llama-3.3-70b-1.8.0": (
-        "NIM's engine settings and request counts are not published; the profile's "
-        "TensorRT-LLM defaults (no chunked prefill, 8192-token budget) prefill one 5000-token "
-        "prompt per step, which makes TTFT at concurrency 25-100 sensitive to settings NIM "
-        "may choose differently. Concurrency is emulated (docs/published.md). The capacity "
-        "planner's true closed loop was tried as well and does worse on TTFT (ratios 1.43, "
-        "1.82, 2.56 at C = 5, 25, 50 against 0.90, 1.31, 2.15 emulated): with every request "
-        "the same length, the simulated users fall into step with the prefill steps and each "
-        "new request waits for one whole 5000-token prefill."),
+        "NIM's engine settings and request counts are not published (10 x C assumed). The "
+        "figures are steady-state windows (`window` steady): at C = 50 the first 50 requests "
+        "alone need at least ~17 s of prefill, a mean TTFT of 8 s or more among them, which "
+        "would put a whole-run mean above the published 0.83 s. The closed loop is simulated "
+        "(the capacity planner's); with every request the same length the simulated users fall "
+        "into step with the 5000-token prefill steps at low C, and TTFT at C = 5 comes out "
+        "1.35x the published value: each new request waits for one whole prefill. The fit's "
+        "emulated loop, measured over the whole run, gave 0.90x, 1.31x and 2.15x at C = 5, 25 "
+        "and 50."),
     "tgi-v3-overview": (
         "Cannot be fitted, and is kept to show it: the figures are wall-clock durations of "
         "k6 runs (non-streaming chat requests, a chat template, outputs that may stop before "

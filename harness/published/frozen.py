@@ -100,7 +100,11 @@ class FrozenRow:
 
 def freeze(row: PublishedRow, profile: EngineProfile,
            params: CostModelParams | None = None) -> FrozenRow:
-    """Simulate ``row`` once and record its schedule."""
+    """Simulate ``row`` once and record its schedule (a closed loop emulated, see
+    harness/published/replay.py; whole-run windows only)."""
+    if row.window != "run":
+        raise ValueError(f"{row.row_id}: the fit re-times whole runs only, not a "
+                         f"{row.window!r} window")
     work = row_workload(row, profile, params)
     config = _recording(work.config)
     result = simulate(work.requests, config)

@@ -3,13 +3,17 @@
     row (workload, engine, GPU, model)  +  profile (scheduler defaults, coefficients)
         -> synthetic trace:  offline      all requests at t=0
                              rate         Poisson arrivals at arrival_value/s, seed from row_id
-                             concurrency  all at t=0 with max_num_seqs = concurrency (emulated)
-        -> simulate(trace, ReferenceConfig)  -> timelines -> harness.metrics.summarize -> value
+                             concurrency  a closed loop of arrival_value users
+                                          (harness.target.ClosedLoop, the capacity planner's)
+        -> simulate(trace, ReferenceConfig) -> timelines
+        -> the row's window (run: every request; steady: a closed loop without its ramp and
+           drain) -> harness.metrics.summarize -> value
 
-A closed loop of C clients is emulated: with max_num_seqs = C the engine never runs more than C
-requests, and request j >= C is taken as sent when the (j - C + 1)-th request finished, so its
-TTFT and E2E are measured from then (plus the front end's delay, which the emulated request
-skipped). The engine's own waiting queue (KV full) still counts, as it does in a real loop.
+The fit (harness/published/frozen.py) needs a schedule that does not depend on the
+coefficients, so it emulates a closed loop instead (``emulate_closed_loop``): every request at
+t=0 with max_num_seqs = C, request j >= C taken as sent when the (j - C + 1)-th finished.
+The emulated request never waits for a step in progress; on the training rows (8 users) the two
+agree within 1%.
 
 Large published runs are cut to ``max_simulated_requests`` (docs/fidelity.md): with every
 request the same length the engine reaches its steady state within a few batches.
@@ -33,6 +37,7 @@ from adapters.reference.cost_model import CostModelParams
 from harness.metrics import summarize
 from harness.published.profiles import COST_OVERRIDE_KEYS, EngineProfile, parse_setting
 from harness.published.rows import PublishedRow
+from harness.target import ClosedLoop
 from harness.timeline import RequestTimeline
 from harness.traces import TraceRequest
 
@@ -72,7 +77,7 @@ class RowWorkload:
 
     requests: tuple[TraceRequest, ...]
     config: ReferenceConfig
-    concurrency: int | None  # emulated closed-loop clients
+    concurrency: int | None  # closed-loop users
     num_published_requests: int
 
 
@@ -226,18 +231,50 @@ def metric_value(summary: dict[str, Any], metric: str) -> float:
 
 def predict_row(row: PublishedRow, profile: EngineProfile,
                 params: CostModelParams | None = None, *,
-                lengths: str = "vllm-sample") -> RowPrediction:
+                lengths: str = "vllm-sample",
+                emulate_closed_loop: bool = False) -> RowPrediction:
     """Simulate ``row`` under ``profile`` (or ``params`` instead of its coefficients);
-    ``lengths``: see LENGTH_SHAPES."""
+    ``lengths``: see LENGTH_SHAPES; ``emulate_closed_loop``: the fit's emulation (see the
+    module docstring) instead of the closed-loop simulation."""
     work = row_workload(row, profile, params, lengths=lengths)
-    result = simulate(work.requests, work.config)
-    timelines = result.timelines
-    if work.concurrency is not None:
-        timelines = closed_loop_timelines(timelines, work.concurrency,
-                                          work.config.params.frontend_latency_s)
-    summary = summarize(timelines, by_priority=False)
+    concurrency = work.concurrency
+    if concurrency is None:
+        timelines = simulate(work.requests, work.config).timelines
+    elif emulate_closed_loop:
+        timelines = closed_loop_timelines(simulate(work.requests, work.config).timelines,
+                                          concurrency, work.config.params.frontend_latency_s)
+    else:
+        timelines = simulate(work.requests, work.config,
+                             closed_loop=ClosedLoop(concurrency)).timelines
+    summary = window_summary(timelines, row)
     return RowPrediction(row.row_id, metric_value(summary, row.metric), row.value,
                          len(work.requests), int(summary["num_preemptions"]))
+
+
+def window_summary(timelines: Sequence[RequestTimeline], row: PublishedRow) -> dict[str, Any]:
+    """``summarize`` over the row's window. ``steady``: the requests sent after the first C
+    and before the last C (the ramp and the drain of a closed loop of C users), latencies of
+    those requests, throughput = what every request produced inside the window, from the send
+    of the first steady request to the send of the first drained one."""
+    if row.window != "steady":
+        return summarize(timelines, by_priority=False)
+    concurrency = row.concurrency
+    assert concurrency is not None  # rows.py refuses a steady window without one
+    order = sorted(timelines, key=lambda tl: tl.start_s)
+    lo, hi = concurrency, len(order) - concurrency
+    if hi - lo < concurrency:
+        raise ValueError(f"{row.row_id}: a steady window needs at least 3 x {concurrency} "
+                         f"requests, got {len(order)}")
+    t0, t1 = order[lo].start_s, order[hi].start_s
+    summary = summarize(order[lo:hi], by_priority=False, duration_s=t1 - t0)
+    tokens = sum(n for tl in timelines
+                 for t, n in zip(tl.chunk_times_s, tl.chunk_num_tokens, strict=True)
+                 if t0 <= t < t1)
+    done = sum(1 for tl in timelines
+               if tl.finished_s is not None and t0 <= tl.finished_s < t1)
+    summary["throughput"].update(output_tokens_per_s=tokens / (t1 - t0),
+                                 requests_per_s=done / (t1 - t0))
+    return summary
 
 
 def _round_up(x: int, multiple: int) -> int:

@@ -18,8 +18,12 @@ MEASUREMENTS_CSV = DATA_DIR / "measurements.csv"
 
 ENGINES = ("vllm", "trtllm", "tgi")
 # offline: every request arrives at t=0; rate: Poisson arrivals at arrival_value requests/s;
-# concurrency: a closed loop of arrival_value clients (emulated, see harness/published/replay.py).
+# concurrency: a closed loop of arrival_value clients (see harness/published/replay.py).
 ARRIVALS = ("offline", "rate", "concurrency")
+# Which requests a figure was measured over: run = all of them, from the first send to the last
+# finish; steady = a closed loop's steady state, without its ramp (the first C requests) and its
+# drain (the last C), the way benchmark clients with measurement windows report.
+WINDOWS = ("run", "steady")
 # What each metric is, in the words of harness/metrics.py (docs/metrics.md).
 METRICS = {
     "output_tok_s": "output tokens per second over the run",
@@ -35,7 +39,7 @@ METRICS = {
 COLUMNS = (
     "row_id", "source_id", "source", "source_date", "engine", "engine_version", "gpu", "model",
     "weights_dtype", "kv_cache_dtype", "tensor_parallel_size", "input_tokens", "output_tokens",
-    "dataset", "num_requests", "arrival", "arrival_value", "metric", "value", "emulated",
+    "dataset", "num_requests", "arrival", "arrival_value", "metric", "value", "window",
     "engine_settings", "notes",
 )
 
@@ -67,7 +71,7 @@ class PublishedRow:
     arrival_value: float | None  # requests/s (rate) or clients (concurrency)
     metric: str
     value: float
-    emulated: bool  # a closed loop emulated as max_num_seqs = concurrency
+    window: str  # one of WINDOWS
     # Known non-default settings of the published run, "key=value;key=value": scheduler
     # settings (max_num_seqs, max_num_batched_tokens, chunked_prefill, max_model_len,
     # gpu_memory_utilization) or cost-model fields (frontend_latency_s).
@@ -124,9 +128,12 @@ def _parse(path: Path, line: int, raw: dict[str, str]) -> PublishedRow:
         return value
 
     for col, allowed in (("engine", ENGINES), ("arrival", ARRIVALS), ("metric", tuple(METRICS)),
-                         ("emulated", ("true", "false"))):
+                         ("window", WINDOWS)):
         if raw[col] not in allowed:
             raise RowError(f"{where}: {col} {raw[col]!r} is not one of {', '.join(allowed)}")
+    if raw["window"] == "steady" and raw["arrival"] != "concurrency":
+        raise RowError(f"{where}: window 'steady' needs arrival 'concurrency', got "
+                       f"{raw['arrival']!r}")
     arrival_value: float | None = None
     if raw["arrival"] != "offline":
         arrival_value = float(num("arrival_value", float))
@@ -139,7 +146,7 @@ def _parse(path: Path, line: int, raw: dict[str, str]) -> PublishedRow:
         input_tokens=int(num("input_tokens")), output_tokens=int(num("output_tokens")),
         dataset=raw["dataset"], num_requests=int(num("num_requests")), arrival=raw["arrival"],
         arrival_value=arrival_value, metric=raw["metric"], value=float(num("value", float)),
-        emulated=raw["emulated"] == "true", engine_settings=raw["engine_settings"],
+        window=raw["window"], engine_settings=raw["engine_settings"],
         notes=raw["notes"],
     )
 

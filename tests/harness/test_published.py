@@ -117,7 +117,7 @@ def _row(row_id: str, **kw: object) -> PublishedRow:
         weights_dtype="bf16", kv_cache_dtype="bf16", tensor_parallel_size=1,
         input_tokens=256, output_tokens=64, dataset="synthetic-fixed", num_requests=4,
         arrival="concurrency", arrival_value=1.0, metric="itl_mean_s", value=1.0,
-        emulated=True, engine_settings="", notes="")
+        window="run", engine_settings="", notes="")
     base.update(kw)
     return PublishedRow(**base)  # type: ignore[arg-type]
 
@@ -147,7 +147,7 @@ def test_frozen_schedule_retimes_exactly_like_a_simulation(kw: dict[str, object]
                     step_overhead_s=2e-3, per_seq_overhead_s=3e-5, frontend_latency_s=0.02,
                     per_fp8_kv_token_overhead_s=2e-8)
     assert evaluate(frozen, other) == pytest.approx(
-        predict_row(row, profile, other).predicted, rel=1e-9)
+        predict_row(row, profile, other, emulate_closed_loop=True).predicted, rel=1e-9)
 
 
 def test_fit_recovers_the_coefficients_that_generated_the_rows() -> None:
@@ -171,7 +171,9 @@ def test_fit_recovers_the_coefficients_that_generated_the_rows() -> None:
     rows = []
     for i, kw in enumerate(shapes):
         row = _row(f"synthetic-{i}", **kw)
-        rows.append(replace(row, value=predict_row(row, profile, truth).predicted))
+        # the fit's own model of a closed loop (the emulation its frozen schedules need)
+        value = predict_row(row, profile, truth, emulate_closed_loop=True).predicted
+        rows.append(replace(row, value=value))
     # no prior: the optimiser and the frozen re-timing alone must land on the truth
     result = fit_profile(profile, rows, rounds=1, max_evals=800, prior_weight=0.0)
     for name in ("memory_efficiency", "compute_efficiency", "step_overhead_s",
