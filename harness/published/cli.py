@@ -90,15 +90,21 @@ def profiles_add_arguments(parser: argparse.ArgumentParser) -> None:
 def profiles_run(args: argparse.Namespace) -> int:
     del args
     print(f"{'profile':<18} {'fitted':<24} {'train rows':>10} {'train median':>12} "
-          f"{'held-out rows':>13} {'held-out median':>15} {'held-out worst':>14}")
+          f"{'held-out rows':>13} {'held-out median':>15} {'held-out worst':>14} "
+          f"{'published workload: n, median, worst':>37}")
     for name in shipped_profiles():
         fit = read_profile(name).fit
         train, held = fit.get("train") or {}, fit.get("held_out") or {}
+        pub = fit.get("held_out_workload_published") or {}
         how = "yes" if fit.get("fitted") else f"from {fit.get('coefficients_from', '-')}"
+        pub_text = (f"{pub.get('num_rows', 0)}, {_pct(pub.get('median_abs_error'))}, "
+                    f"{_pct(pub.get('worst_abs_error'))}" if pub else "0, -, -")
         print(f"{name:<18} {how:<24} {train.get('num_rows', 0):>10} "
               f"{_pct(train.get('median_abs_error')):>12} {held.get('num_rows', 0):>13} "
               f"{_pct(held.get('median_abs_error')):>15} "
-              f"{_pct(held.get('worst_abs_error')):>14}")
+              f"{_pct(held.get('worst_abs_error')):>14} {pub_text:>37}")
+    print("\nheld-out: rows of sources the fit never saw; published workload: those of them whose"
+          "\nworkload is fully published (docs/fidelity.md)")
     return 0
 
 
