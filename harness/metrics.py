@@ -23,7 +23,7 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -195,14 +195,36 @@ def request_metric_columns(timelines: Sequence[RequestTimeline]) -> dict[str, np
             "itl_guidellm_s": itl_guidellm}
 
 
-def pooled_gaps_s(timelines: Sequence[RequestTimeline]) -> tuple[np.ndarray, np.ndarray]:
-    """``(chunk gaps, token gaps)`` of every request in order: what concatenating
-    ``chunk_gaps_s`` and ``token_gaps_s`` over ``timelines`` gives, in a few numpy calls.
-    The second is the first itself (same object) when no chunk carried more than one token."""
+class ChunkTimes(NamedTuple):
+    """Every request's chunk instants end to end, in request order: ``lengths[i]`` of them
+    for request ``i``. Made once (``chunk_times``) for ``chunks.parquet`` and the summary:
+    millions of instants on a whole trace."""
+
+    lengths: np.ndarray  # int64, one per request
+    times_s: np.ndarray  # float64, lengths.sum() of them
+
+    def of(self, keep: np.ndarray) -> ChunkTimes:
+        """The chunk instants of the requests where ``keep`` (a bool per request) is true."""
+        if keep.all():
+            return self
+        return ChunkTimes(self.lengths[keep], self.times_s[np.repeat(keep, self.lengths)])
+
+
+def chunk_times(timelines: Sequence[RequestTimeline]) -> ChunkTimes:
     lengths = np.fromiter((len(tl.chunk_times_s) for tl in timelines), dtype=np.int64,
                           count=len(timelines))
     times = np.fromiter(itertools.chain.from_iterable(tl.chunk_times_s for tl in timelines),
                         dtype=np.float64, count=int(lengths.sum()))
+    return ChunkTimes(lengths, times)
+
+
+def pooled_gaps_s(timelines: Sequence[RequestTimeline], chunks: ChunkTimes | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``(chunk gaps, token gaps)`` of every request in order: what concatenating
+    ``chunk_gaps_s`` and ``token_gaps_s`` over ``timelines`` gives, in a few numpy calls.
+    The second is the first itself (same object) when no chunk carried more than one token.
+    ``chunks``: ``chunk_times(timelines)`` when the caller has it already."""
+    lengths, times = chunks if chunks is not None else chunk_times(timelines)
     first_rows = (np.cumsum(lengths) - lengths)[lengths > 0]
     gap_ends = np.ones(times.size, dtype=bool)
     gap_ends[first_rows] = False  # a request's first chunk ends no gap of that request
@@ -211,7 +233,8 @@ def pooled_gaps_s(timelines: Sequence[RequestTimeline]) -> tuple[np.ndarray, np.
     offset = 0
     for tl, num in zip(timelines, lengths.tolist(), strict=True):
         counts = tl.chunk_num_tokens
-        if num > 1 and len(counts) == num and counts[1:].count(1) != num - 1:
+        # counts[1:] all 1, without copying the tuple: the common case, every timeline
+        if num > 1 and len(counts) == num and counts.count(1) - (counts[0] == 1) != num - 1:
             if weights is None:
                 weights = np.ones(gaps.size, dtype=np.int64)
             weights[offset:offset + num - 1] = np.maximum(
@@ -229,7 +252,9 @@ def distribution(values: Iterable[float] | np.ndarray) -> dict[str, float | None
     """``{mean, p50, p90, p95, p99, max, count}`` over the finite values (None when none)."""
     raw = values if isinstance(values, np.ndarray) else list(values)
     arr = np.asarray(raw, dtype=np.float64)
-    arr = arr[np.isfinite(arr)]
+    finite = np.isfinite(arr)
+    if not finite.all():  # no copy of millions of pooled gaps that are all finite
+        arr = arr[finite]
     if arr.size == 0:
         out: dict[str, float | None] = {"mean": None}
         out.update({f"p{p}": None for p in PERCENTILES})
@@ -263,16 +288,20 @@ def summarize(
     duration_s: float | None = None,
     client_lag_threshold_s: float = DEFAULT_CLIENT_LAG_THRESHOLD_S,
     by_priority: bool = True,
+    chunks: ChunkTimes | None = None,
 ) -> dict[str, Any]:
-    """The summary written to ``summary.json``; identical for simulated and live runs."""
+    """The summary written to ``summary.json``; identical for simulated and live runs.
+    ``chunks``: ``chunk_times(timelines)`` when the caller has it already."""
     duration = run_duration_s(timelines) if duration_s is None else duration_s
     per_req = request_metric_columns(timelines)
-    ok = [tl for tl in timelines if tl.ok]
-    chunk_gaps, token_gaps = pooled_gaps_s(ok)
+    is_ok = [tl.ok for tl in timelines]
+    ok = list(itertools.compress(timelines, is_ok))
+    ok_chunks = None if chunks is None else chunks.of(np.array(is_ok, dtype=bool))
+    chunk_gaps, token_gaps = pooled_gaps_s(ok, ok_chunks)
     itl = distribution(token_gaps)
     failures: dict[str, int] = {}
-    for tl in timelines:
-        if not tl.ok:
+    for tl, tl_ok in zip(timelines, is_ok, strict=True):
+        if not tl_ok:
             kind = tl.error_kind or "not_finished"
             failures[kind] = failures.get(kind, 0) + 1
 
@@ -281,6 +310,7 @@ def summarize(
 
     num_out = sum(tl.output_tokens for tl in ok)
     num_in = sum(tl.num_prompt_tokens for tl in ok)
+    num_reached = sum(1 for tl in ok if tl.reached_target_length)
     summary: dict[str, Any] = {
         "num_requests": len(timelines),
         "num_completed": len(ok),
@@ -307,10 +337,8 @@ def summarize(
         "itl_chunk_s": dict(itl) if token_gaps is chunk_gaps else distribution(chunk_gaps),
         "itl_guidellm_s": distribution(per_req["itl_guidellm_s"]),
         "output_length_fidelity": {
-            "num_reached_target": sum(1 for tl in ok if tl.reached_target_length),
-            "fraction_reached_target": (
-                sum(1 for tl in ok if tl.reached_target_length) / len(ok) if ok else None
-            ),
+            "num_reached_target": num_reached,
+            "fraction_reached_target": num_reached / len(ok) if ok else None,
         },
     }
     lags = [tl.send_lag_s for tl in timelines if tl.sent_s is not None]

@@ -6,7 +6,6 @@ without re-running. Live runs add columns (``sent_s``, ``send_lag_s``, ...); rea
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -18,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.metrics import request_metric_columns
+from harness.metrics import ChunkTimes, chunk_times, request_metric_columns
 from harness.timeline import RequestTimeline
 
 REQUESTS_FILE = "requests.parquet"
@@ -69,19 +68,19 @@ def requests_table(timelines: Sequence[RequestTimeline], *, live: bool = False) 
     return pa.table(cols)
 
 
-def chunks_table(timelines: Sequence[RequestTimeline]) -> pa.Table:
+def chunks_table(timelines: Sequence[RequestTimeline], chunks: ChunkTimes | None = None
+                 ) -> pa.Table:
     """One row per streamed chunk (one per token in simulation).
 
-    Built column by column in C loops: millions of rows on a whole trace."""
-    lengths = np.fromiter((len(tl.chunk_times_s) for tl in timelines), dtype=np.int64,
-                          count=len(timelines))
+    Built column by column in C loops: millions of rows on a whole trace. ``chunks``:
+    ``chunk_times(timelines)`` when the caller has it already."""
+    lengths, times = chunks if chunks is not None else chunk_times(timelines)
     total = int(lengths.sum())
     ids = np.repeat(np.arange(len(timelines)), lengths)
     request_ids = pa.array([tl.request_id for tl in timelines], pa.string()).take(pa.array(ids))
-    times = np.fromiter(itertools.chain.from_iterable(tl.chunk_times_s for tl in timelines),
-                        dtype=np.float64, count=total)
     starts = np.cumsum(lengths) - lengths  # each request's first row
-    index = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+    index = np.arange(total, dtype=np.int64)
+    index -= np.repeat(starts, lengths)
     return pa.table(
         {
             "request_id": request_ids,

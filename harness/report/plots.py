@@ -51,11 +51,40 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+# The run figures (latency CDFs, engine state, throughput) have fixed margins, in inches: a
+# layout solver ("constrained") measured every text box several times per save and cost more
+# than drawing the figures themselves. Room for tick labels of up to six digits and one axis
+# label; LEGEND_ROW_IN per row of a legend below the axes.
+LEGEND_ROW_IN = 0.3
+LEGEND_NCOLS = 4
+
+
+def _fixed_margins(fig: Figure, nrows: int, ncols: int, *, left: float = 0.8,
+                   right: float = 0.15, top: float = 0.1, bottom: float = 0.55,
+                   wgap: float = 0.0, hgap: float = 0.0) -> None:
+    """Place the figure's grid of axes with these margins and gaps between axes (inches)."""
+    width, height = fig.get_size_inches()
+    axes_w = (width - left - right - (ncols - 1) * wgap) / ncols
+    axes_h = (height - top - bottom - (nrows - 1) * hgap) / nrows
+    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height,
+                        top=1 - top / height, wspace=wgap / axes_w, hspace=hgap / axes_h)
+
+
+def _legend_below(fig: Figure, handles: list, labels: list[str]) -> None:
+    """One legend for all panels, centred under them (``_fixed_margins`` left it room)."""
+    fig.legend(handles, labels, loc="lower center", ncols=min(len(labels), LEGEND_NCOLS),
+               bbox_to_anchor=(0.5, 0.0), borderaxespad=0.2)
+
+
+def _legend_rows(num_labels: int) -> int:
+    return -(-num_labels // LEGEND_NCOLS)
+
+
 def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path) -> Path | None:
     """TTFT, TPOT and E2E CDFs, one line per cell (log time axis: cells differ by orders)."""
     if not any(np.size(v) for per_cell in series.values() for v in per_cell.values()):
         return None
-    fig = Figure(figsize=(13, 4), layout="constrained")
+    fig = Figure(figsize=(13, 4))
     axes = fig.subplots(1, len(LATENCY_PANELS))
     for ax, (metric, title) in zip(axes, LATENCY_PANELS, strict=True):
         drawn = False
@@ -78,8 +107,10 @@ def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path) -> 
             ax.set_xscale("log")
     axes[0].set_ylabel("fraction of requests")
     handles, labels = axes[0].get_legend_handles_labels()
+    _fixed_margins(fig, 1, len(LATENCY_PANELS), left=0.65, top=0.35, wgap=0.45,
+                   bottom=0.55 + LEGEND_ROW_IN * _legend_rows(len(labels)))
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4))
+        _legend_below(fig, handles, labels)
     return _save(fig, path)
 
 
@@ -91,7 +122,7 @@ def engine_state(series: Mapping[str, EngineState], path: Path) -> Path | None:
                if any(getattr(s, attr) is not None and s.t_s.size for s in series.values())]
     if not present:
         return None
-    fig = Figure(figsize=(11, 2.6 * len(present) + 0.6), layout="constrained")
+    fig = Figure(figsize=(11, 2.6 * len(present) + 0.6))
     axes = np.atleast_1d(fig.subplots(len(present), 1, sharex=True))
     for ax, (attr, label) in zip(axes, present, strict=True):
         for name, state in series.items():
@@ -105,8 +136,10 @@ def engine_state(series: Mapping[str, EngineState], path: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("time since the first arrival (s)")
     handles, labels = axes[0].get_legend_handles_labels()
+    _fixed_margins(fig, len(present), 1, hgap=0.15,
+                   bottom=0.55 + LEGEND_ROW_IN * _legend_rows(len(labels)))
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4))
+        _legend_below(fig, handles, labels)
     return _save(fig, path)
 
 
@@ -119,12 +152,15 @@ def throughput_over_time(series: Mapping[str, tuple[np.ndarray, np.ndarray]], pa
     end = max(ends)
     edges = np.linspace(0.0, end if end > 0 else 1.0, num_bins + 1)
     width = edges[1] - edges[0]
-    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    fig = Figure(figsize=(11, 3.6))
     ax = fig.subplots()
+    _fixed_margins(fig, 1, 1)
     for name, (t, tokens) in series.items():
         if not np.size(t):
             continue
-        counts, _ = np.histogram(t, bins=edges, weights=tokens)
+        # equal bins given as a count: numpy bins by arithmetic, the same counts as
+        # bins=edges without sorting millions of instants
+        counts, _ = np.histogram(t, bins=num_bins, range=(edges[0], edges[-1]), weights=tokens)
         ax.step(edges[:-1], counts / width, where="post", label=name, linewidth=1)
     ax.set_xlabel("time since the first arrival (s)")
     ax.set_ylabel("output tokens/s")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from harness.report import plots
 from harness.report.context import ReportContext, scenario_context, slo_from
@@ -55,12 +58,13 @@ from harness.report.sections import (
     reproduce_section,
     throughput_section,
 )
-from harness.results import CHUNKS_FILE
+from harness.results import CHUNKS_FILE, REQUESTS_FILE, STEPS_FILE
 
 
 def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Path,
-                    *, draw: bool = True) -> str:
-    """The report's text; draws its plots into ``out_dir`` when ``draw``."""
+                    *, draw: bool = True, drawn: Mapping[str, bool] | None = None) -> str:
+    """The report's text; draws its plots into ``out_dir`` when ``draw``. ``drawn``: run
+    figures drawn already (``draw_run_figures``), by PNG name; they are not drawn again."""
     ok = [c for c in cells if c.ok]
     base = None
     if ctx.baseline is not None:
@@ -87,10 +91,10 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
         lines += failures_section(ok)
         lines += priority_section(ok, base, ctx)
         lines += prediction_section(ok)
-    drawn = _draw_plots(ok, out_dir, ctx) if draw else []
-    if drawn:
+    plotted = _draw_plots(ok, out_dir, ctx, drawn or {}) if draw else []
+    if plotted:
         lines += ["## Plots", ""]
-        for alt, name in drawn:
+        for alt, name in plotted:
             lines += [f"![{alt}]({name})", ""]
     lines += reproduce_section(cells, ctx, out_dir)
     return "\n".join(lines).rstrip() + "\n"
@@ -122,42 +126,88 @@ def _batch_series(ok: Sequence[CellResult]) -> dict[str, list[BatchRow]]:
             if len({knob(c, "max_num_seqs") for c in group}) >= MIN_SWEEP_CAPS}
 
 
-def write_report(cells: Sequence[CellResult], ctx: ReportContext, out_file: Path) -> Path:
-    """Render and write ``out_file`` (atomically), plots beside it."""
+def write_report(cells: Sequence[CellResult], ctx: ReportContext, out_file: Path, *,
+                 drawn: Mapping[str, bool] | None = None) -> Path:
+    """Render and write ``out_file`` (atomically), plots beside it (``drawn``: see
+    ``render_markdown``)."""
     out_file = Path(out_file)
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    text = render_markdown(cells, ctx, out_file.parent)
+    text = render_markdown(cells, ctx, out_file.parent, drawn=drawn)
     tmp = out_file.with_name(out_file.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, out_file)
     return out_file
 
 
-def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext
-                ) -> list[tuple[str, str]]:
-    """Draw every plot there is data for; return (alt text, file name) in report order."""
-    drawn: list[tuple[str, str]] = []
-    if not ok:
-        return drawn
-    out_dir.mkdir(parents=True, exist_ok=True)
+def _latency_figure(runs: Mapping[str, Path], path: Path) -> bool:
     latencies = {}
-    for c in ok:
-        cols = request_columns(c.run_dir)
-        latencies[c.name] = {m: cols[m] for m, _ in plots.LATENCY_PANELS if m in cols}
-    if plots.latency_cdfs(latencies, out_dir / "latency_cdf.png"):
-        drawn.append(("Latency CDFs (TTFT, TPOT, E2E) per cell", "latency_cdf.png"))
-    states = {c.name: s for c in ok if (s := read_engine_state(c.run_dir)) is not None}
-    if states and plots.engine_state(states, out_dir / "engine_state.png"):
-        drawn.append(("Running batch size, waiting queue and KV usage over time",
-                      "engine_state.png"))
+    for name, run_dir in runs.items():
+        cols = request_columns(run_dir)
+        latencies[name] = {m: cols[m] for m, _ in plots.LATENCY_PANELS if m in cols}
+    return plots.latency_cdfs(latencies, path) is not None
+
+
+def _engine_state_figure(runs: Mapping[str, Path], path: Path) -> bool:
+    states = {name: s for name, run_dir in runs.items()
+              if (s := read_engine_state(run_dir)) is not None}
+    return bool(states) and plots.engine_state(states, path) is not None
+
+
+def _throughput_figure(runs: Mapping[str, Path], path: Path) -> bool:
     tput = {}
-    for c in ok:
-        chunks = read_columns(c.run_dir / CHUNKS_FILE, ("t_s", "num_tokens"))
+    for name, run_dir in runs.items():
+        chunks = read_columns(run_dir / CHUNKS_FILE, ("t_s", "num_tokens"))
         if chunks and "t_s" in chunks and "num_tokens" in chunks:
-            tput[c.name] = (np.asarray(chunks["t_s"], dtype=np.float64),
-                            np.asarray(chunks["num_tokens"], dtype=np.float64))
-    if tput and plots.throughput_over_time(tput, out_dir / "throughput.png"):
-        drawn.append(("Output tokens per second over time", "throughput.png"))
+            tput[name] = (np.asarray(chunks["t_s"], dtype=np.float64),
+                          np.asarray(chunks["num_tokens"], dtype=np.float64))
+    return bool(tput) and plots.throughput_over_time(tput, path) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class RunFigure:
+    """A figure drawn from the runs' own files: one line per run (cell), by cell name."""
+
+    png: str
+    alt: str
+    source: str  # the file of a simulated run folder it is drawn from, and no other
+    draw: Callable[[Mapping[str, Path], Path], bool]  # (runs, PNG path) -> anything drawn
+
+
+RUN_FIGURES = (
+    RunFigure("latency_cdf.png", "Latency CDFs (TTFT, TPOT, E2E) per cell", REQUESTS_FILE,
+              _latency_figure),
+    RunFigure("engine_state.png", "Running batch size, waiting queue and KV usage over time",
+              STEPS_FILE, _engine_state_figure),
+    RunFigure("throughput.png", "Output tokens per second over time", CHUNKS_FILE,
+              _throughput_figure),
+)
+
+
+def draw_run_figures(run_dir: Path, written: str) -> dict[str, bool]:
+    """Draw the figures of the single run in ``run_dir`` that are drawn from the file
+    ``written`` alone, as soon as it is on disk and before the rest of the folder is (the
+    figures of ``render_run_report`` exactly; pass the result as its ``drawn``).
+    {PNG name: whether there was anything to draw}."""
+    runs = {Path(run_dir).name: Path(run_dir)}
+    return {f.png: f.draw(runs, Path(run_dir) / f.png) for f in RUN_FIGURES
+            if f.source == written}
+
+
+def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
+                drawn: Mapping[str, bool]) -> list[tuple[str, str]]:
+    """Draw every plot there is data for (but those in ``drawn``); return (alt text, file
+    name) in report order."""
+    plotted: list[tuple[str, str]] = []
+    if not ok:
+        return plotted
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = {c.name: c.run_dir for c in ok}
+    for figure in RUN_FIGURES:
+        done = drawn.get(figure.png)
+        if done is None:
+            done = figure.draw(runs, out_dir / figure.png)
+        if done:
+            plotted.append((figure.alt, figure.png))
     sweep = sweep_cells(ok)
     if sweep:
         varying = varying_knobs(sweep)
@@ -175,7 +225,7 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext
         ) for c in sweep]
         tpot_slo = (ctx.slo or {}).get("tpot_s")
         if plots.batch_size_sweep(points, out_dir / "batch_size.png", tpot_slo_s=tpot_slo):
-            drawn.append(("TPOT and throughput against max_num_seqs", "batch_size.png"))
+            plotted.append(("TPOT and throughput against max_num_seqs", "batch_size.png"))
     curves = [plots.CurveLine(
         label=s.key, loads=[p.load for p in s.points],
         output_tokens_per_s=[p.output_tokens_per_s for p in s.points],
@@ -184,9 +234,37 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext
         stopped=[bool(p.stopped) for p in s.points]) for s in load_series(ok)]
     if curves and plots.throughput_latency(curves, out_dir / "throughput_latency.png",
                                            slo=ctx.slo):
-        drawn.append(("Output tokens/s against TPOT and TTFT across load points, SLO lines "
-                      "drawn in", "throughput_latency.png"))
-    return drawn
+        plotted.append(("Output tokens/s against TPOT and TTFT across load points, SLO lines "
+                        "drawn in", "throughput_latency.png"))
+    return plotted
+
+
+def warm_up(tmp_dir: Path, *, stop: Callable[[], bool] = lambda: False) -> None:
+    """Read a parquet file and draw the run figures once, on made-up data, into ``tmp_dir``:
+    fonts, the math-text parser of log-axis labels, pyarrow's conversions and the PNG writer
+    are then loaded before a real run folder is ready (``harness.sim.report_process``).
+    ``stop()`` is asked before each figure: real work waiting makes the warm-up pointless."""
+    rng = np.random.default_rng(0)
+    latency = np.exp(rng.uniform(-7.0, 2.5, 64))  # about 1 ms to 12 s: several decades
+    t_s = np.sort(latency)
+
+    def latency_cdfs() -> None:
+        path = tmp_dir / "warm_up.parquet"
+        pq.write_table(pa.table({"ttft_s": latency}), path)
+        cols = read_columns(path, ("ttft_s",)) or {}
+        plots.latency_cdfs({"a": {m: cols.get("ttft_s", latency)
+                                  for m, _ in plots.LATENCY_PANELS}},
+                           tmp_dir / "latency_cdf.png")
+
+    for draw in (latency_cdfs,
+                 lambda: plots.engine_state({"a": plots.EngineState(t_s, t_s, t_s,
+                                                                    t_s / t_s[-1])},
+                                            tmp_dir / "engine_state.png"),
+                 lambda: plots.throughput_over_time({"a": (t_s, np.ones_like(t_s))},
+                                                    tmp_dir / "throughput.png")):
+        if stop():
+            return
+        draw()
 
 
 def render_scenario_report(scenario_dir: Path, *, out_file: Path | None = None,
@@ -198,8 +276,10 @@ def render_scenario_report(scenario_dir: Path, *, out_file: Path | None = None,
     return write_report(cells, ctx, out_file or scenario_dir / REPORT_FILE)
 
 
-def render_run_report(run_dir: Path, *, metrics_doc: str | None = None) -> Path:
-    """``<run_dir>/report.md`` for one ``simulate`` or ``replay`` run folder."""
+def render_run_report(run_dir: Path, *, metrics_doc: str | None = None,
+                      drawn: Mapping[str, bool] | None = None) -> Path:
+    """``<run_dir>/report.md`` for one ``simulate`` or ``replay`` run folder (``drawn``: the
+    figures ``draw_run_figures`` drew already)."""
     run_dir = Path(run_dir)
     cell = load_run(run_dir)
     ctx = ReportContext(
@@ -209,7 +289,7 @@ def render_run_report(run_dir: Path, *, metrics_doc: str | None = None) -> Path:
         rerender=["batchlab", "report", display_path(str(run_dir))],
         metrics_doc=metrics_doc,
     )
-    return write_report([cell], ctx, run_dir / REPORT_FILE)
+    return write_report([cell], ctx, run_dir / REPORT_FILE, drawn=drawn)
 
 
 def render_comparison(dirs: Sequence[Path], out_file: Path, *, baseline: str | None = None,

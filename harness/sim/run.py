@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from adapters.reference import ReferenceConfig
@@ -23,16 +24,20 @@ from harness.manifest import (
     update_manifest,
     write_manifest,
 )
-from harness.metrics import Slo, summarize
+from harness.metrics import Slo, chunk_times, summarize
 from harness.results import (
+    CHUNKS_FILE,
+    REQUESTS_FILE,
     STEPS_FILE,
     SUMMARY_FILE,
-    timeline_tables,
+    chunks_table,
+    requests_table,
     write_json_atomic,
     write_tables,
 )
 from harness.runfolder import RunIdentity, claim_run_dir
 from harness.sim.driver import simulate
+from harness.sim.report_process import ReportProcess
 from harness.sim.roofline import decode_context_len, roofline_turn
 from harness.target import ClosedLoop, EarlyStop
 from harness.traces import Trace
@@ -53,7 +58,7 @@ def reference_engine_manifest(config: ReferenceConfig, num_kv_blocks_total: int)
 # TensorRT-LLM on H100-SXM and H200 and vLLM on H100-SXM, simulated with the catalog
 # coefficients and each engine's scheduler defaults (docs/published.md, "Catalog coefficients").
 CATALOG_ACCURACY = {
-    "median_abs_error": 0.169, "worst_abs_error": 1.61, "num_rows": 167,
+    "median_abs_error": 0.171, "worst_abs_error": 1.10, "num_rows": 167,
     "note": "catalog datasheet coefficients, no engine overheads",
     "source": "docs/published.md",
 }
@@ -91,9 +96,35 @@ def run_simulation(
     ``simulate``; the summary and manifest then say why the run stopped (``stopped_early``).
     ``out_dir`` is claimed first (``harness.runfolder``): a folder of another run is refused
     unless ``overwrite``. Interrupted (Ctrl-C, SIGTERM), the manifest says so.
+
+    ``write_report``: ``report.md`` and its plots, by a child process started now, so that
+    loading the plotting code overlaps the simulation; it draws each plot as soon as the file
+    it is drawn from is on disk, and writes ``report.md`` once every result is
+    (``harness.sim.report_process``).
     """
     identity = RunIdentity("simulated", trace.digest, engine="reference")
     run_id = claim_run_dir(out_dir, identity, overwrite=overwrite)
+    reporter = ReportProcess.start() if write_report else None
+    try:
+        summary = _run(trace, config, out_dir, run_id, identity, slo=slo, progress=progress,
+                       command=command, knobs=knobs, closed_loop=closed_loop,
+                       early_stop=early_stop, reporter=reporter)
+        if write_report:
+            _write_run_report(out_dir, reporter)
+    finally:
+        if reporter is not None:
+            reporter.close()
+    return summary
+
+
+def _run(trace: Trace, config: ReferenceConfig, out_dir: Path, run_id: str,
+         identity: RunIdentity, *, slo: Slo | None,
+         progress: Callable[[int, int], None] | None, command: Sequence[str] | None,
+         knobs: dict[str, Any] | None, closed_loop: ClosedLoop | None,
+         early_stop: EarlyStop | None, reporter: ReportProcess | None) -> dict[str, Any]:
+    """The simulation and every result file, each announced to ``reporter`` as it is on
+    disk; the summary. The simulation's records are freed on return, while the reporter
+    writes report.md."""
     wall_start = time.perf_counter()
     try:
         result = simulate(trace.requests, config, progress=progress, closed_loop=closed_loop,
@@ -104,13 +135,22 @@ def run_simulation(
         raise
     wall_s = time.perf_counter() - wall_start
 
-    tables = {**timeline_tables(result.timelines, live=False), STEPS_FILE: result.steps}
-    # parquet writing releases the GIL: the files are written while the summary is computed,
-    # and all are on disk before summary.json
+    # parquet writing releases the GIL: each file is written while the next table and the
+    # summary are computed, and all are on disk before summary.json. The chunk instants
+    # (millions on a whole trace) are gathered once, for chunks.parquet and the summary.
+    def write(name: str, table: pa.Table) -> None:
+        write_tables(out_dir, {name: table}, run_id=run_id)
+        if reporter is not None:
+            reporter.file_written(out_dir, name)
+
     with ThreadPoolExecutor(max_workers=1) as pool:
-        written = pool.submit(write_tables, out_dir, tables, run_id=run_id)
-        summary = summarize(result.timelines, slo=slo)
-        written.result()
+        jobs = [pool.submit(write, STEPS_FILE, result.steps),
+                pool.submit(write, REQUESTS_FILE, requests_table(result.timelines))]
+        chunks = chunk_times(result.timelines)
+        jobs.append(pool.submit(write, CHUNKS_FILE, chunks_table(result.timelines, chunks)))
+        summary = summarize(result.timelines, slo=slo, chunks=chunks)
+        for job in jobs:
+            job.result()
     summary["num_steps"] = result.steps.num_rows
     summary["simulation_wall_s"] = wall_s
     summary["run_id"] = run_id
@@ -140,9 +180,8 @@ def run_simulation(
     if result.stopped_reason:
         manifest["stopped_early"] = result.stopped_reason
     write_manifest(out_dir, manifest)
-
-    if write_report:
-        _write_run_report(out_dir)
+    if reporter is not None:
+        reporter.folder_written(out_dir)
     return summary
 
 
@@ -153,8 +192,11 @@ def _load_manifest(closed_loop: ClosedLoop | None) -> dict[str, Any]:
             "think_time_s": closed_loop.think_time_s}
 
 
-def _write_run_report(run_dir: Path) -> None:
-    try:
+def _write_run_report(run_dir: Path, reporter: ReportProcess | None) -> None:
+    if reporter is not None:
+        reporter.wait(run_dir)  # asked for by _run once the folder was complete
+        return
+    try:  # no child process could be started: here
         from harness.report import render_run_report
     except ImportError:  # the rich report module is optional for a bare simulation
         return

@@ -1,0 +1,199 @@
+"""A run's ``report.md`` rendered by a child process started before the run.
+
+Loading the report's plotting stack (matplotlib) and drawing a first figure costs about a
+second of one core, and each figure a few tenths more. Started before the simulation, a child
+process loads on another core while the simulation runs; it draws each figure as soon as the
+one results file it is drawn from is on disk (``harness.report.render.draw_run_figures``),
+while the parent writes the rest; it writes ``report.md`` once every result is on disk, as
+``batchlab report`` would. The child only reads the folder, so a report that fails never costs
+a result::
+
+    parent (the run)                              child process (main below)
+    ReportProcess.start()  ── spawn ───────────►  import harness.report, draw a warm-up
+    simulate                                      wait for a line on stdin
+    write steps.parquet ── {"written": ...} ──►   draw engine_state.png from it
+    write requests.parquet, chunks.parquet ───►   draw latency_cdf.png, throughput.png
+    write summary.json, manifest.json
+    folder_written() ── {"render": ...} ──────►   write report.md (figures drawn: kept)
+    wait()          ◄── {"status": "ok"} ─────    exit
+    close(): the child is killed if it still runs (Ctrl-C, SIGTERM, an error before render)
+
+Ctrl-C reaches the child too (same process group): it ignores SIGINT and leaves stopping to
+the parent; a parent that dies closes the child's stdin, and the child exits. A run stopped
+after a file was written may keep the figure drawn from it. A child that cannot import the
+report (no matplotlib) answers "unavailable" and the run has no report, as in-process
+rendering had none; any other failure is raised in the parent with the child's traceback (an
+OSError as an OSError, so the command line prints its usual one-line error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import IO, Any
+
+# The child's command: `-c` rather than `-m`, which would run this module a second time
+# beside the copy that importing the harness.sim package loads.
+_CHILD = "import sys; from harness.sim.report_process import main; sys.exit(main())"
+_REPO_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds the harness package
+
+
+class ReportError(RuntimeError):
+    """The child process could not render the report; the message carries its traceback."""
+
+
+class ReportProcess:
+    """A report renderer in a child process (module doc)."""
+
+    def __init__(self, proc: subprocess.Popen[str], stderr: IO[str]) -> None:
+        self._proc = proc
+        self._stderr = stderr  # a file, not a pipe: nothing blocks while the parent simulates
+
+    @classmethod
+    def start(cls) -> ReportProcess | None:
+        """The child, loading the report code from now on; None when no process can be
+        started here (then render in this process)."""
+        stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by close())
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        try:
+            proc = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        except OSError:
+            stderr.close()
+            return None
+        return cls(proc, stderr)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def file_written(self, run_dir: Path, name: str) -> None:
+        """``run_dir/name`` is complete on disk: the figures drawn from it can be drawn."""
+        self._send({"written": name, "run_dir": str(run_dir)})
+
+    def folder_written(self, run_dir: Path) -> None:
+        """Every result of ``run_dir`` is on disk: the child writes ``report.md`` (``wait``)."""
+        self._send({"render": str(run_dir)})
+
+    def render(self, run_dir: Path) -> bool:
+        """``folder_written`` and ``wait``."""
+        self.folder_written(run_dir)
+        return self.wait(run_dir)
+
+    def wait(self, run_dir: Path) -> bool:
+        """Wait for ``run_dir/report.md``; False when the child has no report code (no
+        matplotlib). Raises what the child raised (module doc)."""
+        out = ""
+        with contextlib.suppress(OSError):  # a child gone already: its exit status says more
+            out, _ = self._proc.communicate()
+        self._proc.wait()
+        self._stderr.seek(0)
+        err = self._stderr.read()
+        answer = _parse_answer(out)
+        if answer is None:
+            raise ReportError(f"the report renderer for {run_dir} exited with status "
+                              f"{self._proc.returncode} without an answer"
+                              + (f":\n{err.rstrip()}" if err.strip() else ""))
+        if err.strip():  # warnings (a font cache being built): shown, as they were in-process
+            sys.stderr.write(err)
+        status = answer.get("status")
+        if status == "ok":
+            return True
+        if status == "unavailable":
+            return False
+        if answer.get("errno") is not None:
+            raise OSError(answer["errno"], answer.get("strerror"), answer.get("filename"))
+        raise ReportError(f"report.md of {run_dir} could not be rendered (the results are on "
+                          f"disk; `batchlab report {run_dir}` renders it again):\n"
+                          + str(answer.get("traceback", "")).rstrip())
+
+    def close(self) -> None:
+        """Stop the child if it still runs, and release its files. Safe to call twice."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        for stream in (self._proc.stdin, self._proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        self._stderr.close()
+
+    def _send(self, message: dict[str, Any]) -> None:
+        stdin = self._proc.stdin
+        if stdin is None or stdin.closed:
+            return
+        with contextlib.suppress(OSError):  # the child is gone: render() says why
+            stdin.write(json.dumps(message) + "\n")
+            stdin.flush()
+
+
+def _parse_answer(text: str) -> dict[str, Any] | None:
+    lines = text.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+# ---------------------------------------------------------------- the child
+
+
+def main() -> int:
+    """The child: warm up, draw figures as their files are announced, render on request."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops this process (close())
+    answers = sys.stdout
+    sys.stdout = sys.stderr  # nothing but the answer goes to the parent's pipe
+    try:
+        from harness.report.render import draw_run_figures, warm_up
+    except ImportError as exc:  # the report's optional dependencies are missing
+        unavailable: str | None = str(exc)
+    else:
+        unavailable = None
+        with tempfile.TemporaryDirectory() as tmp:  # not when results arrive first (short runs)
+            warm_up(Path(tmp), stop=lambda: bool(select.select([sys.stdin], [], [], 0)[0]))
+    drawn: dict[str, bool] = {}
+    for line in sys.stdin:
+        message = json.loads(line)
+        if "render" not in message:
+            if unavailable is None:
+                # a figure that fails here is drawn again by the render, which reports it
+                with contextlib.suppress(Exception):
+                    drawn.update(draw_run_figures(Path(message["run_dir"]),
+                                                  message["written"]))
+            continue
+        if unavailable is not None:
+            answer: dict[str, Any] = {"status": "unavailable", "reason": unavailable}
+        else:
+            answer = _render(Path(message["render"]), drawn)
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+        sys.stderr.flush()
+        # the parent waits for this process to end: no interpreter teardown (matplotlib,
+        # pandas), which takes longer than the report itself
+        os._exit(0)
+    return 0  # stdin closed: the run ended without a report to render
+
+
+def _render(run_dir: Path, drawn: dict[str, bool]) -> dict[str, Any]:
+    from harness.report.render import render_run_report
+
+    try:
+        render_run_report(run_dir, drawn=drawn)
+    except OSError as exc:
+        return {"status": "failed", "errno": exc.errno, "strerror": exc.strerror,
+                "filename": None if exc.filename is None else str(exc.filename),
+                "traceback": traceback.format_exc()}
+    except Exception:  # reported to the parent, which raises it
+        return {"status": "failed", "traceback": traceback.format_exc()}
+    return {"status": "ok"}

@@ -1,0 +1,76 @@
+"""The chunk instants gathered once (``chunk_times``) for chunks.parquet and the summary give
+what each computes on its own: the same summary, the same table."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from harness.metrics import (
+    Slo,
+    chunk_gaps_s,
+    chunk_times,
+    pooled_gaps_s,
+    summarize,
+    token_gaps_s,
+)
+from harness.results import chunks_table
+from harness.timeline import RequestTimeline
+
+
+def _timelines() -> list[RequestTimeline]:
+    """Finished, failed part-way, never started and multi-token-chunk requests, mixed."""
+    out = []
+    for i in range(30):
+        arrival = 0.1 * i
+        n = 3 + i % 5
+        times = tuple(arrival + 0.02 + 0.01 * k for k in range(n))
+        if i % 7 == 3:  # failed after two chunks
+            out.append(RequestTimeline(f"r{i}", arrival, 50, n, priority=i % 2,
+                                       chunk_times_s=times[:2], chunk_num_tokens=(1, 1),
+                                       error_kind="stream_cut"))
+        elif i % 7 == 5:  # never started
+            out.append(RequestTimeline(f"r{i}", arrival, 50, n, priority=i % 2,
+                                       error_kind="not_finished"))
+        else:
+            # some chunks of two tokens: after the first, or only the first
+            counts = (1,) * n if i % 3 else (1, *(2,) * (n - 1)) if i % 2 else (2, *(1,) * (n - 1))
+            out.append(RequestTimeline(f"r{i}", arrival, 50, n, priority=i % 2,
+                                       chunk_times_s=times, chunk_num_tokens=counts,
+                                       finished_s=times[-1], finish_reason="length"))
+    return out
+
+
+def test_summary_from_shared_chunk_times_is_the_summary() -> None:
+    timelines = _timelines()
+    slo = Slo(ttft_s=0.05, tpot_s=0.02)
+    alone = summarize(timelines, slo=slo)
+    shared = summarize(timelines, slo=slo, chunks=chunk_times(timelines))
+    assert json.dumps(shared, sort_keys=True) == json.dumps(alone, sort_keys=True)
+    assert alone["num_failed"] == 8  # failed and unstarted requests are in the mix
+
+
+def test_chunks_table_from_shared_chunk_times_is_the_table() -> None:
+    timelines = _timelines()
+    assert chunks_table(timelines, chunk_times(timelines)).equals(chunks_table(timelines))
+
+
+def test_chunk_times_of_a_subset_are_the_subsets_chunk_times() -> None:
+    timelines = _timelines()
+    keep = np.array([tl.ok for tl in timelines])
+    subset = [tl for tl in timelines if tl.ok]
+    lengths, times = chunk_times(timelines).of(keep)
+    expected = chunk_times(subset)
+    assert np.array_equal(lengths, expected.lengths)
+    assert np.array_equal(times, expected.times_s)
+    gaps, token_gaps = pooled_gaps_s(subset, chunk_times(subset))
+    alone_gaps, alone_token_gaps = pooled_gaps_s(subset)
+    assert np.array_equal(gaps, alone_gaps) and np.array_equal(token_gaps, alone_token_gaps)
+
+
+def test_pooled_gaps_are_every_requests_gaps_end_to_end() -> None:
+    ok = [tl for tl in _timelines() if tl.ok]
+    gaps, token_gaps = pooled_gaps_s(ok, chunk_times(ok))
+    assert np.array_equal(gaps, np.concatenate([chunk_gaps_s(tl) for tl in ok]))
+    assert np.array_equal(token_gaps, np.concatenate([token_gaps_s(tl) for tl in ok]))
