@@ -82,6 +82,13 @@ def wait_no_survivors(pids: set[int], pgid: int | None = None) -> list[str]:
     return left
 
 
+def children_of(pid: int) -> set[int]:
+    """The pids of ``pid``'s child processes (``ps``)."""
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
+                         text=True, check=False).stdout
+    return {int(p) for p in out.split()}
+
+
 def kill_quietly(pids: set[int]) -> None:
     """SIGKILL the process groups a failed test may have left (only ones it started)."""
     for pid in pids:
@@ -119,6 +126,7 @@ class Helpers:
     read_json = staticmethod(read_json)
     ps_survivors = staticmethod(ps_survivors)
     wait_no_survivors = staticmethod(wait_no_survivors)
+    children_of = staticmethod(children_of)
     kill_quietly = staticmethod(kill_quietly)
 
 

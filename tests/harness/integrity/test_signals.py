@@ -48,12 +48,14 @@ def test_a_plain_replay_stopped_by_a_signal_loses_no_request(tmp_path: Path, loo
 
 
 def test_simulate_stopped_by_sigterm_says_interrupted(tmp_path: Path, bl: type) -> None:
+    """... and leaves no report renderer (the child process started with the run) behind."""
     out = tmp_path / "sim"
     proc = bl.start("simulate", "--trace", "synthetic", "--num-requests", "50000", "--rate",
                     "50", "--prompt-tokens", "64", "--output-tokens", "64", "--out", str(out))
     try:
         bl.wait_for(lambda: bl.read_json(out / "manifest.json").get("status") == "starting",
                     "the run folder to be claimed")
+        children = bl.wait_for(lambda: bl.children_of(proc.pid), "the report renderer")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -62,6 +64,7 @@ def test_simulate_stopped_by_sigterm_says_interrupted(tmp_path: Path, bl: type) 
     assert proc.returncode == 143, err
     assert "Traceback" not in err
     assert bl.read_json(out / "manifest.json")["status"] == "interrupted"
+    assert not bl.wait_no_survivors(children)
 
 
 def test_a_signal_ignored_at_start_stays_ignored(tmp_path: Path, loopback: str,

@@ -1,16 +1,13 @@
 """The report of a simulated run, rendered by a child process started before the simulation
 (``harness.sim.report_process``): the same report as rendering it afterwards, failures raised
-in the parent, no report (and no error) without matplotlib, and no child left after a
-SIGTERM."""
+in the parent, and no report (and no error) without matplotlib. That a SIGTERM leaves no
+child behind: tests/harness/integrity/test_signals.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -46,19 +43,24 @@ def test_the_child_writes_the_report_a_re_render_writes(tmp_path: Path) -> None:
         assert (run / name).read_bytes() == content, name
 
 
+def _render_in_a_child(run: Path, expected: type[Exception]) -> Exception:
+    """What rendering ``run`` in a fresh child process raised (it must raise ``expected``)."""
+    reporter = ReportProcess.start()
+    assert reporter is not None
+    try:
+        with pytest.raises(expected) as raised:
+            reporter.render(run)
+    finally:
+        reporter.close()
+    return raised.value
+
+
 def test_a_failed_render_is_raised_with_the_childs_traceback(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _simulate(run, write_report=False)
     manifest = json.loads((run / "manifest.json").read_text())
     (run / "manifest.json").write_text(json.dumps({**manifest, "command": 5}))
-    reporter = ReportProcess.start()
-    assert reporter is not None
-    try:
-        with pytest.raises(ReportError) as raised:
-            reporter.render(run)
-    finally:
-        reporter.close()
-    message = str(raised.value)
+    message = str(_render_in_a_child(run, ReportError))
     assert "Traceback" in message and "TypeError" in message
     assert f"batchlab report {run}" in message  # what to run once it is fixed
 
@@ -68,14 +70,9 @@ def test_an_os_error_in_the_child_is_an_os_error_here(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _simulate(run, write_report=False)
     (run / "report.md").mkdir()  # the report cannot replace a folder
-    reporter = ReportProcess.start()
-    assert reporter is not None
-    try:
-        with pytest.raises(OSError) as raised:
-            reporter.render(run)
-    finally:
-        reporter.close()
-    assert raised.value.filename is not None and "report.md" in raised.value.filename
+    error = _render_in_a_child(run, OSError)
+    assert isinstance(error, OSError)
+    assert error.filename is not None and "report.md" in error.filename
 
 
 def test_a_child_that_died_is_reported(tmp_path: Path) -> None:
@@ -102,40 +99,3 @@ def test_without_matplotlib_the_run_has_no_report_and_no_error(
     assert (run / "summary.json").exists() and (run / "chunks.parquet").exists()
     assert not (run / "report.md").exists()
     assert not any((run / name).exists() for name in FIGURES)
-
-
-def _children(pid: int) -> set[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
-                         text=True, check=False).stdout
-    return {int(p) for p in out.split()}
-
-
-def _alive(pid: int) -> bool:
-    out = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
-                         text=True, check=False).stdout.strip()
-    return bool(out) and not out.startswith("Z")
-
-
-def test_sigterm_during_the_simulation_leaves_no_renderer(tmp_path: Path) -> None:
-    out = tmp_path / "sim"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "simulate", "--trace", "synthetic",
-         "--num-requests", "50000", "--rate", "50", "--prompt-tokens", "64",
-         "--output-tokens", "64", "--out", str(out)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 90  # generous: the machine is shared
-        children: set[int] = set()
-        while not children and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-            children = _children(proc.pid)
-        assert children, "the report renderer was started"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 143, err
-    assert "Traceback" not in err
-    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
-    assert not [pid for pid in children if _alive(pid)]
