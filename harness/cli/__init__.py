@@ -13,6 +13,11 @@ that does the work. Knob flags are generated from ``adapters.knobs`` (``common.a
 - a usage error, an unwritable file or a full disk is one line on stderr, never a traceback;
 - a closed stdout (``batchlab engines | head -1``) ends the command quietly.
 
+``run`` (the ``batchlab`` executable, ``python -m harness.cli``) is ``main`` followed by a
+quick exit: a simulated run leaves millions of small objects, and freeing them one by one at
+interpreter exit took longer than writing its report. Output is flushed and the exit handlers
+run first; with a non-daemon thread still alive (none should be) the exit is the normal one.
+
 Command modules load lazily: ``main`` imports only the chosen subcommand's module (``simulate``
 never imports the live client or the calibration code); ``--help``, no command or an unknown
 one builds the whole parser, so every command is listed.
@@ -21,18 +26,20 @@ one builds the whole parser, so every command is listed.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import importlib
+import logging
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from harness.cli.common import EXIT_FAILURE, EXIT_USAGE, Parser, UserError
 
-__all__ = ["UserError", "build_parser", "main"]
+__all__ = ["UserError", "build_parser", "main", "run"]
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -105,6 +112,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as exc:  # an unwritable --out, a full disk: the file and the reason
             print(f"{name}: error: {_os_error_text(exc)}", file=sys.stderr)
             return EXIT_FAILURE
+
+
+def run() -> NoReturn:
+    """The ``batchlab`` executable: ``main``, then out without tearing the interpreter down
+    (module docstring)."""
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # a closed pipe: the normal exit copes with it
+        sys.exit(code)
+    if any(t.is_alive() and not t.daemon and t is not threading.main_thread()
+           for t in threading.enumerate()):
+        sys.exit(code)
+    atexit._run_exitfuncs()  # what a normal exit would run: the same handlers, in order
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @contextlib.contextmanager

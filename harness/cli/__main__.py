@@ -1,7 +1,5 @@
 """``python -m harness.cli``: how launched servers (``serve reference``) are started."""
 
-import sys
+from harness.cli import run
 
-from harness.cli import main
-
-sys.exit(main())
+run()
