@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from harness import columns
 from harness.metrics import ChunkTimes, chunk_times, request_metric_columns
 from harness.timeline import RequestTimeline
 
@@ -34,38 +35,34 @@ def _nan_if_none(x: float | None) -> float:
 def requests_table(timelines: Sequence[RequestTimeline], *, live: bool = False) -> pa.Table:
     """One row per request (the columns ``docs/metrics.md`` lists)."""
     metrics = request_metric_columns(timelines)
-    cols: dict[str, Any] = {
-        "request_id": pa.array([tl.request_id for tl in timelines], pa.string()),
-        "arrival_s": pa.array([tl.arrival_s for tl in timelines], pa.float64()),
-        "priority": pa.array([tl.priority for tl in timelines], pa.int64()),
-        "num_prompt_tokens": pa.array([tl.num_prompt_tokens for tl in timelines], pa.int64()),
-        "num_target_output_tokens": pa.array(
-            [tl.num_target_output_tokens for tl in timelines], pa.int64()
-        ),
-        "num_output_tokens": pa.array([tl.output_tokens for tl in timelines], pa.int64()),
-        "first_token_s": pa.array([_nan_if_none(tl.first_token_s) for tl in timelines]),
-        "finished_s": pa.array([_nan_if_none(tl.finished_s) for tl in timelines]),
-        "ttft_s": pa.array(metrics["ttft_s"], pa.float64()),
-        "tpot_s": pa.array(metrics["tpot_s"], pa.float64()),
-        "e2e_s": pa.array(metrics["e2e_s"], pa.float64()),
-        "num_preemptions": pa.array([tl.num_preemptions for tl in timelines], pa.int64()),
-        "error_kind": pa.array([tl.error_kind for tl in timelines], pa.string()),
-        "error_message": pa.array([tl.error_message for tl in timelines], pa.string()),
-        "finish_reason": pa.array([tl.finish_reason for tl in timelines], pa.string()),
-        "token_count_source": pa.array([tl.token_count_source for tl in timelines], pa.string()),
+    cols: dict[str, pa.Array] = {
+        "request_id": columns.strings([tl.request_id for tl in timelines]),
+        "arrival_s": columns.floats(tl.arrival_s for tl in timelines),
+        "priority": columns.ints(tl.priority for tl in timelines),
+        "num_prompt_tokens": columns.ints(tl.num_prompt_tokens for tl in timelines),
+        "num_target_output_tokens": columns.ints(
+            tl.num_target_output_tokens for tl in timelines),
+        "num_output_tokens": columns.ints(tl.output_tokens for tl in timelines),
+        "first_token_s": columns.floats(_nan_if_none(tl.first_token_s) for tl in timelines),
+        "finished_s": columns.floats(_nan_if_none(tl.finished_s) for tl in timelines),
+        "ttft_s": columns.floats(metrics["ttft_s"]),
+        "tpot_s": columns.floats(metrics["tpot_s"]),
+        "e2e_s": columns.floats(metrics["e2e_s"]),
+        "num_preemptions": columns.ints(tl.num_preemptions for tl in timelines),
+        "error_kind": columns.strings([tl.error_kind for tl in timelines]),
+        "error_message": columns.strings([tl.error_message for tl in timelines]),
+        "finish_reason": columns.strings([tl.finish_reason for tl in timelines]),
+        "token_count_source": columns.strings([tl.token_count_source for tl in timelines]),
     }
     if live:
-        cols["sent_s"] = pa.array([_nan_if_none(tl.sent_s) for tl in timelines], pa.float64())
-        cols["send_lag_s"] = pa.array([tl.send_lag_s for tl in timelines], pa.float64())
-        cols["scheduled_s"] = pa.array(
-            [_nan_if_none(tl.scheduled_s) for tl in timelines], pa.float64()
-        )
-        cols["num_chunks"] = pa.array([len(tl.chunk_times_s) for tl in timelines], pa.int64())
-        cols["reached_target_length"] = pa.array(
-            [tl.reached_target_length for tl in timelines], pa.bool_()
-        )
-        cols["num_retries"] = pa.array([tl.num_retries for tl in timelines], pa.int64())
-    return pa.table(cols)
+        cols["sent_s"] = columns.floats(_nan_if_none(tl.sent_s) for tl in timelines)
+        cols["send_lag_s"] = columns.floats(tl.send_lag_s for tl in timelines)
+        cols["scheduled_s"] = columns.floats(_nan_if_none(tl.scheduled_s) for tl in timelines)
+        cols["num_chunks"] = columns.ints(len(tl.chunk_times_s) for tl in timelines)
+        cols["reached_target_length"] = columns.bools(
+            tl.reached_target_length for tl in timelines)
+        cols["num_retries"] = columns.ints(tl.num_retries for tl in timelines)
+    return columns.table(cols)
 
 
 def chunks_table(timelines: Sequence[RequestTimeline], chunks: ChunkTimes | None = None
@@ -77,18 +74,16 @@ def chunks_table(timelines: Sequence[RequestTimeline], chunks: ChunkTimes | None
     lengths, times = chunks if chunks is not None else chunk_times(timelines)
     total = int(lengths.sum())
     ids = np.repeat(np.arange(len(timelines)), lengths)
-    request_ids = pa.array([tl.request_id for tl in timelines], pa.string()).take(pa.array(ids))
+    request_ids = columns.strings([tl.request_id for tl in timelines]).take(columns.ints(ids))
     starts = np.cumsum(lengths) - lengths  # each request's first row
     index = np.arange(total, dtype=np.int64)
     index -= np.repeat(starts, lengths)
-    return pa.table(
-        {
-            "request_id": request_ids,
-            "chunk_index": pa.array(index, pa.int64()),
-            "t_s": pa.array(times, pa.float64()),
-            "num_tokens": pa.array(_chunk_tokens(timelines, lengths, total), pa.int64()),
-        }
-    )
+    return columns.table({
+        "request_id": request_ids,
+        "chunk_index": columns.ints(index),
+        "t_s": columns.floats(times),
+        "num_tokens": columns.ints(_chunk_tokens(timelines, lengths, total)),
+    })
 
 
 def _chunk_tokens(timelines: Sequence[RequestTimeline], lengths: np.ndarray,

@@ -1,0 +1,83 @@
+"""harness.columns builds the arrays pa.array would, without pa.array (which imports pandas)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from harness import columns
+from harness.results import chunks_table, requests_table
+from harness.timeline import RequestTimeline
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("built", "expected"), [
+    (lambda: columns.floats([1.5, float("nan"), -2.0]),
+     lambda: pa.array([1.5, float("nan"), -2.0])),
+    (lambda: columns.floats(np.arange(5, dtype=np.int64)),
+     lambda: pa.array(np.arange(5, dtype=np.float64))),
+    (lambda: columns.ints([3, None, 2**40, -1]),
+     lambda: pa.array([3, None, 2**40, -1], pa.int64())),
+    (lambda: columns.ints(np.array([7, 8], dtype=np.int32)), lambda: pa.array([7, 8], pa.int64())),
+    (lambda: columns.ints([]), lambda: pa.array([], pa.int64())),
+    (lambda: columns.strings(["a", None, "", "héllo", "x" * 300]),
+     lambda: pa.array(["a", None, "", "héllo", "x" * 300], pa.string())),
+    (lambda: columns.strings([]), lambda: pa.array([], pa.string())),
+    (lambda: columns.bools([True, False, True] * 5), lambda: pa.array([True, False, True] * 5)),
+])
+def test_the_same_array_as_pa_array(built, expected) -> None:  # type: ignore[no-untyped-def]
+    got, want = built(), expected()
+    got.validate(full=True)
+    assert got.type == want.type and got.null_count == want.null_count
+    assert got.equals(want) or np.array_equal(  # NaN != NaN in equals
+        got.to_numpy(zero_copy_only=False), want.to_numpy(zero_copy_only=False), equal_nan=True)
+
+
+def _timelines() -> list[RequestTimeline]:
+    return [
+        RequestTimeline("a", 0.0, 8, 3, priority=1, sent_s=0.01, scheduled_s=0.0,
+                        chunk_times_s=(0.5, 0.6, 0.7), chunk_num_tokens=(1, 1, 1),
+                        finished_s=0.7, num_output_tokens=3, finish_reason="length"),
+        RequestTimeline("b", 0.2, 9, 4, chunk_times_s=(0.9, 1.2), chunk_num_tokens=(1, 2),
+                        finished_s=None, error_kind="stream_cut", error_message="cut"),
+        RequestTimeline("c", 0.3, 10, 2),
+    ]
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_requests_and_chunks_tables_keep_their_types_and_nulls(live: bool) -> None:
+    timelines = _timelines()
+    table = requests_table(timelines, live=live)
+    table.validate(full=True)
+    assert table.column("priority").to_pylist() == [1, None, None]
+    assert table.column("error_kind").to_pylist() == [None, "stream_cut", None]
+    assert table.schema.field("request_id").type == pa.string()
+    assert np.isnan(table.column("finished_s").to_numpy()[1])
+    if live:
+        assert table.column("reached_target_length").type == pa.bool_()
+        assert table.column("send_lag_s").to_pylist()[0] == pytest.approx(0.01)
+    chunks = chunks_table(timelines)
+    chunks.validate(full=True)
+    assert chunks.column("request_id").to_pylist() == ["a", "a", "a", "b", "b"]
+    assert chunks.column("chunk_index").to_pylist() == [0, 1, 2, 0, 1]
+    assert chunks.column("num_tokens").to_pylist() == [1, 1, 1, 1, 2]
+
+
+def test_a_simulated_run_does_not_import_pandas(tmp_path: Path) -> None:
+    code = ("import sys\n"
+            "from harness.cli import main\n"
+            f"code = main(['simulate', '--trace', 'synthetic', '--num-requests', '50', "
+            f"'--rate', '20', '--prompt-tokens', '32', '--output-tokens', '8', "
+            f"'--out', {str(tmp_path / 'run')!r}])\n"
+            "print('pandas' in sys.modules)\n"
+            "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False"
