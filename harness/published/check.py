@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 
 from adapters.reference.cost_model import PROFILES_DIR
 from harness.published.fit import DONORS, HELD_OUT_SOURCES
-from harness.published.profiles import EngineProfile, read_profile
-from harness.published.replay import RowPrediction, predict_row
+from harness.published.profiles import EngineProfile
+from harness.published.replay import LENGTH_SHAPES, RowPrediction, predict_row, predict_shipped
 from harness.published.rows import MEASUREMENTS_CSV, PublishedRow, load_rows
 from harness.published.sensitivity import (
     UNPUBLISHED_WORKLOAD,
@@ -129,27 +126,13 @@ def error_stats(checked: Iterable[CheckedRow]) -> ErrorStats | None:
                       worst.row.row_id, int((errors <= TARGET_WORST).sum()))
 
 
-@cache
-def _profile(name: str) -> EngineProfile:
-    return read_profile(name)
-
-
-def _predict(row: PublishedRow) -> RowPrediction:
-    return predict_row(row, _profile(row.profile_name))
-
-
 def check_rows(rows: Sequence[PublishedRow], *, jobs: int | None = None,
                profile: EngineProfile | None = None) -> list[CheckedRow]:
     """Simulate ``rows`` (each with its own shipped profile, or all with ``profile``)."""
     if profile is not None:
         predictions = [predict_row(r, profile) for r in rows]
     else:
-        jobs = jobs or min(len(rows), os.cpu_count() or 1)
-        if jobs > 1 and len(rows) > 1:
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
-                predictions = list(pool.map(_predict, rows, chunksize=4))
-        else:
-            predictions = [_predict(r) for r in rows]
+        predictions = predict_shipped([(r, LENGTH_SHAPES[0]) for r in rows], jobs=jobs)
     return [CheckedRow(r, p, r.source_id in HELD_OUT_SOURCES)
             for r, p in zip(rows, predictions, strict=True)]
 

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -35,7 +37,12 @@ import numpy as np
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.cost_model import CostModelParams
 from harness.metrics import summarize
-from harness.published.profiles import COST_OVERRIDE_KEYS, EngineProfile, parse_setting
+from harness.published.profiles import (
+    COST_OVERRIDE_KEYS,
+    EngineProfile,
+    parse_setting,
+    read_profile,
+)
 from harness.published.rows import PublishedRow
 from harness.target import ClosedLoop
 from harness.timeline import RequestTimeline
@@ -249,6 +256,27 @@ def predict_row(row: PublishedRow, profile: EngineProfile,
     summary = window_summary(timelines, row)
     return RowPrediction(row.row_id, metric_value(summary, row.metric), row.value,
                          len(work.requests), int(summary["num_preemptions"]))
+
+
+@cache
+def _shipped(name: str) -> EngineProfile:
+    return read_profile(name)
+
+
+def _predict_shipped(job: tuple[PublishedRow, str]) -> RowPrediction:
+    row, lengths = job
+    return predict_row(row, _shipped(row.profile_name), lengths=lengths)
+
+
+def predict_shipped(work: Sequence[tuple[PublishedRow, str]], *, jobs: int | None = None
+                    ) -> list[RowPrediction]:
+    """Each (row, length shape) simulated with the shipped profile of its engine and GPU, in
+    ``jobs`` processes (default: one per core); results in order."""
+    jobs = jobs or min(len(work), os.cpu_count() or 1)
+    if jobs > 1 and len(work) > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(_predict_shipped, work, chunksize=2))
+    return [_predict_shipped(job) for job in work]
 
 
 def window_summary(timelines: Sequence[RequestTimeline], row: PublishedRow) -> dict[str, Any]:

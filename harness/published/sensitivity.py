@@ -20,14 +20,10 @@ docs/fidelity.md reports the error statistics with and without these rows.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from functools import cache
 
-from harness.published.profiles import EngineProfile, read_profile
-from harness.published.replay import LENGTH_SHAPES, predict_row
+from harness.published.replay import LENGTH_SHAPES, predict_shipped
 from harness.published.rows import PublishedRow
 
 UNPUBLISHED_WORKLOAD = {
@@ -66,29 +62,12 @@ class LengthSensitivity:
         return max(values) / min(values) if values else math.nan
 
 
-@cache
-def _profile(name: str) -> EngineProfile:
-    return read_profile(name)
-
-
-def _predict(job: tuple[PublishedRow, str]) -> float:
-    row, shape = job
-    return predict_row(row, _profile(row.profile_name), lengths=shape).predicted
-
-
 def length_sensitivity(rows: Sequence[PublishedRow], *, jobs: int | None = None
                        ) -> list[LengthSensitivity]:
     """Every ShareGPT row of ``rows`` simulated under each length shape (shipped profiles)."""
     selected = [r for r in rows if r.dataset == "sharegpt"]
     work = [(r, shape) for r in selected for shape in LENGTH_SHAPES]
-    if not work:
-        return []
-    jobs = jobs or min(len(work), os.cpu_count() or 1)
-    if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            values = list(pool.map(_predict, work, chunksize=2))
-    else:
-        values = [_predict(j) for j in work]
+    values = [p.predicted for p in predict_shipped(work, jobs=jobs)] if work else []
     out = []
     for i, row in enumerate(selected):
         chunk = values[i * len(LENGTH_SHAPES):(i + 1) * len(LENGTH_SHAPES)]
