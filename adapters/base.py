@@ -296,6 +296,37 @@ class LaunchPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerWire:
+    """How batchlab talks to one engine's server: what its launched and attached plans share."""
+
+    protocol: str = "openai"
+    health_path: str = "/health"
+    version_paths: tuple[str, ...] = ("/version",)  # probed in order; the first JSON answer wins
+    telemetry: TelemetrySpec = TelemetrySpec()
+
+    def launched(self, engine: str, *, argv: tuple[str, ...], env: dict[str, str],
+                 mapping: tuple[MappedKnob, ...], host: str, port: int, model: str,
+                 config_files: dict[str, str] | None = None, stop_argv: tuple[str, ...] = (),
+                 notes: tuple[str, ...] = ()) -> LaunchPlan:
+        """The plan of a server batchlab starts at ``host:port``."""
+        return LaunchPlan(
+            engine=engine, argv=argv, env=env, config_files=config_files or {},
+            mapping=mapping, base_url=f"http://{host}:{port}", protocol=self.protocol,
+            model=model, health_path=self.health_path, version_paths=self.version_paths,
+            telemetry=self.telemetry, stop_argv=stop_argv, notes=notes,
+        )
+
+    def attached(self, engine: str, base_url: str, knobs: Knobs, *, model: str) -> LaunchPlan:
+        """The plan of a server at ``base_url`` that batchlab attaches to and does not own."""
+        return LaunchPlan(
+            engine=engine, argv=(), launch=False, mapping=not_launched_mapping(knobs, ATTACHED),
+            base_url=base_url.rstrip("/"), protocol=self.protocol, model=model,
+            health_path=self.health_path, version_paths=self.version_paths,
+            telemetry=self.telemetry,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class TokenEvent:
     """One streamed delivery from an engine: the tokens it carried and when it arrived."""
 

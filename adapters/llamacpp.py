@@ -33,17 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import (
-    ATTACHED,
     KnobError,
     KnobRule,
     Knobs,
     LaunchPlan,
     MetricSource,
+    ServerWire,
     Setting,
     TelemetrySpec,
     Unsupported,
     map_knobs,
-    not_launched_mapping,
     with_engine_defaults,
 )
 from adapters.process import free_port
@@ -208,6 +207,7 @@ TELEMETRY = TelemetrySpec(
         ("kv_usage", MetricSource(("llamacpp:kv_cache_usage_ratio",))),
     ),
 )
+WIRE = ServerWire(version_paths=("/props",), telemetry=TELEMETRY)
 
 
 def find_executable(explicit: str | None = None) -> str:
@@ -260,20 +260,11 @@ class LlamaCppAdapter:
             "--alias", served, "--host", self.host, "--port", str(port), "--metrics",
             *setting.argv,
         )
-        return LaunchPlan(
-            engine=NAME, argv=argv, env={**dict(setting.env), **self.env}, mapping=mapping,
-            base_url=f"http://{self.host}:{port}", protocol="openai", model=served,
-            health_path="/health", version_paths=("/props",), telemetry=TELEMETRY,
-        )
+        return WIRE.launched(NAME, argv=argv, env={**dict(setting.env), **self.env},
+                             mapping=mapping, host=self.host, port=port, model=served)
 
     def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
-        return LaunchPlan(
-            engine=NAME, argv=(), launch=False,
-            mapping=not_launched_mapping(knobs, ATTACHED),
-            base_url=base_url.rstrip("/"), protocol="openai",
-            model=self.served_model_name or self.model,
-            health_path="/health", version_paths=("/props",), telemetry=TELEMETRY,
-        )
+        return WIRE.attached(NAME, base_url, knobs, model=self.served_model_name or self.model)
 
 
 def reported_knobs(props: Mapping[str, Any] | None,

@@ -13,16 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from adapters.base import (
-    ATTACHED,
     CANONICAL_SIGNALS,
     KnobError,
     KnobRule,
     Knobs,
     LaunchPlan,
     MetricSource,
+    ServerWire,
     TelemetrySpec,
     Unsupported,
-    not_launched_mapping,
 )
 from adapters.llamacpp import TELEMETRY as LLAMACPP_TELEMETRY
 from adapters.vllm import TELEMETRY as VLLM_TELEMETRY
@@ -109,13 +108,11 @@ class OpenAIAdapter:
         )
 
     def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
-        return LaunchPlan(
-            engine=self.name, argv=(), launch=False,
-            mapping=not_launched_mapping(knobs, ATTACHED),
-            base_url=base_url.rstrip("/"), protocol=self.protocol, model=self.model,
-            health_path="/health",  # vLLM, llama-server, transformers serve, TGI, TRT-LLM
+        wire = ServerWire(
+            protocol=self.protocol,  # /health: vLLM, llama-server, transformers serve, TGI, TRT-LLM
             # vLLM and TRT-LLM answer /version, TGI /info, llama.cpp /props; /v1/models at least
             # names what is served
             version_paths=("/version", "/info", "/props", "/v1/models"),
             telemetry=self.telemetry or metric_spec(self.metric_map),
         )
+        return wire.attached(self.name, base_url, knobs, model=self.model)

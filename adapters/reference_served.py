@@ -13,19 +13,18 @@ import sys
 from dataclasses import dataclass, field
 
 from adapters.base import (
-    ATTACHED,
     KnobRule,
     Knobs,
     LaunchPlan,
     Setting,
     map_knobs,
-    not_launched_mapping,
     with_engine_defaults,
 )
 from adapters.process import free_port
-from adapters.vllm import TELEMETRY
+from adapters.vllm import WIRE
 
 NAME = "reference"
+TELEMETRY = WIRE.telemetry  # the served reference exposes vLLM's metric names
 
 
 def _flag(name: str, attr: str) -> KnobRule:
@@ -99,16 +98,8 @@ class ReferenceServedAdapter:
             "--host", self.host, "--port", str(port), "--served-model-name", served,
             *setting.argv,
         )
-        return LaunchPlan(
-            engine=NAME, argv=argv, env={**dict(setting.env), **self.env}, mapping=mapping,
-            base_url=f"http://{self.host}:{port}", protocol="openai", model=served,
-            health_path="/health", version_paths=("/version",), telemetry=TELEMETRY,
-        )
+        return WIRE.launched(NAME, argv=argv, env={**dict(setting.env), **self.env},
+                             mapping=mapping, host=self.host, port=port, model=served)
 
     def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
-        return LaunchPlan(
-            engine=NAME, argv=(), launch=False, mapping=not_launched_mapping(knobs, ATTACHED),
-            base_url=base_url.rstrip("/"), protocol="openai",
-            model=self.served_model_name or self.model,
-            health_path="/health", version_paths=("/version",), telemetry=TELEMETRY,
-        )
+        return WIRE.attached(NAME, base_url, knobs, model=self.served_model_name or self.model)

@@ -18,16 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapters.base import (
-    ATTACHED,
     KnobRule,
     Knobs,
     LaunchPlan,
     MetricSource,
+    ServerWire,
     Setting,
     TelemetrySpec,
     Unsupported,
     map_knobs,
-    not_launched_mapping,
     with_engine_defaults,
 )
 from adapters.process import free_port
@@ -157,6 +156,7 @@ TELEMETRY = TelemetrySpec(
             denominator=("tgi_batch_max_total_tokens",))),
     ),
 )
+WIRE = ServerWire(protocol="tgi", version_paths=("/info",), telemetry=TELEMETRY)
 
 
 def _runtime(explicit: str | None) -> str | None:
@@ -217,13 +217,9 @@ class TgiAdapter:
             launch_env = {}
             stop_argv = (runtime, "rm", "-f", container)
             notes = (f"container {container} through {runtime}; removed at teardown",)
-        return LaunchPlan(
-            engine=NAME, argv=argv, env=launch_env, mapping=mapping,
-            base_url=f"http://{self.host}:{port}", protocol="tgi",
-            model=self.served_model_name or "tgi",
-            health_path="/health", version_paths=("/info",), telemetry=TELEMETRY,
-            stop_argv=stop_argv, notes=notes,
-        )
+        return WIRE.launched(NAME, argv=argv, env=launch_env, mapping=mapping, host=self.host,
+                             port=port, model=self.served_model_name or "tgi",
+                             stop_argv=stop_argv, notes=notes)
 
     def _container_model(self) -> tuple[str, tuple[str, ...]]:
         """A local model folder is mounted read-only; a hub id uses the mounted HF cache."""
@@ -234,10 +230,4 @@ class TgiAdapter:
         return self.model, ("-v", f"{cache}:/data")
 
     def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
-        return LaunchPlan(
-            engine=NAME, argv=(), launch=False,
-            mapping=not_launched_mapping(knobs, ATTACHED),
-            base_url=base_url.rstrip("/"), protocol="tgi",
-            model=self.served_model_name or "tgi",
-            health_path="/health", version_paths=("/info",), telemetry=TELEMETRY,
-        )
+        return WIRE.attached(NAME, base_url, knobs, model=self.served_model_name or "tgi")

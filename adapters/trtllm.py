@@ -15,18 +15,17 @@ from dataclasses import dataclass, field
 import yaml
 
 from adapters.base import (
-    ATTACHED,
     CONFIG_DIR,
     KnobRule,
     Knobs,
     LaunchPlan,
     MetricSource,
+    ServerWire,
     Setting,
     TelemetrySpec,
     Unsupported,
     config_tree,
     map_knobs,
-    not_launched_mapping,
     with_engine_defaults,
 )
 from adapters.process import free_port
@@ -176,21 +175,14 @@ class TrtllmAdapter:
             "--extra_llm_api_options", f"{CONFIG_DIR}/{CONFIG_FILE}",
             *setting.argv,
         )
-        return LaunchPlan(
-            engine=NAME, argv=argv, env={**dict(setting.env), **self.env},
-            config_files={CONFIG_FILE: render_config(setting.config)},
-            mapping=mapping, base_url=f"http://{self.host}:{port}", protocol="openai",
-            model=self.served_model_name or self.model,
-            health_path="/health", version_paths=("/version",),
-            telemetry=JSON_TELEMETRY if self.json_telemetry else TELEMETRY,
-        )
+        return self._wire().launched(
+            NAME, argv=argv, env={**dict(setting.env), **self.env},
+            config_files={CONFIG_FILE: render_config(setting.config)}, mapping=mapping,
+            host=self.host, port=port, model=self.served_model_name or self.model)
 
     def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
-        return LaunchPlan(
-            engine=NAME, argv=(), launch=False,
-            mapping=not_launched_mapping(knobs, ATTACHED),
-            base_url=base_url.rstrip("/"), protocol="openai",
-            model=self.served_model_name or self.model,
-            health_path="/health", version_paths=("/version",),
-            telemetry=JSON_TELEMETRY if self.json_telemetry else TELEMETRY,
-        )
+        return self._wire().attached(NAME, base_url, knobs,
+                                     model=self.served_model_name or self.model)
+
+    def _wire(self) -> ServerWire:
+        return ServerWire(telemetry=JSON_TELEMETRY if self.json_telemetry else TELEMETRY)

@@ -20,16 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapters.base import (
-    ATTACHED,
     KnobRule,
     Knobs,
     LaunchPlan,
     MetricSource,
+    ServerWire,
     Setting,
     TelemetrySpec,
     Unsupported,
     map_knobs,
-    not_launched_mapping,
     with_engine_defaults,
 )
 from adapters.process import free_port
@@ -150,6 +149,7 @@ TELEMETRY = TelemetrySpec(
         ("batch_tokens", MetricSource(("vllm:iteration_tokens_total",), kind="histogram")),
     ),
 )
+WIRE = ServerWire(telemetry=TELEMETRY)
 
 
 def check(knobs: Knobs) -> None:
@@ -212,17 +212,8 @@ class VllmAdapter:
         env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
         env.update(dict(setting.env))
         env.update(self.env)
-        return LaunchPlan(
-            engine=NAME, argv=argv, env=env, mapping=mapping,
-            base_url=f"http://{self.host}:{port}", protocol="openai", model=served,
-            health_path="/health", version_paths=("/version",), telemetry=TELEMETRY,
-        )
+        return WIRE.launched(NAME, argv=argv, env=env, mapping=mapping, host=self.host,
+                             port=port, model=served)
 
     def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
-        return LaunchPlan(
-            engine=NAME, argv=(), launch=False,
-            mapping=not_launched_mapping(knobs, ATTACHED),
-            base_url=base_url.rstrip("/"), protocol="openai",
-            model=self.served_model_name or self.model,
-            health_path="/health", version_paths=("/version",), telemetry=TELEMETRY,
-        )
+        return WIRE.attached(NAME, base_url, knobs, model=self.served_model_name or self.model)
