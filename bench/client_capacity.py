@@ -42,6 +42,7 @@ import numpy as np
 
 from harness.live.recorder import RECORDS_FILE, read_records
 from harness.live.replay import ReplayConfig, replay
+from harness.live.testing import server_process
 from harness.timeline import RequestTimeline
 from harness.traces import Trace, TraceRequest
 
@@ -53,20 +54,6 @@ PROMPT_TOKENS = 32
 LAG_LIMIT_S = 0.001  # the target: send-lag p99 under 1 ms
 KEEP_UP_LAG_S = 0.005  # past this send-lag p50 the client has fallen behind
 DEFAULT_RATES = (25, 50, 100, 200, 400, 800, 1600)
-
-
-def start_server() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.live.testing", "--port", "0", "--ttft-s", str(TTFT_S),
-         "--itl-s", str(ITL_S), "--log-events"],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise SystemExit(f"loopback server did not start: {line!r}")
-    return proc, line.split()[-1]
 
 
 def constant_trace(rate: float, duration_s: float, tag: str) -> Trace:
@@ -329,10 +316,10 @@ def main() -> int:
     args = p.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
 
-    proc, url = start_server()
     wall0 = time.perf_counter()
     results: list[dict[str, Any]] = []
-    try:
+    with server_process("--ttft-s", str(TTFT_S), "--itl-s", str(ITL_S), "--log-events") as server:
+        url = server.url
         print(f"loopback server {url}: first chunk after {TTFT_S * 1e3:g} ms, then one every "
               f"{ITL_S * 1e3:g} ms; {OUTPUT_TOKENS} output tokens a request; constant-rate "
               f"arrivals, {args.step_s:g} s per rate; {os.cpu_count()} CPUs, load average "
@@ -382,9 +369,6 @@ def main() -> int:
                 compare_with_vllm(url, sorted({low["rate"], best["rate"], *behind}),
                                   args.step_s, Path(tmp))
             print(f"total wall time {time.perf_counter() - wall0:.1f} s")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
     return 0
 
 

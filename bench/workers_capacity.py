@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from harness.live.config import ReplayConfig
+from harness.live.testing import server_process
 from harness.live.workers import replay_workers
 from harness.traces import Trace, TraceRequest
 
@@ -39,18 +39,6 @@ TTFT_S, ITL_S, OUTPUT_TOKENS, PROMPT_TOKENS = 0.020, 0.005, 16, 32
 KEEP_UP_LAG_S = 0.005
 DEFAULT_RATES = (50, 100, 150, 200, 250, 300, 400, 500, 600, 800, 1000, 1200, 1600, 2000)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def start_server() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.live.testing", "--port", "0", "--ttft-s", str(TTFT_S),
-         "--itl-s", str(ITL_S)], stdout=subprocess.PIPE, text=True, cwd=REPO)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise SystemExit(f"loopback server did not start: {line!r}")
-    return proc, line.split()[-1]
 
 
 def cpu_s(pid: int) -> float:
@@ -163,10 +151,10 @@ def main() -> int:
     p.add_argument("--step-s", type=float, default=3.0, help="seconds of arrivals per rate")
     args = p.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
-    proc, url = start_server()
     wall0 = time.perf_counter()
-    try:
-        print(f"loopback server {url} (pid {proc.pid}): first chunk after {TTFT_S * 1e3:g} ms, "
+    with server_process("--ttft-s", str(TTFT_S), "--itl-s", str(ITL_S)) as server:
+        url = server.url
+        print(f"loopback server {url} (pid {server.pid}): first chunk after {TTFT_S * 1e3:g} ms, "
               f"then every {ITL_S * 1e3:g} ms, {OUTPUT_TOKENS} tokens; constant rate, "
               f"{args.step_s:g} s per step; {os.cpu_count()} CPUs, load average "
               f"{os.getloadavg()[0]:.1f}")
@@ -176,7 +164,7 @@ def main() -> int:
         limits: dict[int, str] = {}
         with tempfile.TemporaryDirectory() as tmp:
             for workers in (1, 2):
-                results = sweep(url, proc.pid, workers, rates, args.step_s, Path(tmp))
+                results = sweep(url, server.pid, workers, rates, args.step_s, Path(tmp))
                 kept = [r for r in results if kept_up(r)]
                 best[workers] = max(kept, key=lambda r: r["rate"]) if kept else None
                 behind = next((r for r in results if not kept_up(r)), None)
@@ -194,9 +182,6 @@ def main() -> int:
                   f"rate")
         print(f"total wall time {time.perf_counter() - wall0:.1f} s; load average "
               f"{os.getloadavg()[0]:.1f}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
     return 0
 
 

@@ -29,9 +29,10 @@ import asyncio
 import contextlib
 import json
 import signal
+import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -398,6 +399,29 @@ async def serve_until_signal(server: ScheduledStreamServer, *, announce: bool = 
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await server.stop()
+
+
+@dataclass(frozen=True)
+class ServerProcess:
+    url: str
+    pid: int
+
+
+@contextlib.contextmanager
+def server_process(*args: str) -> Iterator[ServerProcess]:
+    """This server in a process of its own (``args``: this module's flags, ``--port 0``
+    already given); stopped on exit."""
+    proc = subprocess.Popen([sys.executable, "-m", "harness.live.testing", "--port", "0", *args],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"the loopback server did not start: {line!r}")
+        yield ServerProcess(line.split()[-1], proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
 
 
 if __name__ == "__main__":

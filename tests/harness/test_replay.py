@@ -26,6 +26,7 @@ from harness.live.recorder import RECORDS_FILE, read_records
 from harness.live.replay import ReplayConfig, replay
 from harness.live.rundir import rebuild_summary
 from harness.live.testing import ScheduledStreamServer
+from harness.live.testing import server_process as loopback_process
 from harness.metrics import Slo
 from harness.timeline import ERROR_KINDS, RequestTimeline
 from harness.traces import Trace, TraceRequest
@@ -362,19 +363,8 @@ def test_api_key_goes_in_the_header_and_nowhere_else(
 
 @pytest.fixture(scope="module")
 def server_process() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.live.testing", "--port", "0", "--ttft-s", "0.01",
-         "--itl-s", "0.01"],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("listening on "), line
-    try:
-        yield line.split()[-1]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
+    with loopback_process("--ttft-s", "0.01", "--itl-s", "0.01") as server:
+        yield server.url
 
 
 def test_cli_replay_and_summarize(tmp_path: Path, server_process: str,

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from harness.live.testing import server_process as loopback_process
+
 REPO = Path(__file__).resolve().parents[3]
 SMALL_TRACE = ("--model", "llama-3.1-8b", "--trace", "synthetic", "--num-requests", "3",
                "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "4")
@@ -99,19 +101,8 @@ def kill_quietly(pids: set[int]) -> None:
 @pytest.fixture(scope="module")
 def loopback() -> Iterator[str]:
     """The loopback test server (``harness.live.testing``) in its own process; its URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.live.testing", "--port", "0", "--ttft-s", "0.01",
-         "--itl-s", "0.01"],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("listening on "), line
-    try:
-        yield line.split()[-1]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
+    with loopback_process("--ttft-s", "0.01", "--itl-s", "0.01") as server:
+        yield server.url
 
 
 class Helpers:
