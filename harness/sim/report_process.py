@@ -85,11 +85,6 @@ class ReportProcess:
         """Every result of ``run_dir`` is on disk: the child writes ``report.md`` (``wait``)."""
         self._send({"render": str(run_dir)})
 
-    def render(self, run_dir: Path) -> bool:
-        """``folder_written`` and ``wait``."""
-        self.folder_written(run_dir)
-        return self.wait(run_dir)
-
     def wait(self, run_dir: Path) -> bool:
         """Wait for ``run_dir/report.md``; False when the child has no report code (no
         matplotlib). Raises what the child raised (module doc)."""

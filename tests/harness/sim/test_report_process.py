@@ -49,7 +49,8 @@ def _render_in_a_child(run: Path, expected: type[Exception]) -> Exception:
     assert reporter is not None
     try:
         with pytest.raises(expected) as raised:
-            reporter.render(run)
+            reporter.folder_written(run)
+            reporter.wait(run)
     finally:
         reporter.close()
     return raised.value
@@ -83,7 +84,8 @@ def test_a_child_that_died_is_reported(tmp_path: Path) -> None:
     try:
         os.kill(reporter.pid, signal.SIGKILL)
         with pytest.raises(ReportError, match="without an answer"):
-            reporter.render(run)
+            reporter.folder_written(run)
+            reporter.wait(run)
     finally:
         reporter.close()
 
