@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.cost_model import profile_accuracy, profile_metadata
 from harness.report.format import fmt_pct
@@ -45,3 +47,12 @@ def test_a_catalog_cell_shows_the_catalog_accuracy() -> None:
 
 def test_an_old_run_without_a_prediction_record_still_says_predicted() -> None:
     assert "accuracy not recorded" in _prediction_of({"mode": "simulated"})
+
+
+def test_the_catalog_accuracy_is_the_one_docs_published_md_measured() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "published.md").read_text()
+    row = next(ln for ln in doc.splitlines() if ln.startswith("| all |"))
+    count, median, worst = (cell.strip() for cell in row.split("|")[2:5])
+    assert int(count) == CATALOG_ACCURACY["num_rows"]
+    assert median == f"{100 * float(str(CATALOG_ACCURACY['median_abs_error'])):.1f}%"
+    assert worst == f"{100 * float(str(CATALOG_ACCURACY['worst_abs_error'])):.0f}%"
