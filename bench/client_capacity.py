@@ -205,23 +205,13 @@ def vllm_unavailable() -> str | None:
     return None
 
 
-class VllmClient:
-    """vLLM's benchmark client in its own process, imported once, run on demand."""
+class VllmBenchProcess:
+    """vLLM's benchmark client in its own process (``argv`` runs a driver that prints
+    BATCHLAB_READY, then answers each stdin line with a BATCHLAB_RESULT line of JSON)."""
 
-    def __init__(self, url: str, tokenizer: Path) -> None:
-        argv = [
-            str(VLLM_PYTHON), "-c", _VLLM_DRIVER,
-            "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
-            "--model", "loopback", "--tokenizer", str(tokenizer),
-            "--dataset-name", "random", "--random-input-len", str(PROMPT_TOKENS),
-            "--random-output-len", str(OUTPUT_TOKENS), "--random-range-ratio", "0",
-            "--burstiness", "inf", "--ignore-eos", "--disable-tqdm",
-            "--percentile-metrics", "ttft,tpot,itl",
-        ]
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                            "PATH": "/usr/bin:/bin", "VLLM_LOGGING_LEVEL": "WARNING"})
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
 
     def _read_until(self, prefix: str) -> str | None:
         assert self.proc.stdout is not None
@@ -237,9 +227,10 @@ class VllmClient:
             return "vllm bench serve did not start: " + " | ".join(err.strip().splitlines()[-3:])
         return None
 
-    def run(self, rate: float, num: int) -> dict[str, Any] | str:
+    def ask(self, request: str) -> dict[str, Any] | str:
+        """The driver's result for one request line, or why there is none."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{rate} {num}\n")
+        self.proc.stdin.write(request + "\n")
         self.proc.stdin.flush()
         result = self._read_until("BATCHLAB_RESULT ")
         if result is None:
@@ -247,13 +238,32 @@ class VllmClient:
         out: dict[str, Any] = json.loads(result)
         return out
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 30) -> None:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         try:
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+class VllmClient(VllmBenchProcess):
+    """vLLM's benchmark client at a constant rate of fixed-length random prompts."""
+
+    def __init__(self, url: str, tokenizer: Path) -> None:
+        super().__init__([
+            str(VLLM_PYTHON), "-c", _VLLM_DRIVER,
+            "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+            "--model", "loopback", "--tokenizer", str(tokenizer),
+            "--dataset-name", "random", "--random-input-len", str(PROMPT_TOKENS),
+            "--random-output-len", str(OUTPUT_TOKENS), "--random-range-ratio", "0",
+            "--burstiness", "inf", "--ignore-eos", "--disable-tqdm",
+            "--percentile-metrics", "ttft,tpot,itl",
+        ], {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+            "VLLM_LOGGING_LEVEL": "WARNING"})
+
+    def run(self, rate: float, num: int) -> dict[str, Any] | str:
+        return self.ask(f"{rate} {num}")
 
 
 def arrival_gap_error(recv_ns: list[int], rate: float) -> tuple[float, float]:

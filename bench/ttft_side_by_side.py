@@ -47,7 +47,7 @@ from typing import Any
 import httpx
 
 # (a script's own folder is first on sys.path: bench/client_capacity.py drives vLLM's client too)
-from client_capacity import VLLM_PYTHON, make_tokenizer, vllm_unavailable
+from client_capacity import VLLM_PYTHON, VllmBenchProcess, make_tokenizer, vllm_unavailable
 
 import harness.live.sse_client as sse_client
 from adapters.reference.config import ReferenceConfig
@@ -135,36 +135,21 @@ def write_timed_trace(trace: Trace, path: Path) -> None:
                     + "\n")
 
 
-class VllmClient:
-    """vLLM's benchmark client in its own process, imported once, run on demand."""
+class VllmClient(VllmBenchProcess):
+    """vLLM's benchmark client replaying a timed trace."""
 
     def __init__(self, url: str, model: str, tmp: Path) -> None:
         make_tokenizer(tmp / "tok")
-        argv = [str(VLLM_PYTHON), "-c", _VLLM_DRIVER,
-                "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
-                "--model", model, "--tokenizer", str(tmp / "tok"),
-                "--dataset-name", "timed_trace",
-                "--timed-trace-chunk-hash-size", str(CHUNK_HASH_TOKENS), "--disable-tqdm",
-                "--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50,90,99"]
-        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-               "VLLM_LOGGING_LEVEL": "WARNING", "HOME": str(tmp)}
+        super().__init__(
+            [str(VLLM_PYTHON), "-c", _VLLM_DRIVER,
+             "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+             "--model", model, "--tokenizer", str(tmp / "tok"),
+             "--dataset-name", "timed_trace",
+             "--timed-trace-chunk-hash-size", str(CHUNK_HASH_TOKENS), "--disable-tqdm",
+             "--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50,90,99"],
+            {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+             "VLLM_LOGGING_LEVEL": "WARNING", "HOME": str(tmp)})
         self.tmp = tmp
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env)
-
-    def _read_until(self, prefix: str) -> str | None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith(prefix):
-                return line[len(prefix):].strip()
-        return None
-
-    def ready(self) -> str | None:
-        """None when it started, else why not."""
-        if self._read_until("BATCHLAB_READY") is None:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            return "vllm bench serve did not start: " + " | ".join(err.strip().splitlines()[-3:])
-        return None
 
     def run(self, trace: Trace, *, closed: bool) -> dict[str, float] | str:
         """The trace at its arrival instants, or (closed) one request at a time."""
@@ -173,24 +158,15 @@ class VllmClient:
         extra = ["--dataset-path", str(path), "--num-prompts", str(len(trace.requests))]
         if closed:
             extra += ["--no-self-timed", "--request-rate", "inf", "--max-concurrency", "1"]
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(extra) + "\n")
-        self.proc.stdin.flush()
-        line = self._read_until("BATCHLAB_RESULT ")
-        if line is None:
-            return "vllm bench serve stopped"
-        r = json.loads(line)
+        r = self.ask(json.dumps(extra))
+        if isinstance(r, str):
+            return r
         return {"ttft_p50": r["p50_ttft_ms"] / 1e3, "ttft_p90": r["p90_ttft_ms"] / 1e3,
                 "tpot_p50": r["p50_tpot_ms"] / 1e3, "failed": r["failed"],
                 "num": r["completed"] + r["failed"]}
 
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+    def close(self, timeout_s: float = 60) -> None:
+        super().close(timeout_s)
 
 
 @contextlib.contextmanager
