@@ -24,7 +24,7 @@ from adapters.base import (
     TelemetrySpec,
     Unsupported,
 )
-from adapters.knobs import DTYPES, POLICIES, PREEMPTIONS
+from adapters.knobs import DTYPES, POLICIES, PREEMPTIONS, ReferenceKnobs
 
 ENGINES = ("vllm", "tgi", "trtllm", "llamacpp", "openai", "reference")
 
@@ -73,10 +73,17 @@ def make_adapter(
     runtime: str | None = None,
     metric_map: str | Mapping[str, str] | None = None,
     gpu: str | None = None,
+    profile: str | None = None,
+    reference: ReferenceKnobs | None = None,
 ) -> Engine:
     """An adapter by engine name. ``executable``: vLLM's or the reference's python, the
-    trtllm-serve command or the llama-server binary; ``gpu``: the served reference's GPU."""
+    trtllm-serve command or the llama-server binary; ``gpu``, ``profile`` (an engine profile
+    to predict with) and ``reference`` (admission, KV blocks): the served reference's."""
     env = dict(env or {})
+    if name != "reference" and (profile is not None
+                                or (reference is not None and reference != ReferenceKnobs())):
+        raise ValueError(f"{name}: an engine profile and the reference settings (admission, "
+                         "KV blocks) apply to the reference engine only")
     if name == "vllm":
         return vllm.VllmAdapter(
             model=model, served_model_name=served_model_name, host=host, port=port,
@@ -102,7 +109,7 @@ def make_adapter(
     if name == "reference":
         return reference_served.ReferenceServedAdapter(
             model=model, served_model_name=served_model_name, host=host, port=port, gpu=gpu,
-            python=executable, env=env,
+            python=executable, env=env, profile=profile, reference=reference or ReferenceKnobs(),
         )
     raise ValueError(f"unknown engine {name!r}; engines: {', '.join(ENGINES)}")
 

@@ -20,6 +20,7 @@ from adapters.base import (
     map_knobs,
     with_engine_defaults,
 )
+from adapters.knobs import ReferenceKnobs
 from adapters.process import free_port
 from adapters.vllm import WIRE
 
@@ -84,6 +85,8 @@ class ReferenceServedAdapter:
     gpu: str | None = None  # catalog GPU; None: the reference's default
     python: str | None = None  # default: the running interpreter
     env: dict[str, str] = field(default_factory=dict)
+    profile: str | None = None  # an engine profile (name or file) its cost model predicts with
+    reference: ReferenceKnobs = field(default_factory=ReferenceKnobs)  # admission, KV blocks
     name: str = NAME
     rules: tuple[KnobRule, ...] = RULES
 
@@ -96,10 +99,20 @@ class ReferenceServedAdapter:
             self.python or sys.executable, "-m", "harness.cli", "serve", "reference",
             "--model", self.model, *(("--gpu", self.gpu) if self.gpu else ()),
             "--host", self.host, "--port", str(port), "--served-model-name", served,
-            *setting.argv,
+            *self._reference_argv(), *setting.argv,
         )
         return WIRE.launched(NAME, argv=argv, env={**dict(setting.env), **self.env},
                              mapping=mapping, host=self.host, port=port, model=served)
 
     def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
         return WIRE.attached(NAME, base_url, knobs, model=self.served_model_name or self.model)
+
+    def _reference_argv(self) -> tuple[str, ...]:
+        """The profile and the reference's own settings, as ``serve reference`` flags."""
+        self.reference.validate()
+        argv: list[str] = ["--profile", self.profile] if self.profile else []
+        for name in ReferenceKnobs.names():
+            value = getattr(self.reference, name)
+            if value is not None:
+                argv += [f"--{name.replace('_', '-')}", str(value)]
+        return tuple(argv)

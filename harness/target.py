@@ -43,11 +43,11 @@ class TargetSpec:
     engine: str  # "reference" when simulated; an adapter name (vllm, tgi, ...) when live
     mode: Mode
     knobs: Knobs = UNSET
-    reference: ReferenceKnobs = NO_REFERENCE_KNOBS  # simulated reference only
+    reference: ReferenceKnobs = NO_REFERENCE_KNOBS  # the reference (simulated or served) only
     model: str = "llama-3.1-8b"
     served_model_name: str | None = None
     gpu: str | None = None
-    profile: str | None = None  # simulated: cost-model profile name or path
+    profile: str | None = None  # the reference (simulated or served): profile name or path
     url: str | None = None  # attach: the running server
     allow_approximate: bool = False
     engine_env: Mapping[str, str] = field(default_factory=dict)

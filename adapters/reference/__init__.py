@@ -2,7 +2,8 @@
 
 Plain Python: no asyncio, no HTTP, nothing from ``harness``. Entry points:
 ``EngineCore`` for driving steps (``harness.sim`` runs it on a virtual clock, ``harness.serve``
-on the wall clock); ``costmodel_table`` / ``costmodel_report`` for ``batchlab costmodel``.
+on the wall clock); ``costmodel_table`` / ``costmodel_report`` for ``batchlab costmodel``;
+``prediction_record``: what every number it produces is a prediction of, and how accurate.
 docs/cost-model.md explains the model and its constants.
 """
 
@@ -11,9 +12,11 @@ from adapters.reference.cost_model import CostModel, CostModelParams, ProfileErr
 from adapters.reference.engine import STEP_COLUMNS, EngineCore, VirtualClock
 from adapters.reference.hardware import GPUS, known_gpus
 from adapters.reference.models import MODELS, known_models
+from adapters.reference.prediction import CATALOG_ACCURACY, prediction_record
 from adapters.reference.table import CostRow, costmodel_report, costmodel_table
 
 __all__ = [
+    "CATALOG_ACCURACY",
     "GPUS",
     "MODELS",
     "STEP_COLUMNS",
@@ -31,4 +34,5 @@ __all__ = [
     "known_gpus",
     "known_models",
     "load_profile",
+    "prediction_record",
 ]

@@ -15,6 +15,7 @@ from harness.cli.common import (
     command_line,
     knobs_from_args,
     parse_slo,
+    print_predicted,
     trace_options,
 )
 from harness.cli.live import add_engine_options, live_target_spec
@@ -112,8 +113,22 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     _print_table(results, spec)
+    _print_predicted(results)
     print(f"report: {out / 'report.md'}")
     return 1 if any(r.result is None for r in results) else 0
+
+
+def _print_predicted(results: list[SettingResult]) -> None:
+    """The simulated settings' capacities are predictions: of which model, how accurate."""
+    from harness.sim.target import SimulatedTarget
+
+    by_config: dict[Any, list[str]] = {}
+    for r in results:
+        if r.setting.plan.spec.simulated:
+            config = SimulatedTarget(r.setting.plan.spec).config()
+            by_config.setdefault(config, []).append(r.setting.name)
+    for config, names in by_config.items():
+        print_predicted(config, names=names)
 
 
 def _log(text: str) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.knobs import REFERENCE, UNIFORM, KnobError, Knobs, KnobSpec, ReferenceKnobs
 
 if TYPE_CHECKING:
+    from adapters.reference.config import ReferenceConfig
     from harness.metrics import Slo
     from harness.traces import Trace, TraceOptions
 
@@ -292,6 +293,17 @@ def print_headline(summary: dict[str, Any]) -> None:
         f"TPOT p50 {fmt_s(summary['tpot_s']['p50'])} p99 {fmt_s(summary['tpot_s']['p99'])}; "
         f"{summary['num_preemptions']} preemptions"
     )
+
+
+def print_predicted(config: ReferenceConfig, *, names: Sequence[str] = ()) -> None:
+    """Say that the figures printed are predictions, by which engine model, and how accurate
+    that kind of prediction was measured to be (the report's "Predicted" row, in plain text).
+    ``names``: the settings it applies to, when not all."""
+    from adapters.reference.prediction import prediction_record
+    from harness.prediction import prediction_text
+
+    whose = f"{', '.join(names)}: " if names else "figures above: "
+    print(whose + prediction_text(prediction_record(config)))
 
 
 def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> None:

@@ -19,6 +19,7 @@ from harness.cli.common import (
     load_trace,
     parse_slo,
     print_headline,
+    print_predicted,
     progress_bar,
     reference_knobs_from_args,
 )
@@ -172,7 +173,7 @@ def closed_loop_from_args(args: argparse.Namespace) -> ClosedLoop | None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     trace = load_trace(args)
     target = SimulatedTarget(reference_spec(args))
-    reference_config(args)  # configuration errors before anything is written
+    config = reference_config(args)  # configuration errors before anything is written
     slo = parse_slo(args.slo)
     closed_loop = closed_loop_from_args(args)
     out = Path(args.out)
@@ -187,6 +188,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     print_headline(summary)
+    print_predicted(config)
     print(f"results: {out}/ (report: {out / 'report.md'})")
     return 0
 
@@ -230,6 +232,8 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
             gpu_memory_utilization=config.gpu_memory_utilization))
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    print()
+    print_predicted(config)
     return 0
 
 

@@ -101,13 +101,24 @@ def plan_for(spec: TargetSpec) -> LaunchPlan:
         raise KnobError(f"{spec.engine}: a simulated target has no launch plan")
     if (spec.mode == "attach") != (spec.url is not None):
         raise KnobError("give exactly one of --launch (start the engine) or --url URL (attach)")
-    adapter = make_adapter(
-        spec.engine, model=spec.model, served_model_name=spec.served_model_name,
-        port=spec.port, env=spec.engine_env, executable=spec.executable, runtime=spec.runtime,
-        metric_map=spec.metric_map, gpu=spec.gpu,
-    )
+    try:
+        adapter = make_adapter(
+            spec.engine, model=spec.model, served_model_name=spec.served_model_name,
+            port=spec.port, env=spec.engine_env, executable=spec.executable,
+            runtime=spec.runtime, metric_map=spec.metric_map, gpu=spec.gpu,
+            profile=spec.profile, reference=spec.reference,
+        )
+    except ValueError as exc:
+        raise KnobError(str(exc)) from None
     if spec.url is not None:
         given = [n for n in spec.knobs.given_names() if n != "max_model_len"]
+        # the served reference's own settings cannot reach it either (its block size is 16
+        # unless it was started with another: a scenario states 16 by default)
+        given += [n for n, v in (("profile", spec.profile),
+                                 ("admission", spec.reference.admission),
+                                 ("num_gpu_blocks", spec.reference.num_gpu_blocks),
+                                 ("swap_space_gib", spec.reference.swap_space_gib))
+                  if v is not None]
         if given and not spec.allow_approximate:
             raise KnobError(
                 f"{spec.engine} at {spec.url} was started outside batchlab, so knobs cannot "

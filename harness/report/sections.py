@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
+from harness.prediction import SERVED, prediction_text
 from harness.redact import redact_argv
 from harness.report.context import ReportContext, class_name, metrics_link, priority_sort_key
 from harness.report.curves import BatchRow, CapacityRow, Series, roofline_of
@@ -87,42 +87,33 @@ def header(cells: Sequence[CellResult], base: CellResult | None, ctx: ReportCont
 
 
 def _prediction_text(cells: Sequence[CellResult]) -> str:
-    """Which cells are predictions (simulated), by what, and how accurate that kind of
-    prediction was measured to be against published real-hardware figures."""
+    """Which cells are predictions, by what, and how accurate that kind of prediction was
+    measured to be against published real-hardware figures: simulated cells, and live cells
+    whose server was the reference engine served (its ``/version`` answer, kept in the
+    manifest's ``engine.version_probe``, carries the record)."""
     groups: dict[str, list[str]] = {}
     for c in cells:
-        engine = c.manifest.get("engine")
-        if not isinstance(engine, Mapping) or engine.get("mode") != "simulated":
-            continue
-        groups.setdefault(_prediction_of(engine), []).append(code(c.name))
+        text = _prediction_of(c.manifest.get("engine"))
+        if text:
+            groups.setdefault(text, []).append(code(c.name))
     return "<br>".join(f"{', '.join(names)}: {text}" for text, names in groups.items())
 
 
-def _prediction_of(engine: Mapping[str, Any]) -> str:
-    prediction = engine.get("prediction")
-    if not isinstance(prediction, Mapping):
-        return "**predicted** by the reference engine (accuracy not recorded in this run)"
-    accuracy = prediction.get("accuracy")
-    acc = accuracy if isinstance(accuracy, Mapping) else {}
-    if prediction.get("profile"):
-        what = f"**predicted** by the reference engine with profile {code(prediction['profile'])}"
-        median, worst = acc.get("held_out_median_abs_error"), acc.get("held_out_worst_abs_error")
-        if median is None:
-            return what + "; its accuracy was not measured against published figures"
-        text = (what + f"; on published figures it was not fitted on it missed by a median "
-                f"{fmt_pct(median)} (worst {fmt_pct(worst)}")
-        pub_n = acc.get("held_out_published_num_rows")
-        if pub_n and pub_n != acc.get("held_out_num_rows"):
-            text += (f"; {fmt_pct(acc.get('held_out_published_median_abs_error'))} "
-                     f"(worst {fmt_pct(acc.get('held_out_published_worst_abs_error'))}) on the "
-                     f"{pub_n} whose workload is fully published")
-        return text + ", docs/fidelity.md)"
-    median, worst = acc.get("median_abs_error"), acc.get("worst_abs_error")
-    text = "**predicted** by the reference engine with the catalog's datasheet coefficients"
-    if median is None:
-        return text
-    return (text + f"; on {acc.get('num_rows')} published figures it missed by a median "
-            f"{fmt_pct(median)} (worst {fmt_pct(worst)}, docs/published.md)")
+def _prediction_of(engine: object) -> str:
+    """The cell's prediction in words; '' for a measurement of a real engine."""
+    if not isinstance(engine, Mapping):
+        return ""
+    if engine.get("mode") == "simulated":
+        return prediction_text(engine.get("prediction"), mark=_bold, code=code)
+    probe = engine.get("version_probe")
+    body = probe.get("body") if isinstance(probe, Mapping) else None
+    if isinstance(body, Mapping) and "prediction" in body:
+        return prediction_text(body["prediction"], by=SERVED, mark=_bold, code=code)
+    return ""
+
+
+def _bold(text: str) -> str:
+    return f"**{text}**"
 
 
 def _trace_text(c: CellResult) -> str:

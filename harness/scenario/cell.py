@@ -50,16 +50,18 @@ def run_cell(job: CellJob, out_dir: Path, progress: ProgressFn) -> Mapping[str, 
 def target_spec(cell: Cell, model: str, gpu: str | None) -> TargetSpec:
     """The cell's engine as a target: the simulated reference, or a live engine."""
     engine = cell.engine
+    # the reference's own settings and profile: simulated, or served live (`serve reference`)
+    reference = ReferenceKnobs.from_mapping({
+        "admission": engine.admission, "num_gpu_blocks": engine.num_gpu_blocks,
+        "block_size": engine.block_size,
+    }) if engine.engine == "reference" else ReferenceKnobs()
     if engine.mode == "simulated":
-        reference = ReferenceKnobs.from_mapping({
-            "admission": engine.admission, "num_gpu_blocks": engine.num_gpu_blocks,
-            "block_size": engine.block_size,
-        })
         return TargetSpec("reference", "simulate", knobs=cell.knobs, reference=reference,
                           model=engine.model or model, gpu=gpu, profile=engine.profile)
     return TargetSpec(
         engine.engine, "launch" if engine.launch else "attach", knobs=cell.knobs,
-        model=engine.model or model, served_model_name=engine.served_model_name, gpu=gpu,
+        reference=reference, model=engine.model or model,
+        served_model_name=engine.served_model_name, gpu=gpu, profile=engine.profile,
         url=engine.url, allow_approximate=engine.allow_approximate,
         engine_env=dict(engine.env), executable=engine.executable, runtime=engine.runtime,
         port=engine.port, ready_timeout_s=engine.ready_timeout_s,

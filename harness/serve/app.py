@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from adapters.process import NONCE_ENV
 from adapters.reference.config import ReferenceConfig
+from adapters.reference.prediction import prediction_record
 from harness.manifest import batchlab_version
 from harness.serve.loop import ENGINE_NAME, ServedEngine
 from harness.serve.metrics import PrometheusMetrics
@@ -44,6 +45,7 @@ class ReferenceServer:
                  tokenizer_path: str | None = None,
                  on_ready: Callable[[], None] | None = None) -> None:
         self.config = config
+        self._prediction = prediction_record(config)
         self.engine = ServedEngine(config)
         self.model_name = served_model_name or config.model
         self.counter = PromptCounter(tokenizer_path)
@@ -89,9 +91,12 @@ class ReferenceServer:
 
     async def version(self, _request: StarletteRequest) -> Response:
         # launch_nonce: the launcher's BATCHLAB_LAUNCH_NONCE, so it can tell this server from
-        # another one answering on the same port (adapters.process.ServerProcess.wait_ready)
+        # another one answering on the same port (adapters.process.ServerProcess.wait_ready).
+        # prediction: every timing this server produces is a prediction; a live run keeps this
+        # answer in its manifest (engine.version_probe), and its report says so.
         return JSONResponse({"version": batchlab_version(), "engine": ENGINE_NAME,
-                             "launch_nonce": os.environ.get(NONCE_ENV)})
+                             "launch_nonce": os.environ.get(NONCE_ENV),
+                             "prediction": self._prediction})
 
     async def prometheus(self, _request: StarletteRequest) -> Response:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

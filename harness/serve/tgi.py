@@ -14,6 +14,7 @@ from typing import Any
 from starlette.requests import Request as StarletteRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from adapters.reference.prediction import prediction_record
 from adapters.reference.request import Request
 from harness.manifest import batchlab_version
 from harness.serve.bodies import ApiError, bool_field, int_field, read_json
@@ -81,6 +82,8 @@ class TgiRoutes:
             "router": ENGINE_NAME, "version": batchlab_version(), "sha": None,
             "docker_label": None, "prompt_token_rule": self.counter.rule,
             "reference": self.engine.config.as_dict(),
+            # every timing this server produces is a prediction (see the app's /version)
+            "prediction": prediction_record(self.engine.config),
         })
 
     async def _respond(self, request: StarletteRequest, *, stream: bool, as_list: bool,

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from adapters.reference import ReferenceConfig
-from adapters.reference.cost_model import ProfileError, profile_accuracy
+from adapters.reference.prediction import prediction_record
 from harness.manifest import (
     batchlab_version,
     run_fields,
@@ -52,28 +52,6 @@ def reference_engine_manifest(config: ReferenceConfig, num_kv_blocks_total: int)
         "num_kv_blocks_total": num_kv_blocks_total,
         "prediction": prediction_record(config),
     }
-
-
-# What the catalog's datasheet coefficients (no engine profile) miss by: 167 published rows of
-# TensorRT-LLM on H100-SXM and H200 and vLLM on H100-SXM, simulated with the catalog
-# coefficients and each engine's scheduler defaults (docs/published.md, "Catalog coefficients").
-CATALOG_ACCURACY = {
-    "median_abs_error": 0.171, "worst_abs_error": 1.10, "num_rows": 167,
-    "note": "catalog datasheet coefficients, no engine overheads",
-    "source": "docs/published.md",
-}
-
-
-def prediction_record(config: ReferenceConfig) -> dict[str, Any]:
-    """Every simulated number is a prediction: of which engine model, and how accurate that
-    kind of prediction has been measured to be."""
-    if config.profile is None:
-        return {"kind": "catalog", "profile": None, "accuracy": CATALOG_ACCURACY}
-    try:
-        accuracy = profile_accuracy(config.profile)
-    except ProfileError:
-        accuracy = None
-    return {"kind": "profile", "profile": config.profile, "accuracy": accuracy}
 
 
 def run_simulation(

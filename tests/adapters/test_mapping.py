@@ -18,6 +18,7 @@ from adapters.base import (
     config_tree,
     map_knobs,
 )
+from adapters.knobs import ReferenceKnobs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -418,6 +419,31 @@ def test_served_reference_flags() -> None:
     assert argv[-2:] == ("--block-size", "32")
     swap = adapter.plan(Knobs(preemption="swap")).argv
     assert flag_value(swap, "--preemption") == "swap" and "--admission" not in swap
+
+
+def test_served_reference_profile_and_own_settings() -> None:
+    adapter = catalog.make_adapter(
+        "reference", model="llama-3.1-8b", profile="vllm-h100-sxm",
+        reference=ReferenceKnobs(admission="reserve", num_gpu_blocks=900, block_size=32))
+    argv = adapter.plan(Knobs(max_num_seqs=8)).argv
+    assert flag_value(argv, "--profile") == "vllm-h100-sxm"
+    assert flag_value(argv, "--admission") == "reserve"
+    assert flag_value(argv, "--num-gpu-blocks") == "900"
+    assert flag_value(argv, "--block-size") == "32"
+    assert "--swap-space-gib" not in argv
+    assert argv.index("--profile") < argv.index("--max-num-seqs")  # knobs' extra_args last
+    with pytest.raises(KnobError, match="num_gpu_blocks"):
+        catalog.make_adapter("reference", model="llama-3.1-8b",
+                             reference=ReferenceKnobs(num_gpu_blocks=0)).plan(Knobs())
+
+
+@pytest.mark.parametrize("engine", ["vllm", "tgi", "trtllm", "llamacpp", "openai"])
+def test_a_profile_or_reference_setting_for_another_engine_is_refused(engine: str) -> None:
+    with pytest.raises(ValueError, match="reference engine only"):
+        catalog.make_adapter(engine, model="m", profile="vllm-h100-sxm")
+    with pytest.raises(ValueError, match="reference engine only"):
+        catalog.make_adapter(engine, model="m", reference=ReferenceKnobs(admission="reserve"))
+    catalog.make_adapter(engine, model="m", reference=ReferenceKnobs())  # nothing set: fine
 
 
 def test_make_adapter_rejects_unknown_engines() -> None:

@@ -14,9 +14,11 @@ import pytest
 
 from adapters import vllm
 from adapters.base import KnobError, Knobs
+from adapters.knobs import ReferenceKnobs
 from adapters.process import EngineStartError, ServerProcess, free_port
 from harness.cli import main
 from harness.live import run as live
+from harness.report import render_run_report
 from harness.target import UNSET, RunOptions, TargetSpec
 from harness.traces import Trace, TraceRequest
 
@@ -158,6 +160,21 @@ def test_attach_refuses_knobs_it_cannot_apply() -> None:
                  url="http://127.0.0.1:9", model="m", dry_run=True, out=io.StringIO())
 
 
+@pytest.mark.parametrize("spec", [{"profile": "vllm-h100-sxm"},
+                                  {"reference": ReferenceKnobs(num_gpu_blocks=100)}])
+def test_attach_refuses_the_served_references_own_settings(spec: dict[str, Any]) -> None:
+    name = "profile" if "profile" in spec else "num_gpu_blocks"
+    with pytest.raises(KnobError, match=name):
+        run_live("reference", Knobs(), small_trace(), {}, "unused", launch=False,
+                 url="http://127.0.0.1:9", model="m", dry_run=True, out=io.StringIO(), **spec)
+
+
+def test_a_profile_for_another_engine_is_refused_at_plan_time() -> None:
+    with pytest.raises(KnobError, match="reference engine only"):
+        run_live("vllm", Knobs(), small_trace(), {}, "unused", launch=True, model="m",
+                 dry_run=True, out=io.StringIO(), profile="vllm-h100-sxm")
+
+
 def test_openai_is_not_launched() -> None:
     with pytest.raises(KnobError, match="--url"):
         run_live("openai", Knobs(), small_trace(), {}, "unused", launch=True, model="m",
@@ -175,13 +192,22 @@ def test_served_reference_end_to_end(tmp_path: Path) -> None:
     summary = run_live(
         "reference", Knobs(max_num_seqs=4, max_num_batched_tokens=256), trace,
         {"timeout_s": 60}, out, launch=True, model="llama-3.1-8b", gpu="h100-sxm",
-        ready_timeout_s=120, telemetry_interval_s=0.02,
+        ready_timeout_s=120, telemetry_interval_s=0.02, profile="vllm-h100-sxm",
     )
     assert summary["num_completed"] == 12
     manifest = json.loads((out / "manifest.json").read_text())
     argv = manifest["launch"]["argv"]
     assert argv[argv.index("--max-num-seqs") + 1] == "4"
+    assert argv[argv.index("--profile") + 1] == "vllm-h100-sxm"
     assert manifest["engine"]["version"] is not None
+    # its timings are the profile's predictions: the server says so, and so does the report
+    prediction = manifest["engine"]["version_probe"]["body"]["prediction"]
+    assert prediction["profile"] == "vllm-h100-sxm" and prediction["accuracy"]
+    render_run_report(out)
+    predicted = next(ln for ln in (out / "report.md").read_text().splitlines()
+                     if ln.startswith("| Predicted |"))
+    assert "**predicted** by the reference engine served over HTTP" in predicted
+    assert "`vllm-h100-sxm`" in predicted and "docs/fidelity.md" in predicted
     assert manifest["engine"]["exit"]["signal_used"] in ("SIGTERM", "none")
     telemetry = pq.read_table(out / "telemetry.parquet").to_pylist()
     running = [r["num_running"] for r in telemetry if r["num_running"] is not None]

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.cost_model import profile_accuracy, profile_metadata
+from adapters.reference.prediction import CATALOG_ACCURACY, prediction_record
+from harness.cli import main
+from harness.prediction import SERVED, prediction_text
 from harness.report.format import fmt_pct
 from harness.report.sections import _prediction_of
-from harness.sim.run import CATALOG_ACCURACY, prediction_record
+
+EXCERPT = Path(__file__).resolve().parents[2] / "harness" / "data" / "azure_conv_excerpt.csv"
 
 
 def _label(config: ReferenceConfig) -> str:
@@ -56,3 +62,40 @@ def test_the_catalog_accuracy_is_the_one_docs_published_md_measured() -> None:
     assert int(count) == CATALOG_ACCURACY["num_rows"]
     assert median == f"{100 * float(str(CATALOG_ACCURACY['median_abs_error'])):.1f}%"
     assert worst == f"{100 * float(str(CATALOG_ACCURACY['worst_abs_error'])):.0f}%"
+
+
+def test_the_plain_wording_is_the_reports_without_its_markup() -> None:
+    record = prediction_record(ReferenceConfig(model="llama-3.1-8b", profile="vllm-h200"))
+    plain = prediction_text(record)
+    assert plain.startswith("predicted by the reference engine with profile vllm-h200; ")
+    assert _label(ReferenceConfig(model="llama-3.1-8b", profile="vllm-h200")) == (
+        plain.replace("predicted", "**predicted**", 1).replace("vllm-h200", "`vllm-h200`", 1))
+    served = prediction_text(record, by=SERVED)
+    assert served.startswith("predicted by the reference engine served over HTTP")
+    assert served.endswith(plain.split(" with profile ", 1)[1])
+
+
+def test_a_profile_never_measured_says_so() -> None:
+    record = {"kind": "profile", "profile": "mine.json", "accuracy": None}
+    assert prediction_text(record) == ("predicted by the reference engine with profile "
+                                       "mine.json; its accuracy was not measured against "
+                                       "published figures")
+
+
+def test_a_live_cell_of_a_real_engine_is_not_a_prediction() -> None:
+    assert _prediction_of({"mode": "launch", "name": "vllm",
+                           "version_probe": {"body": {"version": "0.19.0"}}}) == ""
+    served = {"mode": "launch", "name": "reference", "version_probe": {
+        "body": {"prediction": prediction_record(ReferenceConfig(model="llama-3.1-8b"))}}}
+    assert _prediction_of(served).startswith("**predicted** by the reference engine served")
+
+
+def test_the_command_line_says_its_figures_are_predicted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", profile="vllm-h100-sxm")
+    expected = "figures above: " + prediction_text(prediction_record(config))
+    assert main(["costmodel", "--profile", "vllm-h100-sxm"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == expected
+    assert main(["simulate", "--trace", str(EXCERPT), "--limit", "5", "--profile",
+                 "vllm-h100-sxm", "--out", str(tmp_path / "run")]) == 0
+    assert expected in capsys.readouterr().out.splitlines()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from adapters.base import Knobs
+from harness.live.session import plan_for
 from harness.scenario import (
     Cell,
     LoadPoint,
@@ -18,6 +19,7 @@ from harness.scenario import (
     load_scenario,
     select,
 )
+from harness.scenario.cell import target_spec
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DATA = REPO / "tests" / "data"
@@ -281,3 +283,19 @@ def test_shipped_scenario_is_valid_and_says_its_question(path: Path) -> None:
     assert scenario.trace.path.is_relative_to(REPO / "harness" / "data"), "bundled excerpt"
     for part in scenario.trace.mix:
         assert part.path.is_relative_to(REPO / "harness" / "data")
+
+
+def test_a_live_reference_cell_launches_with_its_profile_and_settings(tmp_path: Path) -> None:
+    """A served reference cell predicts with the profile and KV settings its entry names, as
+    the simulated one does (they used to reach only simulated cells)."""
+    path = write(tmp_path, GOOD.replace(
+        "    knobs: {policy: fcfs}",
+        "    knobs: {policy: fcfs}\n    mode: live\n    profile: vllm-h100-sxm\n"
+        "    num_gpu_blocks: 900"))
+    cell = next(c for c in load_scenario(path).cells() if c.engine.name == "cont")
+    spec = target_spec(cell, "llama-3.1-8b", "h100-sxm")
+    assert spec.mode == "launch" and spec.profile == "vllm-h100-sxm"
+    assert spec.reference.num_gpu_blocks == 900
+    argv = plan_for(spec).argv
+    assert argv[argv.index("--profile") + 1] == "vllm-h100-sxm"
+    assert argv[argv.index("--num-gpu-blocks") + 1] == "900"

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from adapters.reference.config import ReferenceConfig
+from adapters.reference.prediction import prediction_record
 from harness.live.protocols import parse_stream
 from harness.serve.app import RunningServer, ServerOptions, start_server_in_thread
 from harness.serve.output import output_text
@@ -158,10 +159,14 @@ def test_health_models_version_info(client: httpx.Client) -> None:
     models = client.get("/v1/models").json()
     assert models["data"][0]["id"] == "qwen2.5-0.5b"
     assert models["data"][0]["max_model_len"] == 512
-    assert client.get("/version").json()["engine"] == "batchlab-reference"
+    version = client.get("/version").json()
+    assert version["engine"] == "batchlab-reference"
     info = client.get("/info").json()
     assert info["model_id"] == "qwen2.5-0.5b" and info["max_total_tokens"] == 512
     assert info["reference"]["model"] == "qwen2.5-0.5b"
+    # every timing it serves is a prediction: both identity routes say of what, how accurate
+    assert version["prediction"] == info["prediction"] == prediction_record(SMALL)
+    assert version["prediction"]["kind"] == "catalog"
 
 
 def test_served_model_name() -> None:
