@@ -12,11 +12,10 @@ from adapters.reference.cost_model import CostModel, CostModelParams, ProfileErr
 from adapters.reference.engine import STEP_COLUMNS, EngineCore, VirtualClock
 from adapters.reference.hardware import GPUS, known_gpus
 from adapters.reference.models import MODELS, known_models
-from adapters.reference.prediction import CATALOG_ACCURACY, prediction_record
+from adapters.reference.prediction import catalog_accuracy, prediction_record
 from adapters.reference.table import CostRow, costmodel_report, costmodel_table
 
 __all__ = [
-    "CATALOG_ACCURACY",
     "GPUS",
     "MODELS",
     "STEP_COLUMNS",
@@ -29,6 +28,7 @@ __all__ = [
     "ReferenceConfig",
     "SchedulerConfig",
     "VirtualClock",
+    "catalog_accuracy",
     "costmodel_report",
     "costmodel_table",
     "known_gpus",

@@ -127,12 +127,16 @@ def error_stats(checked: Iterable[CheckedRow]) -> ErrorStats | None:
 
 
 def check_rows(rows: Sequence[PublishedRow], *, jobs: int | None = None,
-               profile: EngineProfile | None = None) -> list[CheckedRow]:
-    """Simulate ``rows`` (each with its own shipped profile, or all with ``profile``)."""
+               profile: EngineProfile | None = None, catalog: bool = False
+               ) -> list[CheckedRow]:
+    """Simulate ``rows`` (each with its own shipped profile, or all with ``profile``;
+    ``catalog``: each with its shipped profile's engine defaults and the catalog's
+    coefficients, ``harness.published.catalog``)."""
     if profile is not None:
         predictions = [predict_row(r, profile) for r in rows]
     else:
-        predictions = predict_shipped([(r, LENGTH_SHAPES[0]) for r in rows], jobs=jobs)
+        predictions = predict_shipped([(r, LENGTH_SHAPES[0]) for r in rows], jobs=jobs,
+                                      catalog=catalog)
     return [CheckedRow(r, p, r.source_id in HELD_OUT_SOURCES)
             for r, p in zip(rows, predictions, strict=True)]
 

@@ -31,6 +31,7 @@ examples:
   batchlab check-published
   batchlab check-published --profile vllm-h100-sxm
   batchlab check-published --write-docs      # regenerate docs/fidelity.md
+  batchlab check-published --catalog --write-docs   # the catalog's accuracy, re-measured
 """
 PROFILES_HELP = "List the shipped engine profiles with their fit and held-out errors."
 FIT_HELP = "Refit every shipped profile on the published rows (minutes) and rewrite the docs."
@@ -46,10 +47,17 @@ def check_add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="parallel simulations (default: one per CPU core)")
     parser.add_argument("--write-docs", action="store_true",
                         help=f"also write {FIDELITY_MD.relative_to(FIDELITY_MD.parents[1])} "
-                             "(all rows only)")
+                             "(all rows only); with --catalog: the catalog's accuracy, "
+                             "in adapters/reference/catalog_accuracy.json and docs/published.md")
+    parser.add_argument("--catalog", action="store_true",
+                        help="simulate with the catalog's datasheet coefficients instead of the "
+                             "profiles' fitted ones (each engine's defaults kept): how accurate "
+                             "a simulation without --profile is")
 
 
 def check_run(args: argparse.Namespace) -> int:
+    if args.catalog:
+        return _check_catalog(args)
     rows = load_rows()
     profile = None
     if args.profile:
@@ -75,6 +83,35 @@ def check_run(args: argparse.Namespace) -> int:
         FIDELITY_MD.write_text(render_fidelity(
             checked, sensitivity=length_sensitivity(rows, jobs=args.jobs)))
         print(f"\nwrote {FIDELITY_MD}")
+    return 0
+
+
+def _check_catalog(args: argparse.Namespace) -> int:
+    from harness.published.catalog import accuracy_record, render_table, write_catalog
+
+    rows = load_rows()
+    if args.profile:
+        if args.profile not in shipped_profiles():
+            print("error: --catalog --profile takes a shipped profile's name (its rows)",
+                  file=sys.stderr)
+            return 2
+        if args.write_docs:
+            print("error: --write-docs needs all rows (drop --profile)", file=sys.stderr)
+            return 2
+        rows = select(rows, profile=args.profile)
+    checked = check_rows(rows, jobs=args.jobs, catalog=True)
+    width = max(len(c.row.row_id) for c in checked)
+    print(f"{'row':<{width}}  {'metric':<12} {'published':>10} {'catalog':>10} {'ratio':>6}")
+    for c in checked:
+        p = c.prediction
+        print(f"{c.row.row_id:<{width}}  {c.row.metric:<12} {p.published:>10.4g} "
+              f"{p.predicted:>10.4g} {p.ratio:>6.3f}")
+    print()
+    print("\n".join(render_table(accuracy_record(checked))[2:-2]))
+    if args.write_docs:
+        write_catalog(checked)
+        print("\nwrote adapters/reference/catalog_accuracy.json and the table in "
+              "docs/published.md")
     return 0
 
 

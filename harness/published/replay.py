@@ -259,24 +259,34 @@ def predict_row(row: PublishedRow, profile: EngineProfile,
 
 
 @cache
-def _shipped(name: str) -> EngineProfile:
-    return read_profile(name)
+def _shipped(name: str, catalog: bool = False) -> EngineProfile:
+    profile = read_profile(name)
+    return catalog_coefficients(profile) if catalog else profile
 
 
-def _predict_shipped(job: tuple[PublishedRow, str]) -> RowPrediction:
-    row, lengths = job
-    return predict_row(row, _shipped(row.profile_name), lengths=lengths)
+def catalog_coefficients(profile: EngineProfile) -> EngineProfile:
+    """``profile``'s engine defaults with the catalog's datasheet coefficients instead of its
+    fitted ones: what a simulation without ``--profile`` predicts for that engine."""
+    return profile.with_params(CostModelParams(device=profile.params.device,
+                                               source="catalog datasheet coefficients"))
 
 
-def predict_shipped(work: Sequence[tuple[PublishedRow, str]], *, jobs: int | None = None
-                    ) -> list[RowPrediction]:
-    """Each (row, length shape) simulated with the shipped profile of its engine and GPU, in
-    ``jobs`` processes (default: one per core); results in order."""
+def _predict_shipped(job: tuple[PublishedRow, str, bool]) -> RowPrediction:
+    row, lengths, catalog = job
+    return predict_row(row, _shipped(row.profile_name, catalog), lengths=lengths)
+
+
+def predict_shipped(work: Sequence[tuple[PublishedRow, str]], *, jobs: int | None = None,
+                    catalog: bool = False) -> list[RowPrediction]:
+    """Each (row, length shape) simulated with the shipped profile of its engine and GPU
+    (``catalog``: with its engine defaults but the catalog's coefficients), in ``jobs``
+    processes (default: one per core); results in order."""
     jobs = jobs or min(len(work), os.cpu_count() or 1)
-    if jobs > 1 and len(work) > 1:
+    tasks = [(row, lengths, catalog) for row, lengths in work]
+    if jobs > 1 and len(tasks) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            return list(pool.map(_predict_shipped, work, chunksize=2))
-    return [_predict_shipped(job) for job in work]
+            return list(pool.map(_predict_shipped, tasks, chunksize=2))
+    return [_predict_shipped(task) for task in tasks]
 
 
 def window_summary(timelines: Sequence[RequestTimeline], row: PublishedRow) -> dict[str, Any]:
