@@ -303,7 +303,7 @@ def print_predicted(config: ReferenceConfig, *, names: Sequence[str] = ()) -> No
     from harness.prediction import prediction_text
 
     whose = f"{', '.join(names)}: " if names else "figures above: "
-    print(whose + prediction_text(prediction_record(config)))
+    print(whose + prediction_text(prediction_record(config)), flush=True)
 
 
 def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> None:

@@ -291,6 +291,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def ready(url: str) -> None:
         print(f"batchlab serve reference: {config.model} on {config.tp}x "
               f"{config.gpu_spec.name}, policy {config.policy}, listening on {url}", flush=True)
+        print_predicted(config, names=("its step times",))
 
     try:
         serve(config, options, on_ready=ready)
