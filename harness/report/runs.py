@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from harness.manifest import MANIFEST_FILE
 from harness.report.format import load_text, value_text
-from harness.report.plots import EngineState
+from harness.report.plots import EngineState, envelope
 from harness.results import REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE, read_json_object
 
 TELEMETRY_FILE = "telemetry.parquet"
@@ -22,7 +22,7 @@ STATUS_FILE = "status.json"
 SCENARIO_FILE = "scenario.json"
 REPORT_FILE = "report.md"
 
-ENGINE_STATE_POINTS = 600  # points per cell in the engine-state plot
+ENGINE_STATE_COLUMNS = 1000  # time slices of the engine-state plot (about its width in pixels)
 
 
 @dataclass(frozen=True)
@@ -240,19 +240,23 @@ def read_engine_state(run_dir: Path) -> EngineState | None:
 
 
 def _downsample(state: EngineState) -> EngineState:
-    t = state.t_s
-    if t.size <= ENGINE_STATE_POINTS:
-        return state
-    order = np.argsort(t, kind="stable")
-    t = t[order]
-    grid = np.linspace(t[0], t[-1], ENGINE_STATE_POINTS)
-    idx = np.clip(np.searchsorted(t, grid, side="right") - 1, 0, t.size - 1)
+    """The points the plot needs (``plots.envelope``): a whole trace has hundreds of
+    thousands of steps, and a spike of one step must still show."""
+    order = np.argsort(state.t_s, kind="stable")
+    t = np.asarray(state.t_s, dtype=np.float64)[order]
+
+    def ordered(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else np.asarray(a, dtype=np.float64)[order]
+
+    running, waiting, kv = (ordered(a) for a in (state.num_running, state.num_waiting,
+                                                 state.kv_usage))
+    keep = envelope(t, (running, waiting, kv), ENGINE_STATE_COLUMNS)
 
     def pick(a: np.ndarray | None) -> np.ndarray | None:
-        return None if a is None else np.asarray(a)[order][idx]
+        return None if a is None else a[keep]
 
-    return EngineState(t_s=grid, num_running=pick(state.num_running),
-                       num_waiting=pick(state.num_waiting), kv_usage=pick(state.kv_usage))
+    return EngineState(t_s=t[keep], num_running=pick(running), num_waiting=pick(waiting),
+                       kv_usage=pick(kv))
 
 
 # ---------------------------------------------------------------- what tells cells apart
