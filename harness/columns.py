@@ -49,6 +49,16 @@ def strings(values: Sequence[str | None]) -> pa.Array:
                                   pa.py_buffer(b"".join(encoded))])
 
 
+def dictionary(indices: np.ndarray, values: pa.Array) -> pa.Array:
+    """A dictionary column: row ``i`` is ``values[indices[i]]`` (int32 indices). Millions of
+    rows that repeat a few thousand strings (a run's chunk rows and their request ids) are
+    built without copying a string, and written to Parquet as the dictionary pages Parquet
+    would have made of them (``harness.results.write_parquet_atomic``)."""
+    data = np.ascontiguousarray(indices, dtype=np.int32)
+    return pa.DictionaryArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), len(data), [None, pa.py_buffer(data)]), values)
+
+
 def table(columns: Mapping[str, pa.Array]) -> pa.Table:
     return pa.Table.from_arrays(list(columns.values()), names=list(columns))
 

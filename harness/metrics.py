@@ -289,11 +289,13 @@ def summarize(
     client_lag_threshold_s: float = DEFAULT_CLIENT_LAG_THRESHOLD_S,
     by_priority: bool = True,
     chunks: ChunkTimes | None = None,
+    metrics: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """The summary written to ``summary.json``; identical for simulated and live runs.
-    ``chunks``: ``chunk_times(timelines)`` when the caller has it already."""
+    ``chunks``: ``chunk_times(timelines)``, ``metrics``: ``request_metric_columns(timelines)``,
+    when the caller has them already."""
     duration = run_duration_s(timelines) if duration_s is None else duration_s
-    per_req = request_metric_columns(timelines)
+    per_req = request_metric_columns(timelines) if metrics is None else metrics
     is_ok = [tl.ok for tl in timelines]
     ok = list(itertools.compress(timelines, is_ok))
     ok_chunks = None if chunks is None else chunks.of(np.array(is_ok, dtype=bool))

@@ -32,9 +32,12 @@ def _nan_if_none(x: float | None) -> float:
     return math.nan if x is None else x
 
 
-def requests_table(timelines: Sequence[RequestTimeline], *, live: bool = False) -> pa.Table:
-    """One row per request (the columns ``docs/metrics.md`` lists)."""
-    metrics = request_metric_columns(timelines)
+def requests_table(timelines: Sequence[RequestTimeline], *, live: bool = False,
+                   metrics: Mapping[str, np.ndarray] | None = None) -> pa.Table:
+    """One row per request (the columns ``docs/metrics.md`` lists). ``metrics``:
+    ``request_metric_columns(timelines)`` when the caller has it already."""
+    if metrics is None:
+        metrics = request_metric_columns(timelines)
     cols: dict[str, pa.Array] = {
         "request_id": columns.strings([tl.request_id for tl in timelines]),
         "arrival_s": columns.floats(tl.arrival_s for tl in timelines),
@@ -73,8 +76,10 @@ def chunks_table(timelines: Sequence[RequestTimeline], chunks: ChunkTimes | None
     ``chunk_times(timelines)`` when the caller has it already."""
     lengths, times = chunks if chunks is not None else chunk_times(timelines)
     total = int(lengths.sum())
-    ids = np.repeat(np.arange(len(timelines)), lengths)
-    request_ids = columns.strings([tl.request_id for tl in timelines]).take(columns.ints(ids))
+    # each row names its request through a dictionary of the request ids (read back as text)
+    request_ids = columns.dictionary(np.repeat(np.arange(len(timelines), dtype=np.int32),
+                                               lengths),
+                                     columns.strings([tl.request_id for tl in timelines]))
     starts = np.cumsum(lengths) - lengths  # each request's first row
     index = np.arange(total, dtype=np.int64)
     index -= np.repeat(starts, lengths)
@@ -102,12 +107,25 @@ def _chunk_tokens(timelines: Sequence[RequestTimeline], lengths: np.ndarray,
 
 def write_parquet_atomic(table: pa.Table, path: Path, *, run_id: str | None = None) -> None:
     """Write to a temporary file then rename, so a reader never sees half a file. ``run_id``
-    goes into the schema metadata (``batchlab.run_id``): the file says which run wrote it."""
+    goes into the schema metadata (``batchlab.run_id``): the file says which run wrote it.
+
+    A dictionary column (``columns.dictionary``) is written as Parquet's dictionary pages as
+    it is, without hashing its millions of values again, and read back as its value type: the
+    file stores no Arrow schema, only Parquet's (same types), and the metadata as the file's
+    own key-value pairs (read back as the schema's metadata)."""
+    metadata = dict(table.schema.metadata or {})
     if run_id is not None:
-        table = table.replace_schema_metadata(
-            {**(table.schema.metadata or {}), RUN_ID_KEY: run_id.encode()})
+        metadata[RUN_ID_KEY] = run_id.encode()
     tmp = path.with_suffix(path.suffix + ".tmp")
-    pq.write_table(table, tmp, **_parquet_options(table.schema))
+    if any(pa.types.is_dictionary(f.type) for f in table.schema):
+        with pq.ParquetWriter(tmp, table.schema, store_schema=False,
+                              **_parquet_options(table.schema)) as writer:
+            writer.write_table(table)
+            if metadata:
+                writer.add_key_value_metadata(metadata)
+    else:
+        pq.write_table(table.replace_schema_metadata(metadata or None), tmp,
+                       **_parquet_options(table.schema))
     os.replace(tmp, path)
 
 
@@ -116,7 +134,8 @@ def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
     whole trace's millions of chunk rows that writes faster); pyarrow's default compression,
     snappy, which every Parquet reader takes."""
     text = [f.name for f in schema
-            if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+            if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+            or pa.types.is_dictionary(f.type)]
     return {"use_dictionary": text}
 
 

@@ -24,7 +24,7 @@ from harness.manifest import (
     update_manifest,
     write_manifest,
 )
-from harness.metrics import Slo, chunk_times, summarize
+from harness.metrics import Slo, chunk_times, request_metric_columns, summarize
 from harness.results import (
     CHUNKS_FILE,
     REQUESTS_FILE,
@@ -115,18 +115,21 @@ def _run(trace: Trace, config: ReferenceConfig, out_dir: Path, run_id: str,
 
     # parquet writing releases the GIL: each file is written while the next table and the
     # summary are computed, and all are on disk before summary.json. The chunk instants
-    # (millions on a whole trace) are gathered once, for chunks.parquet and the summary.
+    # (millions on a whole trace) and the per-request metrics are gathered once, for the
+    # tables and the summary.
     def write(name: str, table: pa.Table) -> None:
         write_tables(out_dir, {name: table}, run_id=run_id)
         if reporter is not None:
             reporter.file_written(out_dir, name)
 
     with ThreadPoolExecutor(max_workers=1) as pool:
+        metrics = request_metric_columns(result.timelines)
         jobs = [pool.submit(write, STEPS_FILE, result.steps),
-                pool.submit(write, REQUESTS_FILE, requests_table(result.timelines))]
+                pool.submit(write, REQUESTS_FILE,
+                            requests_table(result.timelines, metrics=metrics))]
         chunks = chunk_times(result.timelines)
         jobs.append(pool.submit(write, CHUNKS_FILE, chunks_table(result.timelines, chunks)))
-        summary = summarize(result.timelines, slo=slo, chunks=chunks)
+        summary = summarize(result.timelines, slo=slo, chunks=chunks, metrics=metrics)
         for job in jobs:
             job.result()
     summary["num_steps"] = result.steps.num_rows

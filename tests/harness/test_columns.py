@@ -8,10 +8,18 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from harness import columns
-from harness.results import chunks_table, requests_table
+from harness.results import (
+    RUN_ID_KEY,
+    chunks_table,
+    read_timelines,
+    requests_table,
+    write_parquet_atomic,
+    write_timelines,
+)
 from harness.timeline import RequestTimeline
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,13 +77,35 @@ def test_requests_and_chunks_tables_keep_their_types_and_nulls(live: bool) -> No
     assert chunks.column("num_tokens").to_pylist() == [1, 1, 1, 1, 2]
 
 
-def test_a_simulated_run_does_not_import_pandas(tmp_path: Path) -> None:
+def test_a_dictionary_column_is_read_back_as_text_with_the_run_id(tmp_path: Path) -> None:
+    """chunks.parquet's request ids are written as a dictionary, and read as plain text with
+    the file's run id, as every other table of the folder."""
+    timelines = _timelines()
+    chunks = chunks_table(timelines)
+    assert pa.types.is_dictionary(chunks.schema.field("request_id").type)
+    write_parquet_atomic(chunks, tmp_path / "chunks.parquet", run_id="run-1")
+    back = pq.read_table(tmp_path / "chunks.parquet")
+    assert back.schema == pa.schema([("request_id", pa.string()), ("chunk_index", pa.int64()),
+                                     ("t_s", pa.float64()), ("num_tokens", pa.int64())])
+    assert back.schema.metadata == {RUN_ID_KEY: b"run-1"}
+    assert back.column("request_id").to_pylist() == ["a", "a", "a", "b", "b"]
+    assert back.drop_columns(["request_id"]).equals(chunks.drop_columns(["request_id"]))
+    assert not list(tmp_path.glob("*.tmp"))
+    write_parquet_atomic(chunks, tmp_path / "plain.parquet")  # no run id: no metadata
+    assert pq.read_table(tmp_path / "plain.parquet").schema.metadata is None
+    write_timelines(tmp_path / "run", timelines, live=False)
+    again = read_timelines(tmp_path / "run")
+    assert [(t.chunk_times_s, t.chunk_num_tokens) for t in again] == [
+        (t.chunk_times_s, t.chunk_num_tokens) for t in timelines]
+
+
+def test_a_simulated_run_does_not_import_pandas_or_pyarrow_compute(tmp_path: Path) -> None:
     code = ("import sys\n"
             "from harness.cli import main\n"
             f"code = main(['simulate', '--trace', 'synthetic', '--num-requests', '50', "
             f"'--rate', '20', '--prompt-tokens', '32', '--output-tokens', '8', "
             f"'--out', {str(tmp_path / 'run')!r}])\n"
-            "print('pandas' in sys.modules)\n"
+            "print('pandas' in sys.modules or 'pyarrow.compute' in sys.modules)\n"
             "sys.exit(code)\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=120, check=False)

@@ -1,5 +1,6 @@
-"""The chunk instants gathered once (``chunk_times``) for chunks.parquet and the summary give
-what each computes on its own: the same summary, the same table."""
+"""The chunk instants (``chunk_times``) and per-request metrics (``request_metric_columns``)
+gathered once for the tables and the summary give what each computes on its own: the same
+summary, the same tables."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from harness.metrics import (
     chunk_gaps_s,
     chunk_times,
     pooled_gaps_s,
+    request_metric_columns,
     summarize,
     token_gaps_s,
 )
-from harness.results import chunks_table
+from harness.results import chunks_table, requests_table
 from harness.timeline import RequestTimeline
 
 
@@ -46,14 +48,21 @@ def test_summary_from_shared_chunk_times_is_the_summary() -> None:
     timelines = _timelines()
     slo = Slo(ttft_s=0.05, tpot_s=0.02)
     alone = summarize(timelines, slo=slo)
-    shared = summarize(timelines, slo=slo, chunks=chunk_times(timelines))
+    shared = summarize(timelines, slo=slo, chunks=chunk_times(timelines),
+                       metrics=request_metric_columns(timelines))
     assert json.dumps(shared, sort_keys=True) == json.dumps(alone, sort_keys=True)
     assert alone["num_failed"] == 8  # failed and unstarted requests are in the mix
+    assert "by_priority" in alone  # whose classes compute their own metrics
 
 
-def test_chunks_table_from_shared_chunk_times_is_the_table() -> None:
+def test_tables_from_shared_chunk_times_and_metrics_are_the_tables() -> None:
     timelines = _timelines()
     assert chunks_table(timelines, chunk_times(timelines)).equals(chunks_table(timelines))
+    for live in (False, True):  # (as JSON text: NaN never equals NaN in a table)
+        shared = requests_table(timelines, live=live, metrics=request_metric_columns(timelines))
+        alone = requests_table(timelines, live=live)
+        assert shared.schema == alone.schema
+        assert json.dumps(shared.to_pylist()) == json.dumps(alone.to_pylist())
 
 
 def test_chunk_times_of_a_subset_are_the_subsets_chunk_times() -> None:
