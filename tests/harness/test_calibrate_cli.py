@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from adapters.reference.cost_model import load_profile
+from adapters.reference.config import ReferenceConfig
+from adapters.reference.cost_model import CostModel, CostModelParams, load_profile
 from harness.cli import main
 from harness.report.fidelity import METRICS, PERCENTILES
 from harness.serve import launch_server_process
@@ -39,6 +40,11 @@ TRUTH = {  # steps of a few ms: decode ~4-8 ms, a 500-token prefill ~130 ms
 }
 KNOBS = ["--max-num-seqs", "8", "--max-num-batched-tokens", "1024", "--extra-arg=--dtype",
          "--extra-arg=float32"]  # the served engine runs the truth profile: fp32 weights
+
+
+def _cost_model(config: Path, params: CostModelParams) -> CostModel:
+    return ReferenceConfig(model=str(config), gpu="testdev", cost_params=params,
+                           max_model_len=512).cost_model()
 
 
 def test_calibrate_and_validate_against_the_served_reference(tmp_path: Path) -> None:
@@ -73,7 +79,15 @@ def test_calibrate_and_validate_against_the_served_reference(tmp_path: Path) -> 
     # The fit reproduces the truth's step times where it was measured (a served step ends
     # late by up to a few ms on a loaded machine, which the overhead absorbs).
     assert meta["fit"]["median_abs_relative_error"] < 0.2
-    assert 0.5 * 2e11 < params.peak_bf16_flops < 1.5 * 2e11
+    # It times the truth's steps like the truth: prefills of 500 and 200 tokens, decodes of 8
+    # and of 1. The coefficients one by one trade off (on a loaded machine late steps raise
+    # the fitted overhead, and the compute peak rises to compensate: 1.5x in one run of ten),
+    # so each alone is only checked for its order of magnitude.
+    fitted_model, truth_model = (_cost_model(config, p) for p in (params, load_profile(truth)))
+    for step in ((500, 1, 500, 500 * 501 // 2), (200, 1, 200, 200 * 201 // 2),
+                 (8, 8, 8 * 300, 8 * 300), (1, 1, 300, 300)):
+        assert fitted_model.step_s(*step) == pytest.approx(truth_model.step_s(*step), rel=0.25)
+    assert 0.4 * 2e11 < params.peak_bf16_flops < 2.5 * 2e11
 
     # fidelity.json: every metric and percentile, predicted vs measured
     fid = json.loads((out / "fidelity.json").read_text())
