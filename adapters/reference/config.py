@@ -265,10 +265,16 @@ def _validate(c: ReferenceConfig) -> None:
         why = "the static policy prefills" if c.policy == "static" else \
             "with chunked prefill off a prompt is prefilled"
         if c.max_num_batched_tokens < c.resolved_max_model_len:
+            # a profile whose engine does not chunk prefills by default (TensorRT-LLM): say so,
+            # since the user never asked for chunked prefill to be off
+            origin = (f" (profile {c.profile} turns chunked prefill off: its engine's default)"
+                      if c.profile is not None and not c.chunked_prefill
+                      and profile_scheduler_defaults(c.profile).get("chunked_prefill") is False
+                      else "")
             raise ConfigError(
                 f"max_num_batched_tokens: {c.max_num_batched_tokens} must be >= max_model_len "
-                f"({c.resolved_max_model_len}) because {why} whole in one step (vLLM's rule); "
-                "raise --max-num-batched-tokens, lower --max-model-len"
+                f"({c.resolved_max_model_len}) because {why} whole in one step (vLLM's rule)"
+                f"{origin}; raise --max-num-batched-tokens, lower --max-model-len"
                 + ("" if c.policy == "static" else ", or use --chunked-prefill"))
     if c.num_gpu_blocks is None:
         budget = c.kv_budget()

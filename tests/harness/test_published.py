@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from adapters.reference.config import ReferenceConfig
+from adapters.base import Knobs
+from adapters.reference.config import ConfigError, ReferenceConfig
 from adapters.reference.cost_model import (
     CostModelParams,
     ProfileError,
@@ -80,6 +81,19 @@ def test_profile_by_name_and_by_path_are_the_same() -> None:
     config = ReferenceConfig(model="llama-3.1-8b", profile="vllm-h100-sxm")
     assert config.gpu_spec.name == "h100-sxm"
     assert config.params == load_profile(path)
+
+
+def test_a_profile_that_turns_chunked_prefill_off_says_so_when_prompts_cannot_fit() -> None:
+    def config(given: dict, profile: str | None = "trtllm-h100-sxm") -> ReferenceConfig:
+        return ReferenceConfig.from_knobs(Knobs.from_mapping(given), model="llama-3.1-8b",
+                                          gpu=None, profile=profile)
+
+    with pytest.raises(ConfigError, match=r"profile trtllm-h100-sxm turns chunked prefill off"):
+        config({})
+    assert not config({"max_model_len": 8192}).chunked_prefill
+    with pytest.raises(ConfigError) as plain:  # chunked prefill off by the user: no profile note
+        config({"chunked_prefill": False}, profile=None)
+    assert "profile" not in str(plain.value)
 
 
 def test_unknown_profile_name_lists_the_shipped_ones() -> None:
