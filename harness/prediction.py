@@ -1,8 +1,8 @@
 """What a predicted number says about itself, in words: the one wording of a prediction record
 (``adapters.reference.prediction_record``) for the report and the command line.
 
-    predicted by the reference engine with profile vllm-h100-sxm; on published figures it was
-    not fitted on it missed by a median 23.4% (worst 84.8%; ..., docs/fidelity.md)
+    predicted by the reference engine with profile NAME; on published figures it was not
+    fitted on it missed by a median M% (worst W%, docs/fidelity.md)
 
 Reads records only (run folders, a served engine's ``/version``): nothing here imports an
 engine, so the report can use it.
