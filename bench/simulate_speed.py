@@ -18,6 +18,9 @@ does inside ``simulate`` that this process had done already (imports). With ``--
 the core and the command alternate N times each and the best of each is compared (a shared
 machine's noise only ever adds time); every time is printed.
 
+The command is also timed with ``--no-report`` (what scenario cells and capacity probes run):
+the main process alone, without the report's child process and its figures.
+
 Next to the times, the CPU seconds the command spends beyond its core simulation, over all of
 its processes (the report is drawn by a child process): the work that has to fit on the
 machine's other cores, or after the simulation.
@@ -110,34 +113,42 @@ def _cli_vs_core(path: Path, requests: tuple, limit: int | None, *, prefix_cachi
     config = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", policy="fcfs",
                              prefix_caching=prefix_caching)
     flag = "--prefix-caching" if prefix_caching else "--no-prefix-caching"
-    core_s, cli_s, inside_s, core_cpu_s, cli_cpu_s = [], [], [], [], []
-    for _ in range(repeat):  # alternating, so that drift in the machine's speed hits both
+    core_s, cli_s, inside_s, core_cpu_s, cli_cpu_s, bare_s = [], [], [], [], [], []
+    for _ in range(repeat):  # alternating, so that drift in the machine's speed hits all three
         _, wall_s, cpu_s = _run(requests, config, decode_spans=True)
         core_s.append(wall_s)
         core_cpu_s.append(cpu_s)
-        with tempfile.TemporaryDirectory() as tmp:
-            argv = [sys.executable, "-m", "harness.cli", "simulate", "--trace", str(path),
-                    "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--policy", "fcfs", flag,
-                    "--out", str(Path(tmp) / "run")]
-            if limit is not None:
-                argv += ["--limit", str(limit)]
-            t0, c0 = time.perf_counter(), _children_cpu_s()
-            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
-            cli_s.append(time.perf_counter() - t0)
-            cli_cpu_s.append(_children_cpu_s() - c0)  # the command and its report process
-            summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
-        inside_s.append(float(summary["simulation_wall_s"]))
+        for report in (True, False):
+            with tempfile.TemporaryDirectory() as tmp:
+                argv = [sys.executable, "-m", "harness.cli", "simulate", "--trace", str(path),
+                        "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--policy", "fcfs",
+                        flag, "--out", str(Path(tmp) / "run")]
+                argv += [] if report else ["--no-report"]
+                if limit is not None:
+                    argv += ["--limit", str(limit)]
+                t0, c0 = time.perf_counter(), _children_cpu_s()
+                subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+                if not report:
+                    bare_s.append(time.perf_counter() - t0)
+                    continue
+                cli_s.append(time.perf_counter() - t0)
+                cli_cpu_s.append(_children_cpu_s() - c0)  # the command and its report process
+                summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
+            inside_s.append(float(summary["simulation_wall_s"]))
     best = "" if repeat == 1 else f" (best of {repeat})"
     print(f"prefix caching {'on ' if prefix_caching else 'off'}{best}: core simulation "
           f"{min(core_s):6.2f} s (inside the CLI {min(inside_s):.2f} s), whole CLI "
           f"{min(cli_s):6.2f} s: whole CLI / core simulation {min(cli_s) / min(core_s):.2f}x "
           "(target <= 1.30x)")
+    print(f"    without the report (--no-report, as scenario cells and capacity probes run): "
+          f"{min(bare_s):.2f} s, {min(bare_s) / min(core_s):.2f}x the core")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"    CPU beyond the core simulation, all of the command's processes: "
           f"{min(cli_cpu_s) - min(core_cpu_s):.2f} s (best of each; {cores} cores here)")
     if repeat > 1:
         for label, times in (("core", core_s), ("inside the CLI", inside_s),
-                             ("whole CLI", cli_s), ("core CPU", core_cpu_s),
+                             ("whole CLI", cli_s), ("no report", bare_s),
+                             ("core CPU", core_cpu_s),
                              ("whole CLI CPU", cli_cpu_s)):
             print(f"    {label:<15}" + " ".join(f"{t:6.2f}" for t in times))
 

@@ -140,6 +140,9 @@ def add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     add_load_mode_options(p)
     p.add_argument("--out", default="reports/simulate", help="run folder (reports/simulate)")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    p.add_argument("--no-report", action="store_true",
+                   help="skip report.md and its plots (about a second; `batchlab report DIR` "
+                   "writes them later from the folder)")
 
 
 def add_load_mode_options(p: argparse.ArgumentParser) -> None:
@@ -182,14 +185,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         summary = target.run(trace, out, RunOptions(slo=slo, progress=bar.update_to,
                                                      command=command_line(),
                                                      closed_loop=closed_loop,
-                                                     overwrite=args.overwrite))
+                                                     overwrite=args.overwrite,
+                                                     write_report=not args.no_report))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     finally:
         bar.close()
     print_headline(summary)
     print_predicted(config)
-    print(f"results: {out}/ (report: {out / 'report.md'})")
+    report = (f"no report: `batchlab report {out}` writes it" if args.no_report
+              else f"report: {out / 'report.md'}")
+    print(f"results: {out}/ ({report})")
     return 0
 
 
