@@ -50,7 +50,7 @@ class ReferenceServer:
         self.model_name = served_model_name or config.model
         self.counter = PromptCounter(tokenizer_path)
         self.openai = OpenAiRoutes(self.engine, self.model_name, self.counter)
-        self.tgi = TgiRoutes(self.engine, self.model_name, self.counter)
+        self.tgi = TgiRoutes(self.engine, self.model_name, self.counter, self._prediction)
         self.metrics = PrometheusMetrics(self.engine, self.model_name)
         self.engine.observer = self.metrics
         self._on_ready = on_ready

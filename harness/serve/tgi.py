@@ -14,7 +14,6 @@ from typing import Any
 from starlette.requests import Request as StarletteRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from adapters.reference.prediction import prediction_record
 from adapters.reference.request import Request
 from harness.manifest import batchlab_version
 from harness.serve.bodies import ApiError, bool_field, int_field, read_json
@@ -46,8 +45,10 @@ def tgi_error(err: ApiError) -> JSONResponse:
 class TgiRoutes:
     """The TGI route handlers of one served engine."""
 
-    def __init__(self, engine: ServedEngine, model_name: str, counter: PromptCounter) -> None:
+    def __init__(self, engine: ServedEngine, model_name: str, counter: PromptCounter,
+                 prediction: Mapping[str, Any]) -> None:
         self.engine = engine
+        self.prediction = prediction  # what its timings are a prediction of (the app's /version)
         self.model_name = model_name
         self.counter = counter
         self.max_model_len = engine.config.resolved_max_model_len
@@ -82,8 +83,7 @@ class TgiRoutes:
             "router": ENGINE_NAME, "version": batchlab_version(), "sha": None,
             "docker_label": None, "prompt_token_rule": self.counter.rule,
             "reference": self.engine.config.as_dict(),
-            # every timing this server produces is a prediction (see the app's /version)
-            "prediction": prediction_record(self.engine.config),
+            "prediction": self.prediction,
         })
 
     async def _respond(self, request: StarletteRequest, *, stream: bool, as_list: bool,
