@@ -78,9 +78,8 @@ def _summary(stats: ErrorStats) -> dict[str, Any]:
 
 
 def render_table(record: dict[str, Any]) -> list[str]:
-    """The docs/published.md block, markers included."""
-    lines = [BEGIN, "",
-             f"Measured {record['measured']} over every published row "
+    """The catalog's accuracy as a markdown table, with when and from what it was measured."""
+    lines = [f"Measured {record['measured']} over every published row "
              f"(inputs digest {record['inputs_digest']}):", "",
              f"| rows | count | median abs. error | worst abs. error | within "
              f"{TARGET_WORST:.0%} |",
@@ -89,7 +88,12 @@ def render_table(record: dict[str, Any]) -> list[str]:
     for label, s in [*groups, ("all", record)]:
         lines.append(f"| {label} | {s['num_rows']} | {100 * s['median_abs_error']:.1f}% | "
                      f"{100 * s['worst_abs_error']:.1f}% | {s['num_within_target']} |")
-    return [*lines, "", END]
+    return lines
+
+
+def render_block(record: dict[str, Any]) -> str:
+    """The docs/published.md block: the table between its markers."""
+    return "\n".join([BEGIN, "", *render_table(record), "", END])
 
 
 def write_catalog(checked: Sequence[CheckedRow], *, measured: str | None = None,
@@ -100,5 +104,5 @@ def write_catalog(checked: Sequence[CheckedRow], *, measured: str | None = None,
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
         raise ValueError(f"{doc}: the catalog accuracy markers are missing ({BEGIN} ... {END})")
-    doc.write_text(text[:start] + "\n".join(render_table(record)) + text[end + len(END):])
+    doc.write_text(text[:start] + render_block(record) + text[end + len(END):])
     record_file.write_text(json.dumps(record, indent=2) + "\n")

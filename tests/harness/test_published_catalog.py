@@ -20,7 +20,7 @@ from harness.published.catalog import (
     END,
     PUBLISHED_MD,
     catalog_digest,
-    render_table,
+    render_block,
     write_catalog,
 )
 from harness.published.check import check_rows
@@ -51,7 +51,7 @@ def test_the_record_is_current() -> None:
 def test_the_doc_shows_the_record() -> None:
     text = PUBLISHED_MD.read_text()
     block = text[text.index(BEGIN):text.index(END) + len(END)]
-    assert block == "\n".join(render_table(_record())), STALE
+    assert block == render_block(_record()), STALE
 
 
 def test_runs_without_a_profile_quote_the_record() -> None:
