@@ -1,9 +1,11 @@
-"""Arrow columns built from their buffers, without ``pa.array``.
+"""Arrow columns built from their buffers, without ``pa.array``, and read back without
+``to_numpy``.
 
 ``pa.array`` imports pandas on its first call, whatever it is given, to ask whether the values
 are a pandas object: a third of a second at the start of every command that writes a table,
 longer than writing the tables of a small run. These build the same arrays (same types, same
-nulls, equal to what ``pa.array`` gives) from numpy buffers.
+nulls, equal to what ``pa.array`` gives) from numpy buffers. ``Array.to_numpy`` imports pandas
+the same way; ``numbers`` reads a numeric column as ``to_numpy(zero_copy_only=False)`` does.
 """
 
 from __future__ import annotations
@@ -57,6 +59,38 @@ def dictionary(indices: np.ndarray, values: pa.Array) -> pa.Array:
     data = np.ascontiguousarray(indices, dtype=np.int32)
     return pa.DictionaryArray.from_arrays(
         pa.Array.from_buffers(pa.int32(), len(data), [None, pa.py_buffer(data)]), values)
+
+
+def numbers(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric or boolean column as numpy, what ``to_numpy(zero_copy_only=False)`` gives:
+    the column's own type (a read-only view of its buffer when it has one chunk), float64 with
+    NaN where a value is null (all NaN for a column of nulls only, type ``null``). TypeError for
+    any other type."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    size, offset = len(arr), arr.offset
+    if pa.types.is_null(arr.type):
+        return np.full(size, np.nan)
+    if pa.types.is_boolean(arr.type):
+        values = _bits(arr.buffers()[1], offset, size)
+    elif pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type):
+        dtype = np.dtype(arr.type.to_pandas_dtype())  # the numpy type; no pandas involved
+        data = arr.buffers()[1]
+        values = (np.empty(0, dtype=dtype) if size == 0 or data is None else
+                  np.frombuffer(data, dtype=dtype, count=size, offset=offset * dtype.itemsize))
+    else:
+        raise TypeError(f"not a numeric column: {arr.type}")
+    if arr.null_count:
+        values = values.astype(np.float64)
+        values[~_bits(arr.buffers()[0], offset, size)] = np.nan
+    return values
+
+
+def _bits(buffer: pa.Buffer | None, offset: int, size: int) -> np.ndarray:
+    """Arrow's little-endian bitmap (validity or booleans) as one bool per value."""
+    if buffer is None or size == 0:
+        return np.zeros(size, dtype=bool)
+    packed = np.frombuffer(buffer, dtype=np.uint8)
+    return np.unpackbits(packed, bitorder="little", count=offset + size)[offset:].astype(bool)
 
 
 def table(columns: Mapping[str, pa.Array]) -> pa.Table:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from harness.columns import numbers
 from harness.metrics import request_metrics
 from harness.report.format import code, fmt_number, fmt_seconds, table
 from harness.report.runs import TELEMETRY_FILE, CellResult, read_table, trace_digest
@@ -143,7 +144,7 @@ def per_request_summary(errors: pa.Table) -> dict[str, Any]:
     """Medians of the per-request relative errors: absolute (how far) and signed (which way)."""
     out: dict[str, Any] = {"num_matched": errors.num_rows}
     for metric in METRICS:
-        values = errors.column(f"{metric}_relative_error").to_numpy(zero_copy_only=False)
+        values = numbers(errors.column(f"{metric}_relative_error"))
         values = np.asarray(values, dtype=np.float64)
         values = values[np.isfinite(values)]
         if values.size == 0:
@@ -191,13 +192,13 @@ def _step_series(steps: pa.Table) -> tuple[np.ndarray, np.ndarray] | None:
     """(instants, running) of a simulation: each step's running count, from its start."""
     if "t_s" not in steps.column_names or "num_running" not in steps.column_names:
         return None
-    t = np.asarray(steps.column("t_s").to_numpy(zero_copy_only=False), dtype=np.float64)
-    n = np.asarray(steps.column("num_running").to_numpy(zero_copy_only=False), dtype=np.float64)
+    t = np.asarray(numbers(steps.column("t_s")), dtype=np.float64)
+    n = np.asarray(numbers(steps.column("num_running")), dtype=np.float64)
     if t.size == 0:
         return None
     if "duration_s" in steps.column_names:
         # Idle gaps between steps (waiting for arrivals) count as zero running requests.
-        d = np.asarray(steps.column("duration_s").to_numpy(zero_copy_only=False),
+        d = np.asarray(numbers(steps.column("duration_s")),
                        dtype=np.float64)
         ends = t + d
         idle = np.append(t[1:] > ends[:-1] + 1e-12, True)
@@ -211,8 +212,8 @@ def _step_series(steps: pa.Table) -> tuple[np.ndarray, np.ndarray] | None:
 def _telemetry_series(telemetry: pa.Table) -> tuple[np.ndarray, np.ndarray] | None:
     if "t_s" not in telemetry.column_names or "num_running" not in telemetry.column_names:
         return None
-    t = np.asarray(telemetry.column("t_s").to_numpy(zero_copy_only=False), dtype=np.float64)
-    n = np.asarray(telemetry.column("num_running").to_numpy(zero_copy_only=False),
+    t = np.asarray(numbers(telemetry.column("t_s")), dtype=np.float64)
+    n = np.asarray(numbers(telemetry.column("num_running")),
                    dtype=np.float64)
     keep = np.isfinite(t) & np.isfinite(n)
     if not keep.any():

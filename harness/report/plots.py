@@ -8,11 +8,13 @@ any process and never needs a display.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from matplotlib import ticker
 from matplotlib.figure import Figure
 
 DPI = 100
@@ -44,6 +46,35 @@ class SweepPoint:
     tpot_p50_s: float | None
     tpot_p90_s: float | None
     output_tokens_per_s: float | None
+
+
+def seconds_label(value_s: float) -> str:
+    """A tick label for a time in seconds, in the unit a reader thinks in: "500 µs",
+    "20 ms", "1.5 s"."""
+    if value_s >= 1.0 or value_s <= 0.0:
+        return f"{value_s:g} s"
+    if value_s >= 1e-3:
+        return f"{value_s * 1e3:.3g} ms"
+    return f"{value_s * 1e6:.3g} µs"
+
+
+class _LogLabels(ticker.LogFormatter):
+    """Log-axis tick labels as plain numbers ("20 ms", "50", not 2×10⁻²): matplotlib picks
+    which ticks to label (decades, and the minor ticks in between when the axis spans few
+    decades); ``label`` writes the text. No math text, which is also cheaper to lay out."""
+
+    def __init__(self, label: Callable[[float], str]) -> None:
+        super().__init__(labelOnlyBase=False)
+        self._label = label
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return self._label(x) if super().__call__(x, pos) else ""
+
+
+def _log_labels(axis: Any, label: Callable[[float], str] = lambda v: f"{v:g}") -> None:
+    """Plain labels on a log-scaled axis (``_LogLabels``), major and minor ticks."""
+    axis.set_major_formatter(_LogLabels(label))
+    axis.set_minor_formatter(_LogLabels(label))
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -100,11 +131,12 @@ def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path) -> 
             ax.step(values, y, where="post", label=name)
             drawn = True
         ax.set_title(title)
-        ax.set_xlabel("seconds")
+        ax.set_xlabel("log scale")
         ax.set_ylim(0, 1.01)
         ax.grid(True, alpha=0.3)
         if drawn:
             ax.set_xscale("log")
+            _log_labels(ax.xaxis, seconds_label)
     axes[0].set_ylabel("fraction of requests")
     handles, labels = axes[0].get_legend_handles_labels()
     _fixed_margins(fig, 1, len(LATENCY_PANELS), left=0.65, top=0.35, wgap=0.45,
@@ -133,6 +165,8 @@ def engine_state(series: Mapping[str, EngineState], path: Path) -> Path | None:
             ax.step(state.t_s, np.asarray(values, dtype=np.float64) * scale, where="post",
                     label=name, linewidth=1)
         ax.set_ylabel(label)
+        if attr != "kv_usage":  # request counts: whole numbers on the axis
+            ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("time since the first arrival (s)")
     handles, labels = axes[0].get_legend_handles_labels()
@@ -213,6 +247,7 @@ def batch_size_sweep(points: Sequence[SweepPoint], path: Path, *,
                         label=f"TPOT SLO ({tpot_slo_s * 1e3:g} ms)")
     for ax, ylabel in ((ax_tpot, "TPOT (ms)"), (ax_tp, "output tokens/s")):
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel("max_num_seqs")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
@@ -278,6 +313,7 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
         ax.legend(loc="best", fontsize="x-small")
     ax_tpot.set_ylim(bottom=0)
     ax_ttft.set_yscale("log")  # queueing makes TTFT grow by orders of magnitude
+    _log_labels(ax_ttft.yaxis)
     ax_tpot.set_title("Throughput against TPOT")
     ax_ttft.set_title("Throughput against TTFT (points labelled with their load)")
     return _save(fig, path)

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
+from harness import columns
 from harness.report import plots
 from harness.report.context import ReportContext, scenario_context, slo_from
 from harness.report.curves import (
@@ -58,7 +57,7 @@ from harness.report.sections import (
     reproduce_section,
     throughput_section,
 )
-from harness.results import CHUNKS_FILE, REQUESTS_FILE, STEPS_FILE
+from harness.results import CHUNKS_FILE, REQUESTS_FILE, STEPS_FILE, write_parquet_atomic
 
 
 def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Path,
@@ -241,7 +240,7 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
 
 def warm_up(tmp_dir: Path, *, stop: Callable[[], bool] = lambda: False) -> None:
     """Read a parquet file and draw the run figures once, on made-up data, into ``tmp_dir``:
-    fonts, the math-text parser of log-axis labels, pyarrow's conversions and the PNG writer
+    fonts, tick and text layout, pyarrow's conversions and the PNG writer
     are then loaded before a real run folder is ready (``harness.sim.report_process``).
     ``stop()`` is asked before each figure: real work waiting makes the warm-up pointless."""
     rng = np.random.default_rng(0)
@@ -250,7 +249,7 @@ def warm_up(tmp_dir: Path, *, stop: Callable[[], bool] = lambda: False) -> None:
 
     def latency_cdfs() -> None:
         path = tmp_dir / "warm_up.parquet"
-        pq.write_table(pa.table({"ttft_s": latency}), path)
+        write_parquet_atomic(columns.table({"ttft_s": columns.floats(latency)}), path)
         cols = read_columns(path, ("ttft_s",)) or {}
         plots.latency_cdfs({"a": {m: cols.get("ttft_s", latency)
                                   for m, _ in plots.LATENCY_PANELS}},

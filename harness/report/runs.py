@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from harness.columns import numbers
 from harness.manifest import MANIFEST_FILE
 from harness.report.format import load_text, value_text
 from harness.report.plots import EngineState, envelope
@@ -161,12 +162,18 @@ def collect(dirs: Sequence[Path]) -> tuple[list[CellResult], list[dict[str, Any]
 # ---------------------------------------------------------------- parquet files
 
 
+# Files are read with ``pq.ParquetFile``, one file and nothing else: ``pq.read_table`` also
+# reads folders of files, through ``pyarrow.dataset``, which imports pandas (0.4 s of every
+# report process's start).
+
+
 def read_table(path: Path) -> pa.Table | None:
     """The whole parquet file, or None when it is missing or unreadable."""
     if not path.exists():
         return None
     try:
-        return pq.read_table(path)
+        with pq.ParquetFile(path) as file:
+            return file.read()
     except (OSError, ValueError):
         return None
 
@@ -176,12 +183,12 @@ def read_columns(path: Path, columns: Sequence[str]) -> dict[str, np.ndarray] | 
     if not path.exists():
         return None
     try:
-        schema = pq.read_schema(path)
-        wanted = [c for c in columns if c in schema.names]
-        tab = pq.read_table(path, columns=wanted)
+        with pq.ParquetFile(path) as file:
+            wanted = [c for c in columns if c in file.schema_arrow.names]
+            tab = file.read(columns=wanted)
     except (OSError, ValueError):
         return None
-    return {c: tab.column(c).to_numpy(zero_copy_only=False) for c in wanted}
+    return {c: numbers(tab.column(c)) for c in wanted}
 
 
 def request_columns(run_dir: Path) -> dict[str, np.ndarray]:

@@ -111,3 +111,52 @@ def test_a_simulated_run_does_not_import_pandas_or_pyarrow_compute(tmp_path: Pat
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.parametrize("column", [
+    pa.array([1.5, float("nan"), -2.0]),
+    pa.array([1.5, None, -2.0]),
+    pa.array([3, None, 2**40, -1], pa.int64()),
+    pa.array([7, 8, 9], pa.int32()),
+    pa.array([True, False, None, True] * 5),
+    pa.array([True, False, True] * 7).slice(3, 10),  # an offset into the bitmap
+    pa.array([1.0, 2.0, None, 4.0, 5.0]).slice(1, 3),  # an offset into data and validity
+    pa.chunked_array([pa.array([1, 2]), pa.array([None, 4])], pa.int64()),
+    pa.chunked_array([], pa.float64()),
+    pa.array([], pa.int64()),
+    pa.array([None, None]),  # type null: a column nobody ever filled
+], ids=repr)
+def test_numbers_reads_what_to_numpy_reads(column: pa.Array | pa.ChunkedArray) -> None:
+    got = columns.numbers(column)
+    expected = column.to_numpy(zero_copy_only=False)
+    if expected.dtype == object:  # nulls only: None, which the readers treat as NaN
+        expected = np.asarray(expected, dtype=np.float64)
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_numbers_refuses_text() -> None:
+    with pytest.raises(TypeError, match="not a numeric column"):
+        columns.numbers(pa.array(["a"]))
+
+
+def test_the_report_of_a_run_does_not_import_pandas(tmp_path: Path) -> None:
+    """The report's process (its warm-up, then the report) reads its files with
+    ``pq.ParquetFile`` and ``numbers``, and writes with ``columns``: neither ``pq.read_table``
+    (pyarrow.dataset), ``to_numpy`` nor ``pa.array`` loads pandas into it."""
+    run = tmp_path / "run"
+    code = ("import sys\n"
+            "from harness.cli import main\n"
+            f"assert main(['simulate', '--trace', 'synthetic', '--num-requests', '50', "
+            f"'--rate', '20', '--prompt-tokens', '32', '--output-tokens', '8', "
+            f"'--out', {str(run)!r}, '--no-report']) == 0\n"
+            "from pathlib import Path\n"
+            "from harness.report.render import render_run_report, warm_up\n"
+            f"warm_up(Path({str(tmp_path)!r}))\n"  # what the report's child process does
+            f"render_run_report(Path({str(run)!r}))\n"
+            "print('pandas' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (run / "latency_cdf.png").exists() and (run / "report.md").exists()
+    assert done.stdout.strip().splitlines()[-1] == "False"
