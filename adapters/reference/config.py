@@ -25,6 +25,7 @@ from adapters.reference.hardware import GpuSpec, UnknownHardwareError
 from adapters.reference.models import ModelSpec, UnknownModelError, lookup_model
 
 GIB = 2**30
+OVERSIZED_PROMPTS = ("refuse", "reject")  # ReferenceConfig.oversized_prompts
 
 
 class ConfigError(ValueError):
@@ -55,6 +56,11 @@ class ReferenceConfig:
     ``admission`` says (``as_dict`` reports the admission actually used).
     ``max_model_len`` left as None is the model's ``max_position_embeddings``.
     ``gpu`` left as None is the profile's device, else ``h100-sxm``.
+    ``oversized_prompts``: with chunked prefill off a prompt is prefilled whole in one step, so
+    a prompt longer than ``max_num_batched_tokens`` can never run. "refuse": a configuration
+    that would admit one (``max_model_len`` above the step budget) is refused at start, as vLLM
+    refuses to start. "reject": the engine starts and rejects each such request when it
+    arrives, as TensorRT-LLM's request check does (the TensorRT-LLM profiles' default).
     """
 
     model: str = "llama-3.1-8b"
@@ -74,6 +80,7 @@ class ReferenceConfig:
     max_model_len: int | None = None
     prefix_caching: bool = False
     swap_space_gib: float = 4.0  # host memory for swapped KV, per GPU (vLLM V0's default)
+    oversized_prompts: str = "refuse"  # or "reject" (class doc)
     profile: str | None = None  # path to a calibration profile JSON
     cost_params: CostModelParams | None = None  # or the coefficients themselves
 
@@ -141,7 +148,8 @@ class ReferenceConfig:
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "weights_dtype": self.weights_dtype, "kv_cache_dtype": self.kv_cache_dtype,
             "max_model_len": self.resolved_max_model_len, "prefix_caching": self.prefix_caching,
-            "swap_space_gib": self.swap_space_gib, "cost_model": self.params.source,
+            "swap_space_gib": self.swap_space_gib, "oversized_prompts": self.oversized_prompts,
+            "cost_model": self.params.source,
         }
 
     @classmethod
@@ -206,6 +214,7 @@ def _validate(c: ReferenceConfig) -> None:
     _choice("preemption", c.preemption, PREEMPTIONS)
     _choice("weights_dtype", c.weights_dtype, DTYPES)
     _choice("kv_cache_dtype", c.kv_cache_dtype, DTYPES)
+    _choice("oversized_prompts", c.oversized_prompts, OVERSIZED_PROMPTS)
     if c.admission is not None:
         _choice("admission", c.admission, ADMISSIONS)
     for name in ("tp", "max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -261,7 +270,7 @@ def _validate(c: ReferenceConfig) -> None:
         raise ConfigError(
             f"max_model_len: {c.max_model_len} exceeds the model's max_position_embeddings "
             f"({model_spec.max_position_embeddings})")
-    if not c.chunked_prefill or c.policy == "static":
+    if c.policy == "static" or (not c.chunked_prefill and c.oversized_prompts == "refuse"):
         why = "the static policy prefills" if c.policy == "static" else \
             "with chunked prefill off a prompt is prefilled"
         if c.max_num_batched_tokens < c.resolved_max_model_len:

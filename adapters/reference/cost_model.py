@@ -386,7 +386,7 @@ class CostModel:
 # the knobs a user leaves unset. Keys are ReferenceConfig fields.
 PROFILE_SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "policy", "preemption",
                           "admission", "chunked_prefill", "prefix_caching",
-                          "gpu_memory_utilization", "block_size")
+                          "gpu_memory_utilization", "block_size", "oversized_prompts")
 
 
 def profile_metadata(name_or_path: str | Path) -> dict[str, Any]:

@@ -213,6 +213,17 @@ class Scheduler:
         if r.num_prompt_tokens + r.max_output_tokens > max_len:
             return (f"prompt ({r.num_prompt_tokens}) + output ({r.max_output_tokens}) tokens "
                     f"exceed max_model_len ({max_len})")
+        if not self.config.chunked_prefill:  # a prefill runs whole in one step
+            budget = self.config.max_num_batched_tokens
+            if r.num_prompt_tokens > budget:
+                return (f"prompt ({r.num_prompt_tokens}) tokens exceed max_num_batched_tokens "
+                        f"({budget}): with chunked prefill off a prompt is prefilled whole in "
+                        "one step")
+            if self.config.preemption == "recompute" and r.num_max_kv_tokens > budget:
+                return (f"prompt ({r.num_prompt_tokens}) + output ({r.max_output_tokens}) "
+                        f"tokens exceed max_num_batched_tokens ({budget}): with chunked "
+                        "prefill off, a request preempted late would re-prefill them whole in "
+                        "one step")
         need = self.blocks.blocks_for(r.num_max_kv_tokens)
         if need > self.blocks.num_gpu_blocks:
             return (f"needs {need} KV blocks even alone, but the KV cache has only "

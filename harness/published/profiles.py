@@ -43,6 +43,7 @@ SCHEDULER_KEYS: dict[str, type] = {
     "gpu_memory_utilization": float,
     "block_size": int,
     "max_model_len": int,
+    "oversized_prompts": str,  # with chunked prefill off: refuse the setup, or reject requests
 }
 # CostModelParams fields a row's engine_settings may override (the published run's setup).
 COST_OVERRIDE_KEYS = ("frontend_latency_s",)

@@ -100,8 +100,14 @@ def test_calibrate_and_validate_against_the_served_reference(tmp_path: Path) -> 
     tpot_error = fid["tpot_s"]["p50"]["relative_error"]
     assert abs(tpot_error) < 0.3, fid["tpot_s"]
     assert abs(fid["output_tokens_per_s"]["relative_error"]) < 0.2
-    speed = fid["engine_speed_vs_calibration"]  # a steady engine
-    assert abs(speed["before"]) < 0.3 and abs(speed["after"]) < 0.3, speed
+    speed = fid["engine_speed_vs_calibration"]  # a steady engine: no drift where measured
+    for when in ("before", "after"):
+        # a loaded machine can leave a probe without a span where every stream advanced alike:
+        # then it is not measured, and says why, rather than reporting a made-up drift
+        if speed[when] is None:
+            assert speed[f"{when}_reason"], speed
+        else:
+            assert abs(speed[when]) < 0.3, speed
     assert (out / "per_request_errors.parquet").exists()
     assert (out / "fidelity.md").read_text().startswith("## Prediction fidelity")
     manifest = json.loads((out / "live" / "manifest.json").read_text())

@@ -13,6 +13,7 @@ import pytest
 from adapters.base import Knobs
 from adapters.reference.config import ConfigError, ReferenceConfig
 from adapters.reference.cost_model import (
+    PROFILES_DIR,
     CostModelParams,
     ProfileError,
     load_profile,
@@ -83,17 +84,37 @@ def test_profile_by_name_and_by_path_are_the_same() -> None:
     assert config.params == load_profile(path)
 
 
-def test_a_profile_that_turns_chunked_prefill_off_says_so_when_prompts_cannot_fit() -> None:
+def test_trtllm_profiles_start_and_reject_prompts_over_the_step_budget() -> None:
+    """TensorRT-LLM runs with chunked prefill off and a context longer than max_num_tokens,
+    rejecting each prompt that does not fit one step; vLLM's rule refuses such a setup."""
     def config(given: dict, profile: str | None = "trtllm-h100-sxm") -> ReferenceConfig:
         return ReferenceConfig.from_knobs(Knobs.from_mapping(given), model="llama-3.1-8b",
                                           gpu=None, profile=profile)
 
-    with pytest.raises(ConfigError, match=r"profile trtllm-h100-sxm turns chunked prefill off"):
-        config({})
-    assert not config({"max_model_len": 8192}).chunked_prefill
-    with pytest.raises(ConfigError) as plain:  # chunked prefill off by the user: no profile note
+    trt = config({})
+    assert not trt.chunked_prefill and trt.oversized_prompts == "reject"
+    assert trt.resolved_max_model_len > trt.max_num_batched_tokens
+    assert trt.as_dict()["oversized_prompts"] == "reject"
+    for name in ("trtllm-h200", "trtllm-a100-80gb"):
+        assert config({}, profile=name).oversized_prompts == "reject"
+    assert config({}, profile="vllm-h100-sxm").oversized_prompts == "refuse"
+    with pytest.raises(ConfigError) as plain:  # chunked prefill off by the user: vLLM's rule
         config({"chunked_prefill": False}, profile=None)
-    assert "profile" not in str(plain.value)
+    assert "profile" not in str(plain.value) and "vLLM's rule" in str(plain.value)
+
+
+def test_a_profile_that_turns_chunked_prefill_off_says_so_when_prompts_cannot_fit(
+        tmp_path: Path) -> None:
+    """A profile file that turns chunked prefill off but keeps vLLM's rule: the refusal names
+    the profile, since the user never turned chunked prefill off."""
+    body = json.loads((PROFILES_DIR / "trtllm-h100-sxm.json").read_text())
+    del body["metadata"]["scheduler"]["oversized_prompts"]
+    path = tmp_path / "no-chunking.json"
+    path.write_text(json.dumps(body))
+    with pytest.raises(ConfigError, match=r"profile .*no-chunking.json turns chunked prefill "
+                                          r"off"):
+        ReferenceConfig.from_knobs(Knobs.from_mapping({}), model="llama-3.1-8b", gpu=None,
+                                   profile=str(path))
 
 
 def test_unknown_profile_name_lists_the_shipped_ones() -> None:
