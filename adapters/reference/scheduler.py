@@ -219,7 +219,8 @@ class Scheduler:
                 return (f"prompt ({r.num_prompt_tokens}) tokens exceed max_num_batched_tokens "
                         f"({budget}): with chunked prefill off a prompt is prefilled whole in "
                         "one step")
-            if self.config.preemption == "recompute" and r.num_max_kv_tokens > budget:
+            # recompute (and swap, which falls back to it when the host is full)
+            if self.config.preemption != "none" and r.num_max_kv_tokens > budget:
                 return (f"prompt ({r.num_prompt_tokens}) + output ({r.max_output_tokens}) "
                         f"tokens exceed max_num_batched_tokens ({budget}): with chunked "
                         "prefill off, a request preempted late would re-prefill them whole in "

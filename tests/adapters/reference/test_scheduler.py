@@ -108,14 +108,14 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_whole_budget() -> None:
     h.run_to_completion()
 
 
-@pytest.mark.parametrize("preemption", ["recompute", "none"])
+@pytest.mark.parametrize("preemption", ["recompute", "swap", "none"])
 def test_without_chunked_prefill_a_prompt_over_the_budget_is_rejected(preemption: str) -> None:
     """TensorRT-LLM's rule (``oversized_prompts: reject``): the engine runs with a context
     longer than its step budget and rejects each request whose prefill cannot fit one step.
     A request that may be preempted and recomputed must fit with its output too."""
     h = Harness(num_blocks=20, max_num_batched_tokens=64, chunked_prefill=False,
                 max_model_len=1024, preemption=preemption,
-                admission="optimistic" if preemption == "recompute" else "reserve")
+                admission="reserve" if preemption == "none" else "optimistic")
     over = Request("over", 65, 3)
     assert not h.sched.add_request(over)
     assert over.error_kind == "rejected"
@@ -123,7 +123,7 @@ def test_without_chunked_prefill_a_prompt_over_the_budget_is_rejected(preemption
     edge = h.add("edge", prompt=64, output=1)  # 64 KV tokens: fits whichever the preemption
     long_output = Request("long-output", 40, 30)  # prompt fits; prompt + output do not
     accepted = h.sched.add_request(long_output)
-    if preemption == "recompute":
+    if preemption != "none":  # swap falls back to recompute when the host is full
         assert not accepted and "re-prefill" in long_output.error_message
     else:  # never preempted: only the prompt is ever prefilled
         assert accepted
