@@ -144,8 +144,8 @@ def per_request_summary(errors: pa.Table) -> dict[str, Any]:
     """Medians of the per-request relative errors: absolute (how far) and signed (which way)."""
     out: dict[str, Any] = {"num_matched": errors.num_rows}
     for metric in METRICS:
-        values = numbers(errors.column(f"{metric}_relative_error"))
-        values = np.asarray(values, dtype=np.float64)
+        values = np.asarray(numbers(errors.column(f"{metric}_relative_error")),
+                            dtype=np.float64)
         values = values[np.isfinite(values)]
         if values.size == 0:
             out[metric] = {"median_abs": None, "p90_abs": None, "median": None, "count": 0}
@@ -198,8 +198,7 @@ def _step_series(steps: pa.Table) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     if "duration_s" in steps.column_names:
         # Idle gaps between steps (waiting for arrivals) count as zero running requests.
-        d = np.asarray(numbers(steps.column("duration_s")),
-                       dtype=np.float64)
+        d = np.asarray(numbers(steps.column("duration_s")), dtype=np.float64)
         ends = t + d
         idle = np.append(t[1:] > ends[:-1] + 1e-12, True)
         t = np.concatenate([t, ends[idle]])
@@ -213,8 +212,7 @@ def _telemetry_series(telemetry: pa.Table) -> tuple[np.ndarray, np.ndarray] | No
     if "t_s" not in telemetry.column_names or "num_running" not in telemetry.column_names:
         return None
     t = np.asarray(numbers(telemetry.column("t_s")), dtype=np.float64)
-    n = np.asarray(numbers(telemetry.column("num_running")),
-                   dtype=np.float64)
+    n = np.asarray(numbers(telemetry.column("num_running")), dtype=np.float64)
     keep = np.isfinite(t) & np.isfinite(n)
     if not keep.any():
         return None

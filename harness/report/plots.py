@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from matplotlib import ticker
+from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 
 DPI = 100
@@ -71,7 +71,7 @@ class _LogLabels(ticker.LogFormatter):
         return self._label(x) if super().__call__(x, pos) else ""
 
 
-def _log_labels(axis: Any, label: Callable[[float], str] = lambda v: f"{v:g}") -> None:
+def _log_labels(axis: Axis, label: Callable[[float], str] = lambda v: f"{v:g}") -> None:
     """Plain labels on a log-scaled axis (``_LogLabels``), major and minor ticks."""
     axis.set_major_formatter(_LogLabels(label))
     axis.set_minor_formatter(_LogLabels(label))
