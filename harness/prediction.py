@@ -1,8 +1,11 @@
 """What a predicted number says about itself, in words: the one wording of a prediction record
 (``adapters.reference.prediction_record``) for the report and the command line.
 
-    predicted by the reference engine with profile NAME; on published figures it was not
-    fitted on it missed by a median M% (worst W%, docs/fidelity.md)
+    predicted by the reference engine with profile NAME; on N published figures its fit never
+    saw, it missed by a median M% (worst W%, docs/fidelity.md)
+
+A profile that borrows another's coefficients (no training figures of its own engine and GPU)
+says whose, after its name.
 
 Reads records only (run folders, a served engine's ``/version``): nothing here imports an
 engine, so the report can use it.
@@ -32,10 +35,16 @@ def prediction_text(prediction: object, *, by: str = SIMULATED,
     acc: Mapping[str, Any] = accuracy if isinstance(accuracy, Mapping) else {}
     if prediction.get("profile"):
         head += f" with profile {code(str(prediction['profile']))}"
+        donor = acc.get("coefficients_from")
+        if donor:
+            head += (f" (coefficients borrowed from {code(str(donor))}: no training figures of "
+                     "its own)")
         median, worst = acc.get("held_out_median_abs_error"), acc.get("held_out_worst_abs_error")
         if median is None:
             return head + "; its accuracy was not measured against published figures"
-        text = (head + f"; on published figures it was not fitted on it missed by a median "
+        num = acc.get("held_out_num_rows")
+        figures = f"{num} published figures" if num else "published figures"
+        text = (head + f"; on {figures} its fit never saw, it missed by a median "
                 f"{_pct(median)} (worst {_pct(worst)}")
         pub_n = acc.get("held_out_published_num_rows")
         if pub_n and pub_n != acc.get("held_out_num_rows"):

@@ -260,10 +260,16 @@ def _flags_text(c: CellResult) -> str:
     return " ".join(parts)
 
 
+def _compared(ok: Sequence[CellResult], base: CellResult | None) -> bool:
+    """Whether any cell is shown against a baseline (a single run has nothing to compare)."""
+    return base is not None and any(c is not base for c in ok)
+
+
 def latency_section(ok: Sequence[CellResult], base: CellResult | None) -> list[str]:
     lines = ["## Latency", "",
-             "Percentiles over successful requests; in brackets the change against "
-             + (f"the baseline {code(base.name)}." if base else "the baseline."), ""]
+             "Percentiles over successful requests"
+             + (f"; in brackets the change against the baseline {code(base.name)}."
+                if base is not None and _compared(ok, base) else "."), ""]
     for metric, label in LATENCIES:
         if not any(get(c.summary, f"{metric}.count") for c in ok):
             continue
@@ -344,10 +350,13 @@ def preemption_section(ok: Sequence[CellResult], preempted: Mapping[str, int | N
 def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
     """Prefix-cache hit rates, when any cell cached prefixes (simulated: summary.json)."""
     rows = []
+    blind: list[str] = []  # cells whose trace says nothing of shared prefixes
     for c in ok:
         pc = get(c.summary, "prefix_cache")
         if not isinstance(pc, Mapping):
             continue
+        if pc.get("num_requests_with_prefix_ids") == 0:
+            blind.append(code(c.name))
         rate, again = pc.get("hit_rate"), pc.get("preempted_hit_rate")
         rows.append([code(c.name), fmt_int(pc.get("queries_tokens")),
                      fmt_int(pc.get("hits_tokens")),
@@ -360,7 +369,11 @@ def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
             "many were found (their prefill is skipped); re-admissions after a preemption are "
             "counted apart, as vLLM counts `vllm:prefix_cache_queries` and `_hits`.", "",
             table(["cell", "tokens looked up", "tokens hit", "hit rate",
-                   "hit rate after preemption"], rows), ""]
+                   "hit rate after preemption"], rows), ""] + ([
+            f"No request of {', '.join(blind)} carried prefix identities: the trace records "
+            "lengths, not prompts, so no two prompts can be known to share a prefix and no "
+            "lookup hits. Only Mooncake traces (`hash_ids`) exercise the cache.", ""]
+            if blind else [])
 
 
 def output_length_section(ok: Sequence[CellResult]) -> list[str]:
@@ -404,8 +417,9 @@ def priority_section(ok: Sequence[CellResult], base: CellResult | None, ctx: Rep
     keys.sort(key=priority_sort_key)
     lines = ["## Per priority class", "",
              "Requests split by priority (lower values are served first under the priority "
-             "policy; other policies ignore them). Deltas against the same class in the "
-             "baseline.", ""]
+             "policy; other policies ignore them)."
+             + (" Deltas against the same class in the baseline." if _compared(ok, base)
+                else ""), ""]
     has_slo = any(get(c.summary, "goodput") for c in ok)
     for key in keys:
         rows = []

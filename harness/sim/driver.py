@@ -165,13 +165,17 @@ def _simulate(
         config=config,
         stopped_reason=stopped or None,
         num_not_sent=total - len(sent),
-        prefix_cache=prefix_cache_stats(core) if config.prefix_caching else None,
+        prefix_cache=(prefix_cache_stats(core, sum(1 for _, tr, _ in sent
+                                                   if tr.prefix_hash_ids))
+                      if config.prefix_caching else None),
     )
 
 
-def prefix_cache_stats(core: EngineCore) -> dict[str, Any]:
+def prefix_cache_stats(core: EngineCore, num_with_prefix_ids: int) -> dict[str, Any]:
     """Prefix-cache lookups at admission, in tokens, as vLLM counts ``vllm:prefix_cache_queries``
-    and ``_hits``; re-admissions after a preemption are counted apart, as vLLM does."""
+    and ``_hits``; re-admissions after a preemption are counted apart, as vLLM does.
+    ``num_with_prefix_ids``: requests whose trace row says which prefix blocks they share
+    (Mooncake's hash_ids); without them a lookup cannot hit."""
     blocks = core.scheduler.blocks
     queries, hits = blocks.prefix_cache_queries_tokens, blocks.prefix_cache_hits_tokens
     pre_q = blocks.prefix_cache_preempted_queries_tokens
@@ -183,6 +187,7 @@ def prefix_cache_stats(core: EngineCore) -> dict[str, Any]:
         "preempted_queries_tokens": pre_q,
         "preempted_hits_tokens": pre_h,
         "preempted_hit_rate": pre_h / pre_q if pre_q else None,
+        "num_requests_with_prefix_ids": num_with_prefix_ids,
     }
 
 

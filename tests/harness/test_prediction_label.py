@@ -35,6 +35,29 @@ def test_a_profile_cell_names_its_profile_and_its_held_out_error() -> None:
             "workload is fully published") in text
 
 
+def test_a_profile_says_how_many_figures_its_error_is_measured_on() -> None:
+    acc = profile_accuracy("trtllm-h100-sxm")
+    assert acc is not None and acc["coefficients_from"] is None
+    text = _label(ReferenceConfig(model="llama-3.1-8b", profile="trtllm-h100-sxm"))
+    assert f"on {acc['held_out_num_rows']} published figures its fit never saw" in text
+    assert "borrowed" not in text
+
+
+def test_a_profile_without_training_figures_names_whose_coefficients_it_borrows() -> None:
+    # TGI has no training rows: its profile runs vLLM's coefficients with TGI's scheduler
+    assert profile_metadata("tgi-h100-sxm")["fit"]["coefficients_from"] == "vllm-h100-sxm"
+    text = _label(ReferenceConfig(model="llama-3.1-8b", profile="tgi-h100-sxm"))
+    assert text.startswith("**predicted** by the reference engine with profile "
+                           "`tgi-h100-sxm` (coefficients borrowed from `vllm-h100-sxm`: no "
+                           "training figures of its own); on 2 published figures")
+    # an old run folder's record, written before the donor was recorded, still reads
+    old = {"kind": "profile", "profile": "tgi-h100-sxm",
+           "accuracy": {"held_out_median_abs_error": 0.4, "held_out_worst_abs_error": 0.7}}
+    assert prediction_text(old) == ("predicted by the reference engine with profile "
+                                    "tgi-h100-sxm; on published figures its fit never saw, it "
+                                    "missed by a median 40.0% (worst 70.0%, docs/fidelity.md)")
+
+
 def test_a_profile_whose_held_out_rows_are_all_published_shows_one_figure() -> None:
     acc = profile_accuracy("trtllm-h200")
     assert acc is not None
@@ -59,9 +82,11 @@ def test_an_old_run_without_a_prediction_record_still_says_predicted() -> None:
 def test_the_plain_wording_is_the_reports_without_its_markup() -> None:
     record = prediction_record(ReferenceConfig(model="llama-3.1-8b", profile="vllm-h200"))
     plain = prediction_text(record)
-    assert plain.startswith("predicted by the reference engine with profile vllm-h200; ")
+    assert plain.startswith("predicted by the reference engine with profile vllm-h200 "
+                            "(coefficients borrowed from vllm-h100-sxm: ")
     assert _label(ReferenceConfig(model="llama-3.1-8b", profile="vllm-h200")) == (
-        plain.replace("predicted", "**predicted**", 1).replace("vllm-h200", "`vllm-h200`", 1))
+        plain.replace("predicted", "**predicted**", 1).replace("vllm-h200", "`vllm-h200`", 1)
+        .replace("vllm-h100-sxm", "`vllm-h100-sxm`", 1))
     served = prediction_text(record, by=SERVED)
     assert served.startswith("predicted by the reference engine served over HTTP")
     assert served.endswith(plain.split(" with profile ", 1)[1])

@@ -20,13 +20,17 @@ MOONCAKE = Path(__file__).resolve().parents[3] / "harness" / "data" / \
     "mooncake_conversation_excerpt.jsonl"
 
 
-def _run(tmp_path: Path, prefix_caching: bool) -> dict[str, object]:
-    trace = load_trace(str(MOONCAKE), TraceOptions(time_scale=4.0, max_model_len=32768,
-                                                   on_too_long="clip"))
+AZURE = MOONCAKE.with_name("azure_conv_excerpt.csv")
+
+
+def _run(tmp_path: Path, prefix_caching: bool, path: Path = MOONCAKE, *,
+         report: bool = False, limit: int | None = None) -> dict[str, object]:
+    trace = load_trace(str(path), TraceOptions(time_scale=4.0, max_model_len=32768,
+                                               on_too_long="clip", limit=limit))
     knobs = Knobs.from_mapping({"prefix_caching": prefix_caching, "max_model_len": 32768})
     spec = TargetSpec("reference", "simulate", knobs=knobs)
-    out = tmp_path / ("on" if prefix_caching else "off")
-    make_target(spec).run(trace, out, RunOptions(write_report=False))
+    out = tmp_path / f"{path.stem}-{'on' if prefix_caching else 'off'}"
+    make_target(spec).run(trace, out, RunOptions(write_report=report))
     summary: dict[str, object] = json.loads((out / "summary.json").read_text())
     return summary
 
@@ -36,10 +40,29 @@ def test_mooncake_excerpt_has_a_nonzero_hit_rate_and_faster_ttft(tmp_path: Path)
     cache = on["prefix_cache"]
     assert isinstance(cache, dict)
     assert cache["hits_tokens"] > 0 and 0 < cache["hit_rate"] < 1
+    # every row of the excerpt names its prefix blocks
+    assert cache["num_requests_with_prefix_ids"] == on["num_requests"] > 0
     assert "prefix_cache" not in off
     ttft_on, ttft_off = on["ttft_s"], off["ttft_s"]
     assert isinstance(ttft_on, dict) and isinstance(ttft_off, dict)
     assert ttft_on["mean"] < ttft_off["mean"]
+
+
+def test_the_report_says_why_a_trace_without_prefix_identities_never_hits(
+        tmp_path: Path) -> None:
+    # Azure's trace has lengths only: every lookup misses, and the report must say that this
+    # is the trace, not the cache
+    azure = _run(tmp_path, True, AZURE, report=True, limit=200)
+    cache = azure["prefix_cache"]
+    assert isinstance(cache, dict)
+    assert cache["num_requests_with_prefix_ids"] == 0 and cache["hits_tokens"] == 0
+    assert cache["queries_tokens"] > 0
+    text = (tmp_path / "azure_conv_excerpt-on" / "report.md").read_text()
+    assert "## Prefix cache" in text
+    assert "carried prefix identities: the trace records lengths, not prompts" in text
+    _run(tmp_path, True, MOONCAKE, report=True, limit=200)
+    text = (tmp_path / "mooncake_conversation_excerpt-on" / "report.md").read_text()
+    assert "## Prefix cache" in text and "prefix identities" not in text
 
 
 def _scrape(url: str) -> dict[str, float]:
