@@ -33,6 +33,11 @@ prompt blocks are named by chained hashes (``request.block_hashes``, see request
 - Freeing a request (finish, preemption, swap-out) keeps the hashes of the blocks its computed
   tokens fill; a block offered this step whose tokens were never computed (the request was
   preempted before its step ran) is dropped from the cache.
+
+A run whose requests carry no block hashes at all (a trace of lengths only: Azure, ShareGPT,
+synthetic) can never cache a block, so the order of the free blocks decides nothing but their
+ids. ``expect_no_prefix_ids`` then keeps them on the plain stack: lookups are still counted
+(every one a miss), and every count and every schedule is the one the free queue gives.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ class BlockManager:
         self.num_free_host_blocks = num_host_blocks
         # Prefix caching state (see enable_prefix_caching).
         self.prefix_caching = False
+        self._lru = False  # free blocks in the least-recently-freed queue (not the stack)
         self._free_queue: OrderedDict[int, None] = OrderedDict()
         self._ref_counts: list[int] = []
         self._block_hash: list[int | None] = []
@@ -105,7 +111,7 @@ class BlockManager:
         if self.num_used_blocks:
             raise InvariantError("prefix caching can only be turned on while no block is held")
         n = self.num_gpu_blocks
-        self.prefix_caching = True
+        self.prefix_caching = self._lru = True
         # Every free block, least recently freed first (vLLM's FreeKVCacheBlockQueue): the
         # stack is not used while caching.
         self._free_queue = OrderedDict.fromkeys(range(n))
@@ -115,12 +121,23 @@ class BlockManager:
         self._cached_block_ids = {}  # hash -> the one block cached under it
         self._lookup = None
 
+    def expect_no_prefix_ids(self) -> None:
+        """No request of this run will carry block hashes (module doc): free blocks go back
+        on the stack, lookups are counted as misses. Only while no block is held."""
+        if not self.prefix_caching or not self._lru:
+            return
+        if self.num_used_blocks:
+            raise InvariantError("the free blocks can only be restacked while none is held")
+        self._lru = False
+        self._free_queue = OrderedDict()
+        self._free_block_ids = list(range(self.num_gpu_blocks - 1, -1, -1))
+
     # ---- queries
 
     @property
     def num_free_blocks(self) -> int:
         """Blocks no request holds (cached-free ones included: they are evictable)."""
-        if self.prefix_caching:
+        if self._lru:
             return len(self._free_queue)
         return len(self._free_block_ids)
 
@@ -155,6 +172,11 @@ class BlockManager:
         stops at the first block no running request holds (one that eviction cannot take).
         """
         if not self.prefix_caching or request.num_computed_tokens or request.num_host_blocks:
+            return NO_HIT
+        if not self._lru:
+            if request.block_hashes:
+                raise InvariantError(f"{request!r} has block hashes in a run expected to have "
+                                     "none (expect_no_prefix_ids)")
             return NO_HIT
         # The waiting head is looked up every step until it fits, and prompts run to thousands
         # of blocks: the last lookup is kept until a block it found is evicted or the hash
@@ -213,15 +235,17 @@ class BlockManager:
         the held blocks suffice), or None when there are not enough free blocks; then nothing
         changes.
         """
-        if self.prefix_caching:
+        if self._lru:
             filled = request.num_computed_tokens + (hit.num_tokens if hit else 0) + num_new_tokens
             return self._grow_cached(request, filled, filled, hit)
         need = (self.blocks_for(request.num_computed_tokens + num_new_tokens)
                 - len(request.block_ids))
-        if need <= 0:
-            return []
         if need > len(self._free_block_ids):
             return None
+        if hit is not None and self.prefix_caching:  # a miss (expect_no_prefix_ids)
+            self._record_lookup(request, hit)
+        if need <= 0:
+            return []
         new = self._take(need)
         request.block_ids.extend(new)
         return new
@@ -248,20 +272,22 @@ class BlockManager:
         ``num_new_tokens`` are scheduled now on top of the computed ones and ``hit`` (as in
         ``allocate``); they say which blocks the step fills, for the prefix cache.
         """
-        if self.prefix_caching:
+        if self._lru:
             filled = request.num_computed_tokens + (hit.num_tokens if hit else 0) + num_new_tokens
             return self._grow_cached(request, num_tokens, filled, hit)
         need = self.blocks_for(num_tokens) - len(request.block_ids)
-        if need <= 0:
-            return []
         if need > len(self._free_block_ids):
             return None
+        if hit is not None and self.prefix_caching:  # a miss (expect_no_prefix_ids)
+            self._record_lookup(request, hit)
+        if need <= 0:
+            return []
         new = self._take(need)
         request.block_ids.extend(new)
         return new
 
     def _take(self, num_blocks: int) -> list[int]:
-        if self.prefix_caching:
+        if self._lru:
             return self._take_cached(num_blocks)
         free = self._free_block_ids
         new = free[-num_blocks:]
@@ -276,7 +302,7 @@ class BlockManager:
         request.num_host_blocks = 0
 
     def _release(self, request: Request) -> None:
-        if self.prefix_caching:
+        if self._lru:
             self._release_cached(request)
         else:
             self._free_block_ids.extend(reversed(request.block_ids))
@@ -410,7 +436,7 @@ class BlockManager:
         With prefix caching: a block is held by as many requests as its ref count says, is
         free exactly when none holds it, and each cached hash names exactly one block.
         """
-        if self.prefix_caching:
+        if self._lru:
             self._check_cached(list(holders))
             return
         held: list[int] = []

@@ -120,6 +120,9 @@ def _simulate(
     # long); the timeline keeps the user's arrival, so TTFT and E2E include the delay.
     frontend_s = config.params.frontend_latency_s
     block_size = config.block_size if config.prefix_caching else 0  # 0: no block hashes
+    if block_size and not any(tr.prefix_hash_ids for tr in requests):
+        # lengths only: nothing can be cached, and the plain free-block stack is faster
+        core.blocks.expect_no_prefix_ids()
     source: _Arrivals = (_TraceArrivals(requests, frontend_s, block_size) if closed_loop is None
                          else _Users(requests, frontend_s, closed_loop, block_size))
     total = len(requests)

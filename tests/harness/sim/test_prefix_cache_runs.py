@@ -7,11 +7,15 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.knobs import Knobs
+from adapters.reference.blocks import NO_HIT, BlockManager, InvariantError
 from adapters.reference.config import ReferenceConfig
+from adapters.reference.request import Request
 from harness.serve.app import start_server_in_thread
+from harness.sim.driver import simulate
 from harness.target import RunOptions, TargetSpec
 from harness.targets import make_target
 from harness.traces import TraceOptions, load_trace
@@ -83,3 +87,51 @@ def test_served_reference_counts_prefix_cache_hits() -> None:
     # prompt token is always computed, so the last block is not taken from the cache).
     assert values["vllm:prefix_cache_queries_total"] == 128
     assert values["vllm:prefix_cache_hits_total"] == 48
+
+
+@pytest.mark.parametrize("settings", [
+    {"num_gpu_blocks": 400, "max_num_seqs": 32},  # KV short: recompute preemptions
+    {"num_gpu_blocks": 400, "preemption": "swap"},
+    {"num_gpu_blocks": 600, "admission": "reserve", "preemption": "none"},
+    {},
+], ids=["recompute", "swap", "reserve", "plenty"])
+def test_a_trace_without_prefix_ids_simulates_the_same_on_the_plain_block_stack(
+        settings: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Azure's rows name no prefix blocks: the driver keeps free blocks on the plain stack
+    # (expect_no_prefix_ids). Every step, latency and lookup count must be what the
+    # least-recently-freed queue gives.
+    trace = load_trace(str(AZURE), TraceOptions(limit=150, time_scale=0.2))
+    config = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", prefix_caching=True,
+                             max_model_len=8192, **settings)  # type: ignore[arg-type]
+    fast = simulate(trace.requests, config, check_invariants=True)
+    calls: list[bool] = []
+    monkeypatch.setattr(BlockManager, "expect_no_prefix_ids",
+                        lambda self: calls.append(True))
+    queued = simulate(trace.requests, config, check_invariants=True)
+    assert calls == [True]  # the driver asked for the stack, and this run kept the queue
+    assert fast.steps.equals(queued.steps)
+    assert [tl.chunk_times_s for tl in fast.timelines] == \
+        [tl.chunk_times_s for tl in queued.timelines]
+    assert [(tl.finished_s, tl.num_preemptions, tl.error_kind) for tl in fast.timelines] == \
+        [(tl.finished_s, tl.num_preemptions, tl.error_kind) for tl in queued.timelines]
+    assert fast.prefix_cache == queued.prefix_cache
+    assert fast.prefix_cache is not None and fast.prefix_cache["hits_tokens"] == 0
+    assert fast.prefix_cache["queries_tokens"] > 0
+    if settings.get("num_gpu_blocks") == 400:
+        assert sum(tl.num_preemptions for tl in fast.timelines) > 0
+
+
+def test_the_block_stack_refuses_a_request_with_block_hashes() -> None:
+    blocks = BlockManager(8, 4, prefix_caching=True)
+    blocks.expect_no_prefix_ids()
+    hashed = Request("r", 12, 4, arrival_s=0.0, block_hashes=(1, 2))
+    with pytest.raises(InvariantError, match="expect_no_prefix_ids"):
+        blocks.find_cached_prefix(hashed)
+    plain = Request("p", 12, 4, arrival_s=0.0)
+    hit = blocks.find_cached_prefix(plain)
+    assert blocks.allocate(plain, 12, hit) is not None
+    assert (blocks.prefix_cache_queries_tokens, blocks.prefix_cache_hits_tokens) == (12, 0)
+    held = BlockManager(8, 4, prefix_caching=True)
+    assert held.allocate(Request("q", 12, 4, arrival_s=0.0), 12, NO_HIT) is not None
+    with pytest.raises(InvariantError, match="none is held"):
+        held.expect_no_prefix_ids()
