@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from harness.report.format import value_text
+from harness.report.format import load_text, value_text
 from harness.report.runs import CellResult, get, knob, read_engine_state
 
 SEARCH_FILE = "search.json"
@@ -47,6 +47,45 @@ def cell_setting(c: CellResult) -> str | None:
     if not isinstance(engine, Mapping) or not engine.get("name"):
         return None
     return setting_key(engine["name"], c.cell.get("grid"))
+
+
+@dataclass(frozen=True, slots=True)
+class Baselines:
+    """What each cell is compared with. At one load: the baseline cell. Across several loads
+    (a scenario's rates, time scales or users), a change of load is not a change of setting:
+    each cell is compared with the baseline setting's cell at its own load, and with nothing
+    at a load where that setting has no result."""
+
+    base: CellResult | None
+    by_cell: Mapping[str, CellResult | None]
+    per_load: bool  # cells at other loads than the baseline cell's are compared at their own
+
+    @classmethod
+    def of(cls, ok: Sequence[CellResult], base: CellResult | None) -> Baselines:
+        loads = {load_text(c.cell.get("load") or {}) for c in ok}
+        setting = cell_setting(base) if base is not None else None
+        if base is None or setting is None or len(loads) < 2:
+            return cls(base, dict.fromkeys((c.name for c in ok), base), False)
+        at_load = {load_text(c.cell.get("load") or {}): c for c in ok
+                   if cell_setting(c) == setting}
+        at_load[load_text(base.cell.get("load") or {})] = base
+        return cls(base, {c.name: at_load.get(load_text(c.cell.get("load") or {}))
+                          for c in ok}, True)
+
+    def of_cell(self, c: CellResult) -> CellResult | None:
+        return self.by_cell.get(c.name)
+
+    def compared(self) -> bool:
+        """Whether any cell is shown against another (a single run has nothing to compare)."""
+        return any(b is not None and b.name != name for name, b in self.by_cell.items())
+
+    def phrase(self, code: Callable[[str], str] = str) -> str:
+        """``the baseline `x```, or ``the baseline setting `x` at the same load``."""
+        if self.base is None:
+            return "the baseline"
+        if self.per_load:
+            return f"the baseline setting {code(str(cell_setting(self.base)))} at the same load"
+        return f"the baseline {code(self.base.name)}"
 
 
 @dataclass(frozen=True, slots=True)

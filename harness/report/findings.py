@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from harness.report.context import ReportContext, class_name, priority_sort_key
-from harness.report.curves import MIN_SWEEP_CAPS, batch_rows
+from harness.report.curves import MIN_SWEEP_CAPS, Baselines, batch_rows
 from harness.report.format import (
     code,
     fmt_int,
@@ -45,18 +45,20 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         out.append(sentence if len(cells) == 1 else
                    f"{code(ok[0].name)} s{sentence[1:]}")  # "`x` served ..."
     elif ok and base is not None:
+        bases = Baselines.of(ok, base)
         scored = []
         for c in ok:
-            if c is base:
+            b = bases.of_cell(c)
+            if b is None or b is c:
                 continue
-            score, text = _comparison(c, base)
+            score, text = _comparison(c, b)
             if text:
                 scored.append((score, text))
         scored.sort(key=lambda s: -s[0])  # stable: equal scores keep cell order
         out += [text for _, text in scored[:MAX_COMPARISONS]]
         if len(scored) > MAX_COMPARISONS:
             out.append(f"{len(scored) - MAX_COMPARISONS} more cells compare with "
-                       f"{code(base.name)} in the tables below.")
+                       f"{bases.phrase(code)} in the tables below.")
         if len(ok) >= 3:
             leaders = _leaders(ok)
             if leaders:
@@ -64,7 +66,7 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         batch = _batch_size_findings(ok, ctx.slo)
         out += batch
         out += tuning_findings(ok, ctx.slo, latency_stated=bool(batch))
-        out += _priority_findings(ok, base, ctx)
+        out += _priority_findings(ok, bases, ctx)
     preemption = _preemption_finding(ok, preempted) if len(ok) > 1 else ""
     if preemption:
         out.append(preemption)
@@ -247,14 +249,15 @@ def _batch_size_findings(cells: Sequence[CellResult], slo: Mapping[str, float] |
     return out
 
 
-def _priority_findings(cells: Sequence[CellResult], base: CellResult, ctx: ReportContext
+def _priority_findings(cells: Sequence[CellResult], bases: Baselines, ctx: ReportContext
                        ) -> list[str]:
-    base_classes = get(base.summary, "by_priority") or {}
-    if len(base_classes) < 2:
-        return []
     scored = []
     for c in cells:
-        if c is base:
+        base = bases.of_cell(c)
+        if base is None or base is c:
+            continue
+        base_classes = get(base.summary, "by_priority") or {}
+        if len(base_classes) < 2:
             continue
         classes = get(c.summary, "by_priority") or {}
         phrases, ratios = [], []

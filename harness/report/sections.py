@@ -9,7 +9,7 @@ from pathlib import Path
 from harness.prediction import SERVED, prediction_text
 from harness.redact import redact_argv
 from harness.report.context import ReportContext, class_name, metrics_link, priority_sort_key
-from harness.report.curves import BatchRow, CapacityRow, Series, roofline_of
+from harness.report.curves import Baselines, BatchRow, CapacityRow, Series, roofline_of
 from harness.report.format import (
     code,
     display_path,
@@ -260,26 +260,23 @@ def _flags_text(c: CellResult) -> str:
     return " ".join(parts)
 
 
-def _compared(ok: Sequence[CellResult], base: CellResult | None) -> bool:
-    """Whether any cell is shown against a baseline (a single run has nothing to compare)."""
-    return base is not None and any(c is not base for c in ok)
-
-
 def latency_section(ok: Sequence[CellResult], base: CellResult | None) -> list[str]:
+    bases = Baselines.of(ok, base)
     lines = ["## Latency", "",
              "Percentiles over successful requests"
-             + (f"; in brackets the change against the baseline {code(base.name)}."
-                if base is not None and _compared(ok, base) else "."), ""]
+             + (f"; in brackets the change against {bases.phrase(code)}."
+                if bases.compared() else "."), ""]
     for metric, label in LATENCIES:
         if not any(get(c.summary, f"{metric}.count") for c in ok):
             continue
         rows = []
         for c in ok:
             row: list[str] = [code(c.name)]
+            b = bases.of_cell(c)
             for p in PERCENTILES:
                 v = get(c.summary, f"{metric}.{p}")
-                bv = get(base.summary, f"{metric}.{p}") if base else None
-                row.append(with_delta(fmt_seconds(v), v, bv, c is base))
+                bv = get(b.summary, f"{metric}.{p}") if b else None
+                row.append(with_delta(fmt_seconds(v), v, bv, c is b))
             row.append(fmt_seconds(get(c.summary, f"{metric}.mean")))
             rows.append(row)
         lines += [f"### {label}", "", table(["cell", *PERCENTILES, "mean"], rows), ""]
@@ -291,13 +288,15 @@ def throughput_section(ok: Sequence[CellResult], base: CellResult | None) -> lis
             ("throughput.input_tokens_per_s", "input tok/s"),
             ("throughput.output_tokens_per_s", "output tok/s"),
             ("throughput.total_tokens_per_s", "total tok/s"))
+    bases = Baselines.of(ok, base)
     rows = []
     for c in ok:
         row: list[str] = [code(c.name)]
+        b = bases.of_cell(c)
         for key, _ in cols:
             v = get(c.summary, key)
-            row.append(with_delta(fmt_number(v), v, get(base.summary, key) if base else None,
-                                   c is base))
+            row.append(with_delta(fmt_number(v), v, get(b.summary, key) if b else None,
+                                   c is b))
         row.append(fmt_seconds(get(c.summary, "duration_s")))
         rows.append(row)
     return ["## Throughput", "",
@@ -314,19 +313,21 @@ def goodput_section(ok: Sequence[CellResult], base: CellResult | None, ctx: Repo
     if ctx.slo:
         lines += [f"A request is good when it succeeded and met every SLO ({_slo_text(ctx.slo)});"
                   " attainment divides by requests sent.", ""]
+    bases = Baselines.of(ok, base)
     rows = []
     for c in ok:
+        b = bases.of_cell(c)
         att = get(c.summary, "goodput.slo_attainment")
-        batt = get(base.summary, "goodput.slo_attainment") if base else None
+        batt = get(b.summary, "goodput.slo_attainment") if b else None
         att_text = fmt_pct(att)
-        if c is not base and not missing(att) and not missing(batt):
+        if c is not b and not missing(att) and not missing(batt):
             att_text += f" ({(att - batt) * 100:+.1f} pts)"
         gp = get(c.summary, "goodput.requests_per_s")
         rows.append([code(c.name), fmt_int(get(c.summary, "goodput.num_good")),
                      fmt_int(get(c.summary, "num_requests")),
                      with_delta(fmt_number(gp), gp,
-                                 get(base.summary, "goodput.requests_per_s") if base else None,
-                                 c is base),
+                                 get(b.summary, "goodput.requests_per_s") if b else None,
+                                 c is b),
                      att_text])
     lines += [table(["cell", "good requests", "requests", "goodput req/s", "SLO attainment"],
                     rows), ""]
@@ -415,23 +416,25 @@ def priority_section(ok: Sequence[CellResult], base: CellResult | None, ctx: Rep
     if not keys:
         return []
     keys.sort(key=priority_sort_key)
+    bases = Baselines.of(ok, base)
     lines = ["## Per priority class", "",
              "Requests split by priority (lower values are served first under the priority "
              "policy; other policies ignore them)."
-             + (" Deltas against the same class in the baseline." if _compared(ok, base)
+             + (f" Deltas against the same class in {bases.phrase(code)}." if bases.compared()
                 else ""), ""]
     has_slo = any(get(c.summary, "goodput") for c in ok)
     for key in keys:
         rows = []
-        base_cls = get(base.summary, f"by_priority.{key}") if base else None
         for c in ok:
             cls = get(c.summary, f"by_priority.{key}")
             if not cls:
                 continue
+            b = bases.of_cell(c)
+            base_cls = get(b.summary, f"by_priority.{key}") if b else None
             row: list[str] = [code(c.name), fmt_int(get(cls, "num_requests"))]
             for metric in ("ttft_s.p50", "ttft_s.p90", "tpot_s.p90", "e2e_s.p90"):
                 v = get(cls, metric)
-                row.append(with_delta(fmt_seconds(v), v, get(base_cls, metric), c is base))
+                row.append(with_delta(fmt_seconds(v), v, get(base_cls, metric), c is b))
             if has_slo:
                 row.append(fmt_pct(get(cls, "goodput.slo_attainment")))
             rows.append(row)

@@ -20,6 +20,7 @@ import pytest
 
 from harness import report
 from harness.metrics import Slo, summarize
+from harness.report.curves import Baselines
 from harness.results import (
     STEPS_FILE,
     SUMMARY_FILE,
@@ -362,6 +363,51 @@ def test_findings_state_largest_difference_first() -> None:
                         "(20 ms vs 20 ms).")
     assert lines[1].startswith("`small` served 1.1× the output tokens/s")
     assert lines[2].startswith("Across all cells: highest output throughput `big` (280 tok/s)")
+
+
+def _load_cell(engine: str, rate: float | None, tps: float) -> report.CellResult:
+    summary = {"throughput": {"output_tokens_per_s": tps}, "ttft_s": {"p90": 0.1},
+               "tpot_s": {"p90": 0.02}, "num_requests": 10, "num_completed": 10,
+               "num_failed": 0}
+    load = {"kind": "rate", "value": rate} if rate is not None else {}
+    return report.CellResult(
+        name=f"{engine}__rate-{rate}", run_dir=Path("."), state="done", summary=summary,
+        cell={"engine": {"name": engine, "engine": "reference"}, "load": load})
+
+
+def test_across_loads_each_cell_is_compared_at_its_own_load(tmp_path: Path) -> None:
+    # prefix-caching.yaml: two settings at two loads. A change of load is not a change of
+    # setting: `cache` at rate 4 is compared with `plain` at rate 4, never at rate 2.
+    plain2, plain4 = _load_cell("plain", 2, 100), _load_cell("plain", 4, 180)
+    cache2, cache4 = _load_cell("cache", 2, 120), _load_cell("cache", 4, 270)
+    lonely = _load_cell("cache", 8, 300)  # the baseline setting never ran at rate 8
+    cells = [plain2, plain4, cache2, cache4, lonely]
+    bases = Baselines.of(cells, plain2)
+    assert bases.per_load and bases.compared()
+    assert [bases.of_cell(c) for c in cells] == [plain2, plain4, plain2, plain4, None]
+    assert bases.phrase() == "the baseline setting plain at the same load"
+    ctx = report.ReportContext(title="t", baseline="plain__rate-2")
+    lines = report.key_findings(cells, plain2, ctx, {})
+    assert any(line.startswith("`cache__rate-4` served 1.5× the output tokens/s of "
+                               "`plain__rate-4` (270 vs 180 tok/s)") for line in lines)
+    assert any(line.startswith("`cache__rate-2` served 1.2× the output tokens/s of "
+                               "`plain__rate-2` (120 vs 100 tok/s)") for line in lines)
+    assert not any(line.startswith(("`plain__rate-4`", "`cache__rate-8`")) for line in lines)
+    text = report.render_markdown(cells, ctx, tmp_path, draw=False)
+    assert "in brackets the change against the baseline setting `plain` at the same load" in text
+    rows = {line.split(" | ")[0]: line for line in text.splitlines()
+            if line.startswith("| `") and "tok/s" not in line and line.count("|") == 7}
+    assert "(+50%)" in rows["| `cache__rate-4`"] and "(" not in rows["| `plain__rate-4`"]
+    assert "(" not in rows["| `cache__rate-8`"]
+
+
+def test_at_one_load_every_cell_is_compared_with_the_baseline_cell() -> None:
+    cells = [_load_cell("plain", None, 100), _load_cell("cache", None, 150)]
+    bases = Baselines.of(cells, cells[0])
+    assert not bases.per_load and [bases.of_cell(c) for c in cells] == [cells[0], cells[0]]
+    assert bases.phrase(lambda t: f"`{t}`") == "the baseline `plain__rate-None`"
+    single = Baselines.of(cells[:1], cells[0])
+    assert not single.compared()  # one run: nothing to compare, no bracket sentence
 
 
 def test_batch_size_sweep_findings_and_plot(tmp_path: Path) -> None:
