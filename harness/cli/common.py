@@ -306,13 +306,18 @@ def print_predicted(config: ReferenceConfig, *, names: Sequence[str] = ()) -> No
     print(whose + prediction_text(prediction_record(config)), flush=True)
 
 
-def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> None:
-    print_headline(summary)
+def print_failures(summary: dict[str, Any], run_dir: str | None = None) -> None:
+    """The failures by kind, and the first failed request's own words (nothing if none)."""
     if summary.get("failures"):
         print("failures: " + ", ".join(f"{k} {v}" for k, v in summary["failures"].items()))
         first = first_error_line(run_dir) if run_dir is not None else None
         if first:
             print(f"first error: {first}")
+
+
+def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> None:
+    print_headline(summary)
+    print_failures(summary, run_dir)
     lag = summary.get("send_lag_s") or {}
     if summary.get("client_limited"):
         print(f"warning: client-limited run: send-lag p99 {fmt_s(lag.get('p99'))} exceeds "

@@ -41,3 +41,22 @@ def _same_run(text: str, name: str) -> list[str]:
     """The report with its folder's name replaced, without the lines quoting the command."""
     return [line.replace(name, "RUN") for line in text.splitlines()
             if "batchlab simulate" not in line]
+
+
+def test_simulate_says_which_requests_failed_and_why(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # TensorRT-LLM's profile prefills whole and rejects prompts over its step budget: the
+    # command line must say so, not only that fewer requests completed
+    mooncake = EXCERPT.with_name("mooncake_conversation_excerpt.jsonl")
+    assert main(["simulate", "--trace", str(mooncake), "--limit", "12", "--on-too-long", "clip",
+                 "--profile", "trtllm-h100-sxm", "--no-report",
+                 "--out", str(tmp_path / "trt")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    failures = [line for line in lines if line.startswith("failures: rejected ")]
+    assert len(failures) == 1 and int(failures[0].split()[-1]) > 0
+    first = next(line for line in lines if line.startswith("first error: request "))
+    assert "rejected: prompt (" in first and "exceed max_num_batched_tokens (8192)" in first
+    assert main(["simulate", "--trace", str(EXCERPT), "--limit", "12", "--no-report",
+                 "--out", str(tmp_path / "ok")]) == 0
+    assert not any(line.startswith(("failures:", "first error:"))
+                   for line in capsys.readouterr().out.splitlines())
