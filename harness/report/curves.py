@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.report.format import load_text, value_text
+from harness.report.format import load_text, sig, value_text
 from harness.report.runs import CellResult, get, knob, read_engine_state
 
 SEARCH_FILE = "search.json"
@@ -203,6 +203,26 @@ class CapacityRow:
     source: str  # "search" or "interpolated"
     evidence: str  # probes or load points the number comes from
     cells: tuple[str, ...] = field(default_factory=tuple)
+
+
+LOAD_UNITS = {"rate": "req/s", "concurrency": "users", "time_scale": "× time"}
+
+
+def capacity_text(row: CapacityRow) -> str:
+    """``19 req/s``, ``≥ 32 req/s``, ``< 1 req/s``, or – when not known."""
+    if row.capacity is None:
+        return "–"
+    sign = "" if row.bound == "=" else f"{row.bound} "
+    return f"{sign}{sig(row.capacity)} {LOAD_UNITS.get(row.kind, '')}".strip()
+
+
+def capacity_ratio(row: CapacityRow, base: CapacityRow) -> str | None:
+    """``1.42×`` (``≥ 1.42×`` for a lower bound) of ``base``'s capacity; None when the two do
+    not compare (either unknown, the base only a bound, or another kind of load)."""
+    if (row.capacity is None or base.capacity is None or base.bound != "="
+            or base.capacity <= 0 or row.kind != base.kind):
+        return None
+    return ("" if row.bound == "=" else f"{row.bound} ") + f"{row.capacity / base.capacity:.2f}×"
 
 
 def capacity_rows(series: Sequence[Series], searches: Sequence[SearchRecord],

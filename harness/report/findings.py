@@ -7,7 +7,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from harness.report.context import ReportContext, class_name, priority_sort_key
-from harness.report.curves import MIN_SWEEP_CAPS, Baselines, batch_rows
+from harness.report.curves import (
+    DEFAULT_TARGET,
+    MIN_SWEEP_CAPS,
+    Baselines,
+    CapacityRow,
+    batch_rows,
+    capacity_ratio,
+    capacity_text,
+    cell_setting,
+)
 from harness.report.format import (
     code,
     fmt_int,
@@ -18,6 +27,7 @@ from harness.report.format import (
     load_text,
     missing,
     short,
+    slo_text,
 )
 from harness.report.runs import (
     CellResult,
@@ -36,10 +46,16 @@ MAX_PRIORITY_FINDINGS = 2  # per-class comparisons in the findings
 
 
 def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: ReportContext,
-                 preempted: Mapping[str, int | None]) -> list[str]:
-    """Generated sentences: the largest differences against the baseline first."""
+                 preempted: Mapping[str, int | None], *,
+                 capacity: Sequence[CapacityRow] = (),
+                 target: float = DEFAULT_TARGET) -> list[str]:
+    """Generated sentences: the capacity at the SLO first (``capacity``: the report's capacity
+    rows, at SLO attainment ``target``), then the largest differences against the baseline."""
     ok = [c for c in cells if c.ok]
     out: list[str] = []
+    answer = _capacity_finding(capacity, base, ctx.slo, target)
+    if answer:
+        out.append(answer)
     if len(ok) == 1:
         sentence = _single_run_sentence(ok[0])
         out.append(sentence if len(cells) == 1 else
@@ -158,6 +174,29 @@ def _attainment_phrase(c: CellResult, b: CellResult) -> str:
         return ""
     verb = "rose" if cv > bv else "fell"
     return f"SLO attainment {verb} from {fmt_pct(bv)} to {fmt_pct(cv)}"
+
+
+def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
+                      slo: Mapping[str, float] | None, target: float) -> str:
+    """The answer to "how much load fits my SLO": each setting's capacity, with its ratio to
+    the baseline setting's (the Capacity at SLO table says where each comes from)."""
+    if not rows or not slo:
+        return ""
+    base_key = cell_setting(base) if base is not None else None
+    b = next((r for r in rows if r.key == base_key), rows[0])
+    parts = []
+    for r in rows:
+        notes = []
+        if r.source != "search" and r.capacity is not None:
+            notes.append("interpolated")
+        if len(rows) > 1:
+            ratio = "baseline" if r is b else capacity_ratio(r, b)
+            if ratio:
+                notes.append(ratio if r is b else f"{ratio} the baseline")
+        text = f"{code(r.key)} " + (capacity_text(r) if r.capacity is not None else "not known")
+        parts.append(text + (f" ({'; '.join(notes)})" if notes else ""))
+    return (f"Capacity at SLO (the highest load with at least {fmt_pct(target)} of requests "
+            f"within {slo_text(slo)}): " + "; ".join(parts) + ".")
 
 
 def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:

@@ -153,3 +153,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
         lines.append("| " + " | ".join(_cell_text(c) for c in row) + " |")
     return "\n".join(lines)
 
+
+def slo_text(slo: Mapping[str, float]) -> str:
+    """``TTFT ≤ 1 s, TPOT ≤ 50 ms``: SLOs as the report writes them."""
+    labels = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
+    return ", ".join(f"{labels.get(k, k)} ≤ {fmt_seconds(v)}" for k, v in slo.items())

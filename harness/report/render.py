@@ -16,6 +16,8 @@ from harness.report.curves import (
     DEFAULT_TARGET,
     MIN_SWEEP_CAPS,
     BatchRow,
+    CapacityRow,
+    Series,
     batch_rows,
     capacity_rows,
     cell_setting,
@@ -71,9 +73,14 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
     if base is None and ok:
         base = ok[0]
     preempted = preempted_requests(ok)
+    series = load_series(ok)
+    searches = find_searches(cells)
+    target = searches[0].target if searches else DEFAULT_TARGET
+    capacity = capacity_rows(series, searches, target)
     lines = header(cells, base, ctx)
     lines += ["## Key findings", ""]
-    lines += [f"- {text}" for text in key_findings(cells, base, ctx, preempted)]
+    lines += [f"- {text}" for text in key_findings(cells, base, ctx, preempted,
+                                                   capacity=capacity, target=target)]
     if ctx.baseline and (base is None or base.name != ctx.baseline):
         lines.append(f"- The requested baseline {code(ctx.baseline)} has no results; "
                      + (f"{code(base.name)} is used instead." if base else "nothing to compare."))
@@ -83,7 +90,7 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
         lines += latency_section(ok, base)
         lines += throughput_section(ok, base)
         lines += goodput_section(ok, base, ctx)
-        lines += _load_sections(cells, ok, base, ctx, draw)
+        lines += _load_sections(ok, base, ctx, draw, series, capacity, target)
         lines += preemption_section(ok, preempted)
         lines += prefix_cache_section(ok)
         lines += output_length_section(ok)
@@ -99,17 +106,14 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _load_sections(cells: Sequence[CellResult], ok: Sequence[CellResult],
-                   base: CellResult | None, ctx: ReportContext, draw: bool) -> list[str]:
+def _load_sections(ok: Sequence[CellResult], base: CellResult | None, ctx: ReportContext,
+                   draw: bool, series: Sequence[Series], capacity: Sequence[CapacityRow],
+                   target: float) -> list[str]:
     """Throughput–latency curves, capacity at SLO and the batch-size table, where the cells
     (or capacity searches beside them) give them."""
-    series = load_series(ok)
-    searches = find_searches(cells)
-    target = searches[0].target if searches else DEFAULT_TARGET
     lines = curves_section(series, has_plot=draw)
-    rows = capacity_rows(series, searches, target)
     base_key = cell_setting(base) if base is not None else None
-    lines += capacity_section(rows, base_key, ctx.slo, target)
+    lines += capacity_section(capacity, base_key, ctx.slo, target)
     lines += batch_size_section(_batch_series(ok))
     return lines
 

@@ -9,7 +9,16 @@ from pathlib import Path
 from harness.prediction import SERVED, prediction_text
 from harness.redact import redact_argv
 from harness.report.context import ReportContext, class_name, metrics_link, priority_sort_key
-from harness.report.curves import Baselines, BatchRow, CapacityRow, Series, roofline_of
+from harness.report.curves import (
+    LOAD_UNITS,
+    Baselines,
+    BatchRow,
+    CapacityRow,
+    Series,
+    capacity_ratio,
+    capacity_text,
+    roofline_of,
+)
 from harness.report.format import (
     code,
     display_path,
@@ -21,6 +30,7 @@ from harness.report.format import (
     missing,
     short,
     sig,
+    slo_text,
     table,
     value_text,
     with_delta,
@@ -75,7 +85,7 @@ def header(cells: Sequence[CellResult], base: CellResult | None, ctx: ReportCont
     if engines:
         rows.append(("Engines", "; ".join(engines)))
     if ctx.slo:
-        rows.append(("SLO", _slo_text(ctx.slo)))
+        rows.append(("SLO", slo_text(ctx.slo)))
     if base is not None and len(cells) > 1:
         rows.append(("Baseline", code(base.name)))
     rows.append(("Client ever the limit", _client_text(cells)))
@@ -154,11 +164,6 @@ def _engine_text(c: CellResult) -> str:
     if mode not in ("–", ""):
         text += f" ({mode})"
     return text
-
-
-def _slo_text(slo: Mapping[str, float]) -> str:
-    labels = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
-    return ", ".join(f"{labels.get(k, k)} ≤ {fmt_seconds(v)}" for k, v in slo.items())
 
 
 def _client_text(cells: Sequence[CellResult]) -> str:
@@ -311,7 +316,7 @@ def goodput_section(ok: Sequence[CellResult], base: CellResult | None, ctx: Repo
     if not any(get(c.summary, "goodput") for c in ok):
         return [*lines, "No SLO was set, so goodput is not computed.", ""]
     if ctx.slo:
-        lines += [f"A request is good when it succeeded and met every SLO ({_slo_text(ctx.slo)});"
+        lines += [f"A request is good when it succeeded and met every SLO ({slo_text(ctx.slo)});"
                   " attainment divides by requests sent.", ""]
     bases = Baselines.of(ok, base)
     rows = []
@@ -470,7 +475,6 @@ def reproduce_section(cells: Sequence[CellResult], ctx: ReportContext, out_dir: 
 
 # ---------------------------------------------------------------- load curves and capacity
 
-_UNITS = {"rate": "req/s", "concurrency": "users", "time_scale": "× time"}
 
 
 def curves_section(series: Sequence[Series], has_plot: bool) -> list[str]:
@@ -486,7 +490,7 @@ def curves_section(series: Sequence[Series], has_plot: bool) -> list[str]:
         rows = []
         for p in s.points:
             att = fmt_pct(p.attainment) + (" (stopped early)" if p.stopped else "")
-            rows.append([f"{sig(p.load)} {_UNITS.get(s.kind, '')}".strip(), code(p.cell),
+            rows.append([f"{sig(p.load)} {LOAD_UNITS.get(s.kind, '')}".strip(), code(p.cell),
                          fmt_number(p.output_tokens_per_s), fmt_seconds(p.tpot_p50_s),
                          fmt_seconds(p.tpot_p90_s), fmt_seconds(p.ttft_p90_s), att])
         lines += [f"### {code(s.key)}", "",
@@ -494,13 +498,6 @@ def curves_section(series: Sequence[Series], has_plot: bool) -> list[str]:
                          "SLO attainment"], rows, align=("r", "l", "r", "r", "r", "r", "r")),
                   ""]
     return lines
-
-
-def _capacity_text(row: CapacityRow) -> str:
-    if row.capacity is None:
-        return "–"
-    sign = "" if row.bound == "=" else f"{row.bound} "
-    return f"{sign}{sig(row.capacity)} {_UNITS.get(row.kind, '')}".strip()
 
 
 def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
@@ -512,25 +509,18 @@ def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
     if not slo:
         return [*lines, "No SLO was set, so there is no capacity at SLO.", ""]
     lines += [f"The highest load at which at least {fmt_pct(target)} of requests met every SLO "
-              f"({_slo_text(slo)}). *search*: found by `batchlab capacity` (its `search.json`: "
+              f"({slo_text(slo)}). *search*: found by `batchlab capacity` (its `search.json`: "
               "the bracket, to the stated precision); *interpolated*: between this report's "
               "load points, linear in SLO attainment (a rough figure; a search states its "
               "precision). ≥: no load tried failed; <: every load tried failed.", ""]
     base = next((r for r in rows if r.key == base_key), rows[0])
     table_rows = []
     for r in rows:
-        if r is base:
-            ratio = "baseline"
-        elif (r.capacity is None or base.capacity is None or base.bound != "="
-              or base.capacity <= 0 or r.kind != base.kind):
-            ratio = "–"
-        else:
-            ratio = ("" if r.bound == "=" else f"{r.bound} ") + (
-                f"{r.capacity / base.capacity:.2f}×")
+        ratio = "baseline" if r is base else capacity_ratio(r, base) or "–"
         evidence = r.evidence
         if r.cells:
             evidence += "; " + ", ".join(code(c) for c in r.cells[:4])
-        table_rows.append([code(r.key), _capacity_text(r), ratio, r.source, evidence])
+        table_rows.append([code(r.key), capacity_text(r), ratio, r.source, evidence])
     lines += [table(["setting", "capacity", "vs baseline", "from", "evidence"], table_rows,
                     align=("l", "r", "r", "l", "l")), ""]
     return lines

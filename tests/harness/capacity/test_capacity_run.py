@@ -150,6 +150,11 @@ def test_cli_capacity_concurrency_search_and_report(tmp_path: Path,
     report = (out / "report.md").read_text()
     assert "## Throughput–latency curves" in report and "## Capacity at SLO" in report
     assert f"| `reference` | {capacity:g} users | baseline | search |" in report
+    # the answer leads the key findings
+    findings = report.split("## Key findings")[1].split("\n- ")
+    assert findings[1].startswith("Capacity at SLO (the highest load with at least 99.0% of "
+                                  "requests within TTFT ≤ 100 ms, TPOT ≤ 20 ms): "
+                                  f"`reference` {capacity:g} users.")
     assert (out / "throughput_latency.png").exists()
     # a rate search cannot also be given a rate
     assert cli_main(["capacity", "--trace", "synthetic", "--num-requests", "4",
@@ -176,3 +181,8 @@ def test_cli_capacity_over_a_scenario(tmp_path: Path) -> None:
     assert caps["fcfs__max_num_seqs-8"] > caps["fcfs__max_num_seqs-4"]
     report = (out / "report.md").read_text()
     assert "`fcfs, max_num_seqs=8`" in report.split("## Capacity at SLO")[1]
+    answer = report.split("## Key findings")[1].split("\n- ")[1].split("\n")[0]
+    ratio = caps["fcfs__max_num_seqs-8"] / caps["fcfs__max_num_seqs-4"]
+    assert answer.startswith("Capacity at SLO (")
+    assert "`fcfs, max_num_seqs=4` " in answer and "(baseline)" in answer
+    assert f"({ratio:.2f}× the baseline)" in answer
