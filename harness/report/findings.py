@@ -75,10 +75,7 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         if len(scored) > MAX_COMPARISONS:
             out.append(f"{len(scored) - MAX_COMPARISONS} more cells compare with "
                        f"{bases.phrase(code)} in the tables below.")
-        if len(ok) >= 3:
-            leaders = _leaders(ok)
-            if leaders:
-                out.append(leaders)
+        out += _leaders_by_load(ok)
         batch = _batch_size_findings(ok, ctx.slo)
         out += batch
         out += tuning_findings(ok, ctx.slo, latency_stated=bool(batch))
@@ -218,7 +215,24 @@ def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:
     return _log_score(r_tp, r_ttft, r_tpot), text + "."
 
 
+def _leaders_by_load(ok: Sequence[CellResult]) -> list[str]:
+    """The leaders among three or more cells, at each load on its own: across loads, the
+    lowest load would always have the lowest latency and the highest the most tokens/s."""
+    by_load: dict[str, list[CellResult]] = {}
+    for c in ok:
+        by_load.setdefault(load_text(c.cell.get("load") or {}), []).append(c)
+    out = []
+    for load, group in by_load.items():
+        if len(group) >= 3:
+            leaders = _leaders(group)
+            if leaders:
+                where = "Across all cells" if len(by_load) == 1 else f"At {load}"
+                out.append(f"{where}: {leaders}.")
+    return out
+
+
 def _leaders(cells: Sequence[CellResult]) -> str:
+    """The best cell for each headline metric, in one clause ("" if none has a value)."""
     def best(metric: str, pick: Callable[[Iterable[float]], float]) -> tuple[str, float] | None:
         values = [(c.name, get(c.summary, metric)) for c in cells]
         values = [(n, v) for n, v in values if not missing(v)]
@@ -238,10 +252,7 @@ def _leaders(cells: Sequence[CellResult]) -> str:
     slo = best("goodput.slo_attainment", max)
     if slo:
         parts.append(f"best SLO attainment {code(slo[0])} ({fmt_pct(slo[1])})")
-    if not parts:
-        return ""
-    text = "; ".join(parts)
-    return "Across all cells: " + text + "."
+    return "; ".join(parts)
 
 
 def _batch_size_findings(cells: Sequence[CellResult], slo: Mapping[str, float] | None

@@ -393,6 +393,14 @@ def test_across_loads_each_cell_is_compared_at_its_own_load(tmp_path: Path) -> N
     assert any(line.startswith("`cache__rate-2` served 1.2× the output tokens/s of "
                                "`plain__rate-2` (120 vs 100 tok/s)") for line in lines)
     assert not any(line.startswith(("`plain__rate-4`", "`cache__rate-8`")) for line in lines)
+    # no leaders across loads (the lowest load would always lead on latency), and no load
+    # here has the three cells a leaders line needs
+    assert not any(line.startswith(("Across all cells", "At ")) for line in lines)
+    third2, third4 = _load_cell("third", 2, 90), _load_cell("third", 4, 300)
+    lines = report.key_findings([*cells, third2, third4], plain2, ctx, {})
+    assert [line.split(":")[0] for line in lines if line.startswith("At ")] == \
+        ["At 2 req/s", "At 4 req/s"]
+    assert "At 4 req/s: highest output throughput `third__rate-4` (300 tok/s)" in "\n".join(lines)
     text = report.render_markdown(cells, ctx, tmp_path, draw=False)
     assert "in brackets the change against the baseline setting `plain` at the same load" in text
     rows = {line.split(" | ")[0]: line for line in text.splitlines()
