@@ -112,29 +112,21 @@ def _cli_vs_core(path: Path, requests: tuple, limit: int | None, *, prefix_cachi
     """The whole ``batchlab simulate`` process against the core simulation it runs."""
     config = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", policy="fcfs",
                              prefix_caching=prefix_caching)
-    flag = "--prefix-caching" if prefix_caching else "--no-prefix-caching"
+    argv = [sys.executable, "-m", "harness.cli", "simulate", "--trace", str(path),
+            "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--policy", "fcfs",
+            "--prefix-caching" if prefix_caching else "--no-prefix-caching"]
+    if limit is not None:
+        argv += ["--limit", str(limit)]
     core_s, cli_s, inside_s, core_cpu_s, cli_cpu_s, bare_s = [], [], [], [], [], []
     for _ in range(repeat):  # alternating, so that drift in the machine's speed hits all three
         _, wall_s, cpu_s = _run(requests, config, decode_spans=True)
         core_s.append(wall_s)
         core_cpu_s.append(cpu_s)
-        for report in (True, False):
-            with tempfile.TemporaryDirectory() as tmp:
-                argv = [sys.executable, "-m", "harness.cli", "simulate", "--trace", str(path),
-                        "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--policy", "fcfs",
-                        flag, "--out", str(Path(tmp) / "run")]
-                argv += [] if report else ["--no-report"]
-                if limit is not None:
-                    argv += ["--limit", str(limit)]
-                t0, c0 = time.perf_counter(), _children_cpu_s()
-                subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
-                if not report:
-                    bare_s.append(time.perf_counter() - t0)
-                    continue
-                cli_s.append(time.perf_counter() - t0)
-                cli_cpu_s.append(_children_cpu_s() - c0)  # the command and its report process
-                summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
-            inside_s.append(float(summary["simulation_wall_s"]))
+        wall_s, cpu_s, summary = _command(argv)
+        cli_s.append(wall_s)
+        cli_cpu_s.append(cpu_s)  # the command and its report process
+        inside_s.append(float(summary["simulation_wall_s"]))
+        bare_s.append(_command([*argv, "--no-report"])[0])
     best = "" if repeat == 1 else f" (best of {repeat})"
     print(f"prefix caching {'on ' if prefix_caching else 'off'}{best}: core simulation "
           f"{min(core_s):6.2f} s (inside the CLI {min(inside_s):.2f} s), whole CLI "
@@ -151,6 +143,17 @@ def _cli_vs_core(path: Path, requests: tuple, limit: int | None, *, prefix_cachi
                              ("core CPU", core_cpu_s),
                              ("whole CLI CPU", cli_cpu_s)):
             print(f"    {label:<15}" + " ".join(f"{t:6.2f}" for t in times))
+
+
+def _command(argv: list[str]) -> tuple[float, float, dict]:
+    """Run ``argv`` with ``--out`` a fresh folder: (wall s, CPU s of it and its children,
+    its summary.json)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t0, c0 = time.perf_counter(), _children_cpu_s()
+        subprocess.run([*argv, "--out", str(Path(tmp) / "run")], check=True,
+                       stdout=subprocess.DEVNULL)
+        wall_s, cpu_s = time.perf_counter() - t0, _children_cpu_s() - c0
+        return wall_s, cpu_s, json.loads((Path(tmp) / "run" / "summary.json").read_text())
 
 
 def _children_cpu_s() -> float:

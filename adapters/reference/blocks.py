@@ -238,17 +238,8 @@ class BlockManager:
         if self._lru:
             filled = request.num_computed_tokens + (hit.num_tokens if hit else 0) + num_new_tokens
             return self._grow_cached(request, filled, filled, hit)
-        need = (self.blocks_for(request.num_computed_tokens + num_new_tokens)
-                - len(request.block_ids))
-        if need > len(self._free_block_ids):
-            return None
-        if hit is not None and self.prefix_caching:  # a miss (expect_no_prefix_ids)
-            self._record_lookup(request, hit)
-        if need <= 0:
-            return []
-        new = self._take(need)
-        request.block_ids.extend(new)
-        return new
+        return self._grow_plain(
+            request, self.blocks_for(request.num_computed_tokens + num_new_tokens), hit)
 
     def allocate_all(self, requests: list[Request], num_new_tokens: int) -> bool:
         """``allocate(r, num_new_tokens)`` for each request, all or nothing; False if short.
@@ -275,10 +266,16 @@ class BlockManager:
         if self._lru:
             filled = request.num_computed_tokens + (hit.num_tokens if hit else 0) + num_new_tokens
             return self._grow_cached(request, num_tokens, filled, hit)
-        need = self.blocks_for(num_tokens) - len(request.block_ids)
+        return self._grow_plain(request, self.blocks_for(num_tokens), hit)
+
+    def _grow_plain(self, request: Request, num_blocks: int,
+                    hit: PrefixHit | None) -> list[int] | None:
+        """Grow ``request`` to ``num_blocks`` blocks from the plain stack; None (nothing
+        changed) when short. ``hit``: an admission's lookup, a miss (expect_no_prefix_ids)."""
+        need = num_blocks - len(request.block_ids)
         if need > len(self._free_block_ids):
             return None
-        if hit is not None and self.prefix_caching:  # a miss (expect_no_prefix_ids)
+        if hit is not None and self.prefix_caching:
             self._record_lookup(request, hit)
         if need <= 0:
             return []

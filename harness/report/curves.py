@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.report.format import load_text, sig, value_text
+from harness.report.format import sig, value_text
 from harness.report.runs import CellResult, get, knob, read_engine_state
 
 SEARCH_FILE = "search.json"
@@ -62,15 +62,13 @@ class Baselines:
 
     @classmethod
     def of(cls, ok: Sequence[CellResult], base: CellResult | None) -> Baselines:
-        loads = {load_text(c.cell.get("load") or {}) for c in ok}
+        loads = {c.load for c in ok}
         setting = cell_setting(base) if base is not None else None
         if base is None or setting is None or len(loads) < 2:
             return cls(base, dict.fromkeys((c.name for c in ok), base), False)
-        at_load = {load_text(c.cell.get("load") or {}): c for c in ok
-                   if cell_setting(c) == setting}
-        at_load[load_text(base.cell.get("load") or {})] = base
-        return cls(base, {c.name: at_load.get(load_text(c.cell.get("load") or {}))
-                          for c in ok}, True)
+        at_load = {c.load: c for c in ok if cell_setting(c) == setting}
+        at_load[base.load] = base
+        return cls(base, {c.name: at_load.get(c.load) for c in ok}, True)
 
     def of_cell(self, c: CellResult) -> CellResult | None:
         return self.by_cell.get(c.name)

@@ -24,7 +24,6 @@ from harness.report.format import (
     fmt_pct,
     fmt_ratio,
     fmt_seconds,
-    load_text,
     missing,
     short,
     slo_text,
@@ -48,9 +47,11 @@ MAX_PRIORITY_FINDINGS = 2  # per-class comparisons in the findings
 def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: ReportContext,
                  preempted: Mapping[str, int | None], *,
                  capacity: Sequence[CapacityRow] = (),
-                 target: float = DEFAULT_TARGET) -> list[str]:
+                 target: float = DEFAULT_TARGET,
+                 bases: Baselines | None = None) -> list[str]:
     """Generated sentences: the capacity at the SLO first (``capacity``: the report's capacity
-    rows, at SLO attainment ``target``), then the largest differences against the baseline."""
+    rows, at SLO attainment ``target``), then the largest differences against the baseline
+    (``bases``: what each cell is compared with; ``Baselines.of(ok, base)`` when not given)."""
     ok = [c for c in cells if c.ok]
     out: list[str] = []
     answer = _capacity_finding(capacity, base, ctx.slo, target)
@@ -61,7 +62,7 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         out.append(sentence if len(cells) == 1 else
                    f"{code(ok[0].name)} s{sentence[1:]}")  # "`x` served ..."
     elif ok and base is not None:
-        bases = Baselines.of(ok, base)
+        bases = bases or Baselines.of(ok, base)
         scored = []
         for c in ok:
             b = bases.of_cell(c)
@@ -220,7 +221,7 @@ def _leaders_by_load(ok: Sequence[CellResult]) -> list[str]:
     lowest load would always have the lowest latency and the highest the most tokens/s."""
     by_load: dict[str, list[CellResult]] = {}
     for c in ok:
-        by_load.setdefault(load_text(c.cell.get("load") or {}), []).append(c)
+        by_load.setdefault(c.load, []).append(c)
     out = []
     for load, group in by_load.items():
         if len(group) >= 3:
@@ -263,7 +264,7 @@ def _batch_size_findings(cells: Sequence[CellResult], slo: Mapping[str, float] |
     varying = varying_knobs(sweep)
     if set(varying) - {"max_num_seqs"}:
         return []  # more than one dimension: the tables and plot say it better
-    if len({load_text(c.cell.get("load") or {}) for c in sweep}) > 1:
+    if len({c.load for c in sweep}) > 1:
         return []  # several loads: ``tuning_findings`` compares caps at each load
     pts = sorted(sweep, key=lambda c: int(knob(c, "max_num_seqs")))
     lo, hi = pts[0], pts[-1]
@@ -431,7 +432,7 @@ def _mixed_finding(cells: Sequence[CellResult]) -> list[str]:
         if (isinstance(knob(c, "max_num_seqs"), int)
                 and isinstance(knob(c, "max_num_batched_tokens"), int)
                 and not missing(get(c.summary, "goodput.requests_per_s"))):
-            by_load.setdefault(load_text(c.cell.get("load") or {}), []).append(c)
+            by_load.setdefault(c.load, []).append(c)
     out = []
     for load, group in by_load.items():
         pairs = {(knob(c, "max_num_seqs"), knob(c, "max_num_batched_tokens")) for c in group}

@@ -15,6 +15,7 @@ from harness.report.context import ReportContext, scenario_context, slo_from
 from harness.report.curves import (
     DEFAULT_TARGET,
     MIN_SWEEP_CAPS,
+    Baselines,
     BatchRow,
     CapacityRow,
     Series,
@@ -79,23 +80,25 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
     capacity = capacity_rows(series, searches, target)
     lines = header(cells, base, ctx)
     lines += ["## Key findings", ""]
+    bases = Baselines.of(ok, base)
     lines += [f"- {text}" for text in key_findings(cells, base, ctx, preempted,
-                                                   capacity=capacity, target=target)]
+                                                   capacity=capacity, target=target,
+                                                   bases=bases)]
     if ctx.baseline and (base is None or base.name != ctx.baseline):
         lines.append(f"- The requested baseline {code(ctx.baseline)} has no results; "
                      + (f"{code(base.name)} is used instead." if base else "nothing to compare."))
     lines.append("")
     lines += cells_section(cells)
     if ok:
-        lines += latency_section(ok, base)
-        lines += throughput_section(ok, base)
-        lines += goodput_section(ok, base, ctx)
+        lines += latency_section(ok, bases)
+        lines += throughput_section(ok, bases)
+        lines += goodput_section(ok, bases, ctx)
         lines += _load_sections(ok, base, ctx, draw, series, capacity, target)
         lines += preemption_section(ok, preempted)
         lines += prefix_cache_section(ok)
         lines += output_length_section(ok)
         lines += failures_section(ok)
-        lines += priority_section(ok, base, ctx)
+        lines += priority_section(ok, bases, ctx)
         lines += prediction_section(ok)
     plotted = _draw_plots(ok, out_dir, ctx, drawn or {}) if draw else []
     if plotted:

@@ -58,6 +58,11 @@ class CellResult:
         return _manifest_engine(self.manifest)[1]
 
     @property
+    def load(self) -> str:
+        """The load it ran at, as the report writes it ("2 req/s"; "trace timing" if none)."""
+        return load_text(self.cell.get("load") or {})
+
+    @property
     def mode(self) -> str:
         engine = self.cell.get("engine")
         if isinstance(engine, Mapping) and engine.get("mode"):

@@ -26,7 +26,6 @@ from harness.report.format import (
     fmt_number,
     fmt_pct,
     fmt_seconds,
-    load_text,
     missing,
     short,
     sig,
@@ -196,7 +195,7 @@ def cells_section(cells: Sequence[CellResult]) -> list[str]:
     for c in cells:
         row = [code(c.name), c.engine, c.mode]
         if show_load:
-            row.append(load_text(c.cell.get("load") or {}))
+            row.append(c.load)
         row += [value_text(c.knobs.get(k)) if k in c.knobs else "–" for k in varying]
         if show_status:
             row.append(_status_text(c))
@@ -265,8 +264,7 @@ def _flags_text(c: CellResult) -> str:
     return " ".join(parts)
 
 
-def latency_section(ok: Sequence[CellResult], base: CellResult | None) -> list[str]:
-    bases = Baselines.of(ok, base)
+def latency_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
     lines = ["## Latency", "",
              "Percentiles over successful requests"
              + (f"; in brackets the change against {bases.phrase(code)}."
@@ -288,12 +286,11 @@ def latency_section(ok: Sequence[CellResult], base: CellResult | None) -> list[s
     return lines
 
 
-def throughput_section(ok: Sequence[CellResult], base: CellResult | None) -> list[str]:
+def throughput_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
     cols = (("throughput.requests_per_s", "requests/s"),
             ("throughput.input_tokens_per_s", "input tok/s"),
             ("throughput.output_tokens_per_s", "output tok/s"),
             ("throughput.total_tokens_per_s", "total tok/s"))
-    bases = Baselines.of(ok, base)
     rows = []
     for c in ok:
         row: list[str] = [code(c.name)]
@@ -310,7 +307,7 @@ def throughput_section(ok: Sequence[CellResult], base: CellResult | None) -> lis
             table(["cell", *(label for _, label in cols), "duration"], rows), ""]
 
 
-def goodput_section(ok: Sequence[CellResult], base: CellResult | None, ctx: ReportContext
+def goodput_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportContext
                      ) -> list[str]:
     lines = ["## Goodput and SLO attainment", ""]
     if not any(get(c.summary, "goodput") for c in ok):
@@ -318,7 +315,6 @@ def goodput_section(ok: Sequence[CellResult], base: CellResult | None, ctx: Repo
     if ctx.slo:
         lines += [f"A request is good when it succeeded and met every SLO ({slo_text(ctx.slo)});"
                   " attainment divides by requests sent.", ""]
-    bases = Baselines.of(ok, base)
     rows = []
     for c in ok:
         b = bases.of_cell(c)
@@ -413,7 +409,7 @@ def failures_section(ok: Sequence[CellResult]) -> list[str]:
     return lines
 
 
-def priority_section(ok: Sequence[CellResult], base: CellResult | None, ctx: ReportContext
+def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportContext
                       ) -> list[str]:
     keys: list[str] = []
     for c in ok:
@@ -421,7 +417,6 @@ def priority_section(ok: Sequence[CellResult], base: CellResult | None, ctx: Rep
     if not keys:
         return []
     keys.sort(key=priority_sort_key)
-    bases = Baselines.of(ok, base)
     lines = ["## Per priority class", "",
              "Requests split by priority (lower values are served first under the priority "
              "policy; other policies ignore them)."
