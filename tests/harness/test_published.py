@@ -250,6 +250,29 @@ def test_profiles_record_their_fit_errors() -> None:
     assert json.dumps(fit)  # plain JSON
 
 
+def test_profiles_store_the_errors_docs_fidelity_shows() -> None:
+    """`batchlab profiles` and the predicted-figure labels read each profile's stored fit
+    errors; docs/fidelity.md computes them afresh. Both must print the same percentages."""
+    summary = {}
+    for line in FIDELITY_MD.read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 6 and cells[0].endswith((", train", ", held-out")):
+            summary[cells[0]] = (int(cells[1]), cells[2], cells[3], cells[4].strip("`"))
+    checked = 0
+    for name in shipped_profiles():
+        fit = read_profile(name).fit
+        for key, label in (("train", "train"), ("held_out", "held-out")):
+            stats = fit.get(key)
+            if not stats:
+                assert f"{name}, {label}" not in summary
+                continue
+            shown = (stats["num_rows"], f"{100 * stats['median_abs_error']:.1f}%",
+                     f"{100 * stats['worst_abs_error']:.1f}%", stats["worst_row_id"])
+            assert summary[f"{name}, {label}"] == shown, (name, key)
+            checked += 1
+    assert checked == len(summary) >= 7
+
+
 def test_check_published_cli_for_one_profile(capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     cli.check_add_arguments(parser)
