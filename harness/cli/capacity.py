@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -180,6 +181,15 @@ def _settings(args: argparse.Namespace, spec: SearchSpec) -> tuple[list[Setting]
     return [_single_setting(args, spec, slo)], "capacity", Path(args.out or "reports/capacity")
 
 
+def _reference_setting_name(profile: str | None) -> str:
+    """The setting a search of the simulated reference engine is filed and reported under:
+    ``reference`` on the catalog's coefficients, else the profile's name (a file's stem), so
+    that the report's table says which engine the capacity predicts."""
+    if not profile:
+        return "reference"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(profile).stem).strip("-.") or "reference"
+
+
 def _single_setting(args: argparse.Namespace, spec: SearchSpec, slo: Any) -> Setting:
     import dataclasses
 
@@ -196,7 +206,7 @@ def _single_setting(args: argparse.Namespace, spec: SearchSpec, slo: Any) -> Set
     else:
         target = reference_spec(args)
         knobs = reference_config(args).effective_knobs()
-        name = "reference"
+        name = _reference_setting_name(args.profile)
     return single_setting(target, name=name, trace_path=args.trace or "synthetic",
                           trace_options=options, kind=spec.kind, target=spec.target, slo=slo,
                           knobs=knobs, think_time_s=args.think_time_s, command=command_line(),

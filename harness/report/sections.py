@@ -64,14 +64,7 @@ def header(cells: Sequence[CellResult], base: CellResult | None, ctx: ReportCont
         key = f"{trace.get('source')}|{trace.get('digest')}"
         traces.setdefault(key, []).append(c.name)
     if traces:
-        described = []
-        for names in traces.values():
-            c = next(x for x in cells if x.name == names[0])
-            text = _trace_text(c)
-            if len(traces) > 1:
-                text += f" — {', '.join(map(code, names))}"
-            described.append(text)
-        rows.append(("Trace", "<br>".join(described)))
+        rows.append(("Trace", _traces_text(cells, traces)))
     elif ctx.scenario.get("trace"):
         rows.append(("Trace", code(display_path(ctx.scenario["trace"].get("path")))))
     for key, label in (("model", "Model"), ("gpu", "GPU")):
@@ -105,6 +98,8 @@ def _prediction_text(cells: Sequence[CellResult]) -> str:
         text = _prediction_of(c.manifest.get("engine"))
         if text:
             groups.setdefault(text, []).append(code(c.name))
+    if len(cells) > 1 and [len(names) for names in groups.values()] == [len(cells)]:
+        return f"every cell: {next(iter(groups))}"
     return "<br>".join(f"{', '.join(names)}: {text}" for text, names in groups.items())
 
 
@@ -125,7 +120,28 @@ def _bold(text: str) -> str:
     return f"**{text}**"
 
 
-def _trace_text(c: CellResult) -> str:
+def _traces_text(cells: Sequence[CellResult], traces: Mapping[str, list[str]]) -> str:
+    """One line per trace, naming its cells when there are several. Load points of one trace
+    (each with its own arrivals, so its own digest) are one line: the same requests, at each
+    cell's load."""
+    first = {key: next(x for x in cells if x.name == names[0]) for key, names in traces.items()}
+    if len(traces) > 1 and all(c.load is not None for c in cells):
+        untimed = {_trace_text(c, timing=False) for c in first.values()}
+        if len(untimed) == 1:
+            return (f"{untimed.pop()}, arrivals at each cell's load ({len(traces)} arrival "
+                    "schedules, each digest in its cell's manifest.json)")
+    described = []
+    for key, names in traces.items():
+        text = _trace_text(first[key])
+        if len(traces) > 1:
+            text += f" — {', '.join(map(code, names))}"
+        described.append(text)
+    return "<br>".join(described)
+
+
+def _trace_text(c: CellResult, *, timing: bool = True) -> str:
+    """The trace's source, format, size and lengths; with ``timing``, its span and digest
+    (which change with the arrivals)."""
     trace = c.manifest.get("trace") or {}
     parts = [code(display_path(trace.get("source")))]
     fmt = trace.get("format")
@@ -137,7 +153,8 @@ def _trace_text(c: CellResult) -> str:
     if n is not None:
         details.append(f"{int(n):,} requests")
     span = stats.get("span_s")
-    if not missing(span):
+    closed = (c.manifest.get("load") or {}).get("mode") == "closed"  # arrivals not used
+    if timing and not closed and not missing(span):
         details.append(f"over {fmt_seconds(span)}")
     for key, label in (("prompt_tokens_mean", "mean prompt"),
                        ("output_tokens_mean", "mean output")):
@@ -146,7 +163,7 @@ def _trace_text(c: CellResult) -> str:
     if details:
         parts.append("(" + ", ".join(details) + ")")
     digest = trace.get("digest")
-    if digest:
+    if timing and digest:
         parts.append(f"digest {code(str(digest)[:12])}")
     return " ".join(parts)
 

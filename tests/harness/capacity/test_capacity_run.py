@@ -163,6 +163,31 @@ def test_cli_capacity_concurrency_search_and_report(tmp_path: Path,
     assert "--rate" in capsys.readouterr().err
 
 
+def test_cli_capacity_with_a_profile_is_filed_under_the_profile(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cap"
+    assert cli_main([
+        "capacity", "--trace", "synthetic", "--num-requests", "40", "--prompt-tokens", "512",
+        "--output-tokens", "16", "--profile", "trtllm-h100-sxm", "--start", "4",
+        "--max-probes", "3", "--slo", "ttft_s=0.1", "--out", str(out),
+    ]) == 0
+    printed = capsys.readouterr().out
+    assert "trtllm-h100-sxm: predicted by the reference engine with profile trtllm-h100-sxm" \
+        in printed
+    assert [p.name for p in out.iterdir() if p.is_dir()] == ["trtllm-h100-sxm"]
+    search = json.loads((out / "trtllm-h100-sxm" / SEARCH_FILE).read_text())
+    assert len(search["probes"]) == 3
+    report = (out / "report.md").read_text()
+    assert "| `trtllm-h100-sxm` |" in report
+    # one trace at three loads is one line, and every cell is the same kind of prediction
+    rows = {ln.split(" | ")[0]: ln for ln in report.splitlines() if ln.startswith("| ")}
+    assert rows["| Trace"].startswith("| Trace | `synthetic:poisson` (synthetic, 40 requests, "
+                                      "mean prompt 512 tokens, mean output 16 tokens), "
+                                      "arrivals at each cell's load (3 arrival schedules")
+    assert rows["| Predicted"].startswith("| Predicted | every cell: **predicted** by the "
+                                          "reference engine with profile `trtllm-h100-sxm`")
+
+
 def test_cli_capacity_over_a_scenario(tmp_path: Path) -> None:
     scenario = tmp_path / "s.yaml"
     scenario.write_text(
