@@ -424,6 +424,8 @@ def profile_accuracy(name_or_path: str | Path) -> dict[str, Any] | None:
             "held_out_published_worst_abs_error": published.get("worst_abs_error"),
             "held_out_published_num_rows": published.get("num_rows"),
             "train_median_abs_error": train.get("median_abs_error"),
+            # {kind of figure: held-out errors}: throughput, TTFT, TPOT/ITL, E2E
+            "held_out_by_kind": fit.get("held_out_by_kind"),
             # a profile without training rows of its own engine and GPU: whose it borrows
             "coefficients_from": fit.get("coefficients_from"),
             "source": "docs/fidelity.md"}

@@ -19,14 +19,15 @@ from adapters.reference.cost_model import ProfileError, profile_accuracy
 # `batchlab check-published --catalog --write-docs` (harness.published.catalog), with the same
 # table in docs/published.md; never edited by hand.
 CATALOG_ACCURACY_FILE = Path(__file__).with_name("catalog_accuracy.json")
-_QUOTED = ("median_abs_error", "worst_abs_error", "num_rows", "note", "source", "measured")
+_QUOTED = ("median_abs_error", "worst_abs_error", "num_rows", "note", "source", "measured",
+           "by_kind")
 
 
 @cache
 def catalog_accuracy() -> dict[str, Any]:
     """The measured accuracy a run without a profile quotes (errors over all rows)."""
     record = json.loads(CATALOG_ACCURACY_FILE.read_text())
-    return {key: record[key] for key in _QUOTED}
+    return {key: record[key] for key in _QUOTED if key in record}
 
 
 def prediction_record(config: ReferenceConfig) -> dict[str, Any]:

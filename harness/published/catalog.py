@@ -25,7 +25,13 @@ from typing import Any
 
 from adapters.reference.cost_model import shipped_profiles
 from adapters.reference.prediction import CATALOG_ACCURACY_FILE
-from harness.published.check import TARGET_WORST, CheckedRow, ErrorStats, error_stats
+from harness.published.check import (
+    TARGET_WORST,
+    CheckedRow,
+    ErrorStats,
+    error_stats,
+    stats_by_kind,
+)
 from harness.published.profiles import read_profile
 from harness.published.rows import MEASUREMENTS_CSV
 
@@ -67,6 +73,8 @@ def accuracy_record(checked: Sequence[CheckedRow], *, measured: str | None = Non
         "measured": measured or dt.date.today().isoformat(),
         "inputs_digest": catalog_digest(),
         "by_profile": by_profile,
+        # each kind of figure (throughput, TTFT, ...) over every row: what a run quotes
+        "by_kind": {kind: _summary(stats) for kind, stats in stats_by_kind(checked).items()},
         "predicted": {c.row.row_id: c.prediction.predicted for c in checked},
     }
 
@@ -85,6 +93,7 @@ def render_table(record: dict[str, Any]) -> list[str]:
              f"{TARGET_WORST:.0%} |",
              "|---|---:|---:|---:|---:|"]
     groups = [(f"`{name}` rows", s) for name, s in record["by_profile"].items()]
+    groups += [(f"{kind} rows", s) for kind, s in record.get("by_kind", {}).items()]
     for label, s in [*groups, ("all", record)]:
         lines.append(f"| {label} | {s['num_rows']} | {100 * s['median_abs_error']:.1f}% | "
                      f"{100 * s['worst_abs_error']:.1f}% | {s['num_within_target']} |")

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from adapters.reference.cost_model import PROFILES_DIR
+from harness.prediction import KINDS
 from harness.published.fit import DONORS, HELD_OUT_SOURCES
 from harness.published.profiles import EngineProfile
 from harness.published.replay import LENGTH_SHAPES, RowPrediction, predict_row, predict_shipped
@@ -127,6 +128,18 @@ def error_stats(checked: Iterable[CheckedRow]) -> ErrorStats | None:
     worst = items[int(np.argmax(errors))]
     return ErrorStats(len(items), float(np.median(errors)), float(errors.max()),
                       worst.row.row_id, int((errors <= TARGET_WORST).sum()))
+
+
+def stats_by_kind(checked: Iterable[CheckedRow]) -> dict[str, ErrorStats]:
+    """``error_stats`` of each kind of figure (``harness.prediction.KINDS`` order) that has
+    rows."""
+    items = list(checked)
+    out = {}
+    for kind in KINDS:
+        stats = error_stats(c for c in items if c.row.kind == kind)
+        if stats is not None:
+            out[kind] = stats
+    return out
 
 
 def check_rows(rows: Sequence[PublishedRow], *, jobs: int | None = None,
@@ -241,6 +254,19 @@ def render_fidelity(checked: Sequence[CheckedRow], digest: str | None = None,
             lines.append(f"| {label} | {s.num_rows} | {_pct(s.median_abs_error)} | "
                          f"{_pct(s.worst_abs_error)} | `{s.worst_row_id}` | "
                          f"{s.num_within_target} |")
+    lines += ["", "## By kind of figure", "",
+              "A report states a predicted number's accuracy for its kind: throughput (output "
+              "tokens/s, requests/s and run durations), TTFT, TPOT/ITL or E2E.", "",
+              "| rows | kind | count | median abs. error | worst abs. error | worst row |",
+              "|---|---|---:|---:|---:|---|"]
+    kind_groups = [(label, items) for label, items in groups[:2]] + [
+        (f"{name}, held-out", [c for c in checked if c.row.profile_name == name
+                               and c.held_out])
+        for name in dict.fromkeys(c.row.profile_name for c in checked)]
+    for label, items in kind_groups:
+        for kind, s in stats_by_kind(items).items():
+            lines.append(f"| {label} | {kind} | {s.num_rows} | {_pct(s.median_abs_error)} | "
+                         f"{_pct(s.worst_abs_error)} | `{s.worst_row_id}` |")
     lines += ["", "## By source", "",
               "| source | split | rows | median abs. error | worst abs. error |",
               "|---|---|---:|---:|---:|"]

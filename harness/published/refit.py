@@ -23,6 +23,7 @@ from harness.published.check import (
     check_rows,
     error_stats,
     render_fidelity,
+    stats_by_kind,
 )
 from harness.published.fit import (
     DONORS,
@@ -131,6 +132,9 @@ def _fit_metadata(name: str, rows: Sequence[PublishedRow], checked: Sequence[Che
         "held_out": held_stats.as_dict() if held_stats else None,
         # the held-out rows whose workload is fully published (harness.published.sensitivity)
         "held_out_workload_published": held_published.as_dict() if held_published else None,
+        # the held-out error of each kind of figure (throughput, TTFT, ...) there are rows of
+        "held_out_by_kind": {kind: stats.as_dict() for kind, stats in
+                             stats_by_kind(c for c in mine if c.held_out).items()},
     }
     if result is not None:
         fit.update({"method": METHOD, "coefficients": list(result.coefficients),

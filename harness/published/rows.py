@@ -36,6 +36,19 @@ METRICS = {
     "tpot_mean_s": "per-request (e2e - ttft) / (n - 1), averaged over requests",
     "e2e_mean_s": "mean end-to-end latency",
 }
+# The kind of figure each metric is (``harness.prediction.KINDS``): a prediction's accuracy
+# is stated per kind (a run's duration is the inverse of its throughput).
+METRIC_KINDS = {
+    "output_tok_s": "throughput",
+    "req_s": "throughput",
+    "duration_s": "throughput",
+    "ttft_mean_s": "TTFT",
+    "ttft_p50_s": "TTFT",
+    "itl_mean_s": "TPOT/ITL",
+    "itl_p50_s": "TPOT/ITL",
+    "tpot_mean_s": "TPOT/ITL",
+    "e2e_mean_s": "E2E",
+}
 COLUMNS = (
     "row_id", "source_id", "source", "source_date", "engine", "engine_version", "gpu", "model",
     "weights_dtype", "kv_cache_dtype", "tensor_parallel_size", "input_tokens", "output_tokens",
@@ -82,6 +95,11 @@ class PublishedRow:
     def profile_name(self) -> str:
         """The shipped profile this row is simulated with: ``<engine>-<gpu>``."""
         return f"{self.engine}-{self.gpu}"
+
+    @property
+    def kind(self) -> str:
+        """Which kind of figure this row is (``METRIC_KINDS``)."""
+        return METRIC_KINDS[self.metric]
 
     @property
     def concurrency(self) -> int | None:

@@ -10,7 +10,8 @@ from adapters.reference.config import ReferenceConfig
 from adapters.reference.cost_model import profile_accuracy, profile_metadata
 from adapters.reference.prediction import catalog_accuracy, prediction_record
 from harness.cli import main
-from harness.prediction import SERVED, prediction_text
+from harness.prediction import KINDS, SERVED, prediction_text
+from harness.published.rows import METRIC_KINDS, METRICS
 from harness.report.format import fmt_pct
 from harness.report.sections import _prediction_of
 
@@ -116,3 +117,35 @@ def test_the_command_line_says_its_figures_are_predicted(
     assert main(["simulate", "--trace", str(EXCERPT), "--limit", "5", "--profile",
                  "vllm-h100-sxm", "--out", str(tmp_path / "run")]) == 0
     assert expected in capsys.readouterr().out.splitlines()
+
+
+def test_a_profile_states_its_error_for_each_kind_of_figure() -> None:
+    by_kind = profile_metadata("trtllm-h100-sxm")["fit"]["held_out_by_kind"]
+    assert list(by_kind) == ["throughput", "TTFT", "TPOT/ITL"]  # KINDS order
+    text = _label(ReferenceConfig(model="llama-3.1-8b", profile="trtllm-h100-sxm"))
+    parts = [f"{kind} {fmt_pct(s['median_abs_error'])} (worst {fmt_pct(s['worst_abs_error'])})"
+             f" of {s['num_rows']}" for kind, s in by_kind.items()]
+    assert text.endswith("; by kind of figure: " + ", ".join(parts) + "; no held-out E2E figure")
+
+
+def test_a_profile_held_out_on_one_kind_says_which_kinds_are_unmeasured() -> None:
+    assert list(profile_metadata("vllm-h100-sxm")["fit"]["held_out_by_kind"]) == ["throughput"]
+    text = _label(ReferenceConfig(model="llama-3.1-8b", profile="vllm-h100-sxm"))
+    assert text.endswith("; all of them throughput figures: no held-out TTFT, TPOT/ITL or E2E "
+                         "figure")
+
+
+def test_the_catalog_states_its_error_for_each_kind_of_figure() -> None:
+    by_kind = catalog_accuracy()["by_kind"]
+    assert list(by_kind) == list(KINDS)
+    assert sum(s["num_rows"] for s in by_kind.values()) == catalog_accuracy()["num_rows"]
+    text = _label(ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm"))
+    ttft = by_kind["TTFT"]
+    assert (f"TTFT {fmt_pct(ttft['median_abs_error'])} (worst "
+            f"{fmt_pct(ttft['worst_abs_error'])}) of {ttft['num_rows']}") in text
+    assert "no held-out" not in text  # the catalog was fitted on nothing
+
+
+def test_every_published_metric_is_of_one_kind() -> None:
+    assert set(METRIC_KINDS) == set(METRICS)
+    assert set(METRIC_KINDS.values()) == set(KINDS)

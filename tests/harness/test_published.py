@@ -250,27 +250,39 @@ def test_profiles_record_their_fit_errors() -> None:
     assert json.dumps(fit)  # plain JSON
 
 
+def _fidelity_table(section: str) -> list[list[str]]:
+    """The body rows of the table under ``## section`` in docs/fidelity.md, as cells."""
+    text = FIDELITY_MD.read_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return [[c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| rows ")]
+
+
 def test_profiles_store_the_errors_docs_fidelity_shows() -> None:
     """`batchlab profiles` and the predicted-figure labels read each profile's stored fit
     errors; docs/fidelity.md computes them afresh. Both must print the same percentages."""
-    summary = {}
-    for line in FIDELITY_MD.read_text().splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 6 and cells[0].endswith((", train", ", held-out")):
-            summary[cells[0]] = (int(cells[1]), cells[2], cells[3], cells[4].strip("`"))
-    checked = 0
+    def shown(stats: dict[str, Any]) -> tuple[int, str, str, str]:
+        return (stats["num_rows"], f"{100 * stats['median_abs_error']:.1f}%",
+                f"{100 * stats['worst_abs_error']:.1f}%", stats["worst_row_id"])
+
+    summary = {row[0]: (int(row[1]), row[2], row[3], row[4])
+               for row in _fidelity_table("Summary")}
+    by_kind = {(row[0], row[1]): (int(row[2]), row[3], row[4], row[5])
+               for row in _fidelity_table("By kind of figure")}
+    compared = 0
     for name in shipped_profiles():
         fit = read_profile(name).fit
         for key, label in (("train", "train"), ("held_out", "held-out")):
-            stats = fit.get(key)
-            if not stats:
-                assert f"{name}, {label}" not in summary
-                continue
-            shown = (stats["num_rows"], f"{100 * stats['median_abs_error']:.1f}%",
-                     f"{100 * stats['worst_abs_error']:.1f}%", stats["worst_row_id"])
-            assert summary[f"{name}, {label}"] == shown, (name, key)
-            checked += 1
-    assert checked == len(summary) >= 7
+            if fit.get(key):
+                assert summary.pop(f"{name}, {label}") == shown(fit[key]), (name, key)
+                compared += 1
+        for kind, stats in fit["held_out_by_kind"].items():
+            assert by_kind.pop((f"{name}, held-out", kind)) == shown(stats), (name, kind)
+            compared += 1
+    # every profile row of the two tables was one of a profile's records
+    assert not [k for k in summary if k.startswith(tuple(shipped_profiles()))]
+    assert not [k for k in by_kind if k[0].startswith(tuple(shipped_profiles()))]
+    assert compared >= 20
 
 
 def test_check_published_cli_for_one_profile(capsys: pytest.CaptureFixture[str]) -> None:
