@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 # The kinds of figure a prediction's accuracy is stated for, in this order: what a report shows
@@ -28,58 +29,123 @@ SERVED = ("by the reference engine served over HTTP (step times from its cost mo
           "client time measured)")
 
 
+@dataclass(frozen=True)
+class Errors:
+    """Median and worst |predicted / published - 1| over ``num_rows`` published figures."""
+
+    median: float | None
+    worst: float | None
+    num_rows: int | None
+
+    def text(self) -> str:
+        """"9.4% (worst 84.8%)"."""
+        return f"{_pct(self.median)} (worst {_pct(self.worst)})"
+
+    @classmethod
+    def of(cls, stats: object, prefix: str = "") -> Errors | None:
+        """From a record's ``{prefix}median_abs_error``, ``worst_...``, ``num_rows``."""
+        if not isinstance(stats, Mapping) or stats.get(f"{prefix}median_abs_error") is None:
+            return None
+        return cls(stats.get(f"{prefix}median_abs_error"), stats.get(f"{prefix}worst_abs_error"),
+                   stats.get(f"{prefix}num_rows"))
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """How accurate a kind of prediction was measured to be, from its prediction record:
+    a profile's figures its fit never saw (``held_out``), or the catalog's over every
+    published figure."""
+
+    held_out: bool
+    overall: Errors
+    # the same over the held-out figures whose workload is fully published (None: none are)
+    published: Errors | None
+    by_kind: dict[str, Errors]  # KINDS order, the kinds there are figures of
+    doc: str  # where the figures are: docs/fidelity.md or docs/published.md
+
+    @property
+    def unmeasured_kinds(self) -> list[str]:
+        """Kinds of figure no held-out figure was of ([] for the catalog, or an old record
+        without kinds)."""
+        if not self.held_out or not self.by_kind:
+            return []
+        return [kind for kind in KINDS if kind not in self.by_kind]
+
+    def figures_text(self) -> str:
+        """"44 published figures its fit never saw" or "197 published figures"."""
+        n = self.overall.num_rows
+        figures = f"{n} published figures" if n else "published figures"
+        return figures + (" its fit never saw" if self.held_out else "")
+
+
+def accuracy(prediction: object) -> Accuracy | None:
+    """The measured accuracy a prediction record quotes; None when it quotes none (no
+    record, or a profile never measured against published figures)."""
+    if not isinstance(prediction, Mapping) or not isinstance(prediction.get("accuracy"),
+                                                            Mapping):
+        return None
+    acc: Mapping[str, Any] = prediction["accuracy"]
+    held = bool(prediction.get("profile"))
+    prefix = "held_out_" if held else ""
+    overall = Errors.of(acc, prefix)
+    if overall is None:
+        return None
+    published = Errors.of(acc, "held_out_published_") if held else None
+    raw = acc.get("held_out_by_kind" if held else "by_kind")
+    kinds = raw if isinstance(raw, Mapping) else {}
+    by_kind = {kind: e for kind in KINDS if (e := Errors.of(kinds.get(kind))) is not None}
+    return Accuracy(held, overall, published, by_kind,
+                    "docs/fidelity.md" if held else "docs/published.md")
+
+
+def predictor_text(prediction: object, *, by: str = SIMULATED,
+                   code: Callable[[str], str] = str) -> str:
+    """"by the reference engine with profile NAME (coefficients borrowed from ...)", or
+    "... with the catalog's datasheet coefficients"; ``by`` alone without a record."""
+    if not isinstance(prediction, Mapping):
+        return by
+    if not prediction.get("profile"):
+        return by + " with the catalog's datasheet coefficients"
+    text = f"{by} with profile {code(str(prediction['profile']))}"
+    acc = prediction.get("accuracy")
+    donor = acc.get("coefficients_from") if isinstance(acc, Mapping) else None
+    if donor:
+        text += f" (coefficients borrowed from {code(str(donor))}: no training figures of its own)"
+    return text
+
+
 def prediction_text(prediction: object, *, by: str = SIMULATED,
                     mark: Callable[[str], str] = str, code: Callable[[str], str] = str) -> str:
     """``prediction``: a prediction record, or None for a run that recorded none. ``mark``
     sets off the word "predicted" and ``code`` a profile's name (the report's bold and code
     spans; plain text by default)."""
-    head = f"{mark('predicted')} {by}"
+    head = f"{mark('predicted')} {predictor_text(prediction, by=by, code=code)}"
     if not isinstance(prediction, Mapping):
         return head + " (accuracy not recorded in this run)"
-    accuracy = prediction.get("accuracy")
-    acc: Mapping[str, Any] = accuracy if isinstance(accuracy, Mapping) else {}
-    if prediction.get("profile"):
-        head += f" with profile {code(str(prediction['profile']))}"
-        donor = acc.get("coefficients_from")
-        if donor:
-            head += (f" (coefficients borrowed from {code(str(donor))}: no training figures of "
-                     "its own)")
-        median, worst = acc.get("held_out_median_abs_error"), acc.get("held_out_worst_abs_error")
-        if median is None:
-            return head + "; its accuracy was not measured against published figures"
-        num = acc.get("held_out_num_rows")
-        figures = f"{num} published figures" if num else "published figures"
-        text = (head + f"; on {figures} its fit never saw, it missed by a median "
-                f"{_pct(median)} (worst {_pct(worst)}")
-        pub_n = acc.get("held_out_published_num_rows")
-        if pub_n and pub_n != acc.get("held_out_num_rows"):
-            text += (f"; {_pct(acc.get('held_out_published_median_abs_error'))} "
-                     f"(worst {_pct(acc.get('held_out_published_worst_abs_error'))}) on the "
-                     f"{pub_n} whose workload is fully published")
-        return text + ", docs/fidelity.md)" + _by_kind(acc.get("held_out_by_kind"), held=True)
-    head += " with the catalog's datasheet coefficients"
-    median, worst = acc.get("median_abs_error"), acc.get("worst_abs_error")
-    if median is None:
-        return head
-    return (head + f"; on {acc.get('num_rows')} published figures it missed by a median "
-            f"{_pct(median)} (worst {_pct(worst)}, docs/published.md)"
-            + _by_kind(acc.get("by_kind"), held=False))
+    acc = accuracy(prediction)
+    if acc is None:
+        return head + ("; its accuracy was not measured against published figures"
+                       if prediction.get("profile") else "")
+    comma = "," if acc.held_out else ""
+    text = (head + f"; on {acc.figures_text()}{comma} it missed by a median "
+            f"{_pct(acc.overall.median)} (worst {_pct(acc.overall.worst)}")
+    if acc.published is not None and acc.published.num_rows != acc.overall.num_rows:
+        text += (f"; {acc.published.text()} on the {acc.published.num_rows} whose workload is "
+                 "fully published")
+    return text + f", {acc.doc})" + _by_kind(acc)
 
 
-def _by_kind(by_kind: object, *, held: bool) -> str:
-    """"; by kind of figure: throughput 5.9% (worst 21.4%) of 26, TTFT ...": the median error
-    of each kind (``KINDS``) a record has; with ``held``, the kinds no held-out figure was of.
-    '' for a record without (written before kinds were recorded)."""
-    if not isinstance(by_kind, Mapping) or not by_kind:
+def _by_kind(acc: Accuracy) -> str:
+    """"; by kind of figure: throughput 5.9% (worst 21.4%) of 26, TTFT ...": the error of
+    each kind (``KINDS``) the record has, and the kinds no held-out figure was of. '' for a
+    record without kinds (written before they were recorded)."""
+    if not acc.by_kind:
         return ""
-    kinds = [kind for kind in KINDS if isinstance(by_kind.get(kind), Mapping)]
-    missing = _or([kind for kind in KINDS if kind not in kinds])
-    gap = f"no held-out {missing} figure" if held and missing else ""
-    if len(kinds) == 1:  # its figures are the ones above
-        return f"; all of them {kinds[0]} figures" + (f": {gap}" if gap else "")
-    parts = [f"{kind} {_pct(by_kind[kind].get('median_abs_error'))} (worst "
-             f"{_pct(by_kind[kind].get('worst_abs_error'))}) of {by_kind[kind].get('num_rows')}"
-             for kind in kinds]
+    missing = _or(acc.unmeasured_kinds)
+    gap = f"no held-out {missing} figure" if missing else ""
+    if len(acc.by_kind) == 1:  # its figures are the ones above
+        return f"; all of them {next(iter(acc.by_kind))} figures" + (f": {gap}" if gap else "")
+    parts = [f"{kind} {e.text()} of {e.num_rows}" for kind, e in acc.by_kind.items()]
     return "; by kind of figure: " + ", ".join(parts) + (f"; {gap}" if gap else "")
 
 

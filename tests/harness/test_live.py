@@ -204,10 +204,14 @@ def test_served_reference_end_to_end(tmp_path: Path) -> None:
     prediction = manifest["engine"]["version_probe"]["body"]["prediction"]
     assert prediction["profile"] == "vllm-h100-sxm" and prediction["accuracy"]
     render_run_report(out)
-    predicted = next(ln for ln in (out / "report.md").read_text().splitlines()
-                     if ln.startswith("| Predicted |"))
+    report = (out / "report.md").read_text().splitlines()
+    predicted = next(ln for ln in report if ln.startswith("| Predicted |"))
     assert "**predicted** by the reference engine served over HTTP" in predicted
-    assert "`vllm-h100-sxm`" in predicted and "docs/fidelity.md" in predicted
+    assert "`vllm-h100-sxm`" in predicted and "(#how-accurate-the-predictions-are)" in predicted
+    accuracy = next(ln for ln in report if ln.startswith(f"| `{out.name}` | profile"))
+    assert accuracy.startswith(f"| `{out.name}` | profile `vllm-h100-sxm`, served over HTTP | "
+                               f"{prediction['accuracy']['held_out_num_rows']} held-out figures "
+                               "(docs/fidelity.md) |")
     assert manifest["engine"]["exit"]["signal_used"] in ("SIGTERM", "none")
     telemetry = pq.read_table(out / "telemetry.parquet").to_pylist()
     running = [r["num_running"] for r in telemetry if r["num_running"] is not None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,13 +14,29 @@ from harness.cli import main
 from harness.prediction import KINDS, SERVED, prediction_text
 from harness.published.rows import METRIC_KINDS, METRICS
 from harness.report.format import fmt_pct
-from harness.report.sections import _prediction_of
+from harness.report.runs import CellResult
+from harness.report.sections import _prediction_text, prediction_accuracy_lines
 
 EXCERPT = Path(__file__).resolve().parents[2] / "harness" / "data" / "azure_conv_excerpt.csv"
 
 
 def _label(config: ReferenceConfig) -> str:
-    return _prediction_of({"mode": "simulated", "prediction": prediction_record(config)})
+    """The whole wording, with the report's markup."""
+    return prediction_text(prediction_record(config), mark=lambda t: f"**{t}**",
+                           code=lambda t: f"`{t}`")
+
+
+def _cell(name: str, engine: dict[str, Any]) -> CellResult:
+    return CellResult(name, Path(name), "done", summary={}, manifest={"engine": engine})
+
+
+def _lines(markdown: list[str]) -> list[str]:
+    return "\n".join(markdown).splitlines()
+
+
+def _simulated(name: str, profile: str | None) -> CellResult:
+    record = prediction_record(ReferenceConfig(model="llama-3.1-8b", profile=profile))
+    return _cell(name, {"mode": "simulated", "prediction": record})
 
 
 def test_a_profile_cell_names_its_profile_and_its_held_out_error() -> None:
@@ -77,7 +94,57 @@ def test_a_catalog_cell_shows_the_catalog_accuracy() -> None:
 
 
 def test_an_old_run_without_a_prediction_record_still_says_predicted() -> None:
-    assert "accuracy not recorded" in _prediction_of({"mode": "simulated"})
+    old = _cell("old", {"mode": "simulated"})
+    assert _prediction_text([old]) == ("`old`: **predicted** by the reference engine (accuracy "
+                                       "not recorded in this run)")
+    assert prediction_accuracy_lines([old]) == []
+
+
+def test_the_report_names_each_predictor_and_tabulates_its_accuracy() -> None:
+    cells = [_simulated("cat", None), _simulated("trt", "trtllm-h100-sxm"),
+             _simulated("trt2", "trtllm-h100-sxm"), _simulated("vllm", "vllm-h100-sxm"),
+             _cell("live", {"mode": "launch", "name": "vllm"})]
+    row = _prediction_text(cells)
+    assert row.split("<br>") == [
+        "`cat`: **predicted** by the reference engine with the catalog's datasheet coefficients",
+        "`trt`, `trt2`: **predicted** by the reference engine with profile `trtllm-h100-sxm`",
+        "`vllm`: **predicted** by the reference engine with profile `vllm-h100-sxm`",
+        "Their measured accuracy: [how accurate the predictions are]"
+        "(#how-accurate-the-predictions-are)"]
+    lines = _lines(prediction_accuracy_lines(cells))
+    assert lines[0] == "### How accurate the predictions are"
+    rows = {ln.split(" | ")[0]: ln.strip("| ").split(" | ") for ln in lines
+            if ln.startswith("| `")}
+    assert list(rows) == ["| `cat`", "| `trt`, `trt2`", "| `vllm`"]  # not the live cell
+    acc = profile_accuracy("trtllm-h100-sxm")
+    assert acc is not None
+    by_kind = acc["held_out_by_kind"]
+    assert rows["| `trt`, `trt2`"] == [
+        "`trt`, `trt2`", "profile `trtllm-h100-sxm`",
+        f"{acc['held_out_num_rows']} held-out figures (docs/fidelity.md)",
+        f"{fmt_pct(acc['held_out_median_abs_error'])} (worst "
+        f"{fmt_pct(acc['held_out_worst_abs_error'])})",
+        f"{fmt_pct(acc['held_out_published_median_abs_error'])} (worst "
+        f"{fmt_pct(acc['held_out_published_worst_abs_error'])}) of "
+        f"{acc['held_out_published_num_rows']}",
+        *[f"{fmt_pct(by_kind[k]['median_abs_error'])} (worst "
+          f"{fmt_pct(by_kind[k]['worst_abs_error'])}) of {by_kind[k]['num_rows']}"
+          for k in ("throughput", "TTFT", "TPOT/ITL")],
+        "no held-out figure"]
+    assert rows["| `vllm`"][-3:] == ["no held-out figure"] * 3
+    assert rows["| `cat`"][2] == f"{catalog_accuracy()['num_rows']} figures (docs/published.md)"
+    assert "no held-out" not in " ".join(rows["| `cat`"])
+
+
+def test_one_kind_of_prediction_over_every_cell_is_one_row() -> None:
+    cells = [_simulated("a", "trtllm-h200"), _simulated("b", "trtllm-h200")]
+    assert _prediction_text(cells) == (
+        "every cell: **predicted** by the reference engine with profile `trtllm-h200` "
+        "(measured accuracy: [how accurate the predictions are]"
+        "(#how-accurate-the-predictions-are))")
+    row = next(ln for ln in _lines(prediction_accuracy_lines(cells))
+               if ln.startswith("| every cell"))
+    assert " | all of them | " in row  # every held-out trtllm-h200 workload is published
 
 
 def test_the_plain_wording_is_the_reports_without_its_markup() -> None:
@@ -101,11 +168,16 @@ def test_a_profile_never_measured_says_so() -> None:
 
 
 def test_a_live_cell_of_a_real_engine_is_not_a_prediction() -> None:
-    assert _prediction_of({"mode": "launch", "name": "vllm",
-                           "version_probe": {"body": {"version": "0.19.0"}}}) == ""
-    served = {"mode": "launch", "name": "reference", "version_probe": {
-        "body": {"prediction": prediction_record(ReferenceConfig(model="llama-3.1-8b"))}}}
-    assert _prediction_of(served).startswith("**predicted** by the reference engine served")
+    real = _cell("real", {"mode": "launch", "name": "vllm",
+                          "version_probe": {"body": {"version": "0.19.0"}}})
+    assert _prediction_text([real]) == "" and prediction_accuracy_lines([real]) == []
+    served = _cell("served", {"mode": "launch", "name": "reference", "version_probe": {
+        "body": {"prediction": prediction_record(ReferenceConfig(model="llama-3.1-8b"))}}})
+    assert _prediction_text([served]).startswith(
+        "`served`: **predicted** by the reference engine served over HTTP")
+    row = next(ln for ln in _lines(prediction_accuracy_lines([served]))
+               if ln.startswith("| `served`"))
+    assert "| catalog coefficients, served over HTTP |" in row
 
 
 def test_the_command_line_says_its_figures_are_predicted(

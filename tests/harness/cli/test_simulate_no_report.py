@@ -31,10 +31,10 @@ def test_no_report_writes_every_result_and_no_report(
     # Written later, it is the report the run would have written (minus the folder's name).
     assert main(["report", str(tmp_path / "bare")]) == 0
     monkeypatch.undo()
-    assert main([*args, "--out", str(tmp_path / "full")]) == 0
+    assert main([*args, "--out", str(tmp_path / "run-at-once")]) == 0
     later = (tmp_path / "bare" / "report.md").read_text()
-    at_once = (tmp_path / "full" / "report.md").read_text()
-    assert _same_run(later, "bare") == _same_run(at_once, "full")
+    at_once = (tmp_path / "run-at-once" / "report.md").read_text()
+    assert _same_run(later, "bare") == _same_run(at_once, "run-at-once")
 
 
 def _same_run(text: str, name: str) -> list[str]:
