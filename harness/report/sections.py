@@ -5,17 +5,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from harness.prediction import (
-    KINDS,
-    SERVED,
-    SIMULATED,
-    Accuracy,
-    accuracy,
-    prediction_text,
-    predictor_text,
-)
 from harness.redact import redact_argv
 from harness.report.context import ReportContext, class_name, metrics_link, priority_sort_key
 from harness.report.curves import (
@@ -43,6 +33,7 @@ from harness.report.format import (
     value_text,
     with_delta,
 )
+from harness.report.predictions import prediction_accuracy_lines, prediction_row
 from harness.report.runs import (
     CellResult,
     approximations,
@@ -90,115 +81,11 @@ def header(cells: Sequence[CellResult], base: CellResult | None, ctx: ReportCont
     if base is not None and len(cells) > 1:
         rows.append(("Baseline", code(base.name)))
     rows.append(("Client ever the limit", _client_text(cells)))
-    predicted = _prediction_text(cells)
+    predicted = prediction_row(cells)
     if predicted:
         rows.append(("Predicted", predicted))
     lines += [table(("", ""), rows, align=("l", "l")), ""]
     return lines
-
-
-ACCURACY_HEADING = "How accurate the predictions are"
-
-
-def _prediction_text(cells: Sequence[CellResult]) -> str:
-    """Which cells are predictions, and by what: simulated cells, and live cells whose server
-    was the reference engine served (its ``/version`` answer, kept in the manifest's
-    ``engine.version_probe``, carries the record). How accurate each kind of prediction was
-    measured to be is the table ``prediction_accuracy_lines`` draws (linked from here); a
-    record that quotes no accuracy says so here."""
-    groups: dict[str, list[str]] = {}
-    linked = False
-    for c in cells:
-        found = _prediction_of(c.manifest.get("engine"))
-        if found is None:
-            continue
-        record, by = found
-        if accuracy(record) is not None:
-            text = f"{_bold('predicted')} {predictor_text(record, by=by, code=code)}"
-            linked = True
-        else:
-            text = prediction_text(record, by=by, mark=_bold, code=code)
-        groups.setdefault(text, []).append(code(c.name))
-    if len(cells) > 1 and [len(names) for names in groups.values()] == [len(cells)]:
-        text = f"every cell: {next(iter(groups))}"
-    else:
-        text = "<br>".join(f"{', '.join(names)}: {text}" for text, names in groups.items())
-    if linked:
-        anchor = ACCURACY_HEADING.lower().replace(" ", "-")
-        link = f"[{ACCURACY_HEADING.lower()}](#{anchor})"
-        text += (f"<br>Their measured accuracy: {link}" if len(groups) > 1
-                 else f" (measured accuracy: {link})")
-    return text
-
-
-def _prediction_of(engine: object) -> tuple[Mapping[str, Any] | None, str] | None:
-    """The cell's prediction record (None: a simulated run that recorded none) and by what
-    it was made (``SIMULATED`` or ``SERVED``); None for a measurement of a real engine."""
-    if not isinstance(engine, Mapping):
-        return None
-    if engine.get("mode") == "simulated":
-        record = engine.get("prediction")
-        return (record if isinstance(record, Mapping) else None), SIMULATED
-    probe = engine.get("version_probe")
-    body = probe.get("body") if isinstance(probe, Mapping) else None
-    if isinstance(body, Mapping) and isinstance(body.get("prediction"), Mapping):
-        return body["prediction"], SERVED
-    return None
-
-
-def _published_text(acc: Accuracy) -> str:
-    if acc.published is None:
-        return "–"
-    if acc.published.num_rows == acc.overall.num_rows:
-        return "all of them"
-    return f"{acc.published.text()} of {acc.published.num_rows}"
-
-
-def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
-    """A table of each kind of prediction among ``cells`` (a profile, or the catalog's
-    coefficients) with the error it was measured to have on published real-hardware figures,
-    over all of them and for each kind of figure (throughput, TTFT, TPOT/ITL, E2E)."""
-    groups: dict[str, tuple[Accuracy, list[str]]] = {}
-    for c in cells:
-        found = _prediction_of(c.manifest.get("engine"))
-        record, by = found if found is not None else (None, SIMULATED)
-        acc = accuracy(record)
-        if record is None or acc is None:
-            continue
-        what = (f"profile {code(str(record['profile']))}" if record.get("profile")
-                else "catalog coefficients")
-        donor = (record.get("accuracy") or {}).get("coefficients_from")
-        if donor:
-            what += f" (coefficients of {code(str(donor))})"
-        if by == SERVED:
-            what += ", served over HTTP"
-        groups.setdefault(what, (acc, []))[1].append(code(c.name))
-    if not groups:
-        return []
-    rows = []
-    for what, (acc, names) in groups.items():
-        held = "held-out " if acc.held_out else ""
-        row = ["every cell" if len(names) == len(cells) > 1 else ", ".join(names), what,
-               f"{acc.overall.num_rows or '–'} {held}figures ({acc.doc})", acc.overall.text(),
-               _published_text(acc)]
-        for kind in KINDS:
-            e = acc.by_kind.get(kind)
-            row.append(f"{e.text()} of {e.num_rows}" if e is not None
-                       else "no held-out figure" if kind in acc.unmeasured_kinds else "–")
-        rows.append(row)
-    headers = ["cells", "predicted with", "measured on", "median error",
-               "workload fully published", *KINDS]
-    return [f"### {ACCURACY_HEADING}", "",
-            "Every number of a predicted cell is a prediction. Its error (predicted / "
-            "published − 1) was measured on published real-hardware figures: a profile's on "
-            "figures its fit never saw, the catalog coefficients' on every figure; the median "
-            "and worst over all of them, over those whose workload is fully published, and "
-            "over each kind of figure.", "",
-            table(headers, rows, align=["l"] * len(headers)), ""]
-
-
-def _bold(text: str) -> str:
-    return f"**{text}**"
 
 
 def _traces_text(cells: Sequence[CellResult], traces: Mapping[str, list[str]]) -> str:

@@ -14,8 +14,8 @@ from harness.cli import main
 from harness.prediction import KINDS, SERVED, prediction_text
 from harness.published.rows import METRIC_KINDS, METRICS
 from harness.report.format import fmt_pct
+from harness.report.predictions import prediction_accuracy_lines, prediction_row
 from harness.report.runs import CellResult
-from harness.report.sections import _prediction_text, prediction_accuracy_lines
 
 EXCERPT = Path(__file__).resolve().parents[2] / "harness" / "data" / "azure_conv_excerpt.csv"
 
@@ -95,7 +95,7 @@ def test_a_catalog_cell_shows_the_catalog_accuracy() -> None:
 
 def test_an_old_run_without_a_prediction_record_still_says_predicted() -> None:
     old = _cell("old", {"mode": "simulated"})
-    assert _prediction_text([old]) == ("`old`: **predicted** by the reference engine (accuracy "
+    assert prediction_row([old]) == ("`old`: **predicted** by the reference engine (accuracy "
                                        "not recorded in this run)")
     assert prediction_accuracy_lines([old]) == []
 
@@ -104,7 +104,7 @@ def test_the_report_names_each_predictor_and_tabulates_its_accuracy() -> None:
     cells = [_simulated("cat", None), _simulated("trt", "trtllm-h100-sxm"),
              _simulated("trt2", "trtllm-h100-sxm"), _simulated("vllm", "vllm-h100-sxm"),
              _cell("live", {"mode": "launch", "name": "vllm"})]
-    row = _prediction_text(cells)
+    row = prediction_row(cells)
     assert row.split("<br>") == [
         "`cat`: **predicted** by the reference engine with the catalog's datasheet coefficients",
         "`trt`, `trt2`: **predicted** by the reference engine with profile `trtllm-h100-sxm`",
@@ -138,7 +138,7 @@ def test_the_report_names_each_predictor_and_tabulates_its_accuracy() -> None:
 
 def test_one_kind_of_prediction_over_every_cell_is_one_row() -> None:
     cells = [_simulated("a", "trtllm-h200"), _simulated("b", "trtllm-h200")]
-    assert _prediction_text(cells) == (
+    assert prediction_row(cells) == (
         "every cell: **predicted** by the reference engine with profile `trtllm-h200` "
         "(measured accuracy: [how accurate the predictions are]"
         "(#how-accurate-the-predictions-are))")
@@ -170,10 +170,10 @@ def test_a_profile_never_measured_says_so() -> None:
 def test_a_live_cell_of_a_real_engine_is_not_a_prediction() -> None:
     real = _cell("real", {"mode": "launch", "name": "vllm",
                           "version_probe": {"body": {"version": "0.19.0"}}})
-    assert _prediction_text([real]) == "" and prediction_accuracy_lines([real]) == []
+    assert prediction_row([real]) == "" and prediction_accuracy_lines([real]) == []
     served = _cell("served", {"mode": "launch", "name": "reference", "version_probe": {
         "body": {"prediction": prediction_record(ReferenceConfig(model="llama-3.1-8b"))}}})
-    assert _prediction_text([served]).startswith(
+    assert prediction_row([served]).startswith(
         "`served`: **predicted** by the reference engine served over HTTP")
     row = next(ln for ln in _lines(prediction_accuracy_lines([served]))
                if ln.startswith("| `served`"))

@@ -1,0 +1,126 @@
+"""What a report says of its predicted cells: the overview's *Predicted* row (which cells are
+predictions, and by what) and the table of how accurate each kind of prediction was measured
+to be against published real-hardware figures. The wording of a prediction record is
+``harness.prediction``'s; this module lays it out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness.prediction import (
+    KINDS,
+    SERVED,
+    SIMULATED,
+    Accuracy,
+    accuracy,
+    prediction_text,
+    predictor_text,
+)
+from harness.report.format import code, table
+from harness.report.runs import CellResult
+
+ACCURACY_HEADING = "How accurate the predictions are"
+
+
+def prediction_row(cells: Sequence[CellResult]) -> str:
+    """Which cells are predictions, and by what: simulated cells, and live cells whose server
+    was the reference engine served (its ``/version`` answer, kept in the manifest's
+    ``engine.version_probe``, carries the record). How accurate each kind of prediction was
+    measured to be is the table ``prediction_accuracy_lines`` draws (linked from here); a
+    record that quotes no accuracy says so here."""
+    groups: dict[str, list[str]] = {}
+    linked = False
+    for c in cells:
+        found = _prediction_of(c.manifest.get("engine"))
+        if found is None:
+            continue
+        record, by = found
+        if accuracy(record) is not None:
+            text = f"{_bold('predicted')} {predictor_text(record, by=by, code=code)}"
+            linked = True
+        else:
+            text = prediction_text(record, by=by, mark=_bold, code=code)
+        groups.setdefault(text, []).append(code(c.name))
+    if len(cells) > 1 and [len(names) for names in groups.values()] == [len(cells)]:
+        text = f"every cell: {next(iter(groups))}"
+    else:
+        text = "<br>".join(f"{', '.join(names)}: {text}" for text, names in groups.items())
+    if linked:
+        anchor = ACCURACY_HEADING.lower().replace(" ", "-")
+        link = f"[{ACCURACY_HEADING.lower()}](#{anchor})"
+        text += (f"<br>Their measured accuracy: {link}" if len(groups) > 1
+                 else f" (measured accuracy: {link})")
+    return text
+
+
+def _prediction_of(engine: object) -> tuple[Mapping[str, Any] | None, str] | None:
+    """The cell's prediction record (None: a simulated run that recorded none) and by what
+    it was made (``SIMULATED`` or ``SERVED``); None for a measurement of a real engine."""
+    if not isinstance(engine, Mapping):
+        return None
+    if engine.get("mode") == "simulated":
+        record = engine.get("prediction")
+        return (record if isinstance(record, Mapping) else None), SIMULATED
+    probe = engine.get("version_probe")
+    body = probe.get("body") if isinstance(probe, Mapping) else None
+    if isinstance(body, Mapping) and isinstance(body.get("prediction"), Mapping):
+        return body["prediction"], SERVED
+    return None
+
+
+def _published_text(acc: Accuracy) -> str:
+    if acc.published is None:
+        return "–"
+    if acc.published.num_rows == acc.overall.num_rows:
+        return "all of them"
+    return f"{acc.published.text()} of {acc.published.num_rows}"
+
+
+def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
+    """A table of each kind of prediction among ``cells`` (a profile, or the catalog's
+    coefficients) with the error it was measured to have on published real-hardware figures,
+    over all of them and for each kind of figure (throughput, TTFT, TPOT/ITL, E2E)."""
+    groups: dict[tuple[str, str], tuple[Accuracy, list[str]]] = {}
+    for c in cells:
+        found = _prediction_of(c.manifest.get("engine"))
+        record, by = found if found is not None else (None, SIMULATED)
+        acc = accuracy(record)
+        if record is None or acc is None:
+            continue
+        what = (f"profile {code(str(record['profile']))}" if record.get("profile")
+                else "catalog coefficients")
+        donor = (record.get("accuracy") or {}).get("coefficients_from")
+        if donor:
+            what += f" (coefficients of {code(str(donor))})"
+        if by == SERVED:
+            what += ", served over HTTP"
+        # runs recorded with other figures (an older profile) are rows of their own
+        groups.setdefault((what, repr(acc)), (acc, []))[1].append(code(c.name))
+    if not groups:
+        return []
+    rows = []
+    for (what, _), (acc, names) in groups.items():
+        held = "held-out " if acc.held_out else ""
+        row = ["every cell" if len(names) == len(cells) > 1 else ", ".join(names), what,
+               f"{acc.overall.num_rows or '–'} {held}figures ({acc.doc})", acc.overall.text(),
+               _published_text(acc)]
+        for kind in KINDS:
+            e = acc.by_kind.get(kind)
+            row.append(f"{e.text()} of {e.num_rows}" if e is not None
+                       else "no held-out figure" if kind in acc.unmeasured_kinds else "–")
+        rows.append(row)
+    headers = ["cells", "predicted with", "measured on", "median error",
+               "workload fully published", *KINDS]
+    return [f"### {ACCURACY_HEADING}", "",
+            "Every number of a predicted cell is a prediction. Its error (predicted / "
+            "published − 1) was measured on published real-hardware figures: a profile's on "
+            "figures its fit never saw, the catalog coefficients' on every figure; the median "
+            "and worst over all of them, over those whose workload is fully published, and "
+            "over each kind of figure.", "",
+            table(headers, rows, align=["l"] * len(headers)), ""]
+
+
+def _bold(text: str) -> str:
+    return f"**{text}**"
