@@ -299,9 +299,13 @@ def test_profiles_cli_lists_every_profile(capsys: pytest.CaptureFixture[str]) ->
     parser = argparse.ArgumentParser()
     cli.profiles_add_arguments(parser)
     assert cli.profiles_run(parser.parse_args([])) == 0
-    out = capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
     for name in shipped_profiles():
-        assert name in out
+        line = next(ln for ln in lines if ln.startswith(f"{name} "))
+        by_kind = read_profile(name).fit["held_out_by_kind"]
+        assert line.endswith(", ".join(
+            f"{kind} {s['num_rows']} ({100 * s['median_abs_error']:.1f}%)"
+            for kind, s in by_kind.items()))
 
 
 def test_check_published_with_a_profile_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
