@@ -52,6 +52,45 @@ def test_mooncake_excerpt_has_a_nonzero_hit_rate_and_faster_ttft(tmp_path: Path)
     assert ttft_on["mean"] < ttft_off["mean"]
 
 
+def _trace_prefix_reuse_tokens(path: Path, block_size: int) -> int:
+    """The prompt tokens of a Mooncake file that an unbounded prefix cache would hold when
+    each request arrives, counted from the file alone: the leading ``hash_ids`` (512-token
+    blocks) seen on an earlier request, in whole ``block_size`` blocks, and never the whole
+    prompt (its last token is computed)."""
+    rows = sorted((json.loads(line) for line in path.read_text().splitlines() if line),
+                  key=lambda r: r["timestamp"])
+    seen: set[int] = set()
+    total = 0
+    for r in rows:
+        n, hit, leading = r["input_length"], 0, True
+        for i, block in enumerate(r["hash_ids"]):
+            leading = leading and block in seen
+            if leading:
+                hit += min(512, n - 512 * i) // block_size * block_size
+            seen.add(block)
+        total += min(hit, (n - 1) // block_size * block_size)
+    return total
+
+
+def test_with_a_cache_that_never_evicts_the_hits_are_the_traces_own_prefix_reuse() -> None:
+    """The engine's block hashing, chaining and lookup, held against an independent count
+    from the trace's hash_ids: with room for every block, each reused prefix must hit."""
+    trace = load_trace(str(MOONCAKE), TraceOptions(max_model_len=131072))
+    config = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", prefix_caching=True,
+                             max_model_len=131072, num_gpu_blocks=1_000_000)
+    result = simulate(trace.requests, config)
+    assert result.prefix_cache is not None
+    expected = _trace_prefix_reuse_tokens(MOONCAKE, config.block_size)
+    assert expected > 0
+    assert result.prefix_cache["hits_tokens"] == expected
+    assert result.prefix_cache["preempted_queries_tokens"] == 0  # nothing was evicted
+    # on one H100's KV cache, evictions lose part of that reuse
+    bounded = simulate(trace.requests, ReferenceConfig(
+        model="llama-3.1-8b", gpu="h100-sxm", prefix_caching=True, max_model_len=131072))
+    assert bounded.prefix_cache is not None
+    assert 0 < bounded.prefix_cache["hits_tokens"] < expected
+
+
 def test_the_report_says_why_a_trace_without_prefix_identities_never_hits(
         tmp_path: Path) -> None:
     # Azure's trace has lengths only: every lookup misses, and the report must say that this
