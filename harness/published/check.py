@@ -188,6 +188,10 @@ def stats_lines(checked: Sequence[CheckedRow]) -> list[str]:
         lines.append(f"{label}: {s.num_rows} rows, median |error| {_pct(s.median_abs_error)}, "
                      f"worst {_pct(s.worst_abs_error)} ({s.worst_row_id}), "
                      f"{s.num_within_target} within {_pct(TARGET_WORST)}")
+    for kind, s in stats_by_kind(c for c in checked if c.held_out).items():
+        lines.append(f"  held-out {kind}: {s.num_rows} rows, median |error| "
+                     f"{_pct(s.median_abs_error)}, worst {_pct(s.worst_abs_error)} "
+                     f"({s.worst_row_id})")
     return lines
 
 

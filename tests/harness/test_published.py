@@ -291,6 +291,12 @@ def test_check_published_cli_for_one_profile(capsys: pytest.CaptureFixture[str])
     assert cli.check_run(parser.parse_args(["--profile", "tgi-h100-sxm", "--jobs", "1"])) == 0
     out = capsys.readouterr().out
     assert "tgiv3-tgi-70b-h100-tp8-long" in out and "held-out" in out
+    # TGI's held-out figures are run durations: throughput, the only kind it was measured on
+    stats = read_profile("tgi-h100-sxm").fit["held_out_by_kind"]["throughput"]
+    assert [ln for ln in out.splitlines() if ln.startswith("  held-out ")] == [
+        f"  held-out throughput: {stats['num_rows']} rows, median |error| "
+        f"{100 * stats['median_abs_error']:.1f}%, worst {100 * stats['worst_abs_error']:.1f}% "
+        f"({stats['worst_row_id']})"]
 
     assert cli.check_run(parser.parse_args(["--profile", "nope"])) == 2
 
