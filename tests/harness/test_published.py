@@ -24,6 +24,7 @@ from harness.metrics import summarize
 from harness.published import cli
 from harness.published.check import (
     FIDELITY_MD,
+    CheckedRow,
     _fmt,
     check_rows,
     fidelity_digest,
@@ -32,7 +33,9 @@ from harness.published.check import (
 from harness.published.fit import HELD_OUT_SOURCES, fit_profile, split
 from harness.published.frozen import evaluate, freeze
 from harness.published.profiles import SCHEDULER_KEYS, read_profile
+from harness.published.refit import _fit_metadata
 from harness.published.replay import (
+    RowPrediction,
     closed_loop_timelines,
     metric_value,
     predict_row,
@@ -406,3 +409,22 @@ def test_the_nim_rows_are_steady_windows_and_the_rest_whole_runs() -> None:
     steady = {r.source_id for r in rows if r.window == "steady"}
     assert steady == {"nim-llama-3.3-70b-1.8.0"}
     assert all(r.arrival == "concurrency" for r in rows if r.window == "steady")
+
+
+def test_a_fit_records_the_held_out_error_of_each_kind_of_figure() -> None:
+    rows = [r for r in load_rows() if r.profile_name == "trtllm-h100-sxm"]
+    held = set(HELD_OUT_SOURCES)
+    # each row off by a known ratio: 10% for throughput, 20% for TTFT, 30% for TPOT/ITL
+    off = {"throughput": 1.1, "TTFT": 0.8, "TPOT/ITL": 1.3, "E2E": 1.0}
+    checked = [CheckedRow(r, RowPrediction(r.row_id, r.value * off[r.kind], r.value, 1, 0),
+                          r.source_id in held) for r in rows]
+    fit = _fit_metadata("trtllm-h100-sxm", rows, checked, None)
+    by_kind = fit["held_out_by_kind"]
+    assert isinstance(by_kind, dict)
+    assert list(by_kind) == ["throughput", "TTFT", "TPOT/ITL"]  # no held-out E2E row
+    for kind, stats in by_kind.items():
+        assert stats["median_abs_error"] == pytest.approx(abs(off[kind] - 1))
+        assert stats["num_rows"] == sum(1 for c in checked if c.held_out and c.row.kind == kind)
+    held_out = fit["held_out"]
+    assert isinstance(held_out, dict)
+    assert sum(s["num_rows"] for s in by_kind.values()) == held_out["num_rows"]
