@@ -7,6 +7,7 @@ to be against published real-hardware figures. The wording of a prediction recor
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from harness.prediction import (
@@ -18,10 +19,12 @@ from harness.prediction import (
     prediction_text,
     predictor_text,
 )
-from harness.report.format import code, table
+from harness.report.format import code, fmt_pct, table
 from harness.report.runs import CellResult
 
 ACCURACY_HEADING = "How accurate the predictions are"
+ACCURACY_LINK = (f"[{ACCURACY_HEADING.lower()}]"
+                 f"(#{ACCURACY_HEADING.lower().replace(' ', '-')})")
 
 
 def prediction_row(cells: Sequence[CellResult]) -> str:
@@ -48,10 +51,8 @@ def prediction_row(cells: Sequence[CellResult]) -> str:
     else:
         text = "<br>".join(f"{', '.join(names)}: {text}" for text, names in groups.items())
     if linked:
-        anchor = ACCURACY_HEADING.lower().replace(" ", "-")
-        link = f"[{ACCURACY_HEADING.lower()}](#{anchor})"
-        text += (f"<br>Their measured accuracy: {link}" if len(groups) > 1
-                 else f" (measured accuracy: {link})")
+        text += (f"<br>Their measured accuracy: {ACCURACY_LINK}" if len(groups) > 1
+                 else f" (measured accuracy: {ACCURACY_LINK})")
     return text
 
 
@@ -78,11 +79,19 @@ def _published_text(acc: Accuracy) -> str:
     return f"{acc.published.text()} of {acc.published.num_rows}"
 
 
-def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
-    """A table of each kind of prediction among ``cells`` (a profile, or the catalog's
-    coefficients) with the error it was measured to have on published real-hardware figures,
-    over all of them and for each kind of figure (throughput, TTFT, TPOT/ITL, E2E)."""
-    groups: dict[tuple[str, str], tuple[Accuracy, list[str]]] = {}
+@dataclass(frozen=True)
+class _Group:
+    """Cells predicted the same way, with the same recorded accuracy."""
+
+    what: str  # "profile `x`", "catalog coefficients", ...
+    accuracy: Accuracy
+    names: list[str]  # the cells, as code spans
+
+
+def _groups(cells: Sequence[CellResult]) -> list[_Group]:
+    """The predicted cells among ``cells`` whose record quotes a measured accuracy, grouped by
+    predictor; runs recorded with other figures (an older profile) are groups of their own."""
+    groups: dict[tuple[str, str], _Group] = {}
     for c in cells:
         found = _prediction_of(c.manifest.get("engine"))
         record, by = found if found is not None else (None, SIMULATED)
@@ -96,14 +105,22 @@ def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
             what += f" (coefficients of {code(str(donor))})"
         if by == SERVED:
             what += ", served over HTTP"
-        # runs recorded with other figures (an older profile) are rows of their own
-        groups.setdefault((what, repr(acc)), (acc, []))[1].append(code(c.name))
+        groups.setdefault((what, repr(acc)), _Group(what, acc, [])).names.append(code(c.name))
+    return list(groups.values())
+
+
+def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
+    """A table of each kind of prediction among ``cells`` (a profile, or the catalog's
+    coefficients) with the error it was measured to have on published real-hardware figures,
+    over all of them and for each kind of figure (throughput, TTFT, TPOT/ITL, E2E)."""
+    groups = _groups(cells)
     if not groups:
         return []
     rows = []
-    for (what, _), (acc, names) in groups.items():
+    for g in groups:
+        acc = g.accuracy
         held = "held-out " if acc.held_out else ""
-        row = ["every cell" if len(names) == len(cells) > 1 else ", ".join(names), what,
+        row = ["every cell" if len(g.names) == len(cells) > 1 else ", ".join(g.names), g.what,
                f"{acc.overall.num_rows or '–'} {held}figures ({acc.doc})", acc.overall.text(),
                _published_text(acc)]
         for kind in KINDS:
@@ -120,6 +137,28 @@ def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
             "and worst over all of them, over those whose workload is fully published, and "
             "over each kind of figure.", "",
             table(headers, rows, align=["l"] * len(headers)), ""]
+
+
+def kind_note(cells: Sequence[CellResult], kind: str, label: str) -> list[str]:
+    """Under a table of ``label`` figures (TTFT, TPOT, ...; ``kind`` one of ``KINDS``): how
+    far the predicted cells' figures of that kind were measured to miss published ones, or
+    that they never were. [] without a predicted cell whose record has kinds."""
+    parts, unmeasured = [], []
+    for g in _groups(cells):
+        acc, names = g.accuracy, ", ".join(g.names)
+        e = acc.by_kind.get(kind)
+        if e is not None:
+            held = " held-out" if acc.held_out else ""
+            parts.append(f"{names} a median {fmt_pct(e.median)} off (worst "
+                         f"{fmt_pct(e.worst)}) over {e.num_rows}{held} figures")
+        elif kind in acc.unmeasured_kinds:
+            unmeasured.append(names)
+    if unmeasured:
+        parts.append(f"no held-out {kind} figure for {', '.join(unmeasured)}")
+    if not parts:
+        return []
+    return [f"How far predicted {label} was measured to miss published {kind} figures: "
+            + "; ".join(parts) + f" ({ACCURACY_LINK}).", ""]
 
 
 def _bold(text: str) -> str:

@@ -33,7 +33,7 @@ from harness.report.format import (
     value_text,
     with_delta,
 )
-from harness.report.predictions import prediction_accuracy_lines, prediction_row
+from harness.report.predictions import kind_note, prediction_accuracy_lines, prediction_row
 from harness.report.runs import (
     CellResult,
     approximations,
@@ -43,6 +43,8 @@ from harness.report.runs import (
 )
 
 LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E latency"))
+# the kind of published figure (harness.prediction.KINDS) each latency's accuracy is quoted from
+_KIND_OF = {"ttft_s": "TTFT", "tpot_s": "TPOT/ITL", "itl_s": "TPOT/ITL", "e2e_s": "E2E"}
 PERCENTILES = ("p50", "p90", "p99")
 # Reference-engine settings that the scenario's knobs do not already show.
 _REFERENCE_SETTINGS = ("policy", "admission", "preemption", "max_num_seqs",
@@ -269,6 +271,7 @@ def latency_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
             row.append(fmt_seconds(get(c.summary, f"{metric}.mean")))
             rows.append(row)
         lines += [f"### {label}", "", table(["cell", *PERCENTILES, "mean"], rows), ""]
+        lines += kind_note(ok, _KIND_OF[metric], label)
     return lines
 
 
@@ -290,7 +293,8 @@ def throughput_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
     return ["## Throughput", "",
             "Completed requests and their tokens divided by the run's duration (first arrival "
             "to last event).", "",
-            table(["cell", *(label for _, label in cols), "duration"], rows), ""]
+            table(["cell", *(label for _, label in cols), "duration"], rows), "",
+            *kind_note(ok, "throughput", "throughput")]
 
 
 def goodput_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportContext

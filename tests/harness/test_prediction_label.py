@@ -14,7 +14,7 @@ from harness.cli import main
 from harness.prediction import KINDS, SERVED, prediction_text
 from harness.published.rows import METRIC_KINDS, METRICS
 from harness.report.format import fmt_pct
-from harness.report.predictions import prediction_accuracy_lines, prediction_row
+from harness.report.predictions import kind_note, prediction_accuracy_lines, prediction_row
 from harness.report.runs import CellResult
 
 EXCERPT = Path(__file__).resolve().parents[2] / "harness" / "data" / "azure_conv_excerpt.csv"
@@ -221,3 +221,35 @@ def test_the_catalog_states_its_error_for_each_kind_of_figure() -> None:
 def test_every_published_metric_is_of_one_kind() -> None:
     assert set(METRIC_KINDS) == set(METRICS)
     assert set(METRIC_KINDS.values()) == set(KINDS)
+
+
+def test_each_latency_and_throughput_table_says_how_far_its_kind_was_measured_to_miss() -> None:
+    cells = [_simulated("cat", None), _simulated("trt", "trtllm-h100-sxm"),
+             _simulated("vllm", "vllm-h100-sxm"), _simulated("tgi", "tgi-h100-sxm")]
+    ttft = profile_accuracy("trtllm-h100-sxm")["held_out_by_kind"]["TTFT"]  # type: ignore[index]
+    cat = catalog_accuracy()["by_kind"]["TTFT"]
+    [note, blank] = kind_note(cells, "TTFT", "TTFT")
+    assert blank == ""
+    assert note == (
+        "How far predicted TTFT was measured to miss published TTFT figures: "
+        f"`cat` a median {fmt_pct(cat['median_abs_error'])} off (worst "
+        f"{fmt_pct(cat['worst_abs_error'])}) over {cat['num_rows']} figures; "
+        f"`trt` a median {fmt_pct(ttft['median_abs_error'])} off (worst "
+        f"{fmt_pct(ttft['worst_abs_error'])}) over {ttft['num_rows']} held-out figures; "
+        "no held-out TTFT figure for `vllm`, `tgi` "
+        "([how accurate the predictions are](#how-accurate-the-predictions-are)).")
+    # measured cells and records without kinds add nothing
+    assert kind_note([_cell("live", {"mode": "launch", "name": "vllm"}),
+                      _cell("old", {"mode": "simulated"})], "TTFT", "TTFT") == []
+
+
+def test_a_report_puts_the_note_under_its_tables(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(EXCERPT), "--limit", "20", "--profile",
+                 "vllm-h100-sxm", "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    for table, kind in (("### TTFT", "TTFT"), ("### TPOT", "TPOT/ITL"), ("## Throughput",
+                                                                          "throughput")):
+        section = text.split(f"\n{table}\n", 1)[1].split("\n#", 1)[0]
+        assert f"to miss published {kind} figures: " in section, table
+    assert "no held-out TTFT figure for `run`" in text
