@@ -263,7 +263,7 @@ def render_fidelity(checked: Sequence[CheckedRow], digest: str | None = None,
               "tokens/s, requests/s and run durations), TTFT, TPOT/ITL or E2E.", "",
               "| rows | kind | count | median abs. error | worst abs. error | worst row |",
               "|---|---|---:|---:|---:|---|"]
-    kind_groups = [(label, items) for label, items in groups[:2]] + [
+    kind_groups = groups[:2] + [  # train and held-out, then each profile's held-out rows
         (f"{name}, held-out", [c for c in checked if c.row.profile_name == name
                                and c.held_out])
         for name in dict.fromkeys(c.row.profile_name for c in checked)]
