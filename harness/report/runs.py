@@ -63,6 +63,12 @@ class CellResult:
         return load_text(self.cell.get("load") or {})
 
     @property
+    def at_load(self) -> bool:
+        """Whether it ran at a load of its own (a rate, a time scale or a number of users),
+        not at the trace's timing."""
+        return (self.cell.get("load") or {}).get("kind") not in (None, "trace")
+
+    @property
     def mode(self) -> str:
         engine = self.cell.get("engine")
         if isinstance(engine, Mapping) and engine.get("mode"):
@@ -307,11 +313,10 @@ def sweep_cells(cells: Sequence[CellResult]) -> list[CellResult]:
 def series_key(c: CellResult, varying: Sequence[str]) -> str:
     """What besides max_num_seqs tells this cell's line apart: engine, other knobs, load."""
     engine = c.cell.get("engine") or {}
-    load = c.cell.get("load") or {}
     parts = [str(engine.get("name") or c.engine)]
     parts += [f"{k}={value_text(knob(c, k))}" for k in varying if k != "max_num_seqs"]
-    if load.get("kind") not in (None, "trace"):
-        parts.append(load_text(load))
+    if c.at_load:
+        parts.append(c.load)
     return ", ".join(parts)
 
 

@@ -95,7 +95,7 @@ def _traces_text(cells: Sequence[CellResult], traces: Mapping[str, list[str]]) -
     (each with its own arrivals, so its own digest) are one line: the same requests, at each
     cell's load."""
     first = {key: next(x for x in cells if x.name == names[0]) for key, names in traces.items()}
-    if len(traces) > 1 and all(c.load is not None for c in cells):
+    if len(traces) > 1 and all(c.at_load for c in cells):
         untimed = {_trace_text(c, timing=False) for c in first.values()}
         if len(untimed) == 1:
             return (f"{untimed.pop()}, arrivals at each cell's load ({len(traces)} arrival "
@@ -174,7 +174,7 @@ def cells_section(cells: Sequence[CellResult]) -> list[str]:
         all_knobs += [k for k in c.knobs if k not in all_knobs]
     common = [k for k in all_knobs if k not in varying]
     show_status = any(c.state != "done" for c in cells)
-    show_load = any((c.cell.get("load") or {}).get("kind") not in (None, "trace") for c in cells)
+    show_load = any(c.at_load for c in cells)
     headers = ["cell", "engine", "mode"] + (["load"] if show_load else []) + varying
     if show_status:
         headers.append("status")

@@ -453,3 +453,24 @@ def test_golden_fixture_summaries_are_current(fixture_scenario: Path) -> None:
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "throughput", "goodput", "by_priority",
                 "output_length_fidelity", "failures", "num_preemptions"):
         assert key in summary, key
+
+
+def test_one_trace_at_other_arrivals_is_one_line_only_for_load_points() -> None:
+    from harness.report.runs import CellResult
+    from harness.report.sections import header
+
+    def cell(name: str, digest: str, load: dict[str, object] | None) -> CellResult:
+        trace = {"source": "t.csv", "digest": digest, "stats": {"num_requests": 10}}
+        return CellResult(name, Path(name), "done", summary={}, manifest={"trace": trace},
+                          cell={"load": load} if load else {})
+
+    def trace_row(cells: list[CellResult]) -> str:
+        lines = header(cells, None, report.ReportContext(title="t"))
+        return next(ln for ln in lines[-2].splitlines() if ln.startswith("| Trace"))
+
+    at_loads = [cell("a", "d1", {"kind": "rate", "value": 1}),
+                cell("b", "d2", {"kind": "rate", "value": 2})]
+    assert "arrivals at each cell's load (2 arrival schedules" in trace_row(at_loads)
+    # two runs of the trace at other timings, not load points of one scenario: two lines
+    runs = [cell("a", "d1", None), cell("b", "d2", None)]
+    assert trace_row(runs).count("<br>") == 1 and "each cell's load" not in trace_row(runs)
