@@ -45,6 +45,7 @@ def trace_manifest(trace: Trace) -> dict[str, Any]:
         "num_requests": len(trace.requests),
         "notes": list(trace.notes),
         "counts": dict(trace.counts),
+        "timing": trace.timing,
         "stats": describe(trace),
     }
 

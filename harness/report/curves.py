@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.manifest import MANIFEST_FILE
 from harness.report.format import sig, value_text
 from harness.report.runs import CellResult, get, knob, read_engine_state
 
@@ -148,12 +149,17 @@ class SearchRecord:
     num_probes: int
     num_stopped: int
     probe_labels: Mapping[float, str] = field(default_factory=dict)  # load -> probe folder
+    slo: Mapping[str, float] = field(default_factory=dict)
+    probe_dirs: tuple[Path, ...] = ()
+    knobs: Mapping[str, Any] = field(default_factory=dict)
 
 
-def find_searches(cells: Sequence[CellResult]) -> list[SearchRecord]:
+def find_searches(cells: Sequence[CellResult], slo: Mapping[str, float] | None
+                  ) -> list[SearchRecord]:
     """``search.json`` files beside the cells: in a cell's parent (the probes of a search),
     in its siblings (a capacity folder's settings) and under ``capacity/`` (a capacity search
-    run into a scenario's folder)."""
+    run into a scenario's folder). Only the searches that measured this report's setting at
+    its SLO (``search_applies``): a capacity is a fact about one setting, trace and SLO."""
     parents = list(dict.fromkeys(c.run_dir.parent for c in cells))
     paths: list[Path] = []
     for p in parents:
@@ -165,9 +171,40 @@ def find_searches(cells: Sequence[CellResult]) -> list[SearchRecord]:
             continue
         seen.add(path.resolve())
         record = _read_search(path)
-        if record is not None:
+        if record is not None and search_applies(record, cells, slo):
             out.append(record)
     return out
+
+
+def search_applies(r: SearchRecord, cells: Sequence[CellResult],
+                   slo: Mapping[str, float] | None) -> bool:
+    """Whether the search measured this report's SLO, and either its probes are cells of the
+    report, or a cell of the same setting (scenario engine, grid point and knobs) ran the trace
+    its probes ran (a search run into a scenario's folder; when its probe folders are gone,
+    the setting alone decides)."""
+    if {k: float(v) for k, v in r.slo.items()} != {k: float(v) for k, v in (slo or {}).items()}:
+        return False
+    run_dirs = {c.run_dir.resolve() for c in cells}
+    if any(d.resolve() in run_dirs for d in r.probe_dirs):
+        return True
+    same = [c for c in cells if cell_setting(c) == r.key
+            and any(_agree(r.knobs, k) for k in (c.asked_knobs, c.knobs))]
+    probe_trace = next((t for t in map(_trace_of, r.probe_dirs) if t is not None), None)
+    return any(probe_trace is None or _trace_of(c.run_dir) == probe_trace for c in same)
+
+
+def _agree(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """The knobs both name have the same values."""
+    return all(value_text(a[k]) == value_text(b[k]) for k in a.keys() & b.keys())
+
+
+def _trace_of(run_dir: Path) -> tuple[str, int] | None:
+    """The trace a run folder replayed, whatever its timing: (source, number of requests)."""
+    try:
+        trace = json.loads((run_dir / MANIFEST_FILE).read_text()).get("trace") or {}
+        return str(trace["source"]), int(trace["num_requests"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def _read_search(path: Path) -> SearchRecord | None:
@@ -185,7 +222,10 @@ def _read_search(path: Path) -> SearchRecord | None:
             precision_text=str(d.get("precision_text") or ""), num_probes=len(probes),
             num_stopped=sum(1 for p in probes if p.get("stopped")),
             probe_labels={float(p["load"]): str(p.get("label") or p.get("run_dir"))
-                          for p in probes if p.get("load") is not None})
+                          for p in probes if p.get("load") is not None},
+            slo=dict(d.get("slo") or {}), knobs=dict(d.get("knobs") or {}),
+            probe_dirs=tuple(path.parent / str(p["run_dir"]) for p in probes
+                             if p.get("run_dir")))
     except (OSError, ValueError, TypeError, AttributeError):
         return None
 

@@ -327,7 +327,7 @@ def fidelity_pairs(ok: Sequence[CellResult]) -> list[tuple[CellResult, CellResul
                 and trace_digest(c) == trace_digest(live)]
         if not sims:
             continue
-        same_knobs = [c for c in sims if dict(c.knobs) == dict(live.knobs)]
+        same_knobs = [c for c in sims if dict(c.asked_knobs) == dict(live.asked_knobs)]
         pairs.append((live, (same_knobs or sims)[0]))
     return pairs
 

@@ -234,26 +234,24 @@ def _leaders_by_load(ok: Sequence[CellResult]) -> list[str]:
 
 def _leaders(cells: Sequence[CellResult]) -> str:
     """The best cell for each headline metric, in one clause ("" if none has a value)."""
-    def best(metric: str, pick: Callable[[Iterable[float]], float]) -> tuple[str, float] | None:
+    def best(metric: str, pick: Callable[[Iterable[float]], float], what: str,
+             fmt: Callable[[float], str]) -> str | None:
         values = [(c.name, get(c.summary, metric)) for c in cells]
         values = [(n, v) for n, v in values if not missing(v)]
         if not values:
             return None
         target = pick(v for _, v in values)
-        return next((n, v) for n, v in values if v == target)
+        names = [n for n, v in values if v == target]  # a tie names every cell in it
+        if len(names) == len(cells) > 1:
+            return f"the same {what.split(' ', 1)[1]} in every cell ({fmt(target)})"
+        return f"{what} {', '.join(map(code, names))} ({fmt(target)})"
 
-    parts = []
-    tp = best("throughput.output_tokens_per_s", max)
-    if tp:
-        parts.append(f"highest output throughput {code(tp[0])} ({fmt_number(tp[1], 'tok/s')})")
-    for metric, label in (("ttft_s.p90", "TTFT p90"), ("tpot_s.p90", "TPOT p90")):
-        lo = best(metric, min)
-        if lo:
-            parts.append(f"lowest {label} {code(lo[0])} ({fmt_seconds(lo[1])})")
-    slo = best("goodput.slo_attainment", max)
-    if slo:
-        parts.append(f"best SLO attainment {code(slo[0])} ({fmt_pct(slo[1])})")
-    return "; ".join(parts)
+    parts = [best("throughput.output_tokens_per_s", max, "highest output throughput",
+                  lambda v: fmt_number(v, "tok/s")),
+             best("ttft_s.p90", min, "lowest TTFT p90", fmt_seconds),
+             best("tpot_s.p90", min, "lowest TPOT p90", fmt_seconds),
+             best("goodput.slo_attainment", max, "best SLO attainment", fmt_pct)]
+    return "; ".join(p for p in parts if p)
 
 
 def _batch_size_findings(cells: Sequence[CellResult], slo: Mapping[str, float] | None
@@ -435,9 +433,9 @@ def _mixed_finding(cells: Sequence[CellResult]) -> list[str]:
             by_load.setdefault(c.load, []).append(c)
     out = []
     for load, group in by_load.items():
-        pairs = {(knob(c, "max_num_seqs"), knob(c, "max_num_batched_tokens")) for c in group}
-        if len(pairs) < 2 or len({knob(c, "max_num_batched_tokens") for c in group}) < 2:
-            continue  # a pair only when both knobs were varied
+        varied = set(varying_knobs(group))
+        if varied != {"max_num_seqs", "max_num_batched_tokens"}:
+            continue  # a pair only when both knobs, and nothing else, were varied
         ranked = sorted(group, key=lambda c: -get(c.summary, "goodput.requests_per_s"))
         best, second = ranked[0], ranked[1]
 

@@ -120,10 +120,11 @@ def load_text(load: Mapping[str, Any]) -> str:
     if kind in (None, "trace") or value is None:
         return "trace timing"
     if kind == "rate":
-        return f"{sig(value)} req/s"
+        return "every request at 0 s" if value == "inf" else f"{sig(value)} req/s"
     if kind == "time_scale":
         return f"time × {sig(value)}"
-    return f"{int(value)} users"
+    think = load.get("think_time_s")
+    return f"{int(value)} users" + (f", {sig(think)} s think time" if think else "")
 
 
 def display_path(text: str | None) -> str:

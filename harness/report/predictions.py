@@ -72,8 +72,10 @@ def _prediction_of(engine: object) -> tuple[Mapping[str, Any] | None, str] | Non
 
 
 def _published_text(acc: Accuracy) -> str:
+    if not acc.held_out:
+        return "not computed for the catalog"
     if acc.published is None:
-        return "–"
+        return "none: every one's workload is partly unpublished"
     if acc.published.num_rows == acc.overall.num_rows:
         return "all of them"
     return f"{acc.published.text()} of {acc.published.num_rows}"
@@ -159,6 +161,31 @@ def kind_note(cells: Sequence[CellResult], kind: str, label: str) -> list[str]:
         return []
     return [f"How far predicted {label} was measured to miss published {kind} figures: "
             + "; ".join(parts) + f" ({ACCURACY_LINK}).", ""]
+
+
+def predicted_text(cells: Sequence[CellResult]) -> str | None:
+    """"Every figure is **predicted** ..." or "Figures of `a`, `b` are **predicted** ...", for
+    text that quotes the cells' numbers away from their tables (findings, plots); None
+    without a predicted cell."""
+    names = [n for g in _groups(cells) for n in g.names]
+    if not names:
+        return None
+    whose = ("Every figure here is" if len(names) == len(cells)
+             else f"Figures of {', '.join(names)} are")
+    return (f"{whose} {_bold('predicted')} by the reference engine, not measured on "
+            f"hardware ({ACCURACY_LINK}).")
+
+
+def derived_note(cells: Sequence[CellResult], what: str) -> list[str]:
+    """Under a table of figures computed from predicted latencies (goodput, SLO attainment,
+    capacity at SLO): that they are predicted too, and where their inputs' error is."""
+    names = [n for g in _groups(cells) for n in g.names]
+    if not names:
+        return []
+    whose = "every cell" if len(names) == len(cells) else ", ".join(names)
+    return [f"{what} of {whose} are predicted: they count requests whose predicted TTFT and "
+            "TPOT met the SLO (how far those were measured to miss: the notes under the TTFT "
+            f"and TPOT tables, and {ACCURACY_LINK}).", ""]
 
 
 def _bold(text: str) -> str:

@@ -28,6 +28,7 @@ from harness.report.curves import (
 from harness.report.fidelity import prediction_section
 from harness.report.findings import key_findings
 from harness.report.format import code, display_path
+from harness.report.predictions import derived_note, predicted_text
 from harness.report.runs import (
     REPORT_FILE,
     CellResult,
@@ -75,11 +76,14 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
         base = ok[0]
     preempted = preempted_requests(ok)
     series = load_series(ok)
-    searches = find_searches(cells)
+    searches = find_searches(cells, ctx.slo)
     target = searches[0].target if searches else DEFAULT_TARGET
     capacity = capacity_rows(series, searches, target)
     lines = header(cells, base, ctx)
     lines += ["## Key findings", ""]
+    predicted = predicted_text(ok)
+    if predicted:
+        lines += [predicted, ""]
     bases = Baselines.of(ok, base)
     lines += [f"- {text}" for text in key_findings(cells, base, ctx, preempted,
                                                    capacity=capacity, target=target,
@@ -103,6 +107,8 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
     plotted = _draw_plots(ok, out_dir, ctx, drawn or {}) if draw else []
     if plotted:
         lines += ["## Plots", ""]
+        if predicted:
+            lines += [predicted, ""]
         for alt, name in plotted:
             lines += [f"![{alt}]({name})", ""]
     lines += reproduce_section(cells, ctx, out_dir)
@@ -116,7 +122,10 @@ def _load_sections(ok: Sequence[CellResult], base: CellResult | None, ctx: Repor
     (or capacity searches beside them) give them."""
     lines = curves_section(series, has_plot=draw)
     base_key = cell_setting(base) if base is not None else None
-    lines += capacity_section(capacity, base_key, ctx.slo, target)
+    capacity_lines = capacity_section(capacity, base_key, ctx.slo, target)
+    if capacity_lines and ctx.slo:
+        capacity_lines += derived_note(ok, "Capacities at SLO")
+    lines += capacity_lines
     lines += batch_size_section(_batch_series(ok))
     return lines
 

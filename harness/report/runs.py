@@ -44,6 +44,13 @@ class CellResult:
 
     @property
     def knobs(self) -> Mapping[str, Any]:
+        """The knobs that took effect (``manifest.json``: a profile's engine defaults
+        included); a cell that never ran has only those its scenario asked for."""
+        return self.manifest.get("knobs") or self.cell.get("knobs") or {}
+
+    @property
+    def asked_knobs(self) -> Mapping[str, Any]:
+        """The knobs its scenario asked for (``cell.json``), before any profile's defaults."""
         return self.cell.get("knobs") or self.manifest.get("knobs") or {}
 
     @property
@@ -58,15 +65,29 @@ class CellResult:
         return _manifest_engine(self.manifest)[1]
 
     @property
+    def load_point(self) -> Mapping[str, Any]:
+        """The load it ran at, ``{"kind": ..., "value": ...}``: its scenario cell's, else what
+        its manifest says (a closed loop's users, a trace rescaled to a rate or time scale);
+        ``{}`` for the trace's own timing."""
+        run = self.manifest.get("load")
+        if isinstance(run, Mapping) and run.get("mode") == "closed" and "kind" not in run:
+            run = {"kind": "concurrency", "value": run.get("concurrency")}  # older folders
+        for load in (self.cell.get("load"), run,
+                     (self.manifest.get("trace") or {}).get("timing")):
+            if isinstance(load, Mapping) and load.get("kind") is not None:
+                return load
+        return {}
+
+    @property
     def load(self) -> str:
         """The load it ran at, as the report writes it ("2 req/s"; "trace timing" if none)."""
-        return load_text(self.cell.get("load") or {})
+        return load_text(self.load_point)
 
     @property
     def at_load(self) -> bool:
         """Whether it ran at a load of its own (a rate, a time scale or a number of users),
         not at the trace's timing."""
-        return (self.cell.get("load") or {}).get("kind") not in (None, "trace")
+        return self.load_point.get("kind") not in (None, "trace")
 
     @property
     def mode(self) -> str:

@@ -33,7 +33,12 @@ from harness.report.format import (
     value_text,
     with_delta,
 )
-from harness.report.predictions import kind_note, prediction_accuracy_lines, prediction_row
+from harness.report.predictions import (
+    derived_note,
+    kind_note,
+    prediction_accuracy_lines,
+    prediction_row,
+)
 from harness.report.runs import (
     CellResult,
     approximations,
@@ -109,6 +114,9 @@ def _traces_text(cells: Sequence[CellResult], traces: Mapping[str, list[str]]) -
     return "<br>".join(described)
 
 
+_CHANGED_REQUESTS = ("clipped ", "dropped ", "skipped ")  # trace notes (harness.traces)
+
+
 def _trace_text(c: CellResult, *, timing: bool = True) -> str:
     """The trace's source, format, size and lengths; with ``timing``, its span and digest
     (which change with the arrivals)."""
@@ -130,6 +138,9 @@ def _trace_text(c: CellResult, *, timing: bool = True) -> str:
                        ("output_tokens_mean", "mean output")):
         if not missing(stats.get(key)):
             details.append(f"{label} {fmt_number(stats[key])} tokens")
+    # requests the loader changed or left out: the workload is not the file's
+    details += [str(n).split(";")[0] for n in trace.get("notes") or ()
+                if str(n).startswith(_CHANGED_REQUESTS)]
     if details:
         parts.append("(" + ", ".join(details) + ")")
     digest = trace.get("digest")
@@ -322,7 +333,7 @@ def goodput_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportConte
                      att_text])
     lines += [table(["cell", "good requests", "requests", "goodput req/s", "SLO attainment"],
                     rows), ""]
-    return lines
+    return lines + derived_note(ok, "Goodput and SLO attainment")
 
 
 def preemption_section(ok: Sequence[CellResult], preempted: Mapping[str, int | None]

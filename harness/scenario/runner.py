@@ -174,7 +174,11 @@ def run_scenario(
         raise ScenarioError(scenario.source, None, "--only",
                             f"no cell matches {only!r}; cells: {names}")
     meta = scenario.as_dict()
-    meta["command"] = scenario_command(scenario, out_root, None)
+    # the command that ran these cells: with --only when it left cells out, so that running it
+    # again never starts cells (live engines, GPUs) the user did not ask for
+    picked = None if len(chosen) == len(all_cells) else (
+        only if isinstance(only, str) else ",".join(only or ()))
+    meta["command"] = scenario_command(scenario, out_root, picked)
     write_json_atomic(meta, scenario_dir / SCENARIO_FILE)
 
     todo: list[Cell] = []

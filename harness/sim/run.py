@@ -36,7 +36,7 @@ from harness.results import (
     write_tables,
 )
 from harness.runfolder import RunIdentity, claim_run_dir
-from harness.sim.driver import simulate
+from harness.sim.driver import SimulationResult, simulate
 from harness.sim.report_process import ReportProcess
 from harness.sim.roofline import decode_context_len, roofline_turn
 from harness.target import ClosedLoop, EarlyStop
@@ -108,10 +108,42 @@ def _run(trace: Trace, config: ReferenceConfig, out_dir: Path, run_id: str,
         result = simulate(trace.requests, config, progress=progress, closed_loop=closed_loop,
                           early_stop=early_stop)
     except KeyboardInterrupt:
-        update_manifest(out_dir, {**run_fields("simulated", command), "status": "interrupted",
-                                  "error": "interrupted before the simulation finished"})
+        _mark(out_dir, command, "interrupted", "interrupted before the simulation finished")
+        raise KeyboardInterrupt("the simulation had not finished: nothing was measured "
+                                f"(the manifest in {out_dir} says so)") from None
+    except Exception as exc:
+        _mark(out_dir, command, "failed",
+              f"the simulation failed: {type(exc).__name__}: {exc}")
         raise
     wall_s = time.perf_counter() - wall_start
+    try:
+        return _write_results(result, wall_s, trace, config, out_dir, run_id, identity,
+                              slo=slo, command=command, knobs=knobs,
+                              closed_loop=closed_loop, reporter=reporter)
+    except KeyboardInterrupt:
+        _mark(out_dir, command, "interrupted",
+              "interrupted while its results were written: some files may be missing")
+        raise KeyboardInterrupt("interrupted while the results were written: some files may "
+                                f"be missing (the manifest in {out_dir} says so)") from None
+    except Exception as exc:
+        _mark(out_dir, command, "failed",
+              f"writing the results failed: {type(exc).__name__}: {exc}")
+        raise
+
+
+def _mark(out_dir: Path, command: Sequence[str] | None, status: str, error: str) -> None:
+    """The manifest says how the run ended when it did not finish."""
+    update_manifest(out_dir, {**run_fields("simulated", command), "status": status,
+                              "error": error})
+
+
+def _write_results(result: SimulationResult, wall_s: float, trace: Trace,
+                   config: ReferenceConfig, out_dir: Path, run_id: str,
+                   identity: RunIdentity, *, slo: Slo | None, command: Sequence[str] | None,
+                   knobs: dict[str, Any] | None, closed_loop: ClosedLoop | None,
+                   reporter: ReportProcess | None) -> dict[str, Any]:
+    """Every result file of a finished simulation, summary.json after the tables and the
+    manifest last; the summary."""
 
     # parquet writing releases the GIL: each file is written while the next table and the
     # summary are computed, and all are on disk before summary.json. The chunk instants
@@ -154,7 +186,7 @@ def _run(trace: Trace, config: ReferenceConfig, out_dir: Path, run_id: str,
         "trace": trace_manifest(trace),
         "slo": slo.as_dict() if slo else None,
         "client_limited": None,
-        "load": _load_manifest(closed_loop),
+        "load": _load_manifest(closed_loop, trace),
         "roofline": roofline_turn(config, decode_context_len(trace.requests)),
         "status": "stopped" if result.stopped_reason else "finished",
     }
@@ -166,11 +198,21 @@ def _run(trace: Trace, config: ReferenceConfig, out_dir: Path, run_id: str,
     return summary
 
 
-def _load_manifest(closed_loop: ClosedLoop | None) -> dict[str, Any]:
-    if closed_loop is None:
-        return {"mode": "open", "arrivals": "the trace's arrival times"}
-    return {"mode": "closed", "concurrency": closed_loop.concurrency,
-            "think_time_s": closed_loop.think_time_s}
+def _load_manifest(closed_loop: ClosedLoop | None, trace: Trace) -> dict[str, Any]:
+    """How requests arrived, with the load in a scenario cell's terms (``kind``, ``value``)
+    when the run had one: users, or the trace's arrivals rescaled to a rate or time scale."""
+    if closed_loop is not None:
+        return {"mode": "closed", "concurrency": closed_loop.concurrency,
+                "think_time_s": closed_loop.think_time_s,
+                "kind": "concurrency", "value": closed_loop.concurrency}
+    timing = trace.timing or {}
+    arrivals = {"rate": f"the trace's requests at a mean rate of {timing.get('value')} req/s",
+                "time_scale": f"the trace's arrival times × {timing.get('value')}"}
+    if timing.get("arrival"):
+        arrivals["rate"] = f"synthetic {timing['arrival']} arrivals at {timing['value']} req/s"
+    return {"mode": "open",
+            "arrivals": arrivals.get(str(timing.get("kind")), "the trace's arrival times"),
+            **{k: v for k, v in timing.items() if k in ("kind", "value")}}
 
 
 def _write_run_report(run_dir: Path, reporter: ReportProcess | None) -> None:

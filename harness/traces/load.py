@@ -77,8 +77,12 @@ def load_trace(path: str | Path | None, options: TraceOptions | None = None) -> 
         arrival = "poisson"
     rows = apply_window(rows, options, label, report)
     rows = apply_length_overrides(rows, options, report)
-    rows = apply_max_model_len(rows, options, parsed, label, report)
-    rows = apply_limit(rows, options, report)
+    if options.on_too_long == "drop":  # dropping first: --limit N keeps the first N that fit
+        rows = apply_max_model_len(rows, options, parsed, label, report)
+        rows = apply_limit(rows, options, report)
+    else:  # clipped, or refused, among the requests kept only
+        rows = apply_limit(rows, options, report)
+        rows = apply_max_model_len(rows, options, parsed, label, report)
     if not rows:
         raise TraceError("no requests left after applying the options", path=label)
     rows = apply_arrivals(rows, options, arrival, parsed.timed, label, report)
@@ -96,6 +100,7 @@ def load_trace(path: str | Path | None, options: TraceOptions | None = None) -> 
         digest=hasher.hexdigest(),
         notes=tuple(report.notes),
         counts=report.counts,
+        timing=report.timing,
     )
 
 

@@ -240,10 +240,12 @@ def apply_arrivals(
         if options.time_scale is not None and options.time_scale != 1.0:
             times = times * options.time_scale
             report.notes.append(f"arrival times multiplied by {options.time_scale:g}")
+            report.timing = {"kind": "time_scale", "value": options.time_scale}
         elif options.rate is not None:
             if math.isinf(options.rate):
                 times = np.zeros_like(times)
                 report.notes.append("rate inf: every request arrives at 0 s")
+                report.timing = {"kind": "rate", "value": "inf"}  # JSON has no inf
             else:
                 span = float(times[-1] - times[0]) if len(times) else 0.0
                 if len(times) < 2 or span <= 0:
@@ -257,6 +259,7 @@ def apply_arrivals(
                     f"arrival times multiplied by {factor:.6g} for a mean rate of "
                     f"{options.rate:g} req/s"
                 )
+                report.timing = {"kind": "rate", "value": options.rate}
     else:
         if options.time_scale is not None:
             raise TraceError(
@@ -281,6 +284,7 @@ def apply_arrivals(
         report.notes.append(
             f"arrivals synthesized: {arrival} at {rate:g} req/s{shape}, seed {options.seed}"
         )
+        report.timing = {"kind": "rate", "value": rate, "arrival": arrival}
     return [r._replace(arrival_s=float(t)) for r, t in zip(rows, times, strict=True)]
 
 

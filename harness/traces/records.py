@@ -33,6 +33,9 @@ class Trace:
     digest: str  # sha256 of the source bytes plus the options applied
     notes: tuple[str, ...] = ()  # e.g. "dropped 3 requests longer than max_model_len 4096"
     counts: dict[str, int] = field(default_factory=dict)  # dropped/clipped/skipped counts
+    # how its arrivals were timed, as a load: {"kind": "rate", "value": 4.0} (rescaled to, or
+    # synthesized at, a rate) or {"kind": "time_scale", "value": 2.0}; None: the trace's own
+    timing: dict[str, float | str] | None = None
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -129,3 +132,4 @@ class Report:
 
     counts: dict[str, int]
     notes: list[str]
+    timing: dict[str, float | str] | None = None  # Trace.timing

@@ -474,3 +474,25 @@ def test_one_trace_at_other_arrivals_is_one_line_only_for_load_points() -> None:
     # two runs of the trace at other timings, not load points of one scenario: two lines
     runs = [cell("a", "d1", None), cell("b", "d2", None)]
     assert trace_row(runs).count("<br>") == 1 and "each cell's load" not in trace_row(runs)
+
+
+def test_the_cells_table_gives_the_knobs_that_took_effect(tmp_path: Path) -> None:
+    """A profile's engine defaults (here prefix caching) are in manifest.json, not in the
+    scenario's cell.json: the report must show what ran, not what the scenario asked."""
+    from harness.report.runs import CellResult
+    from harness.report.sections import cells_section
+
+    asked = {"max_num_seqs": 64, "prefix_caching": False}
+    plain = CellResult("plain", tmp_path / "a", "done", summary={},
+                       manifest={"knobs": asked}, cell={"knobs": asked})
+    profiled = CellResult("profiled", tmp_path / "b", "done", summary={},
+                          manifest={"knobs": {**asked, "prefix_caching": True}},
+                          cell={"knobs": asked})
+    never_ran = CellResult("never-ran", tmp_path / "c", "not_run", cell={"knobs": asked})
+    assert profiled.knobs["prefix_caching"] is True
+    assert profiled.asked_knobs["prefix_caching"] is False
+    assert never_ran.knobs == asked
+    text = "\n".join(cells_section([plain, profiled, never_ran]))
+    assert "| `plain` | – | – | false |" in text
+    assert "| `profiled` | – | – | true |" in text
+    assert "Knobs common to every cell: max_num_seqs=64." in text

@@ -140,7 +140,11 @@ def test_only_runs_matching_cells_and_reports_the_rest_as_not_run(tmp_path: Path
     assert runner.calls == ["continuous__max_num_seqs-4", "continuous__max_num_seqs-8"]
     assert [o.state for o in result.outcomes] == ["not_run", "not_run", "done", "done"]
     assert result.report is not None
-    assert "2 cells not run" in result.report.read_text()
+    text = result.report.read_text()
+    assert "2 cells not run" in text
+    # running it again runs the same cells, never the ones --only left out
+    rerun = text.split("Run it again:", 1)[1].split("```sh\n", 1)[1].split("\n", 1)[0]
+    assert rerun.endswith("--only 'continuous*'"), rerun
     with pytest.raises(sc.ScenarioError, match="no cell matches"):
         sc.run_scenario(scenario, tmp_path, only="nothing*", progress=quiet())
 

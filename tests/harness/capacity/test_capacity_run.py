@@ -188,6 +188,23 @@ def test_cli_capacity_with_a_profile_is_filed_under_the_profile(
                                           "reference engine with profile `trtllm-h100-sxm`")
 
 
+def test_a_capacity_search_shows_only_in_reports_of_its_setting_and_slo(tmp_path: Path) -> None:
+    """A run folder beside a capacity folder (the README's reports/sim and reports/capacity)
+    must not borrow its capacity: another SLO, or another setting, is another question."""
+    trace = ["--trace", "synthetic", "--num-requests", "40", "--prompt-tokens", "512",
+             "--output-tokens", "16"]
+    assert cli_main(["capacity", *trace, "--max-num-seqs", "8", "--start", "4",
+                     "--max-probes", "3", "--slo", "ttft_s=0.1", "--out",
+                     str(tmp_path / "capacity")]) == 0
+    assert "## Capacity at SLO" in (tmp_path / "capacity" / "report.md").read_text()
+    for name, args in {"other-slo": ["--max-num-seqs", "8", "--slo", "ttft_s=0.5"],
+                       "other-setting": ["--max-num-seqs", "64", "--slo", "ttft_s=0.1"]}.items():
+        assert cli_main(["simulate", *trace, "--rate", "4", *args,
+                         "--out", str(tmp_path / name)]) == 0
+        report = (tmp_path / name / "report.md").read_text()
+        assert "Capacity at SLO" not in report, name
+
+
 def test_cli_capacity_over_a_scenario(tmp_path: Path) -> None:
     scenario = tmp_path / "s.yaml"
     scenario.write_text(

@@ -119,7 +119,8 @@ def test_simulated_target_runs_a_closed_loop_into_a_run_folder(tmp_path: Path) -
     # The trace's 100 s gaps are not used: the run takes far less than 1,100 s.
     assert summary["duration_s"] < 10
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["load"] == {"mode": "closed", "concurrency": 4, "think_time_s": 0.0}
+    assert manifest["load"] == {"mode": "closed", "concurrency": 4, "think_time_s": 0.0,
+                                "kind": "concurrency", "value": 4}
     assert manifest["roofline"]["ridge_flop_per_byte"] > 0
 
 
@@ -146,7 +147,7 @@ def test_a_scenario_sweeps_concurrency_on_the_simulated_reference(tmp_path: Path
     for users in (2, 8):
         manifest = json.loads((folder / f"fcfs__conc-{users}" / "manifest.json").read_text())
         assert manifest["load"] == {"mode": "closed", "concurrency": users,
-                                    "think_time_s": 0.0}
+                                    "think_time_s": 0.0, "kind": "concurrency", "value": users}
     report = (folder / "report.md").read_text()
     assert "### `fcfs`" in report.split("## Throughput–latency curves")[1]
     assert "| 2 users |" in report and "| 8 users |" in report

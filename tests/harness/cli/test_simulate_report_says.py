@@ -1,0 +1,62 @@
+"""What a `batchlab simulate` run's manifest and report say about how it ran: its load (a
+rate, a time scale, users), requests the trace loader changed, and that its figures are
+predicted, including the ones computed from predicted latencies (goodput)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.cli import main
+
+EXCERPT = Path(__file__).resolve().parents[3] / "harness" / "data" / "azure_conv_excerpt.csv"
+
+
+def _run(tmp_path: Path, name: str, *args: str) -> tuple[dict, str]:
+    out = tmp_path / name
+    assert main(["simulate", "--trace", str(EXCERPT), "--limit", "40", *args,
+                 "--out", str(out)]) == 0
+    return json.loads((out / "manifest.json").read_text()), (out / "report.md").read_text()
+
+
+def _cells_row(report: str, name: str) -> str:
+    return next(ln for ln in report.splitlines() if ln.startswith(f"| `{name}` |"))
+
+
+def test_the_manifest_and_report_say_the_load_a_run_had(tmp_path: Path) -> None:
+    manifest, report = _run(tmp_path, "rate", "--rate", "8")
+    assert manifest["load"] == {
+        "mode": "open", "arrivals": "the trace's requests at a mean rate of 8.0 req/s",
+        "kind": "rate", "value": 8.0}
+    assert manifest["trace"]["timing"] == {"kind": "rate", "value": 8.0}
+    assert _cells_row(report, "rate").endswith("| 8 req/s |")
+
+    manifest, report = _run(tmp_path, "slow", "--time-scale", "2")
+    assert manifest["load"]["kind"] == "time_scale" and manifest["load"]["value"] == 2.0
+    assert "time × 2" in _cells_row(report, "slow")
+
+    manifest, report = _run(tmp_path, "users", "--mode", "closed", "--concurrency", "4",
+                            "--think-time-s", "1")
+    assert manifest["load"]["kind"] == "concurrency" and manifest["load"]["value"] == 4
+    assert _cells_row(report, "users").endswith("| 4 users, 1 s think time |")
+
+    manifest, report = _run(tmp_path, "own", "--slo", "ttft_s=1,tpot_s=0.1")
+    assert manifest["load"] == {"mode": "open", "arrivals": "the trace's arrival times"}
+    assert manifest["trace"]["timing"] is None
+    assert "| load |" not in report  # the trace's own timing: no load column
+
+
+def test_the_report_says_its_figures_are_predicted_and_which_requests_were_changed(
+        tmp_path: Path) -> None:
+    _, report = _run(tmp_path, "clip", "--max-model-len", "1024", "--on-too-long", "clip",
+                     "--slo", "ttft_s=1,tpot_s=0.1")
+    trace = next(ln for ln in report.splitlines() if ln.startswith("| Trace |"))
+    assert "clipped 8 requests to max_model_len 1024 (prompt truncated first)" in trace
+    findings = report.split("## Key findings\n\n", 1)[1]
+    assert findings.startswith("Every figure here is **predicted** by the reference engine, "
+                               "not measured on hardware")
+    goodput = report.split("## Goodput and SLO attainment", 1)[1].split("\n## ", 1)[0]
+    assert ("Goodput and SLO attainment of every cell are predicted: they count requests "
+            "whose predicted TTFT and TPOT met the SLO") in goodput
+    plots = report.split("## Plots", 1)[1]
+    assert "Every figure here is **predicted**" in plots.split("![", 1)[0]
