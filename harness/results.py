@@ -203,6 +203,13 @@ def write_tables(out_dir: Path, tables: Mapping[str, pa.Table], *,
         write_parquet_atomic(table, out_dir / name, run_id=run_id)
 
 
+def parquet_run_id(path: Path) -> str | None:
+    """The run that wrote a parquet file (its ``batchlab.run_id``); None when it names none."""
+    metadata = pq.read_schema(path).metadata or {}
+    value = metadata.get(RUN_ID_KEY)
+    return value.decode() if value is not None else None
+
+
 def read_timelines(run_dir: Path) -> list[RequestTimeline]:
     """Rebuild the timelines of a run folder from its parquet files."""
     req = pq.read_table(run_dir / REQUESTS_FILE).to_pylist()

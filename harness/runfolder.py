@@ -127,6 +127,18 @@ def ensure_writable_file(path: Path, what: str = "-o") -> None:
         raise RunDirError(f"{what} {path}: cannot write there ({reason})")
 
 
+def refuse_cell_folder(out_dir: Path | str, what: str = "--out") -> None:
+    """A scenario cell's or capacity probe's folder (its ``cell.json``) belongs to that sweep:
+    a run of its own there would leave the cell's definition describing other results. Raises
+    RunDirError, naming the command that redoes the cell."""
+    out = Path(out_dir)
+    if (out / "cell.json").is_file():
+        raise RunDirError(
+            f"{what} {out}: is a cell of a scenario or capacity search (its cell.json); "
+            "`batchlab run SCENARIO --only CELL` (or `batchlab capacity ... --resume`) redoes "
+            "it: choose another folder")
+
+
 def claim_run_dir(out_dir: Path | str, identity: RunIdentity, *, overwrite: bool = False,
                   what: str = "--out") -> str:
     """Make ``out_dir`` this run's folder (module doc); returns the new run id."""

@@ -50,8 +50,17 @@ class Setting:
 @dataclass(frozen=True)
 class SettingResult:
     setting: Setting
-    result: SearchResult | None  # None: the search failed (``error`` says why)
+    result: SearchResult | None  # None: the search failed or was interrupted
     error: str | None = None
+    interrupted: tuple[ProbeOutcome, ...] | None = None  # probes done before Ctrl-C
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during a search, with the probes it finished before."""
+
+    def __init__(self, probes: tuple[ProbeOutcome, ...]) -> None:
+        super().__init__()
+        self.probes = probes
 
 
 def digest_of(payload: Mapping[str, Any]) -> str:
@@ -112,7 +121,7 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
         result = search(spec, probe, known=known, on_probe=recorded)
     except KeyboardInterrupt:
         write("interrupted")
-        raise
+        raise SearchInterrupted(tuple(done)) from None
     except Exception as exc:
         write("failed", error=f"{type(exc).__name__}: {exc}")
         raise
@@ -162,7 +171,9 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
         try:
             result = run_search(setting, spec, out_dir / setting.name, resume=resume, log=log)
             results.append(SettingResult(setting, result))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # what was measured stays listed, and reportable
+            done = exc.probes if isinstance(exc, SearchInterrupted) else ()
+            results.append(SettingResult(setting, None, "interrupted", interrupted=done))
             _write_summary(results, spec, out_dir, name=name, baseline=baseline,
                            command=command)
             raise
@@ -190,10 +201,15 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
             row.update(status=r.result.status, capacity=r.result.capacity,
                        bracket={"passing": r.result.passing, "failing": r.result.failing},
                        num_probes=len(r.result.probes))
-            loads = sorted({p.load for p in r.result.probes})
-            cells += [f"{r.setting.name}/{probe_label(spec.kind, load)}" for load in loads]
+            probes: tuple[ProbeOutcome, ...] = r.result.probes
+        elif r.interrupted is not None:
+            row.update(status="interrupted", num_probes=len(r.interrupted))
+            probes = r.interrupted
         else:
             row["status"] = "failed"
+            probes = ()
+        loads = sorted({p.load for p in probes})
+        cells += [f"{r.setting.name}/{probe_label(spec.kind, load)}" for load in loads]
         rows.append(row)
     slo = results[0].setting.plan.slo.as_dict() if results else None
     target = results[0].setting.plan.target if results else spec.target

@@ -9,7 +9,9 @@ that does the work. Knob flags are generated from ``adapters.knobs`` (``common.a
 - SIGTERM and SIGHUP are Ctrl-C (``timeout``, systemd and Kubernetes stop with SIGTERM): what
   is in flight is recorded as ``not_finished``, the summary is written, the manifest says
   "interrupted", and the exit status is 128 + the signal (130 for Ctrl-C, 143 for SIGTERM).
-  A signal batchlab was started with ignored (``nohup``) stays ignored.
+  A signal batchlab was started with ignored (``nohup``) stays ignored. The same signal again
+  within a second is the same request to stop (``timeout`` sends it to the process and to
+  its group): it does not interrupt the recording of what was in flight.
 - a usage error, an unwritable file or a full disk is one line on stderr, never a traceback;
 - a closed stdout (``batchlab engines | head -1``) ends the command quietly.
 
@@ -30,10 +32,12 @@ import atexit
 import contextlib
 import importlib
 import logging
+import math
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -101,9 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except UserError as exc:
             print(f"{name}: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # its text, when it has one, says what is on disk
             how = f" by {signal.Signals(received[-1]).name}" if received else ""
-            print(f"{name}: interrupted{how}; results measured so far are on disk",
+            print(f"{name}: interrupted{how}; {exc or 'results measured so far are on disk'}",
                   file=sys.stderr)
             return 128 + (received[-1] if received else signal.SIGINT)
         except BrokenPipeError:
@@ -133,6 +137,11 @@ def run() -> NoReturn:
     os._exit(code)
 
 
+# The same SIGTERM or SIGHUP again within this many seconds is the same request to stop:
+# handled twice, the second would interrupt the first's recording of the requests in flight.
+REPEAT_WINDOW_S = 1.0
+
+
 @contextlib.contextmanager
 def signals_as_ctrl_c() -> Iterator[list[int]]:
     """While the block runs, SIGTERM and SIGHUP do what Ctrl-C does; yields the signals seen.
@@ -147,7 +156,13 @@ def signals_as_ctrl_c() -> Iterator[list[int]]:
         yield received
         return
 
+    last = [-math.inf]
+
     def as_ctrl_c(signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if received and received[-1] == signum and now - last[0] < REPEAT_WINDOW_S:
+            return  # one stop sent twice (`timeout` signals the process, then its group)
+        last[0] = now
         received.append(signum)
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler):

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from adapters.knobs import REFERENCE, UNIFORM, KnobError, Knobs, KnobSpec, ReferenceKnobs
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from adapters.reference.config import ReferenceConfig
     from harness.metrics import Slo
     from harness.traces import Trace, TraceOptions
@@ -272,6 +274,16 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def refuse_cell(out: Path) -> None:
+    """``runfolder.refuse_cell_folder`` as a command-line error."""
+    from harness.runfolder import RunDirError, refuse_cell_folder
+
+    try:
+        refuse_cell_folder(out)
+    except RunDirError as exc:
+        raise UserError(str(exc)) from None
 
 
 def progress_bar(total: int, desc: str) -> Progress:

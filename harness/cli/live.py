@@ -26,6 +26,7 @@ from harness.cli.common import (
     parse_slo,
     print_live_headline,
     progress_bar,
+    refuse_cell,
 )
 from harness.target import RunOptions, TargetSpec
 from harness.targets import LiveTarget
@@ -123,6 +124,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from harness.live.replay import ReplayConfig, replay_sync
     from harness.live.workers import WorkerError, replay_workers
 
+    refuse_cell(Path(args.out))
     if args.engine:
         if args.workers != 1:
             raise UserError("--workers: only for a replay against --target (not with --engine)")

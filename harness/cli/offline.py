@@ -23,6 +23,7 @@ from harness.cli.common import (
     print_predicted,
     progress_bar,
     reference_knobs_from_args,
+    refuse_cell,
 )
 from harness.sim.target import SimulatedTarget  # not harness.targets: no live client to load
 from harness.target import ClosedLoop, RunOptions, TargetSpec
@@ -181,6 +182,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     slo = parse_slo(args.slo)
     closed_loop = closed_loop_from_args(args)
     out = Path(args.out)
+    refuse_cell(out)
     bar = progress_bar(len(trace.requests), "simulate")
     try:
         summary = target.run(trace, out, RunOptions(slo=slo, progress=bar.update_to,

@@ -25,8 +25,10 @@ from harness.live.recorder import RECORDS_FILE, read_records, records_run_id
 from harness.manifest import run_fields, trace_manifest, update_manifest
 from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo, summarize
 from harness.results import (
+    CHUNKS_FILE,
     REQUESTS_FILE,
     SUMMARY_FILE,
+    parquet_run_id,
     read_timelines,
     write_json_atomic,
     write_timelines,
@@ -141,7 +143,12 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
         timelines = sorted(read_records(records), key=lambda tl: tl.arrival_s)
         write_timelines(out_dir, timelines, live=True, run_id=run_id)
     elif (out_dir / REQUESTS_FILE).exists():
+        _check_tables(out_dir, run_id)
         timelines = read_timelines(out_dir)
+    elif records.exists():
+        raise ValueError(f"{records}: written by another run than this folder's manifest names "
+                         f"(run_id {run_id}), and there is no {REQUESTS_FILE}: nothing of this "
+                         "run to summarise")
     else:
         raise ValueError(f"{out_dir}: no {RECORDS_FILE} or {REQUESTS_FILE} to summarise")
     summary = summarize(timelines, slo=slo, client_lag_threshold_s=threshold)
@@ -158,6 +165,21 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
                     summary[key] = value
     write_json_atomic(summary, old_path)
     return summary
+
+
+def _check_tables(out_dir: Path, run_id: str | None) -> None:
+    """The tables a summary is rebuilt from must be this run's, and complete: a missing
+    chunks.parquet would make every TTFT and TPOT unknown, and silently so."""
+    chunks = out_dir / CHUNKS_FILE
+    if not chunks.exists():
+        raise ValueError(f"{out_dir}: {REQUESTS_FILE} without {CHUNKS_FILE}: the streamed "
+                         "chunks TTFT, TPOT and ITL are measured from are gone; the summary "
+                         "is left as it was")
+    for path in (out_dir / REQUESTS_FILE, chunks):
+        written_by = parquet_run_id(path)
+        if run_id is not None and written_by is not None and written_by != run_id:
+            raise ValueError(f"{path}: written by run {written_by}, not by this folder's run "
+                             f"{run_id} (manifest.json); the summary is left as it was")
 
 
 def _records_belong(records: Path, manifest: dict[str, Any], run_id: str | None) -> bool:

@@ -26,7 +26,9 @@ import asyncio
 import contextlib
 import dataclasses
 import multiprocessing as mp
+import os
 import queue as queue_mod
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -161,6 +163,8 @@ def replay_workers(
             for _, send in pipes:
                 with contextlib.suppress(OSError):
                     send.send(None)
+        if status == "interrupted" and t0_ns is not None:
+            _stop_workers(procs)
         for proc in procs:
             if proc.pid is None:
                 continue  # never started
@@ -178,6 +182,21 @@ def replay_workers(
     if errors:
         raise WorkerError("replay workers failed: " + "; ".join(errors))
     return summary
+
+
+def _stop_workers(procs: Sequence[Any], grace_s: float = 2.0) -> None:
+    """Ctrl-C for the workers that did not get it: a signal sent to this process alone (kill,
+    a supervisor, ``timeout --foreground``) reaches no worker. Workers that did get it (a
+    terminal's Ctrl-C reaches the whole process group) have ``grace_s`` to finish first, so
+    that none is interrupted a second time while it records its requests in flight."""
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        if proc.pid is not None:
+            proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.pid is not None and proc.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGINT)
 
 
 def _wait_ready(to_parent: Any, procs: Sequence[Any]) -> None:

@@ -19,7 +19,7 @@ import io
 import itertools
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,6 +53,7 @@ _CSV_SPECS = {
     ),
 }
 _PRIORITY_COL = "priority"
+PRIORITY_LIMIT = 2**31 - 1  # a bound, so that a stray value fails here, naming its line
 
 
 class _Fields:
@@ -114,6 +115,9 @@ class _Fields:
             number = value  # type: ignore[assignment]
         if number is None:
             raise self.error(line, _PRIORITY_COL, f"expected an integer, got {value!r}")
+        if not -PRIORITY_LIMIT <= number <= PRIORITY_LIMIT:
+            raise self.error(line, _PRIORITY_COL, f"expected an integer between "
+                             f"-{PRIORITY_LIMIT} and {PRIORITY_LIMIT}, got {value!r}")
         return number
 
 
@@ -161,9 +165,32 @@ def _parse_rows(
     return rows, num_source_rows, skipped
 
 
+class _CsvReader:
+    """``csv.reader`` whose errors are TraceErrors naming the file and the line."""
+
+    def __init__(self, path: str, lines: Iterable[str]) -> None:
+        self._path = path
+        self._reader = csv.reader(lines)
+
+    @property
+    def line_num(self) -> int:
+        return self._reader.line_num
+
+    def __iter__(self) -> Iterator[list[str]]:
+        return self
+
+    def __next__(self) -> list[str]:
+        try:
+            return next(self._reader)
+        except csv.Error as exc:
+            raise TraceError(f"unreadable CSV ({exc}): a carriage return (\\r) inside a line, "
+                             "or a quote left open, causes this", path=self._path,
+                             line=self._reader.line_num) from None
+
+
 def _parse_csv(path: str, text: str, spec: _CsvSpec, fields: _Fields, *, skip_bad_rows: bool
                ) -> Parsed:
-    reader = csv.reader(io.StringIO(text))
+    reader = _CsvReader(path, io.StringIO(text))
     header: list[str] | None = None
     for candidate in reader:
         if candidate and any(cell.strip() for cell in candidate):
@@ -298,7 +325,7 @@ def _detect_format(path: Path, text: str) -> str:
         raise TraceError("empty file", path=str(path))
     if name.endswith((".jsonl", ".json", ".ndjson")) or first.lstrip().startswith("{"):
         return "mooncake"
-    header = {cell.strip() for cell in next(csv.reader([first]))}
+    header = {cell.strip() for cell in next(_CsvReader(str(path), [first]))}
     # The format sharing the most columns with the header; a partial match then fails with
     # the names of the columns it misses, which says more than "unknown format".
     overlap = {

@@ -390,6 +390,17 @@ def test_max_model_len_clip_truncates_prompt_first() -> None:
         assert r.prefix_hash_ids == original.prefix_hash_ids[: len(r.prefix_hash_ids)]
 
 
+def test_clip_and_error_count_only_the_requests_limit_keeps() -> None:
+    """--limit N with clip or error: the first N requests, clipped or refused among them; a
+    request beyond the limit neither fails the load nor counts as clipped."""
+    first_long = next(i for i, r in enumerate(loaded(MOONCAKE).requests)
+                      if r.num_prompt_tokens + r.num_output_tokens > 32768)
+    assert len(loaded(MOONCAKE, max_model_len=32768, limit=first_long)) == first_long
+    clipped = loaded(MOONCAKE, max_model_len=32768, on_too_long="clip", limit=first_long + 1)
+    assert clipped.counts["clipped_too_long"] == 1
+    assert any("clipped 1 requests to max_model_len 32768" in n for n in clipped.notes)
+
+
 def test_clip_cuts_an_output_that_alone_does_not_fit(tmp_path: Path) -> None:
     path = write(tmp_path, "l.csv", "num_prefill_tokens,num_decode_tokens\n50,200\n")
     r = loaded(path, rate=1.0, max_model_len=100, on_too_long="clip").requests[0]
@@ -733,3 +744,22 @@ def test_cli_trace_errors_are_user_errors(tmp_path: Path, capsys: pytest.Capture
     assert "--rate: expected a positive number" in capsys.readouterr().err
     assert main(["trace", "info"]) == 2
     assert "--trace is required" in capsys.readouterr().err
+
+
+def test_a_priority_out_of_range_names_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.csv", "num_prefill_tokens,num_decode_tokens,priority\n10,5,1\n"
+                                    "10,5,99999999999999999999999\n")
+    with pytest.raises(TraceError, match=r"p.csv:3: field 'priority': expected an integer "
+                                         r"between -2147483647 and 2147483647"):
+        load_trace(path, TraceOptions(rate=1.0))
+
+
+@pytest.mark.parametrize("text", [
+    "num_prefill_tokens,num_decode_tokens\n10,5\n10,5\r12,4\n",  # a stray carriage return
+    "num_prefill_tokens,num_decode_tokens\r10,5\r10,5\r",  # old Mac line endings
+])
+def test_a_csv_the_csv_module_cannot_read_names_its_line(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "cr.csv"
+    path.write_bytes(text.encode())
+    with pytest.raises(TraceError, match=r"cr.csv:\d+: unreadable CSV .*carriage return"):
+        load_trace(path, TraceOptions(rate=1.0))

@@ -228,3 +228,33 @@ def test_cli_capacity_over_a_scenario(tmp_path: Path) -> None:
     assert answer.startswith("Capacity at SLO (")
     assert "`fcfs, max_num_seqs=4` " in answer and "(baseline)" in answer
     assert f"({ratio:.2f}× the baseline)" in answer
+
+
+def test_an_interrupted_capacity_run_keeps_its_probes_listed_and_reportable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C on the third probe: the two probes done stay in capacity.json and
+    scenario.json, so `batchlab report` renders what was measured."""
+    calls = []
+
+    def interrupted_on_the_third(*args: object, **kw: object) -> ProbeOutcome:
+        calls.append(args)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return run_probe(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(capacity_run, "run_probe", interrupted_on_the_third)
+    out = tmp_path / "cap"
+    code = cli_main(["capacity", "--trace", "synthetic", "--num-requests", "40",
+                     "--prompt-tokens", "512", "--output-tokens", "16", "--start", "4",
+                     "--slo", "ttft_s=0.1", "--out", str(out)])
+    assert code == 130
+    summary = json.loads((out / "capacity.json").read_text())
+    assert summary["slo"] == {"ttft_s": 0.1}
+    [row] = summary["settings"]
+    assert row["status"] == "interrupted" and row["num_probes"] == 2
+    cells = json.loads((out / "scenario.json").read_text())["cells"]
+    assert cells == ["reference/rate-4", "reference/rate-8"]
+    assert json.loads((out / "reference" / SEARCH_FILE).read_text())["status"] == "interrupted"
+    assert cli_main(["report", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert "| `reference/rate-4` |" in report and "| `reference/rate-8` |" in report

@@ -144,3 +144,78 @@ def test_replay_into_an_engine_runs_folder_keeps_nothing_of_it(tmp_path: Path, l
         assert stale not in manifest, stale
     assert sorted(p.name for p in out.iterdir()) == [
         "chunks.parquet", "manifest.json", "records.jsonl", "requests.parquet", "summary.json"]
+
+
+EXCERPT = Path(__file__).resolve().parents[3] / "harness" / "data" / "azure_conv_excerpt.csv"
+
+
+def test_simulate_or_replay_into_a_scenario_cell_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cell's cell.json would describe results it did not produce."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\nquestion: q\ntrace: {path: azure_conv_excerpt.csv, limit: 20}\n"
+                        "model: llama-3.1-8b\ngpu: h100-sxm\n"
+                        "engines:\n  - {name: fcfs, engine: reference}\n")
+    assert cli_main(["run", str(scenario), "--out", str(tmp_path)]) == 0
+    cell = tmp_path / "s" / "fcfs"
+    before = {p.name: p.read_bytes() for p in cell.iterdir() if p.is_file()}
+    for command in (["simulate", "--trace", str(EXCERPT), "--limit", "20"],
+                    ["replay", "--target", "http://127.0.0.1:9", "--trace", str(EXCERPT),
+                     "--limit", "20"]):
+        assert cli_main([*command, "--out", str(cell), "--overwrite"]) == 2
+        assert "is a cell of a scenario or capacity search" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in cell.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("where", ["simulate", "write"])
+def test_a_simulation_that_fails_or_is_interrupted_says_so_in_its_manifest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import harness.sim.run as sim_run
+
+    def broken(*args: object, **kw: object) -> object:
+        raise RuntimeError("boom")
+
+    def interrupted(*args: object, **kw: object) -> object:
+        raise KeyboardInterrupt
+
+    target = "simulate" if where == "simulate" else "_write_results"
+    args = ["simulate", "--trace", str(EXCERPT), "--limit", "20", "--no-report"]
+    monkeypatch.setattr(sim_run, target, broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        cli_main([*args, "--out", str(tmp_path / "failed")])
+    manifest = json.loads((tmp_path / "failed" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "RuntimeError: boom" in manifest["error"]
+
+    monkeypatch.setattr(sim_run, target, interrupted)
+    assert cli_main([*args, "--out", str(tmp_path / "stopped")]) == 130
+    manifest = json.loads((tmp_path / "stopped" / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    err = capsys.readouterr().err
+    assert "results measured so far are on disk" not in err
+    assert ("nothing was measured" if where == "simulate" else "some files may be missing") \
+        in err
+
+
+def test_summarize_refuses_tables_it_cannot_trust(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Another run's tables copied in, or chunks.parquet gone: summarize says so and leaves
+    the summary as it was, rather than stamping a false one with this run's id."""
+    small = ["--trace", "synthetic", "--rate", "20", "--prompt-tokens", "8",
+             "--output-tokens", "4", "--no-report"]
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    assert cli_main(["simulate", *small, "--num-requests", "50", "--out", str(ours)]) == 0
+    assert cli_main(["simulate", *small, "--num-requests", "7", "--out", str(theirs)]) == 0
+    good = (ours / "summary.json").read_bytes()
+    for name in ("requests.parquet", "chunks.parquet"):
+        (ours / name).rename(ours / f"{name}.kept")
+        (ours / name).write_bytes((theirs / name).read_bytes())
+    assert cli_main(["summarize", str(ours)]) == 2
+    assert "written by run" in capsys.readouterr().err
+    assert (ours / "summary.json").read_bytes() == good
+    for name in ("requests.parquet", "chunks.parquet"):
+        (ours / f"{name}.kept").replace(ours / name)
+    (ours / "chunks.parquet").unlink()
+    assert cli_main(["summarize", str(ours)]) == 2
+    assert "requests.parquet without chunks.parquet" in capsys.readouterr().err
+    assert (ours / "summary.json").read_bytes() == good

@@ -87,3 +87,57 @@ def test_a_signal_ignored_at_start_stays_ignored(tmp_path: Path, loopback: str,
             proc.kill()
     assert proc.returncode == 0, err
     assert bl.read_json(out / "manifest.json")["status"] == "finished"
+
+
+def test_replay_workers_stop_on_a_signal_to_the_parent_alone(tmp_path: Path, loopback: str,
+                                                             bl: type) -> None:
+    """`kill PID` (or a supervisor) signals the parent only: it must stop its workers, which
+    record their requests in flight, instead of waiting for them to replay the whole trace
+    (here 5 minutes of arrivals)."""
+    out = tmp_path / "run"
+    proc = bl.start("replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
+                    "6000", "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "40",
+                    "--workers", "2", "--out", str(out))
+    try:
+        records = out / "workers" / "w0" / RECORDS_FILE
+        bl.wait_for(lambda: records.exists() and len(records.read_text().splitlines()) >= 4,
+                    "three requests finished by a worker")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert bl.read_json(out / "manifest.json")["status"] == "interrupted"
+    for worker in ("w0", "w1"):
+        assert bl.read_json(out / "workers" / worker / "manifest.json")["status"] \
+            == "interrupted"
+    summary = bl.read_json(out / "summary.json")
+    assert summary["failures"]["not_finished"] >= 1
+    assert summary["num_requests"] < 6000
+
+
+def test_one_stop_sent_twice_loses_no_request(tmp_path: Path, loopback: str, bl: type) -> None:
+    """`timeout` sends SIGTERM to the process and then to its process group: the second,
+    handled as a second Ctrl-C, cut the recording of the requests in flight (a request in
+    records.jsonl but not in requests.parquet, num_sent one more than num_recorded)."""
+    out = tmp_path / "run"
+    proc = bl.start("replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
+                    "400", "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "40",
+                    "--out", str(out))
+    try:
+        records = out / RECORDS_FILE
+        bl.wait_for(lambda: records.exists() and len(records.read_text().splitlines()) >= 4,
+                    "three finished requests")
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    manifest = bl.read_json(out / "manifest.json")
+    rows = read_records(out / RECORDS_FILE)
+    assert manifest["status"] == "interrupted"
+    assert manifest["num_sent"] == manifest["num_recorded"] == len(rows)
+    assert pq.read_table(out / "requests.parquet").num_rows == len(rows)
