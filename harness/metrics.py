@@ -89,6 +89,8 @@ class Slo:
             problem = slo_problem(number)
             if problem:
                 raise ValueError(f"--slo: {key} {problem}")
+            if key in values:
+                raise ValueError(f"--slo: {key} given twice ({values[key]:g} and {number:g})")
             values[key] = number
         return cls(**values)
 

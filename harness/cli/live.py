@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.catalog import ENGINES
 from adapters.knobs import UNIFORM, KnobError
 from harness.cli.common import (
+    EXIT_FAILURE,
     GPU_HELP,
     OVERWRITE_HELP,
     PROMPT_SALT_HELP,
@@ -155,6 +156,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
         bar.close()
     print_live_headline(summary, str(out))
     print(f"results: {out}/")
+    return no_request_served(summary, config.target_url)
+
+
+def no_request_served(summary: dict[str, Any], url: str | None) -> int:
+    """EXIT_FAILURE, said on stderr, when the run sent requests and none succeeded (nothing
+    listening, a wrong URL or model name): its files are kept, but a script or CI job must not
+    take it for a measurement."""
+    if summary.get("num_requests") and not summary.get("num_completed"):
+        print(f"error: none of the {summary['num_requests']} requests succeeded "
+              f"(failures: {summary.get('failures') or {}}); is the server at {url} up and "
+              "serving this model?", file=sys.stderr)
+        return EXIT_FAILURE
     return 0
 
 
@@ -335,7 +348,7 @@ def cmd_replay_engine(args: argparse.Namespace) -> int:
         bar.close()
     print_live_headline(summary, args.out)
     print(f"results: {args.out}/ (manifest.json: engine version, argv, knob mapping)")
-    return 0
+    return no_request_served(summary, url or "the launched engine")
 
 
 def add_engines(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -81,9 +81,11 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         out += batch
         out += tuning_findings(ok, ctx.slo, latency_stated=bool(batch))
         out += _priority_findings(ok, bases, ctx)
+    out += _same_results_finding(ok)
     preemption = _preemption_finding(ok, preempted) if len(ok) > 1 else ""
     if preemption:
         out.append(preemption)
+    out += _prefix_cache_finding(ok)
     for c in cells:
         if c.state in ("failed", "running"):
             reason = short(c.reason) if c.reason else "no reason recorded"
@@ -214,6 +216,48 @@ def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:
     else:
         return 0.0, ""
     return _log_score(r_tp, r_ttft, r_tpot), text + "."
+
+
+_HEADLINE = ("num_completed", "throughput.output_tokens_per_s", "ttft_s.p50", "ttft_s.p90",
+             "tpot_s.p50", "tpot_s.p90", "e2e_s.p90", "num_preemptions")
+
+
+def _same_results_finding(ok: Sequence[CellResult]) -> list[str]:
+    """Cells whose every headline figure is the same: their differences in settings made no
+    difference on this trace (say so, rather than let two columns look like two answers)."""
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for c in ok:
+        key = tuple(get(c.summary, m) for m in _HEADLINE)
+        if all(v is not None for v in key):
+            groups.setdefault((c.load, *key), []).append(code(c.name))
+    same = [names for names in groups.values() if len(names) > 1]
+    return [f"{', '.join(names[:-1])} and {names[-1]} gave the same results (completions, "
+            "throughput, TTFT, TPOT, E2E and preemptions): on this trace, the settings in "
+            "which they differ made no difference." for names in same]
+
+
+def _prefix_cache_finding(ok: Sequence[CellResult]) -> list[str]:
+    """How much prefill the prefix cache skipped, split as the cache was hit: prompts shared
+    with earlier requests (at admission), and the blocks of preempted requests found again
+    when they were re-admitted (the cache keeps freed blocks until evicted)."""
+    parts = []
+    for c in ok:
+        pc = get(c.summary, "prefix_cache")
+        if (not isinstance(pc, Mapping) or not pc.get("queries_tokens")
+                or not pc.get("num_requests_with_prefix_ids")):
+            continue  # nothing looked up, or a trace without prefixes (the section says so)
+        text = (f"{code(c.name)} {fmt_int(pc.get('hits_tokens'))} prompt tokens at admission "
+                f"({fmt_pct(pc.get('hit_rate'))} of those looked up)")
+        again = pc.get("preempted_hits_tokens")
+        if again:
+            text += (f" and {fmt_int(again)} re-admitting preempted requests "
+                     f"({fmt_pct(pc.get('preempted_hit_rate'))})")
+        parts.append(text)
+    if not parts:
+        return []
+    return ["Prefill the prefix cache skipped: " + "; ".join(parts) + ". A hit on "
+            "re-admission is a preempted request's own KV, kept rather than computed again: "
+            "it helps only where requests are preempted."]
 
 
 def _leaders_by_load(ok: Sequence[CellResult]) -> list[str]:

@@ -121,8 +121,8 @@ def load_text(load: Mapping[str, Any]) -> str:
         return "trace timing"
     if kind == "rate":
         return "every request at 0 s" if value == "inf" else f"{sig(value)} req/s"
-    if kind == "time_scale":
-        return f"time × {sig(value)}"
+    if kind == "time_scale":  # a larger scale is a lighter load: say which way it goes
+        return f"time × {sig(value)} (rate × {sig(1 / float(value))})"
     think = load.get("think_time_s")
     return f"{int(value)} users" + (f", {sig(think)} s think time" if think else "")
 

@@ -165,6 +165,8 @@ def engine_state(series: Mapping[str, EngineState], path: Path) -> Path | None:
             ax.step(state.t_s, np.asarray(values, dtype=np.float64) * scale, where="post",
                     label=name, linewidth=1)
         ax.set_ylabel(label)
+        _, top = ax.get_ylim()
+        ax.set_ylim(0, max(top, 1.0))  # from zero: a queue that stayed empty is a line at 0
         if attr != "kv_usage":  # request counts: whole numbers on the axis
             ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
@@ -217,7 +219,10 @@ def throughput_over_time(series: Mapping[str, tuple[np.ndarray, np.ndarray]], pa
         # equal bins given as a count: numpy bins by arithmetic, the same counts as
         # bins=edges without sorting millions of instants
         counts, _ = np.histogram(t, bins=num_bins, range=(edges[0], edges[-1]), weights=tokens)
-        ax.step(edges[:-1], counts / width, where="post", label=name, linewidth=1)
+        # each cell's line ends with its last token: a finished run is not a run at 0 tok/s
+        n = max(1, min(num_bins, int(np.searchsorted(edges, float(np.max(t)), side="right"))))
+        rate = counts[:n] / width
+        ax.step(edges[:n + 1], np.r_[rate, rate[-1]], where="post", label=name, linewidth=1)
     ax.set_xlabel("time since the first arrival (s)")
     ax.set_ylabel("output tokens/s")
     ax.grid(True, alpha=0.3)

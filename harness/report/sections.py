@@ -9,7 +9,6 @@ from pathlib import Path
 from harness.redact import redact_argv
 from harness.report.context import ReportContext, class_name, metrics_link, priority_sort_key
 from harness.report.curves import (
-    LOAD_UNITS,
     Baselines,
     BatchRow,
     CapacityRow,
@@ -25,9 +24,9 @@ from harness.report.format import (
     fmt_number,
     fmt_pct,
     fmt_seconds,
+    load_text,
     missing,
     short,
-    sig,
     slo_text,
     table,
     value_text,
@@ -486,7 +485,7 @@ def curves_section(series: Sequence[Series], has_plot: bool) -> list[str]:
         rows = []
         for p in s.points:
             att = fmt_pct(p.attainment) + (" (stopped early)" if p.stopped else "")
-            rows.append([f"{sig(p.load)} {LOAD_UNITS.get(s.kind, '')}".strip(), code(p.cell),
+            rows.append([load_text({"kind": s.kind, "value": p.load}), code(p.cell),
                          fmt_number(p.output_tokens_per_s), fmt_seconds(p.tpot_p50_s),
                          fmt_seconds(p.tpot_p90_s), fmt_seconds(p.ttft_p90_s), att])
         lines += [f"### {code(s.key)}", "",

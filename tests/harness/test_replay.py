@@ -420,3 +420,22 @@ def test_ctrl_c_on_the_command_line(tmp_path: Path, server_process: str) -> None
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_requests"] == len(rows)
     assert pq.read_table(out / "requests.parquet").num_rows == len(rows)
+
+
+def test_a_replay_where_no_request_succeeded_fails_the_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its files are kept (every failure counted), but the exit status says it is no
+    measurement: a CI job must not pass on it."""
+    import socket
+
+    from harness.cli import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    assert main(["replay", "--target", f"http://127.0.0.1:{port}", "--trace", "synthetic",
+                 "--num-requests", "3", "--rate", "50", "--prompt-tokens", "8",
+                 "--output-tokens", "4", "--out", str(out)]) == 1
+    assert "none of the 3 requests succeeded" in capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["failures"] == {"connect_error": 3}

@@ -33,7 +33,7 @@ def test_the_manifest_and_report_say_the_load_a_run_had(tmp_path: Path) -> None:
 
     manifest, report = _run(tmp_path, "slow", "--time-scale", "2")
     assert manifest["load"]["kind"] == "time_scale" and manifest["load"]["value"] == 2.0
-    assert "time × 2" in _cells_row(report, "slow")
+    assert "time × 2 (rate × 0.5)" in _cells_row(report, "slow")
 
     manifest, report = _run(tmp_path, "users", "--mode", "closed", "--concurrency", "4",
                             "--think-time-s", "1")
@@ -60,3 +60,15 @@ def test_the_report_says_its_figures_are_predicted_and_which_requests_were_chang
             "whose predicted TTFT and TPOT met the SLO") in goodput
     plots = report.split("## Plots", 1)[1]
     assert "Every figure here is **predicted**" in plots.split("![", 1)[0]
+
+
+def test_the_findings_say_what_the_prefix_cache_skipped(tmp_path: Path) -> None:
+    out = tmp_path / "cached"
+    mooncake = EXCERPT.parent / "mooncake_conversation_excerpt.jsonl"
+    assert main(["simulate", "--trace", str(mooncake), "--limit", "60", "--prefix-caching",
+                 "--max-model-len", "32768", "--on-too-long", "clip", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())["prefix_cache"]
+    assert summary["hits_tokens"] > 0
+    findings = (out / "report.md").read_text().split("## Key findings", 1)[1].split("## ", 1)[0]
+    assert (f"Prefill the prefix cache skipped: `cached` {summary['hits_tokens']:,} prompt "
+            "tokens at admission") in findings

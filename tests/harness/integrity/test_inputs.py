@@ -43,6 +43,14 @@ def test_cli_slo_refuses_nan_negative_zero(
     assert not out.exists()  # refused before anything ran
 
 
+def test_cli_slo_refuses_a_key_given_twice(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert main([*SIMULATE, "--slo", "ttft_s=0.5,ttft_s=1", "--out", str(out)]) == 2
+    assert "--slo: ttft_s given twice (0.5 and 1)" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_slo_record_refuses_what_the_parser_does() -> None:
     with pytest.raises(ValueError, match="tpot_s: must be a positive, finite number"):
         Slo(tpot_s=math.nan)
