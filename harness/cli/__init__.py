@@ -107,8 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         except KeyboardInterrupt as exc:  # its text, when it has one, says what is on disk
             how = f" by {signal.Signals(received[-1]).name}" if received else ""
-            print(f"{name}: interrupted{how}; {exc or 'results measured so far are on disk'}",
-                  file=sys.stderr)
+            said = str(exc) or "results measured so far are on disk"
+            print(f"{name}: interrupted{how}; {said}", file=sys.stderr)
             return 128 + (received[-1] if received else signal.SIGINT)
         except BrokenPipeError:
             _quiet_stdout()

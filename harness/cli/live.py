@@ -141,6 +141,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     out = Path(args.out)
     warn_prompt_cache(config.target_url, config.prompt_salt)
+    server = _who_answers(config.target_url)
     bar = progress_bar(len(trace.requests), "replay")
     try:
         if args.workers != 1:
@@ -154,9 +155,31 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     finally:
         bar.close()
+        if server is not None and (out / "manifest.json").is_file():
+            from harness.manifest import update_manifest
+
+            update_manifest(out, {"engine": server})
     print_live_headline(summary, str(out))
     print(f"results: {out}/")
     return no_request_served(summary, config.target_url)
+
+
+def _who_answers(url: str) -> dict[str, Any] | None:
+    """The engine record of a server replayed with ``--target`` (started outside batchlab):
+    what its ``/version`` or ``/info`` says, as ``replay --engine --url`` records it. A
+    ``batchlab serve reference`` answers with its prediction record, so the report labels its
+    figures predicted. None when neither answers (recorded as unknown, never guessed)."""
+    import asyncio
+
+    from adapters.process import probe_version
+
+    probe = asyncio.run(probe_version(url, ("/version", "/info")))
+    if probe.get("body") is None:
+        return None
+    body = probe["body"]
+    name = body.get("engine") if isinstance(body, dict) else None
+    return {"name": name if isinstance(name, str) else None, "mode": "attach",
+            "base_url": url, "version": probe.get("version"), "version_probe": probe}
 
 
 def no_request_served(summary: dict[str, Any], url: str | None) -> int:
@@ -164,9 +187,11 @@ def no_request_served(summary: dict[str, Any], url: str | None) -> int:
     listening, a wrong URL or model name): its files are kept, but a script or CI job must not
     take it for a measurement."""
     if summary.get("num_requests") and not summary.get("num_completed"):
+        failures = summary.get("failures") or {}
+        why = (f"is the server at {url} up?" if set(failures) == {"connect_error"}
+               else "the first error above says why")
         print(f"error: none of the {summary['num_requests']} requests succeeded "
-              f"(failures: {summary.get('failures') or {}}); is the server at {url} up and "
-              "serving this model?", file=sys.stderr)
+              f"(failures: {failures}); {why}", file=sys.stderr)
         return EXIT_FAILURE
     return 0
 

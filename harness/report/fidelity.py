@@ -29,6 +29,7 @@ import pyarrow as pa
 from harness.columns import numbers
 from harness.metrics import request_metrics
 from harness.report.format import code, fmt_number, fmt_seconds, table
+from harness.report.predictions import is_served_prediction
 from harness.report.runs import TELEMETRY_FILE, CellResult, read_table, trace_digest
 from harness.results import STEPS_FILE, read_timelines
 from harness.timeline import RequestTimeline
@@ -352,6 +353,14 @@ def prediction_section(ok: Sequence[CellResult]) -> list[str]:
             sim_timelines = live_timelines = None
         fid = fidelity(sim.summary or {}, live.summary or {}, sim_timelines, live_timelines,
                        predicted_steps=steps, measured_telemetry=telemetry)
-        title = f"{code(live.name)} measured, {code(sim.name)} predicted"
+        served = is_served_prediction(live)
+        title = (f"{code(live.name)} served, {code(sim.name)} simulated" if served
+                 else f"{code(live.name)} measured, {code(sim.name)} predicted")
         lines.append(render_fidelity_markdown(fid, title=title, level=3, intro=False))
+        if served:
+            lines += ["", f"{code(live.name)} is the reference engine served over HTTP: its "
+                      "step times come from the same cost model, so this compares the "
+                      "simulation with its own served form (what HTTP, the client and real "
+                      "time add), not a prediction with hardware. The *measured* column is "
+                      "that served run.", ""]
     return lines

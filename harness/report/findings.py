@@ -41,7 +41,8 @@ from harness.report.runs import (
 
 SAME_WITHIN = 0.05  # relative differences under 5% are called "about the same"
 MAX_COMPARISONS = 5  # cells compared with the baseline in the findings, largest first
-MAX_PRIORITY_FINDINGS = 2  # per-class comparisons in the findings
+MAX_PRIORITY_FINDINGS = 3  # per-class comparisons in the findings
+ITL_APART = 1.25  # a class's ITL p99 is worth a phrase when it moved this much unlike TPOT p90
 
 
 def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: ReportContext,
@@ -109,6 +110,12 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
             out.append(f"In {code(c.name)} only {fmt_pct(frac)} of requests reached their "
                        "target output length, so its tokens/s is not comparable token for "
                        "token.")
+        engine = c.manifest.get("engine")
+        if isinstance(engine, Mapping) and engine.get("mode") == "attach":
+            out.append(f"{code(c.name)} ran on a server started outside batchlab: no knob "
+                       "reached it, so its settings are what the server had (see "
+                       "Approximations).")
+            continue
         n_approx = len(approximations(c))
         if n_approx:
             out.append(f"{code(c.name)} ran with {n_approx} knob{'s' if n_approx > 1 else ''} "
@@ -196,7 +203,7 @@ def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
         text = f"{code(r.key)} " + (capacity_text(r) if r.capacity is not None else "not known")
         parts.append(text + (f" ({'; '.join(notes)})" if notes else ""))
     return (f"Capacity at SLO (the highest load with at least {fmt_pct(target)} of requests "
-            f"within {slo_text(slo)}): " + "; ".join(parts) + ".")
+            f"within {slo_text(slo)}, and a bounded queue): " + "; ".join(parts) + ".")
 
 
 def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:
@@ -358,9 +365,16 @@ def _priority_findings(cells: Sequence[CellResult], bases: Baselines, ctx: Repor
             if key not in classes:
                 continue
             parts = []
-            for metric, label in (("ttft_s.p90", "TTFT p90"), ("tpot_s.p90", "TPOT p90")):
+            tpot_ratio = None
+            for metric, label in (("ttft_s.p90", "TTFT p90"), ("tpot_s.p90", "TPOT p90"),
+                                  ("itl_s.p99", "ITL p99")):
                 phrase, r = _latency_phrase(label, get(classes[key], metric),
                                             get(base_classes[key], metric))
+                if metric == "tpot_s.p90":
+                    tpot_ratio = r
+                elif metric == "itl_s.p99" and r is not None and tpot_ratio is not None \
+                        and _log_score(r / tpot_ratio) < math.log(ITL_APART):
+                    continue  # the tail moved with TPOT: nothing more to say
                 if phrase and (metric == "ttft_s.p90" or "about the same" not in phrase):
                     parts.append(phrase)
                     ratios.append(r)
@@ -450,14 +464,19 @@ def _throughput_first(group: Sequence[CellResult], where: str) -> str:
     r = rows[first_kv]
     use = r.use
     assert use is not None
-    evidence = [f"its running batch peaked at {use.running_peak:.0f} of {r.cap}"]
+    reached = use.running_peak is not None and use.running_peak >= r.cap
+    # a batch that touched the cap at its peak was bounded by both, at different times
+    evidence = [f"its running batch reached the cap ({r.cap}) at its peak" if reached
+                else f"its running batch peaked at {use.running_peak:.0f} of {r.cap}"]
     if use.kv_peak is not None:
         evidence.append(f"KV use reached {fmt_pct(use.kv_peak)}")
     n_pre = get(r.cell.summary, "num_preemptions") or 0
     if n_pre:
         evidence.append(f"{n_pre:,} preemptions")
+    limit = (" bounds the running batch as well as the cap" if reached
+             else ", not the cap, is the limit")
     text = (f"Throughput-first{where}: from max_num_seqs {r.cap} ({code(r.cell.name)}) KV "
-            f"memory, not the cap, is the limit: " + ", ".join(evidence))
+            f"memory{limit}: " + ", ".join(evidence))
     below = [x for x in rows[:first_kv] if x.limit == "cap"]
     if below:
         b = below[-1]

@@ -56,6 +56,13 @@ def prediction_row(cells: Sequence[CellResult]) -> str:
     return text
 
 
+def is_served_prediction(c: CellResult) -> bool:
+    """A live cell whose server was the reference engine served over HTTP (its ``/version``
+    answered with a prediction record): its timings are predictions too."""
+    found = _prediction_of(c.manifest.get("engine"))
+    return found is not None and found[1] == SERVED
+
+
 def _prediction_of(engine: object) -> tuple[Mapping[str, Any] | None, str] | None:
     """The cell's prediction record (None: a simulated run that recorded none) and by what
     it was made (``SIMULATED`` or ``SERVED``); None for a measurement of a real engine."""

@@ -116,11 +116,19 @@ def _traces_text(cells: Sequence[CellResult], traces: Mapping[str, list[str]]) -
 _CHANGED_REQUESTS = ("clipped ", "dropped ", "skipped ")  # trace notes (harness.traces)
 
 
+def _changed_requests(note: str) -> bool:
+    """A loader's note of requests it clipped, dropped or skipped; a mix's notes start with
+    the file they are about ("excerpt.jsonl: clipped 5 requests ...")."""
+    _, sep, rest = note.partition(": ")
+    return note.startswith(_CHANGED_REQUESTS) or bool(sep and rest.startswith(_CHANGED_REQUESTS))
+
+
 def _trace_text(c: CellResult, *, timing: bool = True) -> str:
     """The trace's source, format, size and lengths; with ``timing``, its span and digest
     (which change with the arrivals)."""
     trace = c.manifest.get("trace") or {}
-    parts = [code(display_path(trace.get("source")))]
+    source = str(trace.get("source") or "")  # a mix: "a.csv + b.jsonl"
+    parts = [code(" + ".join(display_path(part) for part in source.split(" + ")))]
     fmt = trace.get("format")
     stats = trace.get("stats") or {}
     details = []
@@ -139,7 +147,7 @@ def _trace_text(c: CellResult, *, timing: bool = True) -> str:
             details.append(f"{label} {fmt_number(stats[key])} tokens")
     # requests the loader changed or left out: the workload is not the file's
     details += [str(n).split(";")[0] for n in trace.get("notes") or ()
-                if str(n).startswith(_CHANGED_REQUESTS)]
+                if _changed_requests(str(n))]
     if details:
         parts.append("(" + ", ".join(details) + ")")
     digest = trace.get("digest")
@@ -200,8 +208,11 @@ def cells_section(cells: Sequence[CellResult]) -> list[str]:
     lines += [table(headers, rows, align=["l"] * len(headers)), ""]
     if common:
         first = next((c for c in cells if c.knobs), None)
+        unknown = [code(c.name) for c in cells if not c.knobs and c.state != "not_run"]
+        whose = ("every cell" if not unknown else
+                 f"every cell whose knobs are known ({', '.join(unknown)}: unknown)")
         if first is not None:
-            lines += ["Knobs common to every cell: " + ", ".join(
+            lines += [f"Knobs common to {whose}: " + ", ".join(
                 f"{k}={value_text(first.knobs.get(k))}" for k in common) + ".", ""]
     flags = [(c, _flags_text(c)) for c in cells]
     flags = [(c, f) for c, f in flags if f]
@@ -419,7 +430,8 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
     keys.sort(key=priority_sort_key)
     lines = ["## Per priority class", "",
              "Requests split by priority (lower values are served first under the priority "
-             "policy; other policies ignore them)."
+             "policy; other policies ignore them). ITL p99 is the tail of the gaps between "
+             "tokens: a long prefill sharing a step shows there first."
              + (f" Deltas against the same class in {bases.phrase(code)}." if bases.compared()
                 else ""), ""]
     has_slo = any(get(c.summary, "goodput") for c in ok)
@@ -432,13 +444,14 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
             b = bases.of_cell(c)
             base_cls = get(b.summary, f"by_priority.{key}") if b else None
             row: list[str] = [code(c.name), fmt_int(get(cls, "num_requests"))]
-            for metric in ("ttft_s.p50", "ttft_s.p90", "tpot_s.p90", "e2e_s.p90"):
+            for metric in ("ttft_s.p50", "ttft_s.p90", "tpot_s.p90", "itl_s.p99", "e2e_s.p90"):
                 v = get(cls, metric)
                 row.append(with_delta(fmt_seconds(v), v, get(base_cls, metric), c is b))
             if has_slo:
                 row.append(fmt_pct(get(cls, "goodput.slo_attainment")))
             rows.append(row)
-        headers = ["cell", "requests", "TTFT p50", "TTFT p90", "TPOT p90", "E2E p90"]
+        headers = ["cell", "requests", "TTFT p50", "TTFT p90", "TPOT p90", "ITL p99",
+                   "E2E p90"]
         if has_slo:
             headers.append("SLO attainment")
         title = class_name(ctx, key).replace("`", "")
@@ -503,8 +516,13 @@ def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
     lines = ["## Capacity at SLO", ""]
     if not slo:
         return [*lines, "No SLO was set, so there is no capacity at SLO.", ""]
+    waits = "ttft_s" in slo or "e2e_s" in slo
     lines += [f"The highest load at which at least {fmt_pct(target)} of requests met every SLO "
-              f"({slo_text(slo)}). *search*: found by `batchlab capacity` (its `search.json`: "
+              f"({slo_text(slo)}) and the waiting queue stayed bounded: a probe stopped early "
+              "as over-saturated fails, whatever its attainment"
+              + ("" if waits else " (this SLO bounds no waiting time, so an over-saturated load "
+                 "could meet it: the queue's growth is what fails it)")
+              + ". *search*: found by `batchlab capacity` (its `search.json`: "
               "the bracket, to the stated precision); *interpolated*: between this report's "
               "load points, linear in SLO attainment (a rough figure; a search states its "
               "precision). ≥: no load tried failed; <: every load tried failed.", ""]

@@ -117,7 +117,8 @@ def test_calibrate_and_validate_against_the_served_reference(tmp_path: Path) -> 
     report = tmp_path / "report.md"
     assert main(["report", str(out / "live"), str(out / "simulated"), "-o", str(report)]) == 0
     text = report.read_text()
-    assert "## Prediction fidelity" in text and "`live` measured, `simulated` predicted" in text
+    # the server here is the served reference engine: the report says what is compared
+    assert "## Prediction fidelity" in text and "`live` served, `simulated` simulated" in text
 
 
 def test_calibrate_needs_a_server_and_a_reference_model(capsys: pytest.CaptureFixture[str],

@@ -193,10 +193,13 @@ def test_the_servers_first_error_message_reaches_the_console(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config, profile = validation_files(tmp_path)
     with fake_llama(tmp_path) as url:  # a 2,048-token vocabulary: token-id prompts fall outside
-        assert main(replay_args(url, tmp_path / "replay")) == 0
-        out = capsys.readouterr().out
+        assert main(replay_args(url, tmp_path / "replay")) == 1  # no request succeeded
+        printed = capsys.readouterr()
+        out = printed.out
         assert "failures: http_error 4" in out
         assert "first error: request" in out and "Prompt contains invalid tokens" in out
+        assert "none of the 4 requests succeeded" in printed.err
+        assert "is the server" not in printed.err  # it answered: its own words say why
 
         assert main(["calibrate", "--engine", "openai", "--url", url, "--model", "m",
                      "--reference-model", str(config), "--max-num-seqs", "4",

@@ -496,3 +496,23 @@ def test_the_cells_table_gives_the_knobs_that_took_effect(tmp_path: Path) -> Non
     assert "| `plain` | – | – | false |" in text
     assert "| `profiled` | – | – | true |" in text
     assert "Knobs common to every cell: max_num_seqs=64." in text
+
+
+def test_a_class_itl_tail_is_named_when_it_moved_unlike_tpot(tmp_path: Path) -> None:
+    """The chunked-prefill question: a chunk budget that leaves TPOT alone but lets a long
+    prefill share a step with chat decodes shows in the chat class's ITL p99 alone."""
+    from harness.report.context import ReportContext
+    from harness.report.findings import _priority_findings
+    from harness.report.runs import CellResult
+
+    def cell(name: str, itl_p99: float) -> CellResult:
+        cls = {"ttft_s": {"p90": 1.0}, "tpot_s": {"p90": 0.03}, "itl_s": {"p99": itl_p99}}
+        return CellResult(name, tmp_path / name, "done",
+                          summary={"by_priority": {"0": cls, "1": cls}})
+
+    base, same, worse = cell("base", 0.06), cell("same", 0.065), cell("worse", 0.24)
+    texts = _priority_findings([base, same, worse], Baselines.of([base, same, worse], base),
+                               ReportContext(title="t"))
+    assert texts == ["Under `worse` rather than `base`: class priority 0 TTFT p90 about the "
+                     "same (1 s vs 1 s), ITL p99 rose from 60 ms to 240 ms; class priority 1 "
+                     "TTFT p90 about the same (1 s vs 1 s), ITL p99 rose from 60 ms to 240 ms."]

@@ -27,6 +27,7 @@ correctness, not of speed: nothing here bounds how long anything takes.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from pathlib import Path
 
@@ -73,3 +74,27 @@ def test_replaying_the_served_reference_agrees_with_simulating_it(tmp_path: Path
     assert math.isfinite(ttft_served) and math.isfinite(tpot_served), report
     assert abs(ttft_served - ttft_sim) <= ttft_bound, report
     assert abs(tpot_served - tpot_sim) <= tpot_bound, report
+
+
+def test_a_replay_against_the_served_reference_is_labelled_predicted(tmp_path: Path) -> None:
+    """`replay --target` at a `batchlab serve reference`: the run records what the server's
+    /version says (its prediction record), so a report labels the cell predicted, and its
+    fidelity section says it compares the simulation with its own served form."""
+    from harness.cli import main
+
+    small = ["--trace", TRACE, "--limit", "6", "--rate", "4"]
+    with launch_server_process(("--model", "llama-3.1-8b", "--gpu", "h100-sxm"),
+                               log_path=tmp_path / "server.log") as server:
+        assert main(["replay", "--target", server.url, "--protocol", "openai", "--model",
+                     "llama-3.1-8b", *small, "--out", str(tmp_path / "served")]) == 0
+    assert main(["simulate", *small, "--no-report", "--out", str(tmp_path / "sim")]) == 0
+    engine = json.loads((tmp_path / "served" / "manifest.json").read_text())["engine"]
+    assert engine["mode"] == "attach" and engine["version_probe"]["body"]["prediction"]
+    assert main(["report", str(tmp_path / "sim"), str(tmp_path / "served"), "--baseline",
+                 "sim", "-o", str(tmp_path / "cmp" / "report.md")]) == 0
+    report = (tmp_path / "cmp" / "report.md").read_text()
+    predicted = next(ln for ln in report.splitlines() if ln.startswith("| Predicted |"))
+    assert "`served`: **predicted** by the reference engine served over HTTP" in predicted
+    assert "### `served` served, `sim` simulated" in report
+    assert "Knobs common to every cell whose knobs are known (`served`: unknown)" in report
+    assert "`served` ran on a server started outside batchlab" in report
