@@ -6,8 +6,9 @@ metrics and reports never need to know which kind of run produced it.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -104,30 +105,35 @@ def _run(trace: Trace, config: ReferenceConfig, out_dir: Path, run_id: str,
     disk; the summary. The simulation's records are freed on return, while the reporter
     writes report.md."""
     wall_start = time.perf_counter()
-    try:
+    with _said_in_manifest(out_dir, command, failed="the simulation failed",
+                           interrupted="interrupted before the simulation finished",
+                           told="the simulation had not finished: nothing was measured"):
         result = simulate(trace.requests, config, progress=progress, closed_loop=closed_loop,
                           early_stop=early_stop)
-    except KeyboardInterrupt:
-        _mark(out_dir, command, "interrupted", "interrupted before the simulation finished")
-        raise KeyboardInterrupt("the simulation had not finished: nothing was measured "
-                                f"(the manifest in {out_dir} says so)") from None
-    except Exception as exc:
-        _mark(out_dir, command, "failed",
-              f"the simulation failed: {type(exc).__name__}: {exc}")
-        raise
     wall_s = time.perf_counter() - wall_start
+    with _said_in_manifest(out_dir, command, failed="writing the results failed",
+                           interrupted="interrupted while its results were written: some "
+                                       "files may be missing",
+                           told="interrupted while the results were written: some files "
+                                "may be missing"):
+        summary = _write_results(result, wall_s, trace, config, out_dir, run_id, identity,
+                                 slo=slo, command=command, knobs=knobs,
+                                 closed_loop=closed_loop, reporter=reporter)
+    return summary
+
+
+@contextlib.contextmanager
+def _said_in_manifest(out_dir: Path, command: Sequence[str] | None, *, failed: str,
+                      interrupted: str, told: str) -> Iterator[None]:
+    """An error or Ctrl-C in the block: the manifest says ``failed`` (with the error) or
+    ``interrupted`` before it goes on; Ctrl-C goes on with ``told`` for the command line."""
     try:
-        return _write_results(result, wall_s, trace, config, out_dir, run_id, identity,
-                              slo=slo, command=command, knobs=knobs,
-                              closed_loop=closed_loop, reporter=reporter)
+        yield
     except KeyboardInterrupt:
-        _mark(out_dir, command, "interrupted",
-              "interrupted while its results were written: some files may be missing")
-        raise KeyboardInterrupt("interrupted while the results were written: some files may "
-                                f"be missing (the manifest in {out_dir} says so)") from None
+        _mark(out_dir, command, "interrupted", interrupted)
+        raise KeyboardInterrupt(f"{told} (the manifest in {out_dir} says so)") from None
     except Exception as exc:
-        _mark(out_dir, command, "failed",
-              f"writing the results failed: {type(exc).__name__}: {exc}")
+        _mark(out_dir, command, "failed", f"{failed}: {type(exc).__name__}: {exc}")
         raise
 
 

@@ -13,6 +13,27 @@ import pytest
 from harness.live.recorder import RECORDS_FILE, read_records
 
 
+def _stopped_replay(bl: type, loopback: str, out: Path, *signals: signal.Signals,
+                    num_requests: int = 400, extra: tuple[str, ...] = (),
+                    records: str = RECORDS_FILE) -> tuple[int, str]:
+    """A replay against the loopback server, sent ``signals`` once ``records`` (under
+    ``out``) holds three finished requests; its exit status and stderr."""
+    proc = bl.start("replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
+                    str(num_requests), "--rate", "20", "--prompt-tokens", "8",
+                    "--output-tokens", "40", *extra, "--out", str(out))
+    try:
+        path = out / records
+        bl.wait_for(lambda: path.exists() and len(path.read_text().splitlines()) >= 4,
+                    "three finished requests")
+        for sig in signals:
+            proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_plain_replay_stopped_by_a_signal_loses_no_request(tmp_path: Path, loopback: str,
                                                               bl: type,
@@ -21,19 +42,8 @@ def test_a_plain_replay_stopped_by_a_signal_loses_no_request(tmp_path: Path, loo
     lost the requests in flight; the manifest stayed "running"; the goodput denominator
     shrank."""
     out = tmp_path / "run"
-    proc = bl.start("replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
-                    "400", "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "40",
-                    "--out", str(out))
-    try:
-        records = out / RECORDS_FILE
-        bl.wait_for(lambda: records.exists() and len(records.read_text().splitlines()) >= 4,
-                    "three finished requests")
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + sig, err
+    code, err = _stopped_replay(bl, loopback, out, sig)
+    assert code == 128 + sig, err
     assert f"interrupted by {sig.name}; results measured so far are on disk" in err
     assert "Traceback" not in err
     manifest = bl.read_json(out / "manifest.json")
@@ -96,19 +106,10 @@ def test_replay_workers_stop_on_a_signal_to_the_parent_alone(tmp_path: Path, loo
     record their requests in flight, instead of waiting for them to replay the whole trace
     (here 5 minutes of arrivals)."""
     out = tmp_path / "run"
-    proc = bl.start("replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
-                    "6000", "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "40",
-                    "--workers", "2", "--out", str(out))
-    try:
-        records = out / "workers" / "w0" / RECORDS_FILE
-        bl.wait_for(lambda: records.exists() and len(records.read_text().splitlines()) >= 4,
-                    "three requests finished by a worker")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    code, err = _stopped_replay(bl, loopback, out, signal.SIGTERM, num_requests=6000,
+                                extra=("--workers", "2"),
+                                records=f"workers/w0/{RECORDS_FILE}")
+    assert code == 128 + signal.SIGTERM, err
     assert bl.read_json(out / "manifest.json")["status"] == "interrupted"
     for worker in ("w0", "w1"):
         assert bl.read_json(out / "workers" / worker / "manifest.json")["status"] \
@@ -123,20 +124,8 @@ def test_one_stop_sent_twice_loses_no_request(tmp_path: Path, loopback: str, bl:
     handled as a second Ctrl-C, cut the recording of the requests in flight (a request in
     records.jsonl but not in requests.parquet, num_sent one more than num_recorded)."""
     out = tmp_path / "run"
-    proc = bl.start("replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
-                    "400", "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "40",
-                    "--out", str(out))
-    try:
-        records = out / RECORDS_FILE
-        bl.wait_for(lambda: records.exists() and len(records.read_text().splitlines()) >= 4,
-                    "three finished requests")
-        proc.send_signal(signal.SIGTERM)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    code, err = _stopped_replay(bl, loopback, out, signal.SIGTERM, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, err
     manifest = bl.read_json(out / "manifest.json")
     rows = read_records(out / RECORDS_FILE)
     assert manifest["status"] == "interrupted"
