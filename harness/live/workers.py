@@ -29,6 +29,7 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -81,9 +82,11 @@ def worker_configs(config: ReplayConfig, num_workers: int) -> list[ReplayConfig]
 
 
 def _worker_main(index: int, trace: Trace, config: ReplayConfig, out_dir: str,
-                 to_parent: Any, t0_conn: Any) -> None:
+                 to_parent: Any, t0_conn: Any, parent_pid: int) -> None:
     """One worker process: say ready, wait for t0, replay its part, report."""
     from harness.live.replay import replay
+
+    _exit_with_parent(parent_pid)
 
     def progress(done: int, _total: int) -> None:
         to_parent.put(("progress", index, done))
@@ -102,6 +105,18 @@ def _worker_main(index: int, trace: Trace, config: ReplayConfig, out_dir: str,
         to_parent.put(("interrupted", index, None))
     except BaseException as exc:
         to_parent.put(("error", index, f"{type(exc).__name__}: {exc}"))
+
+
+def _exit_with_parent(parent_pid: int, interval_s: float = 1.0) -> None:
+    """Stop this worker when its parent is gone (killed outright, so no signal reached the
+    workers): nothing would merge what it replays, and its last message to the parent would
+    wait on a pipe no one reads, forever. What it recorded stays in its own folder."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        os._exit(1)  # no normal exit: that would wait to flush the queue to the dead parent
+
+    threading.Thread(target=watch, name="batchlab-parent-watch", daemon=True).start()
 
 
 def replay_workers(
@@ -142,7 +157,8 @@ def replay_workers(
     to_parent = ctx.Queue()
     pipes = [ctx.Pipe(duplex=False) for _ in range(num_workers)]
     procs = [ctx.Process(target=_worker_main, name=f"batchlab-replay-w{w}", daemon=True,
-                         args=(w, parts[w], configs[w], str(dirs[w]), to_parent, pipes[w][0]))
+                         args=(w, parts[w], configs[w], str(dirs[w]), to_parent, pipes[w][0],
+                               os.getpid()))
              for w in range(num_workers)]
     status, errors, t0_ns = "interrupted", [], None
     done: dict[int, int] = {}

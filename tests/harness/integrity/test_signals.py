@@ -3,6 +3,8 @@ is written, the manifest says "interrupted", and the exit status is 128 + the si
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -131,3 +133,29 @@ def test_one_stop_sent_twice_loses_no_request(tmp_path: Path, loopback: str, bl:
     assert manifest["status"] == "interrupted"
     assert manifest["num_sent"] == manifest["num_recorded"] == len(rows)
     assert pq.read_table(out / "requests.parquet").num_rows == len(rows)
+
+
+def test_replay_workers_end_when_their_parent_is_killed_outright(
+        tmp_path: Path, loopback: str, bl: type) -> None:
+    """SIGKILL reaches the parent alone and cannot be passed on: its workers must not replay
+    on (and then wait forever on a pipe to the dead parent)."""
+    out = tmp_path / "run"
+    proc = bl.start("replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
+                    "6000", "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "40",
+                    "--workers", "2", "--out", str(out))
+    workers: set[int] = set()
+    try:
+        records = out / "workers" / "w0" / RECORDS_FILE
+        bl.wait_for(lambda: records.exists() and len(records.read_text().splitlines()) >= 4,
+                    "three requests finished by a worker")
+        workers = bl.children_of(proc.pid)
+        assert len(workers) >= 2
+        proc.kill()
+        proc.wait(timeout=60)
+        assert not bl.wait_no_survivors(workers)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in workers:  # what a failure here left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
