@@ -96,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return EXIT_USAGE
-    name = f"batchlab {args.command}"
+    name = " ".join(["batchlab", args.command, *filter(None, [getattr(args, "trace_command",
+                                                                       None)])])
     with signals_as_ctrl_c() as received:
         try:
             code = commands[args.command](args)

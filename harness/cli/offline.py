@@ -98,7 +98,20 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     from harness.traces import describe
 
-    d = describe(load_trace(args))
+    untimed = False
+    try:
+        trace = load_trace(args)
+    except UserError as exc:
+        if args.rate is not None or "has no timestamps" not in str(exc):
+            raise
+        # lengths only (ShareGPT, arXiv excerpts): describe them; arrivals need --rate
+        untimed = True
+        trace = load_trace(argparse.Namespace(**{**vars(args), "rate": 1.0}))
+    d = describe(trace)
+    if untimed:
+        d.update(span_s=None, mean_rate_per_s=None, interarrival_cv=None, digest=None,
+                 notes=[n for n in d["notes"] if not n.startswith("arrivals synthesized")]
+                 + ["no timestamps: lengths only (--rate R gives it poisson arrivals)"])
     if args.json:
         print(json.dumps(d, indent=2, sort_keys=True))
         return 0
@@ -107,9 +120,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
         return "n/a" if value is None else f"{value:,.{digits}f}"
 
     print(f"trace     {d['source']} ({d['format']})")
-    print(f"digest    {d['digest']}")
-    print(f"requests  {d['num_requests']:,} over {num(d['span_s'], 1)} s; mean rate "
-          f"{num(d['mean_rate_per_s'], 2)} req/s; inter-arrival CV {num(d['interarrival_cv'], 2)}")
+    print(f"digest    {d['digest'] or '– (of the trace with its arrivals: give --rate)'}")
+    if untimed:
+        print(f"requests  {d['num_requests']:,} (no timestamps)")
+    else:
+        print(f"requests  {d['num_requests']:,} over {num(d['span_s'], 1)} s; mean rate "
+              f"{num(d['mean_rate_per_s'], 2)} req/s; inter-arrival CV "
+              f"{num(d['interarrival_cv'], 2)}")
     for label, name in (("prompt", "prompt_tokens"), ("output", "output_tokens")):
         print(f"{label:<10}tokens mean {num(d[name + '_mean'], 1)}, p50 {num(d[name + '_p50'])}, "
               f"p99 {num(d[name + '_p99'])}, max {num(d[name + '_max'])}")

@@ -733,13 +733,22 @@ def test_cli_trace_info(capsys: pytest.CaptureFixture[str]) -> None:
     assert "271 over" in out and "dropped_too_long 29" in out and "27 of 271 at 0" in out
     assert main(["trace", "info", "--trace", str(AZURE_CONV), "--limit", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["num_requests"] == 3
+    # a lengths-only excerpt is described without --rate; its arrivals are not invented
+    lengths = DATA_DIR / "sharegpt_lengths_excerpt.csv"
+    assert main(["trace", "info", "--trace", str(lengths)]) == 0
+    out = capsys.readouterr().out
+    assert "requests  1,000 (no timestamps)" in out and "arrivals synthesized" not in out
+    assert main(["trace", "info", "--trace", str(lengths), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["span_s"] is None and d["digest"] is None and d["prompt_tokens_max"] == 8014
 
 
 def test_cli_trace_errors_are_user_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                           ) -> None:
     path = write(tmp_path, "bad.csv", AZURE_HEADER + "2023-11-16 18:15:46.68,x,1\n")
     assert main(["trace", "info", "--trace", str(path)]) == 2
-    assert f"{path}:2: field 'ContextTokens'" in capsys.readouterr().err
+    assert f"batchlab trace info: error: {path}:2: field 'ContextTokens'" \
+        in capsys.readouterr().err
     assert main(["trace", "info", "--trace", str(AZURE_CONV), "--rate", "-3"]) == 2
     assert "--rate: expected a positive number" in capsys.readouterr().err
     assert main(["trace", "info"]) == 2
