@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from harness import columns
 from harness.report import plots
@@ -27,7 +28,7 @@ from harness.report.curves import (
 )
 from harness.report.fidelity import prediction_section
 from harness.report.findings import key_findings
-from harness.report.format import code, display_path
+from harness.report.format import code, display_path, short
 from harness.report.predictions import derived_note, predicted_text
 from harness.report.runs import (
     REPORT_FILE,
@@ -105,10 +106,12 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
         lines += priority_section(ok, bases, ctx)
         lines += prediction_section(ok)
     plotted = _draw_plots(ok, out_dir, ctx, drawn or {}) if draw else []
-    if plotted:
+    unread = unreadable_sources(ok) if draw else []
+    if plotted or unread:
         lines += ["## Plots", ""]
         if predicted:
             lines += [predicted, ""]
+        lines += [f"- {text}" for text in unread] + ([""] if unread else [])
         for alt, name in plotted:
             lines += [f"![{alt}]({name})", ""]
     lines += reproduce_section(cells, ctx, out_dir)
@@ -206,6 +209,23 @@ def draw_run_figures(run_dir: Path, written: str) -> dict[str, bool]:
     runs = {Path(run_dir).name: Path(run_dir)}
     return {f.png: f.draw(runs, Path(run_dir) / f.png) for f in RUN_FIGURES
             if f.source == written}
+
+
+def unreadable_sources(ok: Sequence[CellResult]) -> list[str]:
+    """A run figure leaves out a cell whose file it is drawn from is there but unreadable (a
+    truncated parquet file): say which, rather than let a line go missing without a word."""
+    out = []
+    for figure in RUN_FIGURES:
+        for c in ok:
+            path = c.run_dir / figure.source
+            if not path.exists():
+                continue
+            try:
+                pq.ParquetFile(path).close()
+            except (OSError, ValueError) as exc:
+                out.append(f"{code(c.name)} is left out of `{figure.png}`: its "
+                           f"`{figure.source}` is unreadable ({short(str(exc))})")
+    return out
 
 
 def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,

@@ -72,3 +72,15 @@ def test_the_findings_say_what_the_prefix_cache_skipped(tmp_path: Path) -> None:
     findings = (out / "report.md").read_text().split("## Key findings", 1)[1].split("## ", 1)[0]
     assert (f"Prefill the prefix cache skipped: `cached` {summary['hits_tokens']:,} prompt "
             "tokens at admission") in findings
+
+
+def test_a_plot_that_leaves_a_cell_out_says_why(tmp_path: Path) -> None:
+    out = tmp_path / "cut"
+    assert main(["simulate", "--trace", str(EXCERPT), "--limit", "40", "--no-report",
+                 "--out", str(out)]) == 0
+    requests = out / "requests.parquet"
+    requests.write_bytes(requests.read_bytes()[:200])  # a truncated file
+    assert main(["report", str(out)]) == 0
+    plots = (out / "report.md").read_text().split("## Plots", 1)[1]
+    assert "`cut` is left out of `latency_cdf.png`: its `requests.parquet` is unreadable" \
+        in plots
