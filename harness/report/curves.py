@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.manifest import MANIFEST_FILE
+from harness.manifest import read_manifest
 from harness.report.format import sig, value_text
 from harness.report.runs import CellResult, get, knob, read_engine_state
 
@@ -200,10 +200,10 @@ def _agree(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 def _trace_of(run_dir: Path) -> tuple[str, int] | None:
     """The trace a run folder replayed, whatever its timing: (source, number of requests)."""
+    trace = read_manifest(run_dir).get("trace")
     try:
-        trace = json.loads((run_dir / MANIFEST_FILE).read_text()).get("trace") or {}
-        return str(trace["source"]), int(trace["num_requests"])
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return str(trace["source"]), int(trace["num_requests"])  # type: ignore[index]
+    except (ValueError, TypeError, KeyError):
         return None
 
 

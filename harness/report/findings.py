@@ -110,8 +110,7 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
             out.append(f"In {code(c.name)} only {fmt_pct(frac)} of requests reached their "
                        "target output length, so its tokens/s is not comparable token for "
                        "token.")
-        engine = c.manifest.get("engine")
-        if isinstance(engine, Mapping) and engine.get("mode") == "attach":
+        if c.attached:
             out.append(f"{code(c.name)} ran on a server started outside batchlab: no knob "
                        "reached it, so its settings are what the server had (see "
                        "Approximations).")

@@ -174,7 +174,7 @@ def predicted_text(cells: Sequence[CellResult]) -> str | None:
     """"Every figure is **predicted** ..." or "Figures of `a`, `b` are **predicted** ...", for
     text that quotes the cells' numbers away from their tables (findings, plots); None
     without a predicted cell."""
-    names = [n for g in _groups(cells) for n in g.names]
+    names = _predicted_names(cells)
     if not names:
         return None
     whose = ("Every figure here is" if len(names) == len(cells)
@@ -186,13 +186,18 @@ def predicted_text(cells: Sequence[CellResult]) -> str | None:
 def derived_note(cells: Sequence[CellResult], what: str) -> list[str]:
     """Under a table of figures computed from predicted latencies (goodput, SLO attainment,
     capacity at SLO): that they are predicted too, and where their inputs' error is."""
-    names = [n for g in _groups(cells) for n in g.names]
+    names = _predicted_names(cells)
     if not names:
         return []
     whose = "every cell" if len(names) == len(cells) else ", ".join(names)
     return [f"{what} of {whose} are predicted: they count requests whose predicted TTFT and "
             "TPOT met the SLO (how far those were measured to miss: the notes under the TTFT "
             f"and TPOT tables, and {ACCURACY_LINK}).", ""]
+
+
+def _predicted_names(cells: Sequence[CellResult]) -> list[str]:
+    """The predicted cells among ``cells``, as code spans."""
+    return [n for g in _groups(cells) for n in g.names]
 
 
 def _bold(text: str) -> str:

@@ -65,6 +65,12 @@ class CellResult:
         return _manifest_engine(self.manifest)[1]
 
     @property
+    def attached(self) -> bool:
+        """Run on a server started outside batchlab: no knob reached it."""
+        engine = self.manifest.get("engine")
+        return isinstance(engine, Mapping) and engine.get("mode") == "attach"
+
+    @property
     def load_point(self) -> Mapping[str, Any]:
         """The load it ran at, ``{"kind": ..., "value": ...}``: its scenario cell's, else what
         its manifest says (a closed loop's users, a trace rescaled to a rate or time scale);
@@ -352,8 +358,7 @@ def client_limited(c: CellResult) -> bool:
 def approximations(c: CellResult) -> list[str]:
     """Knobs the engine approximated or did not apply, one line each. An attached server got
     no knob at all: one line says so, and which knobs are known and how."""
-    engine = c.manifest.get("engine")
-    if isinstance(engine, Mapping) and engine.get("mode") == "attach":
+    if c.attached:
         sources = c.manifest.get("knob_sources")
         known = ([f"{k}={value_text(c.knobs.get(k))} ({v})" for k, v in sources.items()
                   if v != "unknown"] if isinstance(sources, Mapping) else [])
