@@ -25,13 +25,12 @@ from harness.capacity.search import LOAD_UNITS, LoadKind, ProbeOutcome, normal_l
 from harness.metrics import Slo
 from harness.redact import redact_tree
 from harness.results import SUMMARY_FILE, write_json_atomic
+from harness.scenario.status import CELL_FILE, STATUS_FILE, interrupted_reason
 from harness.target import ClosedLoop, RunOptions, TargetSpec
 from harness.targets import make_target
 from harness.traces import Trace, TraceOptions, load_trace
 
 PROBE_FILE = "probe.json"
-CELL_FILE = "cell.json"
-STATUS_FILE = "status.json"
 
 
 @dataclass(frozen=True)
@@ -98,6 +97,10 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path) -> ProbeOutcome:
     )
     try:
         summary = make_target(plan.spec).run(trace, out_dir, options)
+    except KeyboardInterrupt as exc:
+        write_json_atomic({"state": "interrupted", "reason": interrupted_reason(exc)},
+                          out_dir / STATUS_FILE)
+        raise
     except BaseException as exc:
         write_json_atomic({"state": "failed", "reason": f"{type(exc).__name__}: {exc}"},
                           out_dir / STATUS_FILE)

@@ -88,7 +88,7 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         out.append(preemption)
     out += _prefix_cache_finding(ok)
     for c in cells:
-        if c.state in ("failed", "running"):
+        if c.state in ("failed", "interrupted", "running"):
             reason = short(c.reason) if c.reason else "no reason recorded"
             out.append(f"{code(c.name)} did not finish: {reason.rstrip('.')}.")
     not_run = [c.name for c in cells if c.state == "not_run"]

@@ -32,7 +32,7 @@ class CellResult:
 
     name: str
     run_dir: Path
-    state: str  # "done", "failed", "running" (interrupted), "not_run"
+    state: str  # "done", "failed", "interrupted", "running" (or killed), "not_run"
     reason: str = ""
     summary: Mapping[str, Any] | None = None
     manifest: Mapping[str, Any] = field(default_factory=dict)
@@ -140,8 +140,11 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
     reason = str(status.get("reason", ""))
     if state == "done" and summary is None:
         state, reason = "failed", f"no {SUMMARY_FILE} in {run_dir}"
-    if state == "running":
-        reason = reason or "interrupted before it finished (re-run with --resume)"
+    if state == "running":  # nothing said how it ended
+        reason = reason or ("still running, or killed before it could say so (--resume runs it "
+                            "again)")
+    elif state == "interrupted":
+        reason = f"{reason or 'stopped by Ctrl-C or SIGTERM'} (--resume runs it again)"
     return CellResult(
         name=name or run_dir.name, run_dir=run_dir, state=state, reason=reason,
         summary=summary if state == "done" else None,

@@ -21,6 +21,7 @@ from harness.scenario.status import (
     CellOutcome,
     check_done_cell,
     finish_status,
+    interrupted_reason,
     prepare_cell_dir,
     read_status,
 )
@@ -161,7 +162,7 @@ def run_scenario(
     Each cell runs into ``<out>/<scenario>/<cell>/`` (a run folder, the same files as
     ``batchlab simulate`` or ``batchlab replay`` write), then ``<out>/<scenario>/report.md``
     compares them. A cell that raises is recorded as failed with its reason and the sweep goes
-    on; Ctrl-C (KeyboardInterrupt) stops the sweep and leaves the current cell "running", which
+    on; Ctrl-C (KeyboardInterrupt) stops the sweep and marks the current cell "interrupted", which
     ``resume=True`` redoes.
     """
     out_root = Path(out_root)
@@ -241,7 +242,8 @@ def _run_local(scenario: Scenario, scenario_dir: Path, job: CellJob, runner: Cel
     progress.start_cell(cell.name, len(job.trace.requests))
     try:
         runner(job, cell_dir, progress.requests)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # the sweep stops; the cell says it did not finish
+        finish_status(cell_dir, "interrupted", interrupted_reason(exc), status)
         raise
     except Exception as exc:  # a failed cell is data: record it and go on
         reason = exception_reason(exc)

@@ -21,7 +21,10 @@ from harness.scenario.schema import Cell, Scenario, ScenarioError
 #
 #     cell.json    what the cell is (engine, knobs, load) and its digest, written first
 #     status.json  {"state": "running"}  ──►  "done" (written after every result file)
-#                                       └──►  "failed" with the reason (the sweep goes on)
+#                                       ├──►  "failed" with the reason (the sweep goes on)
+#                                       └──►  "interrupted" by Ctrl-C or SIGTERM (the sweep stops)
+#
+# A cell left "running" by a process that is gone was killed outright (SIGKILL, a power cut).
 #
 # ``--resume`` skips a cell whose status is "done" with the same digest, and whose files are
 # still what the cell wrote (``check_done_cell``: each file it wrote present, parseable and
@@ -72,6 +75,13 @@ def prepare_cell_dir(cell_dir: Path, scenario: Scenario, cell: Cell, attempt: in
                                    "digest": scenario.cell_digest(cell)}), cell_dir / CELL_FILE)
     write_json_atomic({"state": "running", "started_at": _now(), "attempt": attempt,
                        "digest": scenario.cell_digest(cell)}, cell_dir / STATUS_FILE)
+
+
+def interrupted_reason(exc: BaseException) -> str:
+    """Why a cell or probe stopped on Ctrl-C or SIGTERM: the interrupt's own message (what was
+    on disk when it came) or a plain one."""
+    said = str(exc).strip()
+    return said or "stopped by Ctrl-C or SIGTERM before it finished"
 
 
 def finish_status(cell_dir: Path, state: str, reason: str, status: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from harness import scenario as sc
 from harness.cli import main
+from harness.report import render_scenario_report
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SMALL = REPO / "tests" / "data" / "scenario_small.yaml"
@@ -106,8 +107,17 @@ def test_resume_after_a_kill_mid_cell(tmp_path: Path) -> None:
         sc.run_scenario(scenario, tmp_path, runner=first, progress=quiet())
     sdir = tmp_path / "small"
     assert first.calls == names[:3]
+    # the cell says it was stopped; one a SIGKILL stopped cannot, and is left "running"
     assert [sc.read_status(sdir / n).get("state") for n in names] == [
-        "done", "done", "running", None]
+        "done", "done", "interrupted", None]
+    report = render_scenario_report(sdir).read_text()
+    assert (f"`{killed}` did not finish: stopped by Ctrl-C or SIGTERM before it finished "
+            "(--resume runs it again).") in report
+    status = sc.read_status(sdir / killed)
+    del status["reason"], status["finished_at"]  # what the cell's start wrote
+    (sdir / killed / "status.json").write_text(json.dumps({**status, "state": "running"}))
+    assert (f"`{killed}` did not finish: still running, or killed before it could say so "
+            "(--resume runs it again).") in render_scenario_report(sdir).read_text()
     before = {n: mtimes(sdir, n) for n in names[:2]}
 
     second = Recorder()

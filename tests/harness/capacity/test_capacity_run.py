@@ -93,6 +93,27 @@ def test_an_over_saturated_probe_stops_early_and_fails(tmp_path: Path) -> None:
     assert full.stopped is None and not full.passed
 
 
+@pytest.mark.parametrize(("raised", "state", "reason"), [
+    (KeyboardInterrupt(), "interrupted", "stopped by Ctrl-C or SIGTERM before it finished"),
+    (RuntimeError("engine gone"), "failed", "RuntimeError: engine gone"),
+])
+def test_a_probe_that_did_not_finish_says_how(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              raised: BaseException, state: str,
+                                              reason: str) -> None:
+    """Ctrl-C is not a failure of the engine: the probe's status.json says which it was."""
+    import harness.capacity.probe as probe_module
+
+    class Stopped:
+        def run(self, *args: object) -> None:
+            raise raised
+
+    monkeypatch.setattr(probe_module, "make_target", lambda spec: Stopped())
+    with pytest.raises(type(raised)):
+        run_probe(setting().plan, 8.0, tmp_path / "rate-8")
+    status = json.loads((tmp_path / "rate-8" / "status.json").read_text())
+    assert status == {"state": state, "reason": reason}
+
+
 def test_a_stopped_probe_fails_whatever_its_attainment() -> None:
     summary = {"goodput": {"slo_attainment": 1.0}, "stopped_early": "over-saturated: ..."}
     assert not outcome_from_summary(8.0, summary, 0.99).passed
