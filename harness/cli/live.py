@@ -60,7 +60,9 @@ def add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     g.add_argument("--protocol", choices=("openai", "openai-chat", "tgi"), default="openai",
                    help="openai: /v1/completions (token-id prompts without --tokenizer); "
                    "openai-chat: /v1/chat/completions; tgi: /generate_stream (default openai)")
-    g.add_argument("--model", metavar="NAME", help="model name sent in each request")
+    g.add_argument("--model", metavar="NAME", help="model name sent in each request (with "
+                   "--engine E --url URL: the one the server lists at /v1/models or /info when "
+                   "not given)")
     g.add_argument("--mode", choices=("open", "closed"), default="open",
                    help="open: send at trace arrival times (default); closed: --concurrency "
                    "users, each sending its next request when the last one ends")
@@ -308,6 +310,8 @@ def live_target_spec(args: argparse.Namespace, *, url: str | None = None) -> Tar
     if not args.launch and url is None:
         raise UserError(f"--engine {args.engine}: give --launch to start it or --url URL")
     model_path = args.model_path or getattr(args, "model", None)
+    if not model_path and url is not None and not args.launch:
+        model_path = served_model(url, args.engine)  # a running server says what it serves
     if not model_path:
         raise UserError(f"--engine {args.engine}: give --model-path (what the engine loads) or "
                         "--model")
@@ -323,6 +327,29 @@ def live_target_spec(args: argparse.Namespace, *, url: str | None = None) -> Tar
         runtime=args.container_runtime, metric_map=metric_map, port=args.port,
         ready_timeout_s=args.ready_timeout_s, telemetry_interval_s=args.telemetry_interval_s,
     )
+
+
+def served_model(url: str, engine: str) -> str:
+    """The one model a running server serves, from its ``/v1/models`` (OpenAI servers) or
+    ``/info`` (TGI): what ``replay --engine E --url URL`` sends when no --model is given."""
+    import asyncio
+
+    from adapters.process import probe_version
+
+    probe = asyncio.run(probe_version(url, ("/v1/models", "/info")))
+    body = probe.get("body")
+    names: list[str] = []
+    if isinstance(body, dict) and isinstance(body.get("data"), list):
+        names = [str(m["id"]) for m in body["data"] if isinstance(m, dict) and m.get("id")]
+    elif isinstance(body, dict) and isinstance(body.get("model_id"), str):
+        names = [body["model_id"]]
+    if len(names) == 1:
+        return names[0]
+    said = (f"it serves {', '.join(names)}: choose one" if names
+            else f"it named none at /v1/models or /info ({'; '.join(probe.get('tried') or [])})"
+            if probe.get("tried") else "it named none at /v1/models or /info")
+    raise UserError(f"--engine {engine} --url {url}: give --model (the served model name); "
+                    f"{said}")
 
 
 def run_engine(args: argparse.Namespace, trace: Trace, replay: dict[str, Any],
