@@ -33,6 +33,13 @@ PERCENTILES = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 EXTRA_LATENCY_METRICS = ("tpot_guidellm_s", "itl_chunk_s", "itl_guidellm_s", "send_lag_s")
 DEFAULT_CLIENT_LAG_THRESHOLD_S = 0.010
+# A capacity probe at a request rate "kept pace" when, over the second half of its arrival
+# window, it completed at least this fraction of the requests that arrived one median E2E
+# earlier, or fell short by at most two standard deviations of a Poisson count; and its
+# arrivals lasted at least SHORTEST_STEADY_E2ES times its E2E p90 (docs/metrics.md, "Capacity
+# probes"; checked by harness.capacity.probe.pace_of).
+KEPT_PACE = 0.9
+SHORTEST_STEADY_E2ES = 4
 
 
 SLO_KEYS = ("ttft_s", "tpot_s", "e2e_s")

@@ -22,15 +22,26 @@ from typing import Any
 
 from harness.capacity.saturation import SaturationMonitor, interval_for
 from harness.capacity.search import LOAD_UNITS, LoadKind, ProbeOutcome, normal_load
-from harness.metrics import Slo
+from harness.metrics import KEPT_PACE, SHORTEST_STEADY_E2ES, Slo
 from harness.redact import redact_tree
-from harness.results import SUMMARY_FILE, write_json_atomic
+from harness.results import REQUESTS_FILE, SUMMARY_FILE, write_json_atomic
 from harness.scenario.status import CELL_FILE, STATUS_FILE, interrupted_reason
 from harness.target import ClosedLoop, RunOptions, TargetSpec
 from harness.targets import make_target
 from harness.traces import Trace, TraceOptions, load_trace
 
 PROBE_FILE = "probe.json"
+# A rate probe passes only if the engine kept pace with the arrivals. In a steady state
+# requests finish as fast as they arrive, one E2E later; an engine that falls behind builds a
+# backlog that a longer trace would turn into missed SLOs. The check: over the second half of
+# the arrival window (first to last arrival), the engine completed at least PACE of the
+# requests that arrived one median E2E earlier (the first half fills the engine), or fell
+# short of them by no more than two standard deviations of a Poisson count. A trace
+# whose arrival window is shorter than SHORTEST_E2ES times its E2E p90 (its requests served as
+# one burst, or too few of them to tell a backlog from chance) shows no steady state at all.
+# Either fails the probe, however many requests met the SLO.
+PACE = KEPT_PACE
+SHORTEST_E2ES = SHORTEST_STEADY_E2ES
 
 
 @dataclass(frozen=True)
@@ -105,7 +116,8 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path) -> ProbeOutcome:
         write_json_atomic({"state": "failed", "reason": f"{type(exc).__name__}: {exc}"},
                           out_dir / STATUS_FILE)
         raise
-    outcome = outcome_from_summary(load, summary, plan.target, run_dir=out_dir.name)
+    outcome = outcome_from_summary(load, summary, plan.target, run_dir=out_dir.name,
+                                   pace=None if closed else pace_of(out_dir))
     write_json_atomic({"kind": plan.kind, "unit": LOAD_UNITS[plan.kind], "digest": plan.digest,
                        "target": plan.target, **outcome.as_dict()}, out_dir / PROBE_FILE)
     write_json_atomic({"state": "done"}, out_dir / STATUS_FILE)
@@ -118,20 +130,73 @@ def _span_s(trace: Trace, kind: LoadKind, load: float) -> float:
     return math.inf  # a closed loop's length is not known before it runs
 
 
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """Whether a rate probe's engine kept pace with its arrivals (``PACE``)."""
+
+    arrived_per_s: float  # over the second half of the arrivals, one median E2E earlier
+    completed_per_s: float  # over the second half of the arrivals
+    kept: bool
+    why: str | None = None  # why not, in words
+
+
+def pace_of(run_dir: Path) -> Pace | None:
+    """The pace check of a finished run, from its ``requests.parquet``; None when it cannot
+    be made (fewer than two arrival instants, nothing completed, no readable file)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(run_dir / REQUESTS_FILE,
+                              columns=["arrival_s", "finished_s", "e2e_s", "error_kind"])
+    except (OSError, ValueError):
+        return None
+    arrival, finished, e2e = (
+        np.asarray(table.column(c).to_numpy(zero_copy_only=False), dtype=float)
+        for c in ("arrival_s", "finished_s", "e2e_s"))
+    ok = np.array([kind is None for kind in table.column("error_kind").to_pylist()],
+                  dtype=bool)
+    if arrival.size < 2 or not arrival.max() > arrival.min() or not ok.any():
+        return None
+    start, end = float(arrival.min()), float(arrival.max())
+    mid, half = (start + end) / 2, (end - start) / 2
+    lag = float(np.median(e2e[ok]))
+    num_arrived = int(np.count_nonzero((arrival > mid - lag) & (arrival <= end - lag)))
+    num_completed = int(np.count_nonzero(ok & (finished > mid) & (finished <= end)))
+    arrived, completed = num_arrived / half, num_completed / half
+    long_e2e = float(np.percentile(e2e[ok], 90))
+    if end - start < SHORTEST_E2ES * long_e2e:
+        return Pace(arrived, completed, False,
+                    f"too short to show a steady state: its arrivals last {end - start:.3g} s, "
+                    f"under {SHORTEST_E2ES} times its E2E p90 ({long_e2e:.3g} s)")
+    # counts of a few dozen requests differ by chance: a shortfall within two standard
+    # deviations of a Poisson count (2 sqrt(n)) is not taken for falling behind
+    allowed = max((1 - PACE) * num_arrived, 2 * math.sqrt(num_arrived))
+    if num_completed < num_arrived - allowed:
+        return Pace(arrived, completed, False,
+                    f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} arriving")
+    return Pace(arrived, completed, True)
+
+
 def outcome_from_summary(load: float, summary: Mapping[str, Any], target: float,
-                         *, run_dir: str | None = None) -> ProbeOutcome:
-    """A probe's outcome from its ``summary.json``: passed when attainment >= target and the
-    run was not stopped early."""
+                         *, run_dir: str | None = None, pace: Pace | None = None) -> ProbeOutcome:
+    """A probe's outcome from its ``summary.json``: passed when attainment >= target, the run
+    was not stopped early and the engine kept pace with the arrivals (``pace``, rate probes)."""
     goodput = summary.get("goodput") or {}
     attainment = goodput.get("slo_attainment")
     stopped = summary.get("stopped_early")
-    passed = attainment is not None and attainment >= target and not stopped
+    throughput = summary.get("throughput") or {}
+    passed = (attainment is not None and attainment >= target and not stopped
+              and (pace is None or pace.kept))
     return ProbeOutcome(
         load=load, attainment=attainment, passed=bool(passed),
         stopped=str(stopped) if stopped else None, run_dir=run_dir,
-        output_tokens_per_s=(summary.get("throughput") or {}).get("output_tokens_per_s"),
+        output_tokens_per_s=throughput.get("output_tokens_per_s"),
         ttft_p90_s=(summary.get("ttft_s") or {}).get("p90"),
         tpot_p90_s=(summary.get("tpot_s") or {}).get("p90"),
+        arrived_per_s=pace.arrived_per_s if pace else None,
+        completed_per_s=pace.completed_per_s if pace else None,
+        kept_pace=pace.kept if pace else None, behind=pace.why if pace else None,
     )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,8 @@ def known_probes(search_dir: Path, digest: str) -> dict[float, ProbeOutcome]:
     recorded = read_json_object(search_dir / SEARCH_FILE)
     if recorded and recorded.get("digest") != digest:
         raise ValueError(f"{search_dir / SEARCH_FILE}: made with other settings (engine, knobs, "
-                         "trace, SLO or target changed); drop --resume to start over, or "
+                         "trace, SLO, target or early stop changed, or an older batchlab "
+                         "judged its probes); drop --resume to start over, or "
                          "choose another --out")
     known: dict[float, ProbeOutcome] = {}
     if not search_dir.is_dir():
@@ -88,9 +89,16 @@ def known_probes(search_dir: Path, digest: str) -> dict[float, ProbeOutcome]:
 
 def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: bool = False,
                log: Log | None = None) -> SearchResult:
-    """Search one setting's capacity into ``out_dir`` (its probes are subfolders)."""
+    """Search one setting's capacity into ``out_dir`` (its probes are subfolders). A
+    concurrency search stops at as many users as the trace has requests: more users than
+    requests send nothing more."""
     spec.validate()
     plan = setting.plan
+    if spec.kind == "concurrency":
+        num_requests = len(plan.trace_at(spec.kind, spec.start).requests)
+        if 1 <= num_requests < spec.highest:
+            spec = replace(spec, max_load=float(num_requests),
+                           start=min(spec.start, float(num_requests)))
     out_dir.mkdir(parents=True, exist_ok=True)
     known = known_probes(out_dir, plan.digest) if resume else {}
     done: list[ProbeOutcome] = []
@@ -111,7 +119,8 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
         if log is not None:
             verdict = "passed" if outcome.passed else "failed"
             att = "–" if outcome.attainment is None else f"{outcome.attainment:.1%}"
-            extra = f"; stopped early: {outcome.stopped}" if outcome.stopped else ""
+            extra = (f"; stopped early: {outcome.stopped}" if outcome.stopped
+                     else f"; {outcome.behind}" if outcome.behind else "")
             how = " (resumed)" if outcome.resumed else ""
             log(f"{setting.name}: {outcome.load:g} {LOAD_UNITS[spec.kind]}: SLO attainment "
                 f"{att}, {verdict}{how}{extra}")
@@ -165,6 +174,9 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
     the sweep metadata and the report. A setting whose probe cannot run (an engine that does
     not start) is recorded as failed and the others go on."""
     spec.validate()
+    if resume:  # a search made with other settings is refused before anything is rewritten
+        for setting in settings:
+            known_probes(out_dir / setting.name, setting.plan.digest)
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[SettingResult] = []
     for setting in settings:

@@ -98,6 +98,12 @@ class ProbeOutcome:
     ttft_p90_s: float | None = None
     tpot_p90_s: float | None = None
     resumed: bool = False  # taken from an earlier run of the search
+    # rate probes: whether the engine kept pace with the arrivals, the rates compared and why
+    # not (``harness.capacity.probe.PACE``)
+    arrived_per_s: float | None = None
+    completed_per_s: float | None = None
+    kept_pace: bool | None = None
+    behind: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

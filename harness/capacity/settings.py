@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.capacity.probe import ProbePlan, trace_file_at
+from harness.capacity.probe import PACE, ProbePlan, trace_file_at
 from harness.capacity.run import Setting, digest_of
 from harness.capacity.search import LoadKind
 from harness.metrics import Slo
@@ -48,7 +48,8 @@ def scenario_settings(scenario: Scenario, *, kind: LoadKind, target: float, slo:
                                 "think time is simulated only (the live closed loop has none)")
         spec = target_spec(cell, scenario.model, scenario.gpu)
         payload = {"cell": scenario.cell_digest(cell), "kind": kind, "target": target,
-                   "slo": slo.as_dict(), "think_time_s": think_time_s}
+                   "slo": slo.as_dict(), "think_time_s": think_time_s,
+                   **_rules(early_stop)}
         settings.append(Setting(cell.name, ProbePlan(
             spec=spec, trace_at=_scenario_trace(scenario), slo=slo, kind=kind,
             target=target, cell=_cell_record(cell, scenario.name), digest=digest_of(payload),
@@ -56,6 +57,12 @@ def scenario_settings(scenario: Scenario, *, kind: LoadKind, target: float, slo:
             early_stop=early_stop,
         )))
     return settings
+
+
+def _rules(early_stop: bool) -> dict[str, Any]:
+    """What else decides whether a probe passes: a resumed search reuses only probes judged
+    by the same rules."""
+    return {"early_stop": early_stop, "pace": PACE}
 
 
 def _scenario_trace(scenario: Scenario) -> Any:
@@ -82,7 +89,8 @@ def single_setting(spec: TargetSpec, *, name: str, trace_path: str,
     mode = "simulated" if spec.simulated else "live"
     payload = {"spec": repr(spec), "trace": trace_path, "options": dict(trace_options),
                "kind": kind, "target": target, "slo": slo.as_dict(),
-               "think_time_s": think_time_s, "replay": dict(replay or {})}
+               "think_time_s": think_time_s, "replay": dict(replay or {}),
+               **_rules(early_stop)}
     cell = {"name": name, "engine": {"name": name, "engine": spec.engine, "mode": mode},
             "knobs": dict(knobs), "grid": {}}
     return Setting(name, ProbePlan(

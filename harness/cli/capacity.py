@@ -98,7 +98,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from harness.capacity import run_capacity
 
     spec = _search_spec(args)
-    settings, name, out = _settings(args, spec)
+    settings, name, out, baseline = _settings(args, spec)
     if args.rate is not None and spec.kind == "rate":
         raise UserError("--rate: a rate search sets the rate of each probe itself")
     for setting in settings:  # trace errors before any probe runs
@@ -110,7 +110,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
           f"{spec.precision_text()}): {len(settings)} setting(s) into {out}/", flush=True)
     try:
         results = run_capacity(settings, spec, out, name=name, resume=args.resume,
-                               command=command_line(), log=_log)
+                               baseline=baseline, command=command_line(), log=_log)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     _print_table(results, spec)
@@ -154,12 +154,15 @@ def _search_spec(args: argparse.Namespace) -> SearchSpec:
     return spec
 
 
-def _settings(args: argparse.Namespace, spec: SearchSpec) -> tuple[list[Setting], str, Path]:
+def _settings(args: argparse.Namespace, spec: SearchSpec
+              ) -> tuple[list[Setting], str, Path, str | None]:
+    """The settings to search, the search's name, its folder and its baseline setting."""
     from harness.capacity import scenario_settings
     from harness.scenario import ScenarioError, load_scenario
 
     slo = parse_slo(args.slo)
     if args.scenario:
+        _refuse_setting_options(args)
         try:
             scenario = load_scenario(args.scenario, trace_path=args.trace)
             settings = scenario_settings(scenario, kind=spec.kind, target=spec.target, slo=slo,
@@ -171,14 +174,49 @@ def _settings(args: argparse.Namespace, spec: SearchSpec) -> tuple[list[Setting]
         if not settings:
             raise UserError(f"--only {args.only!r}: no setting of {args.scenario} matches")
         name = f"{scenario.name}-capacity"
-        return settings, name, Path(args.out or f"reports/{name}")
+        baseline = (_baseline_setting(scenario, settings) if scenario.baseline is not None
+                    else None)
+        return settings, name, Path(args.out or f"reports/{name}"), baseline
     if args.only:
         raise UserError("--only: only with a scenario file")
     if not args.trace and args.format != "synthetic":
         raise UserError("--trace is required without a scenario: a trace file, or 'synthetic'")
     if slo is None:
         raise UserError("--slo is required without a scenario, e.g. --slo ttft_s=0.5,tpot_s=0.05")
-    return [_single_setting(args, spec, slo)], "capacity", Path(args.out or "reports/capacity")
+    return ([_single_setting(args, spec, slo)], "capacity", Path(args.out or "reports/capacity"),
+            None)
+
+
+def _baseline_setting(scenario: Any, settings: list[Setting]) -> str | None:
+    """The scenario's ``baseline`` (a cell or an engine name) as a searched setting's name;
+    None when --only left it out."""
+    names = [s.name for s in settings]
+    if scenario.baseline in names:
+        return str(scenario.baseline)
+    return next((s.name for s in settings if s.plan.cell.get("engine", {}).get("name")
+                 == scenario.baseline), None)
+
+
+# With a scenario file, what the command line may still say: how to search, and the trace
+# file (``--trace``, as ``batchlab run --trace``). The rest describes the one setting searched
+# without a scenario.
+_SCENARIO_FORM = {"command", "scenario", "search", "target", "slo", "start", "precision",
+                  "min_load", "max_load", "max_probes", "think_time_s", "no_early_stop", "only",
+                  "out", "resume", "trace"}
+
+
+def _refuse_setting_options(args: argparse.Namespace) -> None:
+    """Options that a scenario file overrides would be ignored: refused instead, by name."""
+    from harness.cli import build_parser
+
+    defaults = vars(build_parser("capacity")[0].parse_args(["capacity"]))
+    given = [name for name, value in vars(args).items()
+             if name not in _SCENARIO_FORM and name in defaults and value != defaults[name]]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in sorted(given))
+        raise UserError(f"{flags}: not with a scenario file, whose engines, knobs, model, GPU "
+                        "and trace options the search uses (edit a copy of the scenario); "
+                        "without a scenario they describe the one setting searched")
 
 
 def _reference_setting_name(profile: str | None) -> str:

@@ -148,6 +148,8 @@ class SearchRecord:
     precision_text: str
     num_probes: int
     num_stopped: int
+    num_behind: int = 0  # rate probes that met the SLO but not the pace (fell behind, too short)
+    behind: str | None = None  # why the bracket's failing probe failed, when it met the SLO
     probe_labels: Mapping[float, str] = field(default_factory=dict)  # load -> probe folder
     slo: Mapping[str, float] = field(default_factory=dict)
     probe_dirs: tuple[Path, ...] = ()
@@ -221,6 +223,10 @@ def _read_search(path: Path) -> SearchRecord | None:
             target=float(d.get("target_attainment") or DEFAULT_TARGET),
             precision_text=str(d.get("precision_text") or ""), num_probes=len(probes),
             num_stopped=sum(1 for p in probes if p.get("stopped")),
+            num_behind=sum(1 for p in probes if p.get("kept_pace") is False),
+            behind=next((str(p["behind"]) for p in probes
+                         if p.get("load") == bracket.get("failing") and p.get("behind")
+                         and not p.get("stopped")), None),
             probe_labels={float(p["load"]): str(p.get("label") or p.get("run_dir"))
                           for p in probes if p.get("load") is not None},
             slo=dict(d.get("slo") or {}), knobs=dict(d.get("knobs") or {}),
@@ -251,7 +257,9 @@ def capacity_text(row: CapacityRow) -> str:
     if row.capacity is None:
         return "–"
     sign = "" if row.bound == "=" else f"{row.bound} "
-    return f"{sign}{sig(row.capacity)} {LOAD_UNITS.get(row.kind, '')}".strip()
+    # a searched load exactly as probed (4 significant digits): never rounded above it
+    value = f"{row.capacity:.4g}" if row.source == "search" else sig(row.capacity)
+    return f"{sign}{value} {LOAD_UNITS.get(row.kind, '')}".strip()
 
 
 def capacity_ratio(row: CapacityRow, base: CapacityRow) -> str | None:
@@ -276,13 +284,21 @@ def capacity_rows(series: Sequence[Series], searches: Sequence[SearchRecord],
 
 
 def _search_row(r: SearchRecord) -> CapacityRow:
-    bound = {"at_least_max": "≥", "below_min": "<"}.get(r.status, "=")
+    # a search cut short by --max-probes knows only that the capacity is at least its pass
+    bound = {"at_least_max": "≥", "below_min": "<", "max_probes": "≥"}.get(r.status, "=")
     value = r.capacity if bound != "<" else r.failing
     passing = "–" if r.passing is None else f"{r.passing:g}"
     failing = "–" if r.failing is None else f"{r.failing:g}"
     stopped = f", {r.num_stopped} stopped early" if r.num_stopped else ""
-    evidence = (f"search ({r.status}): {passing} passed, {failing} failed ({r.precision_text}); "
-                f"{r.num_probes} probes{stopped}")
+    behind = f", {r.num_behind} fell behind the arrivals" if r.num_behind else ""
+    precision = (f"not {r.precision_text}: stopped by --max-probes" if r.status == "max_probes"
+                 else r.precision_text)
+    evidence = (f"search ({r.status}): {passing} passed, {failing} failed ({precision}); "
+                f"{r.num_probes} probes{stopped}{behind}")
+    if r.behind:
+        evidence += (f"; {failing} met the SLO but {r.behind} (a trace with more requests "
+                     "tells a backlog from a burst)" if r.behind.startswith("too short")
+                     else f"; {failing} met the SLO but {r.behind}")
     bracket = tuple(f"{r.path.parent.name}/{r.probe_labels[load]}"
                     for load in (r.passing, r.failing)
                     if load is not None and load in r.probe_labels)

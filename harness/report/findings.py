@@ -202,7 +202,8 @@ def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
         text = f"{code(r.key)} " + (capacity_text(r) if r.capacity is not None else "not known")
         parts.append(text + (f" ({'; '.join(notes)})" if notes else ""))
     return (f"Capacity at SLO (the highest load with at least {fmt_pct(target)} of requests "
-            f"within {slo_text(slo)}, and a bounded queue): " + "; ".join(parts) + ".")
+            f"within {slo_text(slo)}, the engine keeping pace with the arrivals): "
+            + "; ".join(parts) + ".")
 
 
 def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:

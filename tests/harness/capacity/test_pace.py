@@ -1,0 +1,133 @@
+"""A rate probe passes only when the engine kept pace with its arrivals; and the capacity
+command line refuses what it would ignore, keeps the scenario's baseline, and writes nothing
+before it refuses a --resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from harness.capacity import SEARCH_FILE
+from harness.capacity.probe import PACE, outcome_from_summary, pace_of
+from harness.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[3]
+SMALL = REPO / "tests" / "data" / "scenario_small.yaml"
+
+
+def write_requests(run_dir: Path, arrival: np.ndarray, finished: np.ndarray) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"arrival_s": arrival, "finished_s": finished,
+                             "e2e_s": finished - arrival,
+                             "error_kind": pa.array([None] * arrival.size, pa.string())}),
+                   run_dir / "requests.parquet")
+    return run_dir
+
+
+def served_in_order(arrival: np.ndarray, service_s: float) -> np.ndarray:
+    """One request at a time, each taking ``service_s``: the finish instants."""
+    finished, free = [], 0.0
+    for t in arrival:
+        free = max(free, t) + service_s
+        finished.append(free)
+    return np.array(finished)
+
+
+ARRIVALS = np.arange(200) * 0.1  # 10 req/s for 20 s
+
+
+def test_an_engine_faster_than_the_arrivals_keeps_pace(tmp_path: Path) -> None:
+    pace = pace_of(write_requests(tmp_path / "r", ARRIVALS, served_in_order(ARRIVALS, 0.08)))
+    assert pace is not None and pace.kept and pace.why is None
+    assert pace.completed_per_s == pytest.approx(10, rel=0.05)
+
+
+def test_an_engine_slower_than_the_arrivals_falls_behind(tmp_path: Path) -> None:
+    # 8 req/s served of 10 arriving: the backlog grows by 2 a second (for 100 s: enough
+    # requests that the shortfall is not chance)
+    arrival = np.arange(1000) * 0.1
+    pace = pace_of(write_requests(tmp_path / "r", arrival, served_in_order(arrival, 0.125)))
+    assert pace is not None and not pace.kept
+    assert pace.completed_per_s == pytest.approx(8, rel=0.05)
+    assert pace.completed_per_s < PACE * pace.arrived_per_s
+    assert pace.why is not None and pace.why.startswith("fell behind: completed 8")
+
+
+def test_a_burst_shorter_than_its_requests_shows_no_steady_state(tmp_path: Path) -> None:
+    arrival = np.arange(20) * 0.05  # all within 1 s
+    pace = pace_of(write_requests(tmp_path / "r", arrival, arrival + 3.0))
+    assert pace is not None and not pace.kept
+    assert pace.why == ("too short to show a steady state: its arrivals last 0.95 s, under "
+                        "4 times its E2E p90 (3 s)")
+    # however many requests met the SLO, the probe fails
+    summary = {"goodput": {"slo_attainment": 1.0}, "throughput": {}}
+    outcome = outcome_from_summary(20.0, summary, 0.99, pace=pace)
+    assert not outcome.passed and outcome.behind == pace.why and outcome.kept_pace is False
+
+
+def test_a_short_trace_does_not_claim_a_burst_as_capacity(tmp_path: Path) -> None:
+    """Before the pace check, 100 requests at 30 req/s passed (the whole trace fitted in one
+    batch), and the search reported about 30 req/s from a 3 s trace."""
+    out = tmp_path / "cap"
+    assert cli_main(["capacity", "--trace", str(REPO / "harness/data/azure_conv_excerpt.csv"),
+                     "--limit", "100", "--max-num-seqs", "64", "--start", "32",
+                     "--slo", "ttft_s=0.5,tpot_s=0.03", "--out", str(out)]) == 0
+    search = json.loads((out / "reference" / SEARCH_FILE).read_text())
+    first = search["probes"][0]
+    assert first["load"] == 32 and not first["passed"]
+    assert first["behind"].startswith("too short")  # one burst
+    assert search["capacity"] < 8
+    report = (out / "report.md").read_text()
+    assert "fell behind the arrivals" in report
+
+
+def test_a_concurrency_search_stops_at_one_user_per_request(tmp_path: Path) -> None:
+    out = tmp_path / "cap"
+    assert cli_main(["capacity", "--trace", "synthetic", "--num-requests", "12",
+                     "--prompt-tokens", "64", "--output-tokens", "8", "--search",
+                     "concurrency", "--slo", "ttft_s=30", "--out", str(out)]) == 0
+    search = json.loads((out / "reference" / SEARCH_FILE).read_text())
+    assert search["status"] == "at_least_max" and search["capacity"] == 12
+    assert max(p["load"] for p in search["probes"]) == 12
+
+
+def test_a_scenario_search_refuses_the_options_it_would_ignore(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli_main(["capacity", str(SMALL), "--gpu", "h200", "--max-num-seqs", "8",
+                     "--limit", "10", "--out", str(tmp_path / "cap")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--gpu, --limit, --max-num-seqs: not with a scenario file" in err
+    assert not (tmp_path / "cap").exists()
+
+
+def test_a_scenario_search_keeps_the_scenarios_baseline(tmp_path: Path) -> None:
+    # scenario_small.yaml's baseline is the engine `static`
+    out = tmp_path / "cap"
+    assert cli_main(["capacity", str(SMALL), "--only", "*-4", "--max-probes", "3",
+                     "--out", str(out)]) == 0
+    meta = json.loads((out / "scenario.json").read_text())
+    assert meta["baseline"].startswith("static__max_num_seqs-4/")
+    report = (out / "report.md").read_text()
+    # the search was cut short: the capacity is only a lower bound
+    assert "not within 5%: stopped by --max-probes" in report
+
+
+def test_a_refused_resume_rewrites_nothing(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cap"
+    args = ["capacity", "--trace", "synthetic", "--num-requests", "20", "--prompt-tokens",
+            "64", "--output-tokens", "8", "--max-probes", "2", "--slo", "ttft_s=1",
+            "--out", str(out)]
+    assert cli_main(args) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    # another target, then the early stop turned off: other rules, refused
+    for other in (["--target", "0.95"], ["--no-early-stop"]):
+        assert cli_main([*args, *other, "--resume"]) == 2
+        assert "made with other settings" in capsys.readouterr().err
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
