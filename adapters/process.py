@@ -59,6 +59,15 @@ class EngineStartError(RuntimeError):
     """The server did not become ready: it died, or the readiness wait timed out."""
 
 
+class EngineExited(RuntimeError):
+    """A launched server exited while the run was replaying against it. Raised once what was
+    measured is on disk; ``summary`` is the run's summary."""
+
+    def __init__(self, message: str, summary: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.summary = summary
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nobody listens on right now (the OS picks it; a small race is accepted)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

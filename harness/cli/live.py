@@ -375,6 +375,8 @@ def run_engine(args: argparse.Namespace, trace: Trace, replay: dict[str, Any],
 
 def cmd_replay_engine(args: argparse.Namespace) -> int:
     """``replay --engine``: the replay above, around an engine batchlab plans and launches."""
+    from adapters.process import EngineExited
+
     if args.target and args.launch:
         raise UserError("--target and --launch: give --launch to start the engine, or the URL "
                         "of a running one")
@@ -396,6 +398,11 @@ def cmd_replay_engine(args: argparse.Namespace) -> int:
                               progress=bar.update_to, command=command)
     except ValueError as exc:  # replay options, a tokenizer that cannot be loaded, ...
         raise UserError(str(exc)) from None
+    except EngineExited as exc:  # what was measured is on disk: said, then a failure
+        bar.close()
+        print_live_headline(exc.summary, args.out)
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     finally:
         bar.close()
     print_live_headline(summary, args.out)

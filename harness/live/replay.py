@@ -410,6 +410,9 @@ async def replay(
                 else HttpxWire(config, cap))
     try:
         await _warm_up(wire, config)
+        prepare = getattr(telemetry, "prepare", None)
+        if prepare is not None:  # its HTTP client built now, not at t0 beside the first sends
+            prepare()
     except BaseException:
         await wire.aclose()
         raise

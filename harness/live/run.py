@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 from adapters.base import Knobs, LaunchPlan
 from adapters.catalog import attached_manifest, replay_defaults
-from adapters.process import EngineStartError, ServerProcess, probe_version
+from adapters.process import EngineExited, EngineStartError, ServerProcess, probe_version
 from harness.live.replay import ReplayConfig, replay
 from harness.live.session import engine_session, plan_for
 from harness.live.telemetry import DEFAULT_INTERVAL_S, TELEMETRY_FILE, TelemetryScraper, source_for
@@ -45,7 +45,7 @@ from harness.manifest import (
 )
 from harness.redact import redact_env, scrub_files, scrub_text, secret_values
 from harness.runfolder import RunIdentity, claim_run_dir
-from harness.target import EarlyStop, RunOptions, TargetSpec
+from harness.target import EarlyStop, LoadState, RunOptions, TargetSpec
 from harness.traces import Trace
 
 
@@ -71,7 +71,7 @@ def _engine_manifest(plan: LaunchPlan, knobs: Knobs, trace: Trace, *, model: str
             "config_files": dict(plan.config_files),
             "stop_argv": list(plan.stop_argv),
         } if plan.launch else None,
-        "knobs": jsonable(knobs.as_dict()),
+        "knobs": jsonable(_effective_knobs(plan, knobs)),
         "allow_approximate": allow_approximate,
         "mapping": [jsonable(asdict(m)) for m in plan.mapping],
         # attached: no knob reached the server; each is as stated, reported or "unknown"
@@ -81,6 +81,16 @@ def _engine_manifest(plan: LaunchPlan, knobs: Knobs, trace: Trace, *, model: str
         "gpu": gpu,
         "status": "starting",
     }
+
+
+def _effective_knobs(plan: LaunchPlan, knobs: Knobs) -> dict[str, Any]:
+    """The knobs a launched engine runs with: each mapped knob's value (the engine's own
+    default for one left unset, as its adapter states it), the rest as given. Attached, the
+    knobs as given (``attached_manifest`` says which are known)."""
+    effective = dict(knobs.as_dict())
+    if plan.launch:
+        effective.update({m.knob: m.value for m in plan.mapping})
+    return effective
 
 
 def _default_tokenizer(model: str, replay_kwargs: Mapping[str, Any]) -> str | None:
@@ -162,14 +172,24 @@ def run_live(
     try:
         with engine_session(spec, out_path, plan=plan, on_start=on_start) as session:
             engine["ready_s"] = round(session.ready_s, 3)
+            server = session.server
+            early_stop = (options.early_stop if server is None
+                          else _stop_when_it_exits(server, options.early_stop))
             summary = asyncio.run(_replay_on(
                 plan, trace, config, out_path, scraper, engine, progress=options.progress,
-                command=options.command, run_id=run_id, early_stop=options.early_stop,
+                command=options.command, run_id=run_id, early_stop=early_stop,
                 knobs=spec.knobs,
             ))
-            died = session.server.poll() if session.server is not None else None
+            died = server.poll() if server is not None else None
             if died is not None:
                 engine["note"] = f"the server had exited (code {died}) before teardown"
+        exited = str(summary.get("stopped_early") or "")
+        if exited.startswith(ENGINE_EXITED):
+            not_sent = int(read_manifest(out_path).get("num_not_sent") or 0)
+            raise EngineExited(f"{exited}: {summary.get('num_completed', 0)} of "
+                               f"{summary.get('num_requests', 0)} requests sent completed, "
+                               f"{not_sent} never sent (the results are in {out_path}; the "
+                               "server's logs there say why it exited)", summary)
         engine["status"] = "finished"
         return summary
     except BaseException as exc:
@@ -187,6 +207,21 @@ def run_live(
         with contextlib.suppress(OSError):  # a full disk must not hide the run's outcome
             _finish_manifest(out_path, engine, scraper)
         scrub_files(out_path, secrets)  # server logs may print their argv or environment
+
+
+ENGINE_EXITED = "the engine exited"
+
+
+def _stop_when_it_exits(server: ServerProcess, inner: EarlyStop | None) -> EarlyStop:
+    """An early-stop check that ends the replay as soon as the launched server has exited (a
+    crash, an out-of-memory kill): requests sent after it would all fail at once and stretch
+    the run. ``inner``: the caller's own check, asked while the server runs."""
+    def check(state: LoadState) -> str | None:
+        code = server.poll()
+        if code is not None:
+            return f"{ENGINE_EXITED} (code {code}) {state.t_s:.3g} s into the run"
+        return inner(state) if inner is not None else None
+    return check
 
 
 async def _replay_on(

@@ -186,6 +186,12 @@ class PrometheusSource:
         self._client = client
         self._fetch = fetch or self._http_fetch
 
+    def prepare(self) -> None:
+        """Build the HTTP client now, before the run's t0: building one loads the CA bundle
+        (about 0.1 s), which inside the run would hold up the replay's first sends."""
+        if self._client is None and self._fetch == self._http_fetch:
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
+
     async def _http_fetch(self) -> str:
         assert self.url is not None
         if self._client is None:
@@ -264,9 +270,14 @@ class TrtllmJsonSource:
         self.url = url
         self._client = client
 
-    async def read(self) -> Reading:
+    def prepare(self) -> None:
+        """Build the HTTP client before the run's t0 (see ``PrometheusSource.prepare``)."""
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
+
+    async def read(self) -> Reading:
+        self.prepare()
+        assert self._client is not None
         try:
             response = await self._client.get(self.url)
             response.raise_for_status()
@@ -338,6 +349,12 @@ class TelemetryScraper:
     origin_ns: int | None = None  # t_s = 0; default: when run() starts
     rows: list[dict[str, Any]] = field(default_factory=list)
     run_id: str | None = None  # the run folder's, stamped into the parquet file's metadata
+
+    def prepare(self) -> None:
+        """What the source can set up before the run's t0 (its HTTP client)."""
+        prepare = getattr(self.source, "prepare", None)
+        if prepare is not None:
+            prepare()
 
     async def scrape_once(self) -> dict[str, Any]:
         reading = await self.source.read()

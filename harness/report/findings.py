@@ -87,6 +87,11 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
     if preemption:
         out.append(preemption)
     out += _prefix_cache_finding(ok)
+    for c in ok:
+        ended = c.ended_early
+        if ended:
+            out.append(f"{code(c.name)} did not run to its end: {ended.rstrip('.')}. Its "
+                       "figures cover the requests it sent.")
     for c in cells:
         if c.state in ("failed", "interrupted", "running"):
             reason = short(c.reason) if c.reason else "no reason recorded"

@@ -43,6 +43,27 @@ class CellResult:
         return self.state == "done" and self.summary is not None
 
     @property
+    def ended_early(self) -> str | None:
+        """How a run with results did not run to its end, from its manifest (an engine that
+        exited, Ctrl-C, a run killed outright and summarized afterwards); None when it did."""
+        status = self.manifest.get("status")
+        if not self.ok or status not in ("failed", "interrupted", "running"):
+            return None
+        if status == "running":
+            said = "killed while it ran (its manifest still says running)"
+        else:
+            said = str(self.manifest.get("error") or self.manifest.get("stopped_early")
+                       or status)
+            said = said.removeprefix("EngineExited: ").removeprefix("KeyboardInterrupt: ")
+            said = said.rstrip(": ") or status
+            if said == "interrupted":
+                said = "interrupted (Ctrl-C or SIGTERM)"
+        not_sent = self.manifest.get("num_not_sent")
+        if isinstance(not_sent, int) and not_sent and "never sent" not in said:
+            said += f"; {not_sent} requests of the trace were never sent"
+        return said
+
+    @property
     def knobs(self) -> Mapping[str, Any]:
         """The knobs that took effect (``manifest.json``: a profile's engine defaults
         included); a cell that never ran has only those its scenario asked for."""
@@ -140,6 +161,11 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
     reason = str(status.get("reason", ""))
     if state == "done" and summary is None:
         state, reason = "failed", f"no {SUMMARY_FILE} in {run_dir}"
+    manifest = read_json_object(run_dir / MANIFEST_FILE)
+    if state == "not_run" and manifest.get("status") in ("failed", "interrupted"):
+        # a run that ended before it measured anything (an engine that did not start)
+        state = str(manifest["status"])
+        reason = str(manifest.get("error") or "")
     if state == "running":  # nothing said how it ended
         reason = reason or ("still running, or killed before it could say so (--resume runs it "
                             "again)")
@@ -148,7 +174,7 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
     return CellResult(
         name=name or run_dir.name, run_dir=run_dir, state=state, reason=reason,
         summary=summary if state == "done" else None,
-        manifest=read_json_object(run_dir / MANIFEST_FILE),
+        manifest=manifest,
         cell=read_json_object(run_dir / CELL_FILE),
     )
 
@@ -373,7 +399,8 @@ def approximations(c: CellResult) -> list[str]:
            for a in c.manifest.get("approximations") or []]
     listed = set(out)
     for m in c.manifest.get("mapping") or []:
-        if not isinstance(m, Mapping) or m.get("status", "applied") == "applied":
+        # an unset knob left at the engine's own default is neither (manifest knobs say it)
+        if not isinstance(m, Mapping) or m.get("status", "applied") in ("applied", "default"):
             continue
         status = str(m.get("status")).replace("_", " ")
         text = f"{m.get('knob')}={value_text(m.get('value'))} {status}"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 import sys
 from typing import Any
 
@@ -61,6 +63,8 @@ def main() -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--fail", help="exit at once with this message (a bad flag)")
+    p.add_argument("--crash-after-s", type=float,
+                   help="die (SIGKILL itself) this long after it starts serving")
     args, _unknown = p.parse_known_args()
     print(f"fake vllm argv: {sys.argv[1:]}", flush=True)
     if args.fail:
@@ -70,6 +74,9 @@ def main() -> int:
     async def serve() -> None:
         server = FakeVllm(max_num_seqs=args.max_num_seqs, host=args.host, port=args.port,
                           ttft_s=0.01, itl_s=0.01)
+        if args.crash_after_s is not None:
+            asyncio.get_running_loop().call_later(
+                args.crash_after_s, os.kill, os.getpid(), signal.SIGKILL)
         await serve_until_signal(server)
 
     asyncio.run(serve())

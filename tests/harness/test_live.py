@@ -15,7 +15,7 @@ import pytest
 from adapters import vllm
 from adapters.base import KnobError, Knobs
 from adapters.knobs import ReferenceKnobs
-from adapters.process import EngineStartError, ServerProcess, free_port
+from adapters.process import EngineExited, EngineStartError, ServerProcess, free_port
 from harness.cli import main
 from harness.live import run as live
 from harness.report import render_run_report
@@ -50,6 +50,30 @@ def fake_python(tmp_path: Path, *extra: str) -> str:
     script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@" {args}\n')
     script.chmod(0o755)
     return str(script)
+
+
+def test_an_engine_that_dies_mid_run_ends_the_replay_and_the_run_says_so(
+        tmp_path: Path) -> None:
+    """The launched server is killed 1 s into a 4 s trace: the replay stops sending (it used
+    to send the rest into a dead port and call the run finished), what was measured is on disk,
+    and the manifest, the summary and the report say how the run ended."""
+    out = tmp_path / "run"
+    with pytest.raises(EngineExited, match=r"the engine exited \(code -9\)") as raised:
+        run_live("vllm", Knobs(max_num_seqs=4), small_trace(80, gap_s=0.05),
+                 {"timeout_s": 30}, out, launch=True, model="tiny-model",
+                 executable=fake_python(tmp_path, "--crash-after-s", "1"),
+                 ready_timeout_s=60, telemetry_interval_s=0.05)
+    summary = json.loads((out / "summary.json").read_text())
+    assert raised.value.summary == summary
+    assert summary["stopped_early"].startswith("the engine exited (code -9)")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["engine"]["status"] == "failed"
+    assert manifest["num_not_sent"] > 20  # it stopped sending within about 0.1 s
+    rows = pq.read_table(out / "requests.parquet").to_pylist()
+    assert len(rows) == manifest["num_recorded"] == 80 - manifest["num_not_sent"]
+    assert sum(r["error_kind"] is None for r in rows) == summary["num_completed"] > 0
+    report = render_run_report(out).read_text()
+    assert "did not run to its end: the engine exited (code -9)" in report
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -192,7 +192,7 @@ def test_curves_report_content(fixture_curves: Path, tmp_path: Path) -> None:
         assert f"### `fcfs, max_num_seqs={cap}`" in curves
     capacity = text.split("## Capacity at SLO")[1].split("## Batch size")[0]
     # the searched setting comes from search.json, the others are interpolated
-    assert "| `fcfs, max_num_seqs=32` | 6.73 req/s |" in capacity
+    assert "| `fcfs, max_num_seqs=32` | 6.727 req/s |" in capacity
     assert "search (found): 6.727 passed, 7.025 failed (within 5%); 8 probes, 1 stopped early" \
         in capacity
     assert "| `fcfs, max_num_seqs=8` |" in capacity and "| baseline | interpolated |" in capacity

@@ -219,3 +219,29 @@ def test_summarize_refuses_tables_it_cannot_trust(
     assert cli_main(["summarize", str(ours)]) == 2
     assert "requests.parquet without chunks.parquet" in capsys.readouterr().err
     assert (ours / "summary.json").read_bytes() == good
+
+
+def test_a_report_says_how_a_run_that_did_not_finish_ended(tmp_path: Path) -> None:
+    """A report used to take any folder with a summary for a finished run, and one whose
+    engine never started for a cell 'not run (excluded by --only)'."""
+    from harness.report import load_run
+
+    never = tmp_path / "never"
+    never.mkdir()
+    (never / "manifest.json").write_text(json.dumps(
+        {"status": "failed", "error": "EngineStartError: the server exited (code 2)"}))
+    cell = load_run(never)
+    assert (cell.state, cell.reason) == ("failed", "EngineStartError: the server exited (code 2)")
+
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "summary.json").write_text(json.dumps({"num_requests": 11, "num_completed": 7}))
+    for status, said in (("interrupted", "interrupted (Ctrl-C or SIGTERM); 29 requests of the "
+                                         "trace were never sent"),
+                         ("running", "killed while it ran (its manifest still says running); "
+                                     "29 requests of the trace were never sent"),
+                         ("finished", None)):
+        (stopped / "manifest.json").write_text(json.dumps({"status": status,
+                                                           "num_not_sent": 29}))
+        cell = load_run(stopped)
+        assert cell.ok and cell.ended_early == said, status
