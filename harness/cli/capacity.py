@@ -183,8 +183,8 @@ def _settings(args: argparse.Namespace, spec: SearchSpec
         raise UserError("--trace is required without a scenario: a trace file, or 'synthetic'")
     if slo is None:
         raise UserError("--slo is required without a scenario, e.g. --slo ttft_s=0.5,tpot_s=0.05")
-    return ([_single_setting(args, spec, slo)], "capacity", Path(args.out or "reports/capacity"),
-            None)
+    setting = _single_setting(args, spec, slo)
+    return [setting], f"{setting.name}-capacity", Path(args.out or "reports/capacity"), None
 
 
 def _baseline_setting(scenario: Any, settings: list[Setting]) -> str | None:

@@ -73,7 +73,8 @@ def scenario_context(meta: Mapping[str, Any], cells: Sequence[CellResult], scena
     names.update({int(k): str(v) for k, v in (meta.get("class_names") or {}).items()})
     command = meta.get("command")
     return ReportContext(
-        title=f"Scenario {meta.get('name') or scenario_dir.name}",
+        title=(f"Capacity at SLO: {meta.get('name') or scenario_dir.name}"
+               if meta.get("capacity") else f"Scenario {meta.get('name') or scenario_dir.name}"),
         question=meta.get("question"),
         baseline=baseline or meta.get("baseline"),
         priority_names=names,

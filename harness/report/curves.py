@@ -218,8 +218,8 @@ def _read_search(path: Path) -> SearchRecord | None:
         return SearchRecord(
             path=path, key=setting_key(engine.get("name") or d.get("setting"), d.get("grid")),
             kind=str(d.get("kind")), unit=str(d.get("unit") or ""), status=str(d.get("status")),
-            capacity=d.get("capacity"), passing=bracket.get("passing"),
-            failing=bracket.get("failing"),
+            capacity=d.get("capacity"), passing=_bracket(bracket, probes, "passing"),
+            failing=_bracket(bracket, probes, "failing"),
             target=float(d.get("target_attainment") or DEFAULT_TARGET),
             precision_text=str(d.get("precision_text") or ""), num_probes=len(probes),
             num_stopped=sum(1 for p in probes if p.get("stopped")),
@@ -234,6 +234,18 @@ def _read_search(path: Path) -> SearchRecord | None:
                              if p.get("run_dir")))
     except (OSError, ValueError, TypeError, AttributeError):
         return None
+
+
+def _bracket(bracket: Mapping[str, Any], probes: Sequence[Mapping[str, Any]],
+             side: str) -> float | None:
+    """The search's bracket; for one that did not end (interrupted), what its probes show so
+    far: the highest load that passed and the lowest that failed."""
+    if bracket.get(side) is not None or not probes:
+        return bracket.get(side)
+    passed = side == "passing"
+    loads = [float(p["load"]) for p in probes
+             if p.get("load") is not None and bool(p.get("passed")) == passed]
+    return (max(loads) if passed else min(loads)) if loads else None
 
 
 @dataclass(frozen=True)
@@ -284,15 +296,24 @@ def capacity_rows(series: Sequence[Series], searches: Sequence[SearchRecord],
 
 
 def _search_row(r: SearchRecord) -> CapacityRow:
-    # a search cut short by --max-probes knows only that the capacity is at least its pass
-    bound = {"at_least_max": "≥", "below_min": "<", "max_probes": "≥"}.get(r.status, "=")
+    # a search cut short (--max-probes, Ctrl-C) knows only that the capacity is at least its
+    # highest pass
+    bound = {"at_least_max": "≥", "below_min": "<", "max_probes": "≥", "interrupted": "≥",
+             "running": "≥"}.get(r.status, "=")
     value = r.capacity if bound != "<" else r.failing
+    if value is None and bound == "≥":
+        value = r.passing
     passing = "–" if r.passing is None else f"{r.passing:g}"
     failing = "–" if r.failing is None else f"{r.failing:g}"
     stopped = f", {r.num_stopped} stopped early" if r.num_stopped else ""
     behind = f", {r.num_behind} fell behind the arrivals" if r.num_behind else ""
-    precision = (f"not {r.precision_text}: stopped by --max-probes" if r.status == "max_probes"
-                 else r.precision_text)
+    precision = {
+        "max_probes": f"not {r.precision_text}: stopped by --max-probes",
+        "interrupted": f"not {r.precision_text}: interrupted, `--resume` goes on",
+        "running": f"not {r.precision_text}: still running, or killed",
+        "below_min": f"every load tried failed, down to the lowest ({failing})",
+        "at_least_max": f"no load tried failed, up to the highest ({passing})",
+    }.get(r.status, r.precision_text)
     evidence = (f"search ({r.status}): {passing} passed, {failing} failed ({precision}); "
                 f"{r.num_probes} probes{stopped}{behind}")
     if r.behind:

@@ -101,9 +101,19 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         out.append(f"{len(not_run)} cell{'s' if len(not_run) > 1 else ''} not run "
                    f"(excluded by --only or not yet run): {', '.join(map(code, not_run))}.")
     for c in ok:
-        failed = get(c.summary, "num_failed") or 0
+        failures = dict(get(c.summary, "failures") or {})
+        stopped = get(c.summary, "stopped_early")
+        if stopped:  # requests in flight when the run was stopped were cut off, not failed
+            cut = failures.pop("not_finished", 0)
+            not_sent = int(get(c.summary, "num_not_sent") or c.manifest.get("num_not_sent")
+                           or 0)
+            if c.ended_early is None:
+                out.append(f"{code(c.name)} was stopped early ({short(str(stopped))}): "
+                           f"{cut:,} request{'s' if cut != 1 else ''} in flight cut off, "
+                           f"{not_sent:,} never sent.")
+        failed = sum(failures.values())
         if failed:
-            kinds = ", ".join(f"{k} {v:,}" for k, v in (get(c.summary, "failures") or {}).items())
+            kinds = ", ".join(f"{k} {v:,}" for k, v in failures.items())
             out.append(f"{code(c.name)} failed {failed:,} of "
                        f"{get(c.summary, 'num_requests') or 0:,} requests ({kinds}).")
         if client_limited(c):

@@ -87,6 +87,15 @@ def test_an_over_saturated_probe_stops_early_and_fails(tmp_path: Path) -> None:
     assert summary["num_not_sent"] > 0  # it stopped well before the trace ran out
     manifest = json.loads((tmp_path / "rate-200" / "manifest.json").read_text())
     assert manifest["status"] == "stopped"
+    # the requests the stop cut off are not reported as the engine's failures
+    from harness.report import render_run_report
+
+    report = render_run_report(tmp_path / "rate-200").read_text()
+    cut = summary["failures"]["not_finished"]
+    assert ("was stopped early (over-saturated: " in report
+            and f"{cut:,} requests in flight cut off, {summary['num_not_sent']:,} never sent."
+            in report)
+    assert "not_finished" not in report.split("## Key findings")[1].split("##")[0]
     # Without the check the same probe runs to the end (and fails all the same).
     plan_full = setting(trace_options={**TRACE, "num_requests": 600}, early_stop=False).plan
     full = run_probe(plan_full, 200.0, tmp_path / "full")
@@ -280,3 +289,12 @@ def test_an_interrupted_capacity_run_keeps_its_probes_listed_and_reportable(
     assert cli_main(["report", str(out)]) == 0
     report = (out / "report.md").read_text()
     assert "| `reference/rate-4` |" in report and "| `reference/rate-8` |" in report
+    # what the two probes showed, as a lower bound: the report says it is not the answer
+    search = json.loads((out / "reference" / SEARCH_FILE).read_text())
+    passed = [p["load"] for p in search["probes"] if p["passed"]]
+    row_text = next(line for line in report.split("## Capacity at SLO")[1].splitlines()
+                    if line.startswith("| `reference` |"))
+    if passed:
+        assert f"| ≥ {max(passed):.4g} req/s |" in row_text
+    assert "interrupted, `--resume` goes on" in row_text
+    assert report.startswith("# Capacity at SLO: reference-capacity")
