@@ -330,6 +330,13 @@ def print_failures(summary: dict[str, Any], run_dir: str | None = None) -> None:
 def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> None:
     print_headline(summary)
     print_failures(summary, run_dir)
+    completed = summary.get("num_completed") or 0
+    reached = (summary.get("output_length_fidelity") or {}).get("num_reached_target")
+    if completed and reached is not None and reached < completed:
+        none = " (none returned a single token)" if not summary.get("num_output_tokens") else ""
+        print(f"warning: {completed - reached} of {completed} completed requests returned fewer "
+              f"output tokens than the trace asks{none}: the server stopped them early, so "
+              "tokens/s and TPOT do not compare token for token", file=sys.stderr)
     lag = summary.get("send_lag_s") or {}
     if summary.get("client_limited"):
         print(f"warning: client-limited run: send-lag p99 {fmt_s(lag.get('p99'))} exceeds "

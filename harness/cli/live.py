@@ -92,6 +92,10 @@ def add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "callback (default; several times the capacity); httpx: the httpx library")
     g.add_argument("--prompt-salt", default="none", metavar="auto|TEXT|none",
                    help=PROMPT_SALT_HELP)
+    g.add_argument("--max-failed", type=_fraction, default=None, metavar="F",
+                   help="exit with status 1 when more than this fraction of the requests sent "
+                   "failed, e.g. 0.01 for a nightly job (default: only when none succeeded); "
+                   "the results are kept either way")
     g.add_argument("--out", default="reports/replay", help="run folder (reports/replay)")
     g.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     g.add_argument("--workers", type=int, default=1, metavar="N",
@@ -163,7 +167,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             update_manifest(out, {"engine": server})
     print_live_headline(summary, str(out))
     print(f"results: {out}/")
-    return no_request_served(summary, config.target_url)
+    return no_request_served(summary, config.target_url, args.max_failed)
 
 
 def _who_answers(url: str) -> dict[str, Any] | None:
@@ -184,16 +188,34 @@ def _who_answers(url: str) -> dict[str, Any] | None:
             "base_url": url, "version": probe.get("version"), "version_probe": probe}
 
 
-def no_request_served(summary: dict[str, Any], url: str | None) -> int:
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
+    return value
+
+
+def no_request_served(summary: dict[str, Any], url: str | None,
+                      max_failed: float | None = None) -> int:
     """EXIT_FAILURE, said on stderr, when the run sent requests and none succeeded (nothing
-    listening, a wrong URL or model name): its files are kept, but a script or CI job must not
-    take it for a measurement."""
-    if summary.get("num_requests") and not summary.get("num_completed"):
-        failures = summary.get("failures") or {}
+    listening, a wrong URL or model name), or more than ``max_failed`` of them failed
+    (``--max-failed``): its files are kept, but a script or CI job must not take it for a
+    measurement."""
+    sent = summary.get("num_requests") or 0
+    failures = summary.get("failures") or {}
+    if sent and not summary.get("num_completed"):
         why = (f"is the server at {url} up?" if set(failures) == {"connect_error"}
                else "the first error above says why")
-        print(f"error: none of the {summary['num_requests']} requests succeeded "
+        print(f"error: none of the {sent} requests succeeded "
               f"(failures: {failures}); {why}", file=sys.stderr)
+        return EXIT_FAILURE
+    failed = summary.get("num_failed") or 0
+    if max_failed is not None and sent and failed / sent > max_failed:
+        print(f"error: {failed} of {sent} requests failed ({failed / sent:.1%}), more than "
+              f"--max-failed {max_failed:g} (failures: {failures})", file=sys.stderr)
         return EXIT_FAILURE
     return 0
 
@@ -407,7 +429,7 @@ def cmd_replay_engine(args: argparse.Namespace) -> int:
         bar.close()
     print_live_headline(summary, args.out)
     print(f"results: {args.out}/ (manifest.json: engine version, argv, knob mapping)")
-    return no_request_served(summary, url or "the launched engine")
+    return no_request_served(summary, url or "the launched engine", args.max_failed)
 
 
 def add_engines(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
