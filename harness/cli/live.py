@@ -263,8 +263,26 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         raise UserError(str(exc)) from None
     print_live_headline(summary, args.run_dir)
+    _say_if_unfinished(Path(args.run_dir), summary)
     print(f"summary: {Path(args.run_dir) / 'summary.json'}")
     return 0
+
+
+def _say_if_unfinished(run_dir: Path, summary: dict[str, Any]) -> None:
+    """A run whose manifest never said how it ended (killed outright, or still running) is
+    summarized from what it recorded: say so, and how much of its trace that is."""
+    from harness.manifest import read_manifest
+
+    manifest = read_manifest(run_dir)
+    if manifest.get("status") not in ("running", "starting"):
+        return
+    trace = manifest.get("trace") or {}
+    total = trace.get("num_requests") if isinstance(trace, dict) else None
+    of = f" of the trace's {total}" if isinstance(total, int) else ""
+    print(f"warning: {run_dir}'s manifest still says {manifest['status']!r}: unless a batchlab "
+          "process is still writing it, the run was killed outright (SIGKILL, a power cut). "
+          f"These figures cover the {summary.get('num_requests', 0)} requests{of} it recorded; "
+          "requests in flight when it stopped are lost", file=sys.stderr)
 
 
 # ---------------------------------------------------------------- engines

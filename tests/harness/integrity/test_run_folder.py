@@ -245,3 +245,22 @@ def test_a_report_says_how_a_run_that_did_not_finish_ended(tmp_path: Path) -> No
                                                            "num_not_sent": 29}))
         cell = load_run(stopped)
         assert cell.ok and cell.ended_early == said, status
+
+
+def test_summarize_says_when_the_run_never_said_how_it_ended(
+        tmp_path: Path, loopback: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """batchlab itself killed outright: the manifest stays 'running', and summarize used to
+    print a plain headline as if the run had finished."""
+    out = tmp_path / "run"
+    assert cli_main(["replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
+                     "4", "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "4",
+                     "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
+    capsys.readouterr()
+    assert cli_main(["summarize", str(out)]) == 0
+    assert ("manifest still says 'running': unless a batchlab process is still writing it, the "
+            "run was killed outright") in capsys.readouterr().err
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert cli_main(["summarize", str(out)]) == 0
+    assert "killed outright" not in capsys.readouterr().err
