@@ -7,6 +7,9 @@ knob spells it the same way, and an unset knob stays unset (the engine's own def
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -235,9 +238,21 @@ def load_trace(args: argparse.Namespace) -> Trace:
     if not args.trace and args.format != "synthetic":
         raise UserError("--trace is required: a trace file, or 'synthetic'")
     options = trace_options(args)
+    closed = getattr(args, "mode", None) == "closed"
+    if closed:
+        timing = [flag for flag, value in (("--rate", args.rate), ("--time-scale", args.time_scale))
+                  if value is not None]
+        if timing:
+            print(f"note: {', '.join(timing)}: no effect with --mode closed (each user sends "
+                  "its next request when its last one ends; arrival times are not used)",
+                  file=sys.stderr)
     try:
         return load_trace(args.trace, options)
     except TraceError as exc:
+        if closed and options.rate is None:
+            # a trace without timestamps needs no rate for a closed loop: any will do
+            with contextlib.suppress(TraceError):
+                return load_trace(args.trace, dataclasses.replace(options, rate=math.inf))
         raise UserError(str(exc)) from None
 
 

@@ -49,7 +49,7 @@ def add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "  batchlab replay --target http://127.0.0.1:8000 --protocol openai --model m \\\n"
         "      --trace harness/data/azure_conv_excerpt.csv --time-scale 0.5 --out reports/live\n"
         "  batchlab replay --target http://127.0.0.1:8080 --protocol tgi --trace synthetic \\\n"
-        "      --num-requests 200 --rate 4 --prompt-tokens 512 --output-tokens 128 \\\n"
+        "      --num-requests 200 --prompt-tokens 512 --output-tokens 128 \\\n"
         "      --mode closed --concurrency 16 --slo ttft_s=0.5,tpot_s=0.05",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

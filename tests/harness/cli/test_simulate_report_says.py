@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from harness.cli import main
 
 EXCERPT = Path(__file__).resolve().parents[3] / "harness" / "data" / "azure_conv_excerpt.csv"
@@ -84,3 +86,23 @@ def test_a_plot_that_leaves_a_cell_out_says_why(tmp_path: Path) -> None:
     plots = (out / "report.md").read_text().split("## Plots", 1)[1]
     assert "`cut` is left out of `latency_cdf.png`: its `requests.parquet` is unreadable" \
         in plots
+
+
+def test_a_closed_loop_needs_no_rate_and_says_it_ignores_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Users send as requests finish: --rate used to be demanded of a trace without
+    timestamps, and silently ignored on one with them."""
+    cap = capsys
+    repo = Path(__file__).resolve().parents[3]
+    closed = ["--mode", "closed", "--concurrency", "4", "--no-report"]
+    assert main(["simulate", "--trace", str(repo / "harness/data/sharegpt_lengths_excerpt.csv"),
+                 "--limit", "12", *closed, "--out", str(tmp_path / "lengths")]) == 0
+    assert main(["simulate", "--trace", "synthetic", "--num-requests", "12", "--prompt-tokens",
+                 "64", "--output-tokens", "8", *closed, "--out", str(tmp_path / "syn")]) == 0
+    assert "note:" not in cap.readouterr().err
+    assert main(["simulate", "--trace", str(repo / "harness/data/azure_conv_excerpt.csv"),
+                 "--limit", "12", "--rate", "5", *closed, "--out", str(tmp_path / "rate")]) == 0
+    assert ("note: --rate: no effect with --mode closed (each user sends its next request when "
+            "its last one ends; arrival times are not used)") in cap.readouterr().err
+    summary = json.loads((tmp_path / "syn" / "summary.json").read_text())
+    assert summary["num_completed"] == 12
