@@ -42,7 +42,29 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> Any:
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {_without_values(message)}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {_without_values(message)}"
+                  f"{self._did_you_mean(message)}\n")
+
+    def _did_you_mean(self, message: str) -> str:
+        """For an unrecognized option, the closest ones this parser and its commands know
+        (abbreviations are refused, so a near miss is a likely typo)."""
+        import difflib
+
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = set(self._option_string_actions)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    known.update(sub._option_string_actions)
+        hints = []
+        for arg in message.split(":", 1)[1].split():
+            name = arg.split("=", 1)[0]
+            if name.startswith("--"):
+                close = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.8)
+                if close:
+                    hints.append(f"{name}: did you mean {' or '.join(close)}?")
+        return "".join(f"\n{h}" for h in hints)
 
 
 def _without_values(message: str) -> str:
@@ -91,14 +113,15 @@ def add_knob_flags(p: argparse.ArgumentParser, *, reference: bool = False,
     """The uniform knobs as flags (and the reference-only section with ``reference``);
     ``only`` limits them to the knobs a command uses."""
     existing = set(p._option_string_actions)
-    g = p.add_argument_group(
-        "uniform knobs", "the same flags for every engine; unset knobs keep the engine's own "
-        "defaults (docs/engines.md)")
-    for spec in UNIFORM:
-        if (spec.kind == "args" and not launch_args) or (only is not None
-                                                         and spec.name not in only):
-            continue
-        _add_knob(g, spec, existing)
+    wanted = [spec for spec in UNIFORM
+              if not (spec.kind == "args" and not launch_args)
+              and (only is None or spec.name in only)]
+    if any(spec.flag not in existing for spec in wanted):  # no empty second section
+        g = p.add_argument_group(
+            "uniform knobs", "the same flags for every engine; unset knobs keep the engine's "
+            "own defaults (docs/engines.md)")
+        for spec in wanted:
+            _add_knob(g, spec, existing)
     if reference:
         r = p.add_argument_group("reference engine", "settings only the reference engine has")
         for spec in REFERENCE:

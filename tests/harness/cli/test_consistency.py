@@ -71,6 +71,17 @@ def test_abbreviations_fail(argv: list[str], capsys: pytest.CaptureFixture[str])
     assert "unrecognized arguments" in capsys.readouterr().err
 
 
+def test_a_near_miss_is_refused_with_the_flag_it_may_mean(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["capacity", "--trace", "synthetic", "--max-num-seq", "8"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --max-num-seq\n--max-num-seq: did you mean --max-num-seqs?" \
+        in err
+    assert "8" not in err.split("error:")[1]  # values are never echoed
+
+
 def test_gpu_is_never_read_as_gpu_memory_utilization() -> None:
     parser, _ = build_parser()
     args = parser.parse_args(["calibrate", "--engine", "vllm", "--url", "http://x",
