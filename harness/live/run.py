@@ -195,7 +195,9 @@ def run_live(
     except BaseException as exc:
         interrupted = isinstance(exc, KeyboardInterrupt | SystemExit | asyncio.CancelledError)
         engine["status"] = "interrupted" if interrupted else "failed"
-        engine["error"] = scrub_text(f"{type(exc).__name__}: {exc}", secrets)
+        said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        engine["error"] = scrub_text("interrupted (Ctrl-C or SIGTERM)" if interrupted and not
+                                     str(exc) else said, secrets)
         if isinstance(exc, EngineStartError) and secrets:  # it quotes argv and the log tail
             raise EngineStartError(scrub_text(str(exc), secrets)) from None
         raise

@@ -39,7 +39,7 @@ from typing import Any
 from harness.live.config import ReplayConfig
 from harness.live.recorder import RECORDS_FILE, read_records
 from harness.live.rundir import consolidate
-from harness.manifest import run_fields, trace_manifest, update_manifest
+from harness.manifest import read_manifest, run_fields, trace_manifest, update_manifest
 from harness.metrics import distribution
 from harness.results import SUMMARY_FILE, write_json_atomic
 from harness.runfolder import RunIdentity, claim_run_dir
@@ -190,6 +190,7 @@ def replay_workers(
         summary = _merge(out_dir, trace, config, dirs, run_id, reports)
         update_manifest(out_dir, {
             "status": status, "t0_perf_counter_ns": t0_ns, "errors": errors,
+            "num_sent": sum(int(read_manifest(d).get("num_sent") or 0) for d in dirs),
             "num_recorded": summary["num_requests"],
             "num_not_sent": len(trace.requests) - summary["num_requests"],
             "client_limited": summary.get("client_limited"),

@@ -92,6 +92,7 @@ def test_two_workers_send_every_request_once_on_one_clock(
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["status"] == "finished" and manifest["workers"]["num_workers"] == 2
     assert manifest["num_not_sent"] == 0 and manifest["t0_perf_counter_ns"] > 0
+    assert manifest["num_sent"] == 120  # the workers' sends, summed
     for w in range(2):
         folder = tmp_path / "workers" / f"w{w}"
         assert (folder / "requests.parquet").exists()
