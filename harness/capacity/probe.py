@@ -33,15 +33,11 @@ from harness.traces import Trace, TraceOptions, load_trace
 PROBE_FILE = "probe.json"
 # A rate probe passes only if the engine kept pace with the arrivals. In a steady state
 # requests finish as fast as they arrive, one E2E later; an engine that falls behind builds a
-# backlog that a longer trace would turn into missed SLOs. The check: over the second half of
-# the arrival window (first to last arrival), the engine completed at least PACE of the
-# requests that arrived one median E2E earlier (the first half fills the engine), or fell
-# short of them by no more than two standard deviations of a Poisson count. A trace
-# whose arrival window is shorter than SHORTEST_E2ES times its E2E p90 (its requests served as
-# one burst, or too few of them to tell a backlog from chance) shows no steady state at all.
-# Either fails the probe, however many requests met the SLO.
-PACE = KEPT_PACE
-SHORTEST_E2ES = SHORTEST_STEADY_E2ES
+# backlog that a longer trace would turn into missed SLOs. The check (``pace_of``; the rule and
+# its constants are defined with the metrics, harness.metrics.KEPT_PACE): over the second half
+# of the arrival window, the engine completed what arrived one median E2E earlier, short of it
+# by no more than chance explains; and the arrivals lasted long enough to show a steady state
+# at all. Either failing fails the probe, however many requests met the SLO.
 
 
 @dataclass(frozen=True)
@@ -132,7 +128,7 @@ def _span_s(trace: Trace, kind: LoadKind, load: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Pace:
-    """Whether a rate probe's engine kept pace with its arrivals (``PACE``)."""
+    """Whether a rate probe's engine kept pace with its arrivals (``KEPT_PACE``)."""
 
     arrived_per_s: float  # over the second half of the arrivals, one median E2E earlier
     completed_per_s: float  # over the second half of the arrivals
@@ -165,13 +161,13 @@ def pace_of(run_dir: Path) -> Pace | None:
     num_completed = int(np.count_nonzero(ok & (finished > mid) & (finished <= end)))
     arrived, completed = num_arrived / half, num_completed / half
     long_e2e = float(np.percentile(e2e[ok], 90))
-    if end - start < SHORTEST_E2ES * long_e2e:
+    if end - start < SHORTEST_STEADY_E2ES * long_e2e:
         return Pace(arrived, completed, False,
                     f"too short to show a steady state: its arrivals last {end - start:.3g} s, "
-                    f"under {SHORTEST_E2ES} times its E2E p90 ({long_e2e:.3g} s)")
+                    f"under {SHORTEST_STEADY_E2ES} times its E2E p90 ({long_e2e:.3g} s)")
     # counts of a few dozen requests differ by chance: a shortfall within two standard
     # deviations of a Poisson count (2 sqrt(n)) is not taken for falling behind
-    allowed = max((1 - PACE) * num_arrived, 2 * math.sqrt(num_arrived))
+    allowed = max((1 - KEPT_PACE) * num_arrived, 2 * math.sqrt(num_arrived))
     if num_completed < num_arrived - allowed:
         return Pace(arrived, completed, False,
                     f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} arriving")
