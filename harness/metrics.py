@@ -34,11 +34,13 @@ LATENCY_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 EXTRA_LATENCY_METRICS = ("tpot_guidellm_s", "itl_chunk_s", "itl_guidellm_s", "send_lag_s")
 DEFAULT_CLIENT_LAG_THRESHOLD_S = 0.010
 # A capacity probe at a request rate "kept pace" when, over the second half of its arrival
-# window, it completed at least this fraction of the requests that arrived one median E2E
-# earlier, or fell short by at most two standard deviations of a Poisson count; and its
-# arrivals lasted at least SHORTEST_STEADY_E2ES times its E2E p90 (docs/metrics.md, "Capacity
-# probes"; checked by harness.capacity.probe.pace_of).
-KEPT_PACE = 0.9
+# window, the requests it completed fell short of those that arrived one median E2E earlier by
+# no more than PACE_TOLERANCE of them, or than PACE_SIGMAS standard deviations of a Poisson
+# count (sqrt(n)); and it showed a steady state when its arrivals lasted at
+# least SHORTEST_STEADY_E2ES times its E2E p90 (docs/metrics.md, "Capacity probes"; checked
+# by harness.capacity.probe.pace_of).
+PACE_TOLERANCE = 0.05
+PACE_SIGMAS = 2.0
 SHORTEST_STEADY_E2ES = 4
 
 

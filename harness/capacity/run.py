@@ -13,6 +13,7 @@ engine, knobs, trace, SLO and target) and runs only the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -94,19 +95,23 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
     requests send nothing more."""
     spec.validate()
     plan = setting.plan
+    load_cap = None
     if spec.kind == "concurrency":
         num_requests = len(plan.trace_at(spec.kind, spec.start).requests)
         if 1 <= num_requests < spec.highest:
             spec = replace(spec, max_load=float(num_requests),
                            start=min(spec.start, float(num_requests)))
+            load_cap = f"one user per request of the trace ({num_requests})"
     out_dir.mkdir(parents=True, exist_ok=True)
     known = known_probes(out_dir, plan.digest) if resume else {}
     done: list[ProbeOutcome] = []
 
     def write(status: str, result: SearchResult | None = None, error: str | None = None) -> None:
         probes = result.probes if result is not None else tuple(done)
-        write_json_atomic(redact_tree(_search_record(setting, spec, status, probes, result,
-                                                     error)), out_dir / SEARCH_FILE)
+        record = _search_record(setting, spec, status, probes, result, error)
+        if load_cap is not None:
+            record["load_cap"] = load_cap
+        write_json_atomic(redact_tree(record), out_dir / SEARCH_FILE)
 
     def probe(load: float) -> ProbeOutcome:
         if log is not None:
@@ -134,7 +139,21 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
     except Exception as exc:
         write("failed", error=f"{type(exc).__name__}: {exc}")
         raise
+    result = _trace_bound(result, plan.target)
     write(result.status, result)
+    return result
+
+
+def _trace_bound(result: SearchResult, target: float) -> SearchResult:
+    """A search whose lowest failing load met the SLO and failed only because the trace was
+    too short to show a steady state there found what the trace can show, not the engine's
+    capacity: status ``trace_too_short`` (a lower bound)."""
+    if result.status != "found" or result.failing is None:
+        return result
+    failing = next((p for p in result.probes if p.load == result.failing), None)
+    if (failing is not None and failing.attainment is not None and failing.attainment >= target
+            and not failing.stopped and (failing.behind or "").startswith("too short")):
+        return dataclasses.replace(result, status="trace_too_short")
     return result
 
 
@@ -159,11 +178,27 @@ def _search_record(setting: Setting, spec: SearchSpec, status: str,
         "status": status,
         "error": error,
         "capacity": result.capacity if result is not None else None,
-        "bracket": {"passing": result.passing if result is not None else None,
-                    "failing": result.failing if result is not None else None},
+        "bracket": ({"passing": result.passing, "failing": result.failing}
+                    if result is not None else _bracket_so_far(probes)),
         "probes": [{**p.as_dict(), "label": probe_label(spec.kind, p.load)} for p in probes],
         "command": redact_argv(plan.command) if plan.command else None,
     }
+
+
+def check_resumable(settings: Sequence[Setting], out_dir: Path) -> None:
+    """Raises ValueError (``known_probes``) when a search in ``out_dir`` was made with other
+    settings: checked before anything is written, so a refused --resume changes nothing."""
+    for setting in settings:
+        known_probes(out_dir / setting.name, setting.plan.digest)
+
+
+def _bracket_so_far(probes: Sequence[ProbeOutcome]) -> dict[str, float | None]:
+    """An unfinished search's bracket: the highest load that passed (the capacity is at least
+    that) and the lowest above it that failed."""
+    passing = max((p.load for p in probes if p.passed), default=None)
+    failing = min((p.load for p in probes if not p.passed
+                   and (passing is None or p.load > passing)), default=None)
+    return {"passing": passing, "failing": failing}
 
 
 def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *,
@@ -174,9 +209,8 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
     the sweep metadata and the report. A setting whose probe cannot run (an engine that does
     not start) is recorded as failed and the others go on."""
     spec.validate()
-    if resume:  # a search made with other settings is refused before anything is rewritten
-        for setting in settings:
-            known_probes(out_dir / setting.name, setting.plan.digest)
+    if resume:
+        check_resumable(settings, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[SettingResult] = []
     for setting in settings:
@@ -215,7 +249,8 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
                        num_probes=len(r.result.probes))
             probes: tuple[ProbeOutcome, ...] = r.result.probes
         elif r.interrupted is not None:
-            row.update(status="interrupted", num_probes=len(r.interrupted))
+            row.update(status="interrupted", num_probes=len(r.interrupted),
+                       bracket=_bracket_so_far(r.interrupted))
             probes = r.interrupted
         else:
             row["status"] = "failed"

@@ -13,7 +13,7 @@ from typing import Any
 from harness.capacity.probe import ProbePlan, trace_file_at
 from harness.capacity.run import Setting, digest_of
 from harness.capacity.search import LoadKind
-from harness.metrics import KEPT_PACE, SHORTEST_STEADY_E2ES, Slo
+from harness.metrics import PACE_SIGMAS, PACE_TOLERANCE, SHORTEST_STEADY_E2ES, Slo
 from harness.scenario import Scenario, ScenarioError, select
 from harness.scenario.cell import target_spec
 from harness.scenario.expand import load_cell_trace
@@ -62,7 +62,8 @@ def scenario_settings(scenario: Scenario, *, kind: LoadKind, target: float, slo:
 def _rules(early_stop: bool) -> dict[str, Any]:
     """What else decides whether a probe passes: a resumed search reuses only probes judged
     by the same rules."""
-    return {"early_stop": early_stop, "pace": KEPT_PACE, "steady_e2es": SHORTEST_STEADY_E2ES}
+    return {"early_stop": early_stop, "pace_sigmas": PACE_SIGMAS, "pace_tolerance": PACE_TOLERANCE,
+            "steady_e2es": SHORTEST_STEADY_E2ES}
 
 
 def _scenario_trace(scenario: Scenario) -> Any:

@@ -93,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = args_list[0] if args_list and args_list[0] in _NAMES else None
     parser, commands = build_parser(chosen)
     args = parser.parse_args(args_list)
+    args.argv = args_list  # what was typed: a command may need to know which flags were given
     if not args.command:
         parser.print_help()
         return EXIT_USAGE

@@ -35,7 +35,9 @@ def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "sent) stays at or above --target. The search brackets the answer (doubling or halving "
         "the load), then bisects to --precision. Every probe is a recorded run folder; a probe "
         "stops early once the engine is clearly over-saturated (its waiting queue, or the "
-        "client's send lag, grows at every check) and counts as failing. OUT/<setting>/"
+        "client's send lag, grows at every check) and counts as failing; a rate probe also "
+        "fails when the engine fell behind its arrivals, or when the trace is too short to "
+        "show a steady state at that rate (docs/metrics.md, 'Capacity probes'). OUT/<setting>/"
         "search.json lists the probes, bracket, result and precision; OUT/report.md draws the "
         "throughput-latency curves and the capacity table. With a scenario file its engines × "
         "grid are searched (its load points are replaced by the search); without one, the "
@@ -106,6 +108,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             setting.plan.trace_at(spec.kind, spec.start)
         except ValueError as exc:
             raise UserError(str(exc)) from None
+    if args.resume:
+        from harness.capacity.run import check_resumable
+
+        try:
+            check_resumable(settings, out)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     print(f"capacity search ({spec.kind}, SLO attainment >= {args.target:.1%}, "
           f"{spec.precision_text()}): {len(settings)} setting(s) into {out}/", flush=True)
     try:
@@ -113,6 +122,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                                baseline=baseline, command=command_line(), log=_log)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    except KeyboardInterrupt:  # what to do next, said by the command line's interrupt line
+        raise KeyboardInterrupt(f"the finished probes are listed in {out / 'capacity.json'}; "
+                                f"`batchlab report {out}` renders them, and the same command "
+                                "with --resume goes on") from None
     _print_table(results, spec)
     _print_predicted(results)
     print(f"report: {out / 'report.md'}")
@@ -209,9 +222,13 @@ def _refuse_setting_options(args: argparse.Namespace) -> None:
     """Options that a scenario file overrides would be ignored: refused instead, by name."""
     from harness.cli import build_parser
 
-    defaults = vars(build_parser("capacity")[0].parse_args(["capacity"]))
-    given = [name for name, value in vars(args).items()
-             if name not in _SCENARIO_FORM and name in defaults and value != defaults[name]]
+    parser, _ = build_parser("capacity")
+    for action in parser._actions:  # parse again with no defaults: only what was typed is set
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_action in action.choices["capacity"]._actions:
+                sub_action.default = argparse.SUPPRESS
+    typed = vars(parser.parse_args(getattr(args, "argv", None) or ["capacity"]))
+    given = [name for name in typed if name not in _SCENARIO_FORM]
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in sorted(given))
         raise UserError(f"{flags}: not with a scenario file, whose engines, knobs, model, GPU "
@@ -262,7 +279,10 @@ def _print_table(results: list[SettingResult], spec: SearchSpec) -> None:
             print(f"{r.setting.name:<{width}}  {'–':>10}  {'':<25} {'':>6}  failed: {r.error}")
             continue
         res = r.result
-        cap = "–" if res.capacity is None else f"{res.capacity:g}"
+        bound = {"at_least_max": "≥ ", "max_probes": "≥ ", "trace_too_short": "≥ ",
+                 "below_min": "< "}.get(res.status, "")
+        value = res.failing if res.status == "below_min" else res.capacity
+        cap = "–" if value is None else f"{bound}{value:g}"
         bracket = (f"{'–' if res.passing is None else f'{res.passing:g}'} .. "
                    f"{'–' if res.failing is None else f'{res.failing:g}'} {unit}")
         print(f"{r.setting.name:<{width}}  {cap:>10}  {bracket:<25} {len(res.probes):>6}  "

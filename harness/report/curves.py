@@ -148,8 +148,10 @@ class SearchRecord:
     precision_text: str
     num_probes: int
     num_stopped: int
-    num_behind: int = 0  # rate probes that met the SLO but not the pace (fell behind, too short)
+    num_behind: int = 0  # rate probes that met the SLO and failed only as falling behind
+    num_short: int = 0  # ... or only as too short a trace to show a steady state
     behind: str | None = None  # why the bracket's failing probe failed, when it met the SLO
+    load_cap: str | None = None  # why the highest load tried was that (search.json)
     probe_labels: Mapping[float, str] = field(default_factory=dict)  # load -> probe folder
     slo: Mapping[str, float] = field(default_factory=dict)
     probe_dirs: tuple[Path, ...] = ()
@@ -223,7 +225,9 @@ def _read_search(path: Path) -> SearchRecord | None:
             target=float(d.get("target_attainment") or DEFAULT_TARGET),
             precision_text=str(d.get("precision_text") or ""), num_probes=len(probes),
             num_stopped=sum(1 for p in probes if p.get("stopped")),
-            num_behind=sum(1 for p in probes if p.get("kept_pace") is False),
+            num_behind=sum(1 for p in probes if _only_pace(p, d, "fell behind")),
+            num_short=sum(1 for p in probes if _only_pace(p, d, "too short")),
+            load_cap=str(d["load_cap"]) if d.get("load_cap") else None,
             behind=next((str(p["behind"]) for p in probes
                          if p.get("load") == bracket.get("failing") and p.get("behind")
                          and not p.get("stopped")), None),
@@ -234,6 +238,14 @@ def _read_search(path: Path) -> SearchRecord | None:
                              if p.get("run_dir")))
     except (OSError, ValueError, TypeError, AttributeError):
         return None
+
+
+def _only_pace(probe: Mapping[str, Any], search: Mapping[str, Any], why: str) -> bool:
+    """The probe met the SLO, was not stopped, and failed only the pace check, for ``why``."""
+    attainment = probe.get("attainment")
+    target = float(search.get("target_attainment") or DEFAULT_TARGET)
+    return (attainment is not None and attainment >= target and not probe.get("stopped")
+            and str(probe.get("behind") or "").startswith(why))
 
 
 def _bracket(bracket: Mapping[str, Any], probes: Sequence[Mapping[str, Any]],
@@ -259,6 +271,7 @@ class CapacityRow:
     source: str  # "search" or "interpolated"
     evidence: str  # probes or load points the number comes from
     cells: tuple[str, ...] = field(default_factory=tuple)
+    note: str = ""  # why a capacity is only a bound, in a few words (for the key finding)
 
 
 LOAD_UNITS = {"rate": "req/s", "concurrency": "users", "time_scale": "× time"}
@@ -299,31 +312,40 @@ def _search_row(r: SearchRecord) -> CapacityRow:
     # a search cut short (--max-probes, Ctrl-C) knows only that the capacity is at least its
     # highest pass
     bound = {"at_least_max": "≥", "below_min": "<", "max_probes": "≥", "interrupted": "≥",
-             "running": "≥"}.get(r.status, "=")
+             "running": "≥", "trace_too_short": "≥"}.get(r.status, "=")
     value = r.capacity if bound != "<" else r.failing
     if value is None and bound == "≥":
         value = r.passing
     passing = "–" if r.passing is None else f"{r.passing:g}"
     failing = "–" if r.failing is None else f"{r.failing:g}"
     stopped = f", {r.num_stopped} stopped early" if r.num_stopped else ""
-    behind = f", {r.num_behind} fell behind the arrivals" if r.num_behind else ""
+    behind = "".join(f", {n} met the SLO but {what}" for n, what in (
+        (r.num_behind, "fell behind the arrivals"),
+        (r.num_short, "were too short a trace to show a steady state")) if n)
     precision = {
         "max_probes": f"not {r.precision_text}: stopped by --max-probes",
         "interrupted": f"not {r.precision_text}: interrupted, `--resume` goes on",
         "running": f"not {r.precision_text}: still running, or killed",
         "below_min": f"every load tried failed, down to the lowest ({failing})",
-        "at_least_max": f"no load tried failed, up to the highest ({passing})",
+        "at_least_max": f"no load tried failed, up to the highest ({passing}"
+                        + (f": {r.load_cap}" if r.load_cap else "") + ")",
+        "trace_too_short": f"a lower bound: at {failing} the trace was too short to show a "
+                           "steady state; a trace with more requests may show more",
     }.get(r.status, r.precision_text)
     evidence = (f"search ({r.status}): {passing} passed, {failing} failed ({precision}); "
                 f"{r.num_probes} probes{stopped}{behind}")
     if r.behind:
-        evidence += (f"; {failing} met the SLO but {r.behind} (a trace with more requests "
-                     "tells a backlog from a burst)" if r.behind.startswith("too short")
-                     else f"; {failing} met the SLO but {r.behind}")
+        evidence += f"; {failing} met the SLO but {r.behind}"
     bracket = tuple(f"{r.path.parent.name}/{r.probe_labels[load]}"
                     for load in (r.passing, r.failing)
                     if load is not None and load in r.probe_labels)
-    return CapacityRow(r.key, r.kind, value, bound, "search", evidence, bracket)
+    note = {"trace_too_short": "the trace too short to test more",
+            "max_probes": "search cut short by --max-probes",
+            "interrupted": "search interrupted", "running": "search unfinished",
+            "at_least_max": "no load tried failed"}.get(r.status, "")
+    if r.status == "at_least_max" and r.load_cap:
+        note = f"no load tried failed, up to {r.load_cap}"
+    return CapacityRow(r.key, r.kind, value, bound, "search", evidence, bracket, note)
 
 
 def interpolated_capacity(s: Series, target: float) -> CapacityRow:

@@ -210,6 +210,8 @@ def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
         notes = []
         if r.source != "search" and r.capacity is not None:
             notes.append("interpolated")
+        if r.note:
+            notes.append(r.note)
         if len(rows) > 1:
             ratio = "baseline" if r is b else capacity_ratio(r, b)
             if ratio:
@@ -217,7 +219,7 @@ def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
         text = f"{code(r.key)} " + (capacity_text(r) if r.capacity is not None else "not known")
         parts.append(text + (f" ({'; '.join(notes)})" if notes else ""))
     return (f"Capacity at SLO (the highest load with at least {fmt_pct(target)} of requests "
-            f"within {slo_text(slo)}, the engine keeping pace with the arrivals): "
+            f"within {slo_text(slo)}, the engine keeping up): "
             + "; ".join(parts) + ".")
 
 

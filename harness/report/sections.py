@@ -6,7 +6,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from harness.metrics import KEPT_PACE, SHORTEST_STEADY_E2ES
+from harness.metrics import PACE_TOLERANCE, SHORTEST_STEADY_E2ES
 from harness.redact import redact_argv
 from harness.report.context import ReportContext, class_name, metrics_link, priority_sort_key
 from harness.report.curves import (
@@ -519,18 +519,21 @@ def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
         return [*lines, "No SLO was set, so there is no capacity at SLO.", ""]
     waits = "ttft_s" in slo or "e2e_s" in slo
     lines += [f"The highest load at which at least {fmt_pct(target)} of requests met every SLO "
-              f"({slo_text(slo)}) and the engine kept pace with the arrivals, whatever its "
-              "attainment: a probe fails when it was stopped early as over-saturated, when "
-              f"over the second half of its arrivals the engine completed under "
-              f"{KEPT_PACE:.0%} of what arrived one median E2E earlier, by more than "
-              "chance explains (it fell behind), or when its arrivals last under "
-              f"{SHORTEST_STEADY_E2ES} times its E2E p90 (too short to show a steady state)"
+              f"({slo_text(slo)}) and the engine kept up. A probe fails, whatever its "
+              "attainment, when it was stopped early as over-saturated; a rate probe also "
+              "fails when, over the second half of its arrivals, the engine completed fewer "
+              "requests than arrived one median E2E earlier, by more than "
+              f"{PACE_TOLERANCE:.0%} of them and more than chance explains (it fell behind), "
+              "or when its "
+              f"arrivals last under {SHORTEST_STEADY_E2ES} times its E2E p90 (too short to "
+              "show a steady state: a trace with more requests may show a higher capacity)"
               + ("" if waits else " (this SLO bounds no waiting time, so an over-saturated load "
-                 "could meet it: falling behind is what fails it)")
+                 "could meet it: being stopped early or falling behind is what fails it)")
               + ". *search*: found by `batchlab capacity` (its `search.json`: "
               "the bracket, to the stated precision); *interpolated*: between this report's "
               "load points, linear in SLO attainment (a rough figure; a search states its "
-              "precision). ≥: no load tried failed; <: every load tried failed.", ""]
+              "precision). ≥: a lower bound (no load tried failed, the search was cut short, or "
+              "the trace was too short to test more); <: every load tried failed.", ""]
     base = next((r for r in rows if r.key == base_key), rows[0])
     table_rows = []
     for r in rows:

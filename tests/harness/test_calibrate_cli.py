@@ -75,7 +75,11 @@ def test_calibrate_and_validate_against_the_served_reference(tmp_path: Path) -> 
     assert meta["engine"]["name"] == "reference" and not meta["engine"]["launched"]
     assert [p["name"] for p in meta["workload"]][:2] == ["pilot", "prefill"]
     assert all(p["num_completed"] == p["num_requests"] for p in meta["workload"])
-    assert meta["fit"]["num_samples"] > 100
+    # every workload's step samples went into the fit: enough to pin its few coefficients many
+    # times over (how many a run gets depends on how often a loaded machine lets the
+    # telemetry scraper in: 86 to 140 seen)
+    assert meta["fit"]["num_samples"] == sum(p["num_samples"] for p in meta["workload"])
+    assert meta["fit"]["num_samples"] >= 40
     # The fit reproduces the truth's step times where it was measured (a served step ends
     # late by up to a few ms on a loaded machine, which the overhead absorbs).
     assert meta["fit"]["median_abs_relative_error"] < 0.2

@@ -184,7 +184,7 @@ def test_cli_capacity_concurrency_search_and_report(tmp_path: Path,
     findings = report.split("## Key findings")[1].split("\n- ")
     assert findings[1].startswith("Capacity at SLO (the highest load with at least 99.0% of "
                                   "requests within TTFT ≤ 100 ms, TPOT ≤ 20 ms, the "
-                                  "engine keeping pace with the arrivals): "
+                                  "engine keeping up): "
                                   f"`reference` {capacity:g} users.")
     assert (out / "throughput_latency.png").exists()
     # a rate search cannot also be given a rate

@@ -15,7 +15,7 @@ import pytest
 from harness.capacity import SEARCH_FILE
 from harness.capacity.probe import outcome_from_summary, pace_of
 from harness.cli import main as cli_main
-from harness.metrics import KEPT_PACE
+from harness.metrics import PACE_TOLERANCE
 
 REPO = Path(__file__).resolve().parents[3]
 SMALL = REPO / "tests" / "data" / "scenario_small.yaml"
@@ -55,7 +55,7 @@ def test_an_engine_slower_than_the_arrivals_falls_behind(tmp_path: Path) -> None
     pace = pace_of(write_requests(tmp_path / "r", arrival, served_in_order(arrival, 0.125)))
     assert pace is not None and not pace.kept
     assert pace.completed_per_s == pytest.approx(8, rel=0.05)
-    assert pace.completed_per_s < KEPT_PACE * pace.arrived_per_s
+    assert pace.completed_per_s < (1 - PACE_TOLERANCE) * pace.arrived_per_s
     assert pace.why is not None and pace.why.startswith("fell behind: completed 8")
 
 
@@ -71,7 +71,8 @@ def test_a_burst_shorter_than_its_requests_shows_no_steady_state(tmp_path: Path)
     assert not outcome.passed and outcome.behind == pace.why and outcome.kept_pace is False
 
 
-def test_a_short_trace_does_not_claim_a_burst_as_capacity(tmp_path: Path) -> None:
+def test_a_short_trace_does_not_claim_a_burst_as_capacity(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Before the pace check, 100 requests at 30 req/s passed (the whole trace fitted in one
     batch), and the search reported about 30 req/s from a 3 s trace."""
     out = tmp_path / "cap"
@@ -83,8 +84,16 @@ def test_a_short_trace_does_not_claim_a_burst_as_capacity(tmp_path: Path) -> Non
     assert first["load"] == 32 and not first["passed"]
     assert first["behind"].startswith("too short")  # one burst
     assert search["capacity"] < 8
+    # only the trace's length stopped it: a lower bound, said so where the answer is read
+    assert search["status"] == "trace_too_short"
     report = (out / "report.md").read_text()
-    assert "fell behind the arrivals" in report
+    finding = report.split("## Key findings")[1].split("\n- ")[1]
+    assert f"`reference` ≥ {search['capacity']:.4g} req/s (the trace too short to test more)" \
+        in finding
+    assert "the trace was too short to show a steady state; a trace with more requests may " \
+        "show more" in report
+    printed = capsys.readouterr().out
+    assert f"≥ {search['capacity']:g}" in printed and "trace_too_short" in printed
 
 
 def test_a_concurrency_search_stops_at_one_user_per_request(tmp_path: Path) -> None:
@@ -104,6 +113,10 @@ def test_a_scenario_search_refuses_the_options_it_would_ignore(
     assert code == 2
     err = capsys.readouterr().err
     assert "--gpu, --limit, --max-num-seqs: not with a scenario file" in err
+    # refused when given, even at the value a flag has when not given
+    assert cli_main(["capacity", str(SMALL), "--model", "llama-3.1-8b", "--seed", "0",
+                     "--out", str(tmp_path / "cap")]) == 2
+    assert "--model, --seed: not with a scenario file" in capsys.readouterr().err
     assert not (tmp_path / "cap").exists()
 
 
