@@ -168,7 +168,8 @@ def pace_of(run_dir: Path) -> Pace | None:
     allowed = max(PACE_TOLERANCE * num_arrived, PACE_SIGMAS * math.sqrt(num_arrived))
     if num_completed < num_arrived - allowed:
         return Pace(arrived, completed, False,
-                    f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} arriving")
+                    f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} arriving "
+                    "over the second half of its arrivals")
     long_e2e = float(np.percentile(e2e[ok], 90))
     if end - start < SHORTEST_STEADY_E2ES * long_e2e:
         return Pace(arrived, completed, False,

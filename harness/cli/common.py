@@ -136,17 +136,26 @@ def knobs_from_args(args: argparse.Namespace) -> Knobs:
         if value is not None and value != []:
             values[spec.name] = tuple(value) if isinstance(value, list) else value
     try:
-        return Knobs.from_mapping(values, where="command line")
+        return Knobs.from_mapping(values, where=_CLI)
     except KnobError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(as_flags(str(exc))) from None
 
 
 def reference_knobs_from_args(args: argparse.Namespace) -> ReferenceKnobs:
     values = {s.name: getattr(args, s.name, None) for s in REFERENCE}
     try:
-        return ReferenceKnobs.from_mapping(values, where="command line")
+        return ReferenceKnobs.from_mapping(values, where=_CLI)
     except KnobError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(as_flags(str(exc))) from None
+
+
+_CLI = "command line"
+
+
+def as_flags(message: str) -> str:
+    """A knob error about the command line names the flag (``--max-num-seqs``), not the
+    knob's field (``command line.max_num_seqs``)."""
+    return re.sub(rf"{_CLI}\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
 PROMPT_SALT_HELP = (

@@ -96,6 +96,10 @@ def cmd_report(args: argparse.Namespace) -> int:
                 dirs[0], out_file=Path(args.output) if args.output else None,
                 baseline=args.baseline)
         elif len(dirs) == 1 and not args.output and not args.baseline:
+            marks = ("summary.json", report.STATUS_FILE, "manifest.json")
+            if not any((dirs[0] / name).exists() for name in marks):
+                raise UserError(f"{dirs[0]}: not a run folder or scenario folder (no "
+                                f"{', '.join(marks)} or {report.SCENARIO_FILE})")
             out = report.render_run_report(dirs[0])
         else:
             out = report.render_comparison(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.report.format import REPO_ROOT, code, display_path
+from harness.report.format import REPO_ROOT, code, display_path, slo_text
 from harness.report.runs import CellResult, get
 
 METRICS_DOC = REPO_ROOT / "docs" / "metrics.md"
@@ -27,6 +28,7 @@ class ReportContext:
     rerender: Sequence[str] | None = None  # re-renders it from saved results
     metrics_doc: str | None = None  # link target for docs/metrics.md; default relative
     scenario: Mapping[str, Any] = field(default_factory=dict)
+    notes: Sequence[str] = ()  # said first among the key findings (what the cells differ in)
 
 
 def metrics_link(ctx: ReportContext, out_dir: Path) -> str:
@@ -55,14 +57,59 @@ def priority_sort_key(key: str) -> tuple[int, str]:
 
 
 def slo_from(cells: Sequence[CellResult], meta: Mapping[str, Any]) -> Mapping[str, float] | None:
-    """The scenario's SLO, else the first one a cell's manifest or summary recorded."""
+    """The SLO the cells' goodput was computed under (their summaries': ``batchlab summarize
+    --slo`` may have changed it since the run), else the scenario's, else a manifest's. When
+    the summaries disagree, the first one's (``slo_notes`` says so)."""
+    for c in cells:
+        slo = get(c.summary, "slo")
+        if slo:
+            return dict(slo)
     if meta.get("slo"):
         return dict(meta["slo"])
     for c in cells:
-        slo = c.manifest.get("slo") or get(c.summary, "slo")
-        if slo:
-            return dict(slo)
+        if c.manifest.get("slo"):
+            return dict(c.manifest["slo"])
     return None
+
+
+def difference_notes(cells: Sequence[CellResult]) -> list[str]:
+    """For run folders compared as they are (``batchlab report DIR DIR``): a sentence naming
+    what else differs between them besides engine and knobs (model, GPU, trace), so that a
+    difference in their figures is not read as the engine's alone."""
+    ok = [c for c in cells if c.ok]
+
+    def trace(c: CellResult) -> str | None:
+        t = c.manifest.get("trace")
+        if not isinstance(t, Mapping):
+            return None
+        return f"{display_path(str(t.get('source')))} ({t.get('num_requests')} requests)"
+
+    parts = []
+    for what, value in (("model", lambda c: c.manifest.get("model")),
+                        ("GPU", lambda c: c.manifest.get("gpu")), ("trace", trace)):
+        values = {c.name: value(c) for c in ok}
+        if len({str(v) for v in values.values()}) > 1:
+            parts.append(f"{what} (" + "; ".join(f"{code(n)}: {v if v is not None else 'unknown'}"
+                                                 for n, v in values.items()) + ")")
+    if not parts:
+        return []
+    return ["These runs differ in " + ", ".join(parts) + ": their figures differ for these "
+            "reasons too, not for the engine and knobs alone."]
+
+
+def slo_notes(cells: Sequence[CellResult]) -> list[str]:
+    """A sentence when the cells' goodput was computed under different SLOs."""
+    by_slo: dict[str, tuple[Mapping[str, float], list[str]]] = {}
+    for c in cells:
+        slo = get(c.summary, "slo")
+        if slo:
+            by_slo.setdefault(json.dumps(slo, sort_keys=True), (slo, []))[1].append(c.name)
+    if len(by_slo) < 2:
+        return []
+    parts = [f"{', '.join(code(n) for n in names)} under {slo_text(slo)}"
+             for slo, names in by_slo.values()]
+    return ["Goodput and SLO attainment were computed under different SLOs: "
+            + "; ".join(parts) + " (`batchlab summarize DIR --slo ...` recomputes one)."]
 
 
 def scenario_context(meta: Mapping[str, Any], cells: Sequence[CellResult], scenario_dir: Path,

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from harness.report.context import ReportContext, class_name, priority_sort_key
+from harness.report.context import ReportContext, class_name, priority_sort_key, slo_notes
 from harness.report.curves import (
     DEFAULT_TARGET,
     MIN_SWEEP_CAPS,
@@ -58,6 +58,7 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
     answer = _capacity_finding(capacity, base, ctx.slo, target)
     if answer:
         out.append(answer)
+    out += [*ctx.notes, *slo_notes(ok)]
     if len(ok) == 1:
         sentence = _single_run_sentence(ok[0])
         out.append(sentence if len(cells) == 1 else
@@ -67,7 +68,8 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         scored = []
         for c in ok:
             b = bases.of_cell(c)
-            if b is None or b is c:
+            # a run stopped early has partial figures: said apart, never compared
+            if b is None or b is c or any(get(x.summary, "stopped_early") for x in (b, c)):
                 continue
             score, text = _comparison(c, b)
             if text:
@@ -498,7 +500,7 @@ def _throughput_first(group: Sequence[CellResult], where: str) -> str:
     if below:
         b = below[-1]
         text += (f"; below it, max_num_seqs {b.cap} ({code(b.cell.name)}) is the largest cap "
-                 f"the running batch still reaches "
+                 f"that alone bounds the running batch, KV memory never doing so "
                  f"({fmt_number(get(b.cell.summary, 'throughput.output_tokens_per_s'))} against "
                  f"{fmt_number(get(r.cell.summary, 'throughput.output_tokens_per_s'))} tok/s)")
     return text + "."

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from harness import columns
 from harness.report import plots
-from harness.report.context import ReportContext, scenario_context, slo_from
+from harness.report.context import ReportContext, difference_notes, scenario_context, slo_from
 from harness.report.curves import (
     DEFAULT_TARGET,
     MIN_SWEEP_CAPS,
@@ -347,5 +347,6 @@ def render_comparison(dirs: Sequence[Path], out_file: Path, *, baseline: str | N
                       *(["--baseline", baseline] if baseline else []),
                       "-o", display_path(str(out_file))],
             metrics_doc=metrics_doc,
+            notes=difference_notes(cells),
         )
     return write_report(cells, ctx, out_file)

@@ -36,6 +36,7 @@ from harness.report.format import (
 from harness.report.predictions import (
     derived_note,
     kind_note,
+    predicted_text,
     prediction_accuracy_lines,
     prediction_row,
 )
@@ -552,7 +553,7 @@ def batch_size_section(series: Mapping[str, Sequence[BatchRow]]) -> list[str]:
     if not series:
         return []
     lines = ["## Batch size", "",
-             "The cost model's batch-size table (docs/cost-model.md), measured: each "
+             "The cost model's batch-size table (docs/cost-model.md), as the runs showed it: each "
              "`max_num_seqs` cap with the running batch it reached (mean over busy time / "
              "peak), TPOT, output tokens/s and KV-cache use. *bound by*: what kept the running "
              "batch from growing: kv (KV memory: preemptions, or the cache full), cap (reached), "
@@ -561,6 +562,9 @@ def batch_size_section(series: Mapping[str, Sequence[BatchRow]]) -> list[str]:
              "grew against the running batch "
              "since the previous cap (1: in proportion, memory-bound; near 0: flat); the turn "
              "is the first cap under 0.5.", ""]
+    predicted = predicted_text([r.cell for rows in series.values() for r in rows])
+    if predicted:
+        lines += [predicted, ""]
     roof_line = _roofline_text(series)
     if roof_line:
         lines += [roof_line, ""]

@@ -199,6 +199,7 @@ def run_scenario(
             progress.message(f"{cell.name}: finished earlier, but {damage}: running it again")
         todo.append(cell)
 
+    _refuse_unplannable(scenario, todo)
     traces: dict[LoadPoint, Any] = {}
     for cell in todo:
         if cell.load not in traces:
@@ -230,6 +231,25 @@ def run_scenario(
         for c in all_cells
     )
     return SweepResult(scenario_dir=scenario_dir, report=report, outcomes=ordered)
+
+
+def _refuse_unplannable(scenario: Scenario, cells: Sequence[Cell]) -> None:
+    """A live cell whose knobs its engine cannot take (a knob for an attached server) is
+    refused before any cell runs, naming the engine's line, rather than failing mid-sweep."""
+    from adapters.knobs import KnobError
+    from harness.live.session import plan_for
+    from harness.scenario.cell import target_spec
+
+    for cell in cells:
+        if cell.engine.mode == "simulated":
+            continue
+        try:
+            plan_for(target_spec(cell, scenario.model, scenario.gpu))
+        except KnobError as exc:  # anything else fails the cell when it runs, as it did
+            said = str(exc).replace("pass --allow-approximate",
+                                    "set allow_approximate: true on the engine")
+            raise ScenarioError(scenario.source, cell.engine.line, cell.engine.name,
+                                f"cell {cell.name}: {said}") from None
 
 
 def _run_local(scenario: Scenario, scenario_dir: Path, job: CellJob, runner: CellRunner,

@@ -178,7 +178,8 @@ def _report_parse(parsed: Parsed, report: Report) -> None:
     report.counts["num_reordered"] = parsed.num_reordered
     if parsed.skipped:
         report.notes.append(
-            f"skipped {len(parsed.skipped)} malformed rows (--skip-bad-rows); first: "
+            f"skipped {len(parsed.skipped)} malformed row{'s' if len(parsed.skipped) != 1 else ''}"
+            f" (--skip-bad-rows); first: "
             f"{parsed.skipped[0]}"
         )
     if parsed.num_failed:

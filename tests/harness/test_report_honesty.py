@@ -1,0 +1,78 @@
+"""Reports that cannot be misread: the SLO shown is the one goodput was computed under, runs
+that differ in more than the engine say so, a folder that is no run is refused, and a scenario
+whose live cell cannot be planned is refused before any cell runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import scenario as sc
+from harness.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+TRACE = str(REPO / "harness" / "data" / "azure_conv_excerpt.csv")
+
+
+def simulate(out: Path, *extra: str) -> None:
+    assert main(["simulate", "--trace", TRACE, "--limit", "40", "--no-report",
+                 "--slo", "ttft_s=0.5,tpot_s=0.05", "--out", str(out), *extra]) == 0
+
+
+def test_the_slo_shown_is_the_one_goodput_was_computed_under(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    simulate(run)
+    assert main(["summarize", str(run), "--slo", "ttft_s=1,tpot_s=0.1"]) == 0
+    assert main(["report", str(run)]) == 0
+    report = (run / "report.md").read_text()
+    assert "| SLO | TTFT ≤ 1 s, TPOT ≤ 100 ms |" in report
+    assert "TTFT ≤ 500 ms" not in report
+
+    other = tmp_path / "other"
+    simulate(other)
+    assert main(["report", str(run), str(other), "-o", str(tmp_path / "cmp" / "report.md")]) == 0
+    compared = (tmp_path / "cmp" / "report.md").read_text()
+    assert ("Goodput and SLO attainment were computed under different SLOs: `run` under TTFT "
+            "≤ 1 s, TPOT ≤ 100 ms; `other` under TTFT ≤ 500 ms, TPOT ≤ 50 ms") in compared
+
+
+def test_a_comparison_of_runs_on_other_models_says_so(tmp_path: Path) -> None:
+    simulate(tmp_path / "small")
+    simulate(tmp_path / "big", "--model", "llama-3.1-70b", "--gpu", "a100-80gb", "--tp", "4")
+    assert main(["report", str(tmp_path / "small"), str(tmp_path / "big"), "-o",
+                 str(tmp_path / "cmp" / "report.md")]) == 0
+    report = (tmp_path / "cmp" / "report.md").read_text()
+    assert ("These runs differ in model (`small`: llama-3.1-8b; `big`: llama-3.1-70b), GPU "
+            "(`small`: h100-sxm; `big`: a100-80gb): their figures differ for these reasons "
+            "too, not for the engine and knobs alone.") in report
+
+
+def test_a_folder_that_is_no_run_is_refused(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes.csv").write_text("a,b\n")
+    assert main(["report", str(tmp_path)]) == 2
+    assert "not a run folder or scenario folder" in capsys.readouterr().err
+    assert not (tmp_path / "report.md").exists()
+
+
+def test_a_knob_an_attached_server_cannot_take_is_refused_before_any_cell_runs(
+        tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: s\nquestion: q\ntrace: {path: azure_conv_excerpt.csv, limit: 10}\n"
+        "model: llama-3.1-8b\ngpu: h100-sxm\n"
+        "engines:\n"
+        "  - {name: sim, engine: reference}\n"
+        "  - name: attached\n"
+        "    engine: openai\n"
+        "    url: http://127.0.0.1:9\n"
+        "    knobs: {max_num_seqs: 8}\n")
+    scenario = sc.load_scenario(path)
+    with pytest.raises(sc.ScenarioError, match=r"s\.yaml:8.*attached.*allow_approximate: true"):
+        sc.run_scenario(scenario, tmp_path / "out", write_report=False,
+                        progress=sc.SweepProgress(2, stream=None, tty=False))
+    assert not (tmp_path / "out" / "s" / "sim").exists()  # no cell ran
+    summary = json.dumps(sc.read_status(tmp_path / "out" / "s" / "sim"))
+    assert summary == "{}"
