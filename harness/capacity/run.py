@@ -13,7 +13,6 @@ engine, knobs, trace, SLO and target) and runs only the rest.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -153,7 +152,7 @@ def _trace_bound(result: SearchResult, target: float) -> SearchResult:
     failing = next((p for p in result.probes if p.load == result.failing), None)
     if (failing is not None and failing.attainment is not None and failing.attainment >= target
             and not failing.stopped and (failing.behind or "").startswith("too short")):
-        return dataclasses.replace(result, status="trace_too_short")
+        return replace(result, status="trace_too_short")
     return result
 
 
