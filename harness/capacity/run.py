@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from harness.capacity.search import (
 from harness.manifest import jsonable
 from harness.redact import redact_argv, redact_tree
 from harness.results import read_json_object, write_json_atomic
+from harness.scenario.status import CELL_FILE
 
 SEARCH_FILE = "search.json"
 CAPACITY_FILE = "capacity.json"
@@ -103,6 +105,8 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
             load_cap = f"one user per request of the trace ({num_requests})"
     out_dir.mkdir(parents=True, exist_ok=True)
     known = known_probes(out_dir, plan.digest) if resume else {}
+    if not resume:
+        _clear_earlier_probes(out_dir, setting.name, log)
     done: list[ProbeOutcome] = []
 
     def write(status: str, result: SearchResult | None = None, error: str | None = None) -> None:
@@ -141,6 +145,19 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
     result = _trace_bound(result, plan.target)
     write(result.status, result)
     return result
+
+
+def _clear_earlier_probes(out_dir: Path, name: str, log: Log | None) -> None:
+    """A search started over (no --resume) removes the probe folders an earlier search left
+    in ``out_dir``: kept, they would sit beside the new ones as if this search had run them."""
+    earlier = [sub for sub in sorted(out_dir.iterdir())
+               if sub.is_dir() and sub.name.startswith(("rate-", "conc-"))
+               and (sub / CELL_FILE).exists()]
+    for sub in earlier:
+        shutil.rmtree(sub)
+    if earlier and log is not None:
+        log(f"{name}: started over: removed {len(earlier)} probe folder(s) of an earlier search "
+            "(--resume reuses them)")
 
 
 def _trace_bound(result: SearchResult, target: float) -> SearchResult:

@@ -145,3 +145,18 @@ def test_a_refused_resume_rewrites_nothing(tmp_path: Path,
         assert cli_main([*args, *other, "--resume"]) == 2
         assert "made with other settings" in capsys.readouterr().err
         assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_a_search_started_over_leaves_no_probe_of_the_earlier_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cap"
+    args = ["capacity", "--trace", "synthetic", "--num-requests", "20", "--prompt-tokens",
+            "64", "--output-tokens", "8", "--max-probes", "3", "--out", str(out)]
+    assert cli_main([*args, "--slo", "ttft_s=1"]) == 0
+    first = {p.name for p in (out / "reference").iterdir() if p.is_dir()}
+    assert cli_main([*args, "--slo", "ttft_s=2", "--start", "3"]) == 0
+    search = json.loads((out / "reference" / SEARCH_FILE).read_text())
+    probes = {p["label"] for p in search["probes"]}
+    assert {p.name for p in (out / "reference").iterdir() if p.is_dir()} == probes
+    assert first - probes  # the earlier search had folders this one did not make
+    assert f"removed {len(first)} probe folder(s) of an earlier search" in capsys.readouterr().err
