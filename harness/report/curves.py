@@ -152,6 +152,7 @@ class SearchRecord:
     num_short: int = 0  # ... or only as too short a trace to show a steady state
     behind: str | None = None  # why the bracket's failing probe failed, when it met the SLO
     load_cap: str | None = None  # why the highest load tried was that (search.json)
+    precision: float | None = None  # rate: relative; concurrency: users
     probe_labels: Mapping[float, str] = field(default_factory=dict)  # load -> probe folder
     slo: Mapping[str, float] = field(default_factory=dict)
     probe_dirs: tuple[Path, ...] = ()
@@ -228,6 +229,7 @@ def _read_search(path: Path) -> SearchRecord | None:
             num_behind=sum(1 for p in probes if _only_pace(p, d, "fell behind")),
             num_short=sum(1 for p in probes if _only_pace(p, d, "too short")),
             load_cap=str(d["load_cap"]) if d.get("load_cap") else None,
+            precision=float(d["precision"]) if d.get("precision") is not None else None,
             behind=next((str(p["behind"]) for p in probes
                          if p.get("load") == bracket.get("failing") and p.get("behind")
                          and not p.get("stopped")), None),
@@ -272,6 +274,7 @@ class CapacityRow:
     evidence: str  # probes or load points the number comes from
     cells: tuple[str, ...] = field(default_factory=tuple)
     note: str = ""  # why a capacity is only a bound, in a few words (for the key finding)
+    precision: float | None = None  # a search's (rate: relative; concurrency: users)
 
 
 LOAD_UNITS = {"rate": "req/s", "concurrency": "users", "time_scale": "× time"}
@@ -345,7 +348,21 @@ def _search_row(r: SearchRecord) -> CapacityRow:
             "at_least_max": "no load tried failed"}.get(r.status, "")
     if r.status == "at_least_max" and r.load_cap:
         note = f"no load tried failed, up to {r.load_cap}"
-    return CapacityRow(r.key, r.kind, value, bound, "search", evidence, bracket, note)
+    return CapacityRow(r.key, r.kind, value, bound, "search", evidence, bracket, note,
+                       r.precision)
+
+
+def within_precision(row: CapacityRow, base: CapacityRow) -> bool:
+    """Two searched capacities closer than the searches' precision: no difference shown."""
+    if (row.source != "search" or base.source != "search" or row.bound != "="
+            or base.bound != "=" or row.capacity is None or base.capacity is None
+            or row.precision is None or base.precision is None or row.kind != base.kind):
+        return False
+    precision = max(row.precision, base.precision)
+    if row.kind == "concurrency":
+        return abs(row.capacity - base.capacity) <= precision
+    low, high = sorted((row.capacity, base.capacity))
+    return low > 0 and high / low - 1 <= precision
 
 
 def interpolated_capacity(s: Series, target: float) -> CapacityRow:

@@ -16,6 +16,7 @@ from harness.report.curves import (
     capacity_ratio,
     capacity_text,
     cell_setting,
+    within_precision,
 )
 from harness.report.format import (
     code,
@@ -216,7 +217,9 @@ def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
             notes.append(r.note)
         if len(rows) > 1:
             ratio = "baseline" if r is b else capacity_ratio(r, b)
-            if ratio:
+            if r is not b and within_precision(r, b):
+                notes.append("the same as the baseline within the searches' precision")
+            elif ratio:
                 notes.append(ratio if r is b else f"{ratio} the baseline")
         text = f"{code(r.key)} " + (capacity_text(r) if r.capacity is not None else "not known")
         parts.append(text + (f" ({'; '.join(notes)})" if notes else ""))

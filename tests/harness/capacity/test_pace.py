@@ -160,3 +160,19 @@ def test_a_search_started_over_leaves_no_probe_of_the_earlier_one(
     assert {p.name for p in (out / "reference").iterdir() if p.is_dir()} == probes
     assert first - probes  # the earlier search had folders this one did not make
     assert f"removed {len(first)} probe folder(s) of an earlier search" in capsys.readouterr().err
+
+
+def test_capacities_closer_than_the_search_precision_are_not_called_different() -> None:
+    from harness.report.curves import CapacityRow, within_precision
+
+    def row(cap: float, source: str = "search", kind: str = "rate",
+            precision: float = 0.05) -> CapacityRow:
+        return CapacityRow("s", kind, cap, "=", source, "", (), "", precision)
+
+    assert within_precision(row(10.4), row(10.0))  # 4% apart, 5% precision
+    assert not within_precision(row(10.6), row(10.0))
+    assert not within_precision(row(10.4, source="interpolated"), row(10.0))
+    assert within_precision(row(17, kind="concurrency", precision=1),
+                            row(16, kind="concurrency", precision=1))
+    assert not within_precision(row(18, kind="concurrency", precision=1),
+                                row(16, kind="concurrency", precision=1))
