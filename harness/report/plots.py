@@ -77,7 +77,16 @@ def _log_labels(axis: Axis, label: Callable[[float], str] = lambda v: f"{v:g}") 
     axis.set_minor_formatter(_LogLabels(label))
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def _save(fig: Figure, path: Path, note: str | None = None) -> Path:
+    """Write the figure; ``note`` (what its figures are: "predicted ...") in its bottom-right
+    corner, so that the figure says so wherever it is shown."""
+    if note and fig.get_layout_engine() is not None:  # a solver lays out a figure's title
+        fig.suptitle(note, x=0.995, ha="right", fontsize=7, color="0.35")
+    elif note:  # fixed margins: the axes move down to leave the note a strip at the top
+        height = fig.get_size_inches()[1]
+        fig.subplots_adjust(top=fig.subplotpars.top - NOTE_STRIP_IN / height)
+        fig.text(0.995, 1 - 0.03 / height, note, ha="right", va="top", fontsize=7,
+                 color="0.35")
     fig.savefig(path, dpi=DPI, metadata=_METADATA)
     return path
 
@@ -88,6 +97,7 @@ def _save(fig: Figure, path: Path) -> Path:
 # label; LEGEND_ROW_IN per row of a legend below the axes.
 LEGEND_ROW_IN = 0.3
 LEGEND_NCOLS = 4
+NOTE_STRIP_IN = 0.15  # above the axes, for a figure's note (_save)
 
 
 def _fixed_margins(fig: Figure, nrows: int, ncols: int, *, left: float = 0.8,
@@ -111,7 +121,8 @@ def _legend_rows(num_labels: int) -> int:
     return -(-num_labels // LEGEND_NCOLS)
 
 
-def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path) -> Path | None:
+def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path, *,
+                 note: str | None = None) -> Path | None:
     """TTFT, TPOT and E2E CDFs, one line per cell (log time axis: cells differ by orders)."""
     if not any(np.size(v) for per_cell in series.values() for v in per_cell.values()):
         return None
@@ -143,10 +154,11 @@ def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path) -> 
                    bottom=0.55 + LEGEND_ROW_IN * _legend_rows(len(labels)))
     if handles:
         _legend_below(fig, handles, labels)
-    return _save(fig, path)
+    return _save(fig, path, note)
 
 
-def engine_state(series: Mapping[str, EngineState], path: Path) -> Path | None:
+def engine_state(series: Mapping[str, EngineState], path: Path, *,
+                 note: str | None = None) -> Path | None:
     """Running batch size, waiting queue and KV usage over time, one line per cell."""
     panels = (("num_running", "running requests"), ("num_waiting", "waiting requests"),
               ("kv_usage", "KV cache used (%)"))
@@ -176,7 +188,7 @@ def engine_state(series: Mapping[str, EngineState], path: Path) -> Path | None:
                    bottom=0.55 + LEGEND_ROW_IN * _legend_rows(len(labels)))
     if handles:
         _legend_below(fig, handles, labels)
-    return _save(fig, path)
+    return _save(fig, path, note)
 
 
 def envelope(t: np.ndarray, series: Sequence[np.ndarray | None], columns: int) -> np.ndarray:
@@ -202,7 +214,7 @@ def envelope(t: np.ndarray, series: Sequence[np.ndarray | None], columns: int) -
 
 
 def throughput_over_time(series: Mapping[str, tuple[np.ndarray, np.ndarray]], path: Path,
-                         *, num_bins: int = 60) -> Path | None:
+                         *, num_bins: int = 60, note: str | None = None) -> Path | None:
     """Output tokens per second over time (tokens delivered per bin / bin width)."""
     ends = [float(np.max(t)) for t, _ in series.values() if np.size(t)]
     if not ends:
@@ -227,11 +239,11 @@ def throughput_over_time(series: Mapping[str, tuple[np.ndarray, np.ndarray]], pa
     ax.set_ylabel("output tokens/s")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize="small")
-    return _save(fig, path)
+    return _save(fig, path, note)
 
 
 def batch_size_sweep(points: Sequence[SweepPoint], path: Path, *,
-                     tpot_slo_s: float | None = None) -> Path | None:
+                     tpot_slo_s: float | None = None, note: str | None = None) -> Path | None:
     """TPOT (p50, p90) and output throughput against max_num_seqs."""
     points = [p for p in points if p.max_num_seqs > 0]
     if len({p.max_num_seqs for p in points}) < 2:
@@ -259,7 +271,7 @@ def batch_size_sweep(points: Sequence[SweepPoint], path: Path, *,
         ax.legend(loc="best", fontsize="small")
     ax_tpot.set_title("TPOT against batch size")
     ax_tp.set_title("Throughput against batch size")
-    return _save(fig, path)
+    return _save(fig, path, note)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +288,8 @@ class CurveLine:
 
 
 def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
-                       slo: Mapping[str, float] | None = None) -> Path | None:
+                       slo: Mapping[str, float] | None = None,
+                       note: str | None = None) -> Path | None:
     """Output tokens/s against TPOT (p50, p90) and against TTFT p90, one line per setting,
     each point labelled with its load; the SLOs as horizontal lines."""
     if not any(len(line.loads) >= 2 for line in lines):
@@ -321,4 +334,4 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
     _log_labels(ax_ttft.yaxis)
     ax_tpot.set_title("Throughput against TPOT")
     ax_ttft.set_title("Throughput against TTFT (points labelled with their load)")
-    return _save(fig, path)
+    return _save(fig, path, note)

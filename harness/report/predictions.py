@@ -56,6 +56,12 @@ def prediction_row(cells: Sequence[CellResult]) -> str:
     return text
 
 
+def is_prediction(manifest: Mapping[str, Any]) -> bool:
+    """A run whose timings are predictions (simulated, or the reference engine served over
+    HTTP), from its manifest."""
+    return _prediction_of(manifest.get("engine")) is not None
+
+
 def is_served_prediction(c: CellResult) -> bool:
     """A live cell whose server was the reference engine served over HTTP (its ``/version``
     answered with a prediction record): its timings are predictions too."""

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from harness import columns
+from harness.manifest import read_manifest
 from harness.report import plots
 from harness.report.context import ReportContext, difference_notes, scenario_context, slo_from
 from harness.report.curves import (
@@ -29,7 +30,7 @@ from harness.report.curves import (
 from harness.report.fidelity import prediction_section
 from harness.report.findings import key_findings
 from harness.report.format import code, display_path, short
-from harness.report.predictions import derived_note, predicted_text
+from harness.report.predictions import derived_note, is_prediction, predicted_text
 from harness.report.runs import (
     REPORT_FILE,
     CellResult,
@@ -157,18 +158,36 @@ def write_report(cells: Sequence[CellResult], ctx: ReportContext, out_file: Path
     return out_file
 
 
+def _figure_note(runs: Mapping[str, Path]) -> str | None:
+    """What a figure drawn from ``runs`` says of itself when any is a prediction: a
+    simulated run (it has steps.parquet, written before any file a figure is drawn from) or a
+    replay of the served reference engine."""
+    predicted = [name for name, run_dir in runs.items()
+                 if (run_dir / STEPS_FILE).exists() or is_prediction(read_manifest(run_dir))]
+    return _predicted_words(predicted, list(runs))
+
+
+def _predicted_words(predicted: Sequence[str], names: Sequence[str]) -> str | None:
+    if not predicted:
+        return None
+    if len(predicted) == len(names):
+        return "predicted by batchlab's reference engine, not measured"
+    return "predicted by batchlab's reference engine: " + ", ".join(predicted)
+
+
 def _latency_figure(runs: Mapping[str, Path], path: Path) -> bool:
     latencies = {}
     for name, run_dir in runs.items():
         cols = request_columns(run_dir)
         latencies[name] = {m: cols[m] for m, _ in plots.LATENCY_PANELS if m in cols}
-    return plots.latency_cdfs(latencies, path) is not None
+    return plots.latency_cdfs(latencies, path, note=_figure_note(runs)) is not None
 
 
 def _engine_state_figure(runs: Mapping[str, Path], path: Path) -> bool:
     states = {name: s for name, run_dir in runs.items()
               if (s := read_engine_state(run_dir)) is not None}
-    return bool(states) and plots.engine_state(states, path) is not None
+    return bool(states) and plots.engine_state(states, path,
+                                               note=_figure_note(runs)) is not None
 
 
 def _throughput_figure(runs: Mapping[str, Path], path: Path) -> bool:
@@ -178,7 +197,8 @@ def _throughput_figure(runs: Mapping[str, Path], path: Path) -> bool:
         if chunks and "t_s" in chunks and "num_tokens" in chunks:
             tput[name] = (np.asarray(chunks["t_s"], dtype=np.float64),
                           np.asarray(chunks["num_tokens"], dtype=np.float64))
-    return bool(tput) and plots.throughput_over_time(tput, path) is not None
+    return bool(tput) and plots.throughput_over_time(tput, path,
+                                                     note=_figure_note(runs)) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +279,10 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
             output_tokens_per_s=get(c.summary, "throughput.output_tokens_per_s"),
         ) for c in sweep]
         tpot_slo = (ctx.slo or {}).get("tpot_s")
-        if plots.batch_size_sweep(points, out_dir / "batch_size.png", tpot_slo_s=tpot_slo):
+        note = _predicted_words([c.name for c in sweep if is_prediction(c.manifest)],
+                                [c.name for c in sweep])
+        if plots.batch_size_sweep(points, out_dir / "batch_size.png", tpot_slo_s=tpot_slo,
+                                  note=note):
             plotted.append(("TPOT and throughput against max_num_seqs", "batch_size.png"))
     curves = [plots.CurveLine(
         label=s.key, loads=[p.load for p in s.points],
@@ -267,8 +290,13 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
         tpot_p50_s=[p.tpot_p50_s for p in s.points], tpot_p90_s=[p.tpot_p90_s for p in s.points],
         ttft_p90_s=[p.ttft_p90_s for p in s.points],
         stopped=[bool(p.stopped) for p in s.points]) for s in load_series(ok)]
+    by_name = {c.name: c for c in ok}
+    series_cells = [p.cell for s in load_series(ok) for p in s.points]
+    note = _predicted_words([n for n in series_cells
+                             if n in by_name and is_prediction(by_name[n].manifest)],
+                            series_cells)
     if curves and plots.throughput_latency(curves, out_dir / "throughput_latency.png",
-                                           slo=ctx.slo):
+                                           slo=ctx.slo, note=note):
         plotted.append(("Output tokens/s against TPOT and TTFT across load points, SLO lines "
                         "drawn in", "throughput_latency.png"))
     return plotted

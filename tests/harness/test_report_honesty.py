@@ -76,3 +76,27 @@ def test_a_knob_an_attached_server_cannot_take_is_refused_before_any_cell_runs(
     assert not (tmp_path / "out" / "s" / "sim").exists()  # no cell ran
     summary = json.dumps(sc.read_status(tmp_path / "out" / "s" / "sim"))
     assert summary == "{}"
+
+
+def test_a_figure_of_predicted_runs_says_so_itself(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PNG copied out of its report must still say that its figures are predictions."""
+    from harness.report import plots, render
+
+    sim = tmp_path / "sim"
+    simulate(sim)
+    live = tmp_path / "live"
+    live.mkdir()
+    (live / "manifest.json").write_text(json.dumps({"engine": {"name": "vllm",
+                                                               "mode": "launch"}}))
+    assert render._figure_note({"sim": sim}) == ("predicted by batchlab's reference engine, "
+                                                "not measured")
+    assert render._figure_note({"live": live}) is None
+    assert render._figure_note({"sim": sim, "live": live}) == (
+        "predicted by batchlab's reference engine: sim")
+    notes: list[str | None] = []
+    real = plots.latency_cdfs
+    monkeypatch.setattr(plots, "latency_cdfs", lambda *a, **kw: (notes.append(kw.get("note")),
+                                                                 real(*a, **kw))[1])
+    assert main(["report", str(sim)]) == 0
+    assert notes == ["predicted by batchlab's reference engine, not measured"]
