@@ -71,8 +71,15 @@ def _without_values(message: str) -> str:
     """argparse quotes offending values ("invalid int value: 'x'", "unrecognized arguments:
     a b"); keep the option names, drop the values."""
     if message.startswith("unrecognized arguments:"):
-        names = [a.split("=", 1)[0] for a in message.split(":", 1)[1].split() if a.startswith("-")]
-        return "unrecognized arguments: " + (" ".join(names) if names else "(values not shown)")
+        extras = message.split(":", 1)[1].split()
+        names = [a.split("=", 1)[0] for a in extras if a.startswith("-")]
+        # a word right after an unknown flag is that flag's value; others stand alone
+        values = sum(1 for i, a in enumerate(extras) if not a.startswith("-")
+                     and not (i and extras[i - 1].startswith("-") and "=" not in extras[i - 1]))
+        hidden = (f"{values} value{'s' if values != 1 else ''} not shown: a word where none "
+                  "was expected (a flag that takes no value, such as --chunked-prefill or "
+                  "--no-report, given one?)") if values else ""
+        return "unrecognized arguments: " + "; ".join(p for p in (" ".join(names), hidden) if p)
     message = re.sub(r"invalid (\S+) value: .*", r"invalid \1 value", message)
     return re.sub(r"invalid choice: .*? \(choose", "invalid choice (choose", message)
 

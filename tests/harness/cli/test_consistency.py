@@ -82,6 +82,14 @@ def test_a_near_miss_is_refused_with_the_flag_it_may_mean(
     assert "8" not in err.split("error:")[1]  # values are never echoed
 
 
+def test_a_stray_value_is_counted_not_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["simulate", "--trace", "synthetic", "--chunked-prefill", "s3cret"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: 1 value not shown: a word where none was expected" in err
+    assert "s3cret" not in err
+
+
 def test_gpu_is_never_read_as_gpu_memory_utilization() -> None:
     parser, _ = build_parser()
     args = parser.parse_args(["calibrate", "--engine", "vllm", "--url", "http://x",
