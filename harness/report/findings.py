@@ -194,10 +194,24 @@ def _latency_phrase(label: str, cv: Any, bv: Any) -> tuple[str, float | None]:
 def _attainment_phrase(c: CellResult, b: CellResult) -> str:
     cv = get(c.summary, "goodput.slo_attainment")
     bv = get(b.summary, "goodput.slo_attainment")
-    if missing(cv) or missing(bv) or abs(cv - bv) < 0.005:
+    if missing(cv) or missing(bv) or not _attainments_differ(c, b):
         return ""
     verb = "rose" if cv > bv else "fell"
     return f"SLO attainment {verb} from {fmt_pct(bv)} to {fmt_pct(cv)}"
+
+
+def _attainments_differ(c: CellResult, b: CellResult) -> bool:
+    """Two cells' SLO attainments differ by more than chance: over two standard errors of the
+    difference of two proportions (of their requests sent), and at least half a point. A few
+    requests out of hundreds is not a finding."""
+    cv, bv = get(c.summary, "goodput.slo_attainment"), get(b.summary, "goodput.slo_attainment")
+    cn, bn = get(c.summary, "num_requests") or 0, get(b.summary, "num_requests") or 0
+    if missing(cv) or missing(bv):
+        return False
+    if not cn or not bn:
+        return bool(abs(cv - bv) >= 0.005)
+    chance = 2 * math.sqrt(cv * (1 - cv) / cn + bv * (1 - bv) / bn)
+    return bool(abs(cv - bv) >= max(0.005, chance))
 
 
 def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
@@ -309,15 +323,24 @@ def _leaders(cells: Sequence[CellResult]) -> str:
     """The best cell for each headline metric, in one clause ("" if none has a value)."""
     def best(metric: str, pick: Callable[[Iterable[float]], float], what: str,
              fmt: Callable[[float], str]) -> str | None:
-        values = [(c.name, get(c.summary, metric)) for c in cells]
-        values = [(n, v) for n, v in values if not missing(v)]
+        values = [(c, get(c.summary, metric)) for c in cells]
+        values = [(c, v) for c, v in values if not missing(v)]
         if not values:
             return None
         target = pick(v for _, v in values)
-        names = [n for n, v in values if v == target]  # a tie names every cell in it
+        top = next(c for c, v in values if v == target)
+        # a tie, or a lead within what the report calls "about the same" (attainment: within
+        # chance), names every cell in it
+        names = [c.name for c, v in values if (
+            not _attainments_differ(c, top) if metric == "goodput.slo_attainment"
+            else abs(v - target) <= SAME_WITHIN * abs(target))]
         if len(names) == len(cells) > 1:
-            return f"the same {what.split(' ', 1)[1]} in every cell ({fmt(target)})"
-        return f"{what} {', '.join(map(code, names))} ({fmt(target)})"
+            same = "the same" if all(v == target for _, v in values) else "about the same"
+            return f"{same} {what.split(' ', 1)[1]} in every cell ({fmt(target)})"
+        near = "" if all(v == target for c, v in values if c.name in names) else (
+            ", the others named within " + ("chance" if metric == "goodput.slo_attainment"
+                                            else f"{SAME_WITHIN:.0%}"))
+        return f"{what} {', '.join(map(code, names))} ({fmt(target)}{near})"
 
     parts = [best("throughput.output_tokens_per_s", max, "highest output throughput",
                   lambda v: fmt_number(v, "tok/s")),
