@@ -423,6 +423,8 @@ def _priority_findings(cells: Sequence[CellResult], bases: Baselines, ctx: Repor
                 if phrase and (metric == "ttft_s.p90" or "about the same" not in phrase):
                     parts.append(phrase)
                     ratios.append(r)
+                    if metric == "itl_s.p99":
+                        parts += _worst_gap_phrase(classes[key], base_classes[key], r)
             if parts:
                 phrases.append(f"class {class_name(ctx, key)} " + ", ".join(parts))
         if phrases:
@@ -432,6 +434,18 @@ def _priority_findings(cells: Sequence[CellResult], bases: Baselines, ctx: Repor
                            f"than {code(base.name)}: " + "; ".join(phrases) + "."))
     scored.sort(key=lambda s: (not s[0], -s[1]))
     return [text for _, score, text in scored[:MAX_PRIORITY_FINDINGS] if score > 0]
+
+
+def _worst_gap_phrase(cls: Mapping[str, Any], base_cls: Mapping[str, Any],
+                      p99_ratio: float | None) -> list[str]:
+    """A class's worst token gap, when it moved against its ITL p99 (a stall of a few steps
+    in a thousand, which p99 cannot see: whole-prompt prefills against chunked ones)."""
+    phrase, r = _latency_phrase("its worst token gap", get(cls, "itl_s.max"),
+                                get(base_cls, "itl_s.max"))
+    if (not phrase or r is None or p99_ratio is None or (r < 1) == (p99_ratio < 1)
+            or abs(math.log(r)) < math.log(ITL_APART)):
+        return []
+    return [phrase]
 
 
 def _preemption_finding(cells: Sequence[CellResult], counts: Mapping[str, int | None]) -> str:

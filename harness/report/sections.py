@@ -432,8 +432,9 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
     keys.sort(key=priority_sort_key)
     lines = ["## Per priority class", "",
              "Requests split by priority (lower values are served first under the priority "
-             "policy; other policies ignore them). ITL p99 is the tail of the gaps between "
-             "tokens: a long prefill sharing a step shows there first."
+             "policy; other policies ignore them). ITL p99 and ITL max are the tail of the "
+             "gaps between tokens: a prefill sharing a step shows in one of them, a stall of "
+             "a few steps in a thousand (a whole long prompt) in the max alone."
              + (f" Deltas against the same class in {bases.phrase(code)}." if bases.compared()
                 else ""), ""]
     has_slo = any(get(c.summary, "goodput") for c in ok)
@@ -446,14 +447,15 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
             b = bases.of_cell(c)
             base_cls = get(b.summary, f"by_priority.{key}") if b else None
             row: list[str] = [code(c.name), fmt_int(get(cls, "num_requests"))]
-            for metric in ("ttft_s.p50", "ttft_s.p90", "tpot_s.p90", "itl_s.p99", "e2e_s.p90"):
+            for metric in ("ttft_s.p50", "ttft_s.p90", "tpot_s.p90", "itl_s.p99", "itl_s.max",
+                           "e2e_s.p90"):
                 v = get(cls, metric)
                 row.append(with_delta(fmt_seconds(v), v, get(base_cls, metric), c is b))
             if has_slo:
                 row.append(fmt_pct(get(cls, "goodput.slo_attainment")))
             rows.append(row)
         headers = ["cell", "requests", "TTFT p50", "TTFT p90", "TPOT p90", "ITL p99",
-                   "E2E p90"]
+                   "ITL max", "E2E p90"]
         if has_slo:
             headers.append("SLO attainment")
         title = class_name(ctx, key).replace("`", "")

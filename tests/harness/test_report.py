@@ -516,3 +516,23 @@ def test_a_class_itl_tail_is_named_when_it_moved_unlike_tpot(tmp_path: Path) -> 
     assert texts == ["Under `worse` rather than `base`: class priority 0 TTFT p90 about the "
                      "same (1 s vs 1 s), ITL p99 rose from 60 ms to 240 ms; class priority 1 "
                      "TTFT p90 about the same (1 s vs 1 s), ITL p99 rose from 60 ms to 240 ms."]
+
+
+def test_a_class_worst_gap_is_named_when_it_moved_against_its_itl_p99(tmp_path: Path) -> None:
+    """Whole-prompt prefills stall chat decodes for a few steps in a thousand: p99 cannot see
+    it, so a chunk budget that raised ITL p99 while it cut the worst gap must say both."""
+    from harness.report.context import ReportContext
+    from harness.report.findings import _priority_findings
+    from harness.report.runs import CellResult
+
+    def cell(name: str, itl_p99: float, itl_max: float) -> CellResult:
+        cls = {"ttft_s": {"p90": 1.0}, "tpot_s": {"p90": 0.03},
+               "itl_s": {"p99": itl_p99, "max": itl_max}}
+        return CellResult(name, tmp_path / name, "done", summary={"by_priority": {"0": cls,
+                                                                                  "1": cls}})
+
+    base, chunked = cell("whole", 0.058, 1.23), cell("chunked", 0.226, 0.377)
+    [text] = _priority_findings([base, chunked], Baselines.of([base, chunked], base),
+                                ReportContext(title="t"))
+    assert "ITL p99 rose from 58 ms to 226 ms, its worst token gap fell from 1.23 s to 377 ms" \
+        in text
