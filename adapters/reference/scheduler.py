@@ -191,6 +191,7 @@ class Scheduler:
         self.static = config.policy == "static"
         self.num_static_slots = 0  # static: size of the batch being run
         self.num_preemptions = 0
+        self.num_swap_fallbacks = 0  # swap preemptions recomputed: host swap space was full
 
     # ---- requests in
 
@@ -368,6 +369,8 @@ class Scheduler:
         num_swapped = None
         if self.config.preemption == "swap":
             num_swapped = self.blocks.swap_out(victim)  # None: host full, recompute instead
+            if num_swapped is None:
+                self.num_swap_fallbacks += 1
         if num_swapped is None:
             self.blocks.free(victim)
             victim.num_computed_tokens = 0  # recompute: prompt + generated tokens again

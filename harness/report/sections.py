@@ -351,15 +351,24 @@ def goodput_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportConte
 def preemption_section(ok: Sequence[CellResult], preempted: Mapping[str, int | None]
                         ) -> list[str]:
     rows = []
+    swapping = any(get(c.summary, "num_swap_fallbacks") is not None for c in ok)
     for c in ok:
         n = get(c.summary, "num_preemptions") or 0
         total = get(c.summary, "num_requests") or 0
-        rows.append([code(c.name), f"{n:,}", fmt_int(preempted.get(c.name)),
-                     fmt_number(100 * n / total) if total else "–"])
+        row = [code(c.name), f"{n:,}", fmt_int(preempted.get(c.name)),
+               fmt_number(100 * n / total) if total else "–"]
+        if swapping:
+            row.append(fmt_int(get(c.summary, "num_swap_fallbacks")))
+        rows.append(row)
+    headers = ["cell", "preemptions", "requests preempted", "per 100 requests"]
+    if swapping:
+        headers.append("swaps recomputed (host full)")
     return ["## Preemptions", "",
             "A preemption frees a running request's KV blocks (recompute resets its progress, "
-            "swap moves the blocks to host memory).", "",
-            table(["cell", "preemptions", "requests preempted", "per 100 requests"], rows), ""]
+            "swap moves the blocks to host memory"
+            + ("; when the host's swap space is full, a swap preemption is recomputed instead, "
+               "counted in the last column" if swapping else "") + ").", "",
+            table(headers, rows), ""]
 
 
 def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:

@@ -57,6 +57,8 @@ class SimulationResult:
     stopped_reason: str | None = None  # why ``early_stop`` ended the run, if it did
     num_not_sent: int = 0  # requests that never arrived because the run stopped early
     prefix_cache: dict[str, Any] | None = None  # prefix_cache_stats(); None when caching is off
+    # swap preemption: how many preemptions were recomputed because host swap space was full
+    num_swap_fallbacks: int | None = None
 
     @property
     def num_steps(self) -> int:
@@ -168,6 +170,8 @@ def _simulate(
         config=config,
         stopped_reason=stopped or None,
         num_not_sent=total - len(sent),
+        num_swap_fallbacks=(core.scheduler.num_swap_fallbacks
+                            if config.preemption == "swap" else None),
         prefix_cache=(prefix_cache_stats(core, sum(1 for _, tr, _ in sent
                                                    if tr.prefix_hash_ids))
                       if config.prefix_caching else None),

@@ -175,6 +175,8 @@ def _write_results(result: SimulationResult, wall_s: float, trace: Trace,
     summary["run_id"] = run_id
     if result.prefix_cache is not None:
         summary["prefix_cache"] = result.prefix_cache
+    if result.num_swap_fallbacks is not None:
+        summary["num_swap_fallbacks"] = result.num_swap_fallbacks
     if result.stopped_reason:
         summary["stopped_early"] = result.stopped_reason
         summary["num_not_sent"] = result.num_not_sent
