@@ -46,9 +46,9 @@ def test_figures_label_times_plainly_and_count_in_whole_numbers(
     saved: list[Figure] = []
     real_save = plots._save
 
-    def keep(fig: Figure, path: Path) -> Path:
+    def keep(fig: Figure, path: Path, note: str | None = None) -> Path:
         saved.append(fig)
-        return real_save(fig, path)
+        return real_save(fig, path, note)
 
     monkeypatch.setattr(plots, "_save", keep)
     rng = np.random.default_rng(1)
