@@ -111,10 +111,8 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
 
     def write(status: str, result: SearchResult | None = None, error: str | None = None) -> None:
         probes = result.probes if result is not None else tuple(done)
-        record = _search_record(setting, spec, status, probes, result, error)
-        if load_cap is not None:
-            record["load_cap"] = load_cap
-        write_json_atomic(redact_tree(record), out_dir / SEARCH_FILE)
+        write_json_atomic(redact_tree(_search_record(setting, spec, status, probes, result,
+                                                     error, load_cap)), out_dir / SEARCH_FILE)
 
     def probe(load: float) -> ProbeOutcome:
         if log is not None:
@@ -175,7 +173,7 @@ def _trace_bound(result: SearchResult, target: float) -> SearchResult:
 
 def _search_record(setting: Setting, spec: SearchSpec, status: str,
                    probes: Sequence[ProbeOutcome], result: SearchResult | None,
-                   error: str | None) -> dict[str, Any]:
+                   error: str | None, load_cap: str | None = None) -> dict[str, Any]:
     plan = setting.plan
     cell = dict(plan.cell)
     return {
@@ -198,6 +196,7 @@ def _search_record(setting: Setting, spec: SearchSpec, status: str,
                     if result is not None else _bracket_so_far(probes)),
         "probes": [{**p.as_dict(), "label": probe_label(spec.kind, p.load)} for p in probes],
         "command": redact_argv(plan.command) if plan.command else None,
+        **({"load_cap": load_cap} if load_cap is not None else {}),
     }
 
 

@@ -270,6 +270,7 @@ def _single_setting(args: argparse.Namespace, spec: SearchSpec, slo: Any) -> Set
 
 def _print_table(results: list[SettingResult], spec: SearchSpec) -> None:
     from harness.capacity.search import LOAD_UNITS
+    from harness.report.curves import status_bound
 
     unit = LOAD_UNITS[spec.kind]
     width = max([len(r.setting.name) for r in results] + [7])
@@ -279,10 +280,9 @@ def _print_table(results: list[SettingResult], spec: SearchSpec) -> None:
             print(f"{r.setting.name:<{width}}  {'–':>10}  {'':<25} {'':>6}  failed: {r.error}")
             continue
         res = r.result
-        bound = {"at_least_max": "≥ ", "max_probes": "≥ ", "trace_too_short": "≥ ",
-                 "below_min": "< "}.get(res.status, "")
-        value = res.failing if res.status == "below_min" else res.capacity
-        cap = "–" if value is None else f"{bound}{value:g}"
+        bound = status_bound(res.status)
+        value = res.failing if bound == "<" else res.capacity
+        cap = "–" if value is None else ("" if bound == "=" else f"{bound} ") + f"{value:g}"
         bracket = (f"{'–' if res.passing is None else f'{res.passing:g}'} .. "
                    f"{'–' if res.failing is None else f'{res.failing:g}'} {unit}")
         print(f"{r.setting.name:<{width}}  {cap:>10}  {bracket:<25} {len(res.probes):>6}  "

@@ -195,9 +195,13 @@ def run_live(
     except BaseException as exc:
         interrupted = isinstance(exc, KeyboardInterrupt | SystemExit | asyncio.CancelledError)
         engine["status"] = "interrupted" if interrupted else "failed"
-        said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        engine["error"] = scrub_text("interrupted (Ctrl-C or SIGTERM)" if interrupted and not
-                                     str(exc) else said, secrets)
+        if isinstance(exc, EngineExited):  # its message says what happened
+            said = str(exc)
+        elif interrupted:
+            said = str(exc) or "interrupted (Ctrl-C or SIGTERM)"
+        else:
+            said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        engine["error"] = scrub_text(said, secrets)
         if isinstance(exc, EngineStartError) and secrets:  # it quotes argv and the log tail
             raise EngineStartError(scrub_text(str(exc), secrets)) from None
         raise

@@ -194,8 +194,8 @@ class PrometheusSource:
 
     async def _http_fetch(self) -> str:
         assert self.url is not None
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
+        self.prepare()
+        assert self._client is not None
         response = await self._client.get(self.url)
         if response.status_code != 200:
             raise httpx.HTTPStatusError(

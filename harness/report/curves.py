@@ -221,8 +221,8 @@ def _read_search(path: Path) -> SearchRecord | None:
         return SearchRecord(
             path=path, key=setting_key(engine.get("name") or d.get("setting"), d.get("grid")),
             kind=str(d.get("kind")), unit=str(d.get("unit") or ""), status=str(d.get("status")),
-            capacity=d.get("capacity"), passing=_bracket(bracket, probes, "passing"),
-            failing=_bracket(bracket, probes, "failing"),
+            capacity=d.get("capacity"), passing=bracket.get("passing"),
+            failing=bracket.get("failing"),
             target=float(d.get("target_attainment") or DEFAULT_TARGET),
             precision_text=str(d.get("precision_text") or ""), num_probes=len(probes),
             num_stopped=sum(1 for p in probes if p.get("stopped")),
@@ -248,18 +248,6 @@ def _only_pace(probe: Mapping[str, Any], search: Mapping[str, Any], why: str) ->
     target = float(search.get("target_attainment") or DEFAULT_TARGET)
     return (attainment is not None and attainment >= target and not probe.get("stopped")
             and str(probe.get("behind") or "").startswith(why))
-
-
-def _bracket(bracket: Mapping[str, Any], probes: Sequence[Mapping[str, Any]],
-             side: str) -> float | None:
-    """The search's bracket; for one that did not end (interrupted), what its probes show so
-    far: the highest load that passed and the lowest that failed."""
-    if bracket.get(side) is not None or not probes:
-        return bracket.get(side)
-    passed = side == "passing"
-    loads = [float(p["load"]) for p in probes
-             if p.get("load") is not None and bool(p.get("passed")) == passed]
-    return (max(loads) if passed else min(loads)) if loads else None
 
 
 @dataclass(frozen=True)
@@ -311,11 +299,16 @@ def capacity_rows(series: Sequence[Series], searches: Sequence[SearchRecord],
     return list(rows.values())
 
 
+def status_bound(status: str) -> str:
+    """What a search's status says of its capacity: "=" found, "≥" a lower bound (no load
+    tried failed; cut short by --max-probes, Ctrl-C or a kill; the trace too short to test
+    more), "<" every load tried failed (the lowest failing load is the bound)."""
+    return {"at_least_max": "≥", "below_min": "<", "max_probes": "≥", "interrupted": "≥",
+            "running": "≥", "trace_too_short": "≥"}.get(status, "=")
+
+
 def _search_row(r: SearchRecord) -> CapacityRow:
-    # a search cut short (--max-probes, Ctrl-C) knows only that the capacity is at least its
-    # highest pass
-    bound = {"at_least_max": "≥", "below_min": "<", "max_probes": "≥", "interrupted": "≥",
-             "running": "≥", "trace_too_short": "≥"}.get(r.status, "=")
+    bound = status_bound(r.status)
     value = r.capacity if bound != "<" else r.failing
     if value is None and bound == "≥":
         value = r.passing

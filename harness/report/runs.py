@@ -53,11 +53,8 @@ class CellResult:
             said = "killed while it ran (its manifest still says running)"
         else:
             said = str(self.manifest.get("error") or self.manifest.get("stopped_early")
-                       or status)
-            said = said.removeprefix("EngineExited: ").removeprefix("KeyboardInterrupt: ")
-            said = said.rstrip(": ") or status
-            if said == "interrupted":
-                said = "interrupted (Ctrl-C or SIGTERM)"
+                       or ("interrupted (Ctrl-C or SIGTERM)" if status == "interrupted"
+                           else status))
         not_sent = self.manifest.get("num_not_sent")
         if isinstance(not_sent, int) and not_sent and "never sent" not in said:
             said += f"; {not_sent} requests of the trace were never sent"
