@@ -38,10 +38,57 @@ DEFAULT_CLIENT_LAG_THRESHOLD_S = 0.010
 # no more than PACE_TOLERANCE of them, or than PACE_SIGMAS standard deviations of a Poisson
 # count (sqrt(n)); and it showed a steady state when its arrivals lasted at
 # least SHORTEST_STEADY_E2ES times its E2E p90 (docs/metrics.md, "Capacity probes"; checked
-# by harness.capacity.probe.pace_of).
+# by ``pace``). A run report says when a run at a load of its own fell behind: its waits then
+# grow with the trace's length.
 PACE_TOLERANCE = 0.05
 PACE_SIGMAS = 2.0
 SHORTEST_STEADY_E2ES = 4
+
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """Whether an engine kept pace with its arrivals over a run (``pace``)."""
+
+    arrived_per_s: float  # over the second half of the arrivals, one median E2E earlier
+    completed_per_s: float  # over the second half of the arrivals
+    kept: bool
+    why: str | None = None  # why not, in words
+    fell_behind: bool = False  # not kept because a backlog grew (not: too short to tell)
+
+
+def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
+         ok: np.ndarray) -> Pace | None:
+    """The pace check of an open-loop run (docs/metrics.md, "Capacity probes: keeping pace"):
+    one value per request of each array, ``ok`` true for those that completed. None when it
+    cannot be made (fewer than two arrival instants, nothing completed)."""
+    arrival = np.asarray(arrival_s, dtype=float)
+    finished = np.asarray(finished_s, dtype=float)
+    e2e = np.asarray(e2e_s, dtype=float)
+    ok = np.asarray(ok, dtype=bool) & np.isfinite(e2e)
+    if arrival.size < 2 or not arrival.max() > arrival.min() or not ok.any():
+        return None
+    start, end = float(arrival.min()), float(arrival.max())
+    mid, half = (start + end) / 2, (end - start) / 2
+    lag = float(np.median(e2e[ok]))
+    num_arrived = int(np.count_nonzero((arrival > mid - lag) & (arrival <= end - lag)))
+    num_completed = int(np.count_nonzero(ok & (finished > mid) & (finished <= end)))
+    arrived, completed = num_arrived / half, num_completed / half
+    # The counts differ by chance (bursts of arrivals, long requests finishing across the
+    # windows' edges) and by a slow drift a steady state allows: a shortfall beyond
+    # PACE_SIGMAS standard deviations of a Poisson count and beyond PACE_TOLERANCE of the
+    # arrivals is a backlog that grows, however long the trace.
+    allowed = max(PACE_TOLERANCE * num_arrived, PACE_SIGMAS * math.sqrt(num_arrived))
+    if num_completed < num_arrived - allowed:
+        return Pace(arrived, completed, False,
+                    f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} arriving "
+                    "over the second half of its arrivals", fell_behind=True)
+    long_e2e = float(np.percentile(e2e[ok], 90))
+    if end - start < SHORTEST_STEADY_E2ES * long_e2e:
+        return Pace(arrived, completed, False,
+                    f"too short to show a steady state: its arrivals last {end - start:.3g} s, "
+                    f"under {SHORTEST_STEADY_E2ES} times its E2E p90 ({long_e2e:.3g} s)")
+    return Pace(arrived, completed, True)
 
 
 SLO_KEYS = ("ttft_s", "tpot_s", "e2e_s")

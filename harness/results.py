@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness import columns
-from harness.metrics import ChunkTimes, chunk_times, request_metric_columns
+from harness.metrics import ChunkTimes, Pace, chunk_times, pace, request_metric_columns
 from harness.timeline import RequestTimeline
 
 REQUESTS_FILE = "requests.parquet"
@@ -201,6 +201,36 @@ def write_tables(out_dir: Path, tables: Mapping[str, pa.Table], *,
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
         write_parquet_atomic(table, out_dir / name, run_id=run_id)
+
+
+def pace_of(run_dir: Path) -> Pace | None:
+    """``harness.metrics.pace`` of a run folder, from its ``requests.parquet``; None when it
+    cannot be made (see ``pace``; no readable file)."""
+    try:
+        table = pq.read_table(run_dir / REQUESTS_FILE,
+                              columns=["arrival_s", "finished_s", "e2e_s", "error_kind"])
+    except (OSError, ValueError, pa.ArrowInvalid):
+        return None
+    arrival, finished, e2e = (
+        np.asarray(table.column(c).to_numpy(zero_copy_only=False), dtype=float)
+        for c in ("arrival_s", "finished_s", "e2e_s"))
+    ok = np.array([kind is None for kind in table.column("error_kind").to_pylist()],
+                  dtype=bool)
+    return pace(arrival, finished, e2e, ok)
+
+
+def run_pace(run_dir: Path, summary: Mapping[str, Any], manifest: Mapping[str, Any]
+             ) -> Pace | None:
+    """``pace_of`` a run that ran to its end with its requests arriving on their own (open
+    loop): None for a closed loop (arrivals wait for completions), a run stopped early or one
+    that did not finish (``manifest.json``'s status)."""
+    if summary.get("stopped_early") or manifest.get("status") in ("failed", "interrupted",
+                                                                    "running"):
+        return None
+    load = manifest.get("load")
+    if isinstance(load, Mapping) and load.get("mode") == "closed":
+        return None
+    return pace_of(run_dir)
 
 
 def parquet_run_id(path: Path) -> str | None:

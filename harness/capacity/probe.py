@@ -22,9 +22,9 @@ from typing import Any
 
 from harness.capacity.saturation import SaturationMonitor, interval_for
 from harness.capacity.search import LOAD_UNITS, LoadKind, ProbeOutcome, normal_load
-from harness.metrics import PACE_SIGMAS, PACE_TOLERANCE, SHORTEST_STEADY_E2ES, Slo
+from harness.metrics import Pace, Slo
 from harness.redact import redact_tree
-from harness.results import REQUESTS_FILE, SUMMARY_FILE, write_json_atomic
+from harness.results import SUMMARY_FILE, pace_of, write_json_atomic
 from harness.scenario.status import CELL_FILE, STATUS_FILE, interrupted_reason
 from harness.target import ClosedLoop, RunOptions, TargetSpec
 from harness.targets import make_target
@@ -125,57 +125,6 @@ def _span_s(trace: Trace, kind: LoadKind, load: float) -> float:
     if kind == "rate":
         return trace.duration_s
     return math.inf  # a closed loop's length is not known before it runs
-
-
-@dataclass(frozen=True, slots=True)
-class Pace:
-    """Whether a rate probe's engine kept pace with its arrivals (``pace_of``)."""
-
-    arrived_per_s: float  # over the second half of the arrivals, one median E2E earlier
-    completed_per_s: float  # over the second half of the arrivals
-    kept: bool
-    why: str | None = None  # why not, in words
-
-
-def pace_of(run_dir: Path) -> Pace | None:
-    """The pace check of a finished run, from its ``requests.parquet``; None when it cannot
-    be made (fewer than two arrival instants, nothing completed, no readable file)."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(run_dir / REQUESTS_FILE,
-                              columns=["arrival_s", "finished_s", "e2e_s", "error_kind"])
-    except (OSError, ValueError):
-        return None
-    arrival, finished, e2e = (
-        np.asarray(table.column(c).to_numpy(zero_copy_only=False), dtype=float)
-        for c in ("arrival_s", "finished_s", "e2e_s"))
-    ok = np.array([kind is None for kind in table.column("error_kind").to_pylist()],
-                  dtype=bool)
-    if arrival.size < 2 or not arrival.max() > arrival.min() or not ok.any():
-        return None
-    start, end = float(arrival.min()), float(arrival.max())
-    mid, half = (start + end) / 2, (end - start) / 2
-    lag = float(np.median(e2e[ok]))
-    num_arrived = int(np.count_nonzero((arrival > mid - lag) & (arrival <= end - lag)))
-    num_completed = int(np.count_nonzero(ok & (finished > mid) & (finished <= end)))
-    arrived, completed = num_arrived / half, num_completed / half
-    # The counts differ by chance (bursts of arrivals, long requests finishing across the
-    # windows' edges) and by a slow drift a steady state allows: a shortfall beyond
-    # PACE_SIGMAS standard deviations of a Poisson count and beyond PACE_TOLERANCE of the
-    # arrivals is a backlog that grows, however long the trace.
-    allowed = max(PACE_TOLERANCE * num_arrived, PACE_SIGMAS * math.sqrt(num_arrived))
-    if num_completed < num_arrived - allowed:
-        return Pace(arrived, completed, False,
-                    f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} arriving "
-                    "over the second half of its arrivals")
-    long_e2e = float(np.percentile(e2e[ok], 90))
-    if end - start < SHORTEST_STEADY_E2ES * long_e2e:
-        return Pace(arrived, completed, False,
-                    f"too short to show a steady state: its arrivals last {end - start:.3g} s, "
-                    f"under {SHORTEST_STEADY_E2ES} times its E2E p90 ({long_e2e:.3g} s)")
-    return Pace(arrived, completed, True)
 
 
 def outcome_from_summary(load: float, summary: Mapping[str, Any], target: float,

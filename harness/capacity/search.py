@@ -101,7 +101,7 @@ class ProbeOutcome:
     tpot_p90_s: float | None = None
     resumed: bool = False  # taken from an earlier run of the search
     # rate probes: whether the engine kept pace with the arrivals, the rates compared and why
-    # not (``harness.capacity.probe.pace_of``)
+    # not (``harness.metrics.pace``)
     arrived_per_s: float | None = None
     completed_per_s: float | None = None
     kept_pace: bool | None = None

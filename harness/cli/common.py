@@ -381,9 +381,28 @@ def print_failures(summary: dict[str, Any], run_dir: str | None = None) -> None:
             print(f"first error: {first}")
 
 
+def print_behind(summary: dict[str, Any], run_dir: str) -> None:
+    """Warn when the engine fell behind the run's arrivals (``harness.results.run_pace``)."""
+    from pathlib import Path
+
+    from harness.manifest import read_manifest
+    from harness.results import run_pace
+
+    folder = Path(run_dir)
+    pace = run_pace(folder, summary, read_manifest(folder))
+    if pace is not None and pace.fell_behind:
+        print(f"warning: the engine fell behind its arrivals: over the second half of them it "
+              f"completed {pace.completed_per_s:.3g} req/s while {pace.arrived_per_s:.3g} "
+              "arrived, so its queue grew for the whole run: TTFT and E2E are those of this "
+              "trace's length, not of a steady state (`batchlab capacity` finds the load it "
+              "keeps pace with)", file=sys.stderr)
+
+
 def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> None:
     print_headline(summary)
     print_failures(summary, run_dir)
+    if run_dir is not None:
+        print_behind(summary, run_dir)
     completed = summary.get("num_completed") or 0
     reached = (summary.get("output_length_fidelity") or {}).get("num_reached_target")
     if completed and reached is not None and reached < completed:

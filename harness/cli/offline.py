@@ -18,6 +18,7 @@ from harness.cli.common import (
     knobs_from_args,
     load_trace,
     parse_slo,
+    print_behind,
     print_failures,
     print_headline,
     print_predicted,
@@ -213,6 +214,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         bar.close()
     print_headline(summary)
     print_failures(summary, str(out))
+    print_behind(summary, str(out))
     print_predicted(config)
     report = (f"no report: `batchlab report {out}` writes it" if args.no_report
               else f"report: {out / 'report.md'}")

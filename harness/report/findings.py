@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from harness.metrics import PACE_TOLERANCE, Pace
 from harness.report.context import ReportContext, class_name, priority_sort_key, slo_notes
 from harness.report.curves import (
     DEFAULT_TARGET,
@@ -60,11 +61,14 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
     if answer:
         out.append(answer)
     out += [*ctx.notes, *slo_notes(ok)]
+    behind = [] if any(r.source == "search" for r in capacity) else _behind_finding(ok)
     if len(ok) == 1:
         sentence = _single_run_sentence(ok[0])
         out.append(sentence if len(cells) == 1 else
                    f"{code(ok[0].name)} s{sentence[1:]}")  # "`x` served ..."
+        out += behind
     elif ok and base is not None:
+        out += behind  # before the comparisons it qualifies
         bases = bases or Baselines.of(ok, base)
         scored = []
         for c in ok:
@@ -154,6 +158,44 @@ def _single_run_sentence(c: CellResult) -> str:
     if not missing(attainment):
         text += f"; {fmt_pct(attainment)} of requests met the SLO"
     return text + "."
+
+
+def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
+    """The runs whose engine fell behind their arrivals (``CellResult.pace``): a queue that
+    grew for the whole run, so that their waits are those of the trace's length. Beside them,
+    the runs that fell short of their arrivals by more than ``PACE_TOLERANCE`` too, but by no
+    more than chance explains: a cell is not set apart from one just as short."""
+    paces = [(c, c.pace) for c in ok]
+    behind = [(c, p) for c, p in paces if p is not None and p.fell_behind]
+    if not behind:
+        return []
+    near = [(c, p) for c, p in paces if p is not None and not p.fell_behind
+            and p.completed_per_s < (1 - PACE_TOLERANCE) * p.arrived_per_s]
+
+    def rates(pace: Pace) -> str:
+        return (f"completed {fmt_number(pace.completed_per_s, 'req/s')} while "
+                f"{fmt_number(pace.arrived_per_s, 'req/s')} arrived")
+
+    consequence = ("TTFT and E2E are those of this trace's length (a longer trace would wait "
+                   "longer), not of a steady state; `batchlab capacity` finds the highest "
+                   "load the engine keeps pace with.")
+    if len(behind) == 1:
+        c, pace = behind[0]
+        who = "The engine" if len(ok) == 1 else code(c.name)
+        text = (f"{who} fell behind its arrivals: over the second half of them it "
+                f"{rates(pace)}, so its queue grew for the whole run. Its " + consequence)
+    else:
+        names = "; ".join(f"{code(c.name)} ({rates(p)})" for c, p in behind)
+        text = (f"{len(behind)} of {len(ok)} cells fell behind their arrivals, their queues "
+                f"growing for the whole run (over the second half of the arrivals): {names}. "
+                "Their " + consequence)
+    if near:
+        names = "; ".join(
+            f"{code(c.name)} ({rates(p)}, {fmt_pct(1 - p.completed_per_s / p.arrived_per_s)} "
+            "short)" for c, p in near)
+        text += (f" Short of its arrivals too, by more than {fmt_pct(PACE_TOLERANCE)} but by no "
+                 f"more than chance explains: {names}.")
+    return [text]
 
 
 def _ratio(a: Any, b: Any) -> float | None:

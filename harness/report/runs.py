@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,10 @@ import pyarrow.parquet as pq
 
 from harness.columns import numbers
 from harness.manifest import MANIFEST_FILE
+from harness.metrics import Pace
 from harness.report.format import load_text, value_text
 from harness.report.plots import EngineState, envelope
-from harness.results import REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE, read_json_object
+from harness.results import REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE, read_json_object, run_pace
 
 TELEMETRY_FILE = "telemetry.parquet"
 CELL_FILE = "cell.json"
@@ -59,6 +61,14 @@ class CellResult:
         if isinstance(not_sent, int) and not_sent and "never sent" not in said:
             said += f"; {not_sent} requests of the trace were never sent"
         return said
+
+    @cached_property
+    def pace(self) -> Pace | None:
+        """Whether the engine kept pace with the run's arrivals (``harness.results.run_pace``:
+        open-loop runs that ran to their end), read from ``requests.parquet`` once."""
+        if self.summary is None or not self.ok:
+            return None
+        return run_pace(self.run_dir, self.summary, self.manifest)
 
     @property
     def knobs(self) -> Mapping[str, Any]:

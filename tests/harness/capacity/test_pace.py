@@ -13,9 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.capacity import SEARCH_FILE
-from harness.capacity.probe import outcome_from_summary, pace_of
+from harness.capacity.probe import outcome_from_summary
 from harness.cli import main as cli_main
 from harness.metrics import PACE_TOLERANCE
+from harness.results import pace_of
 
 REPO = Path(__file__).resolve().parents[3]
 SMALL = REPO / "tests" / "data" / "scenario_small.yaml"

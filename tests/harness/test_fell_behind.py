@@ -1,0 +1,96 @@
+"""A run whose engine fell behind its arrivals says so, on the terminal and in its report: its
+TTFT and E2E are then those of the trace's length, not of a steady state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main as cli_main
+from harness.metrics import Pace
+from harness.report import render_run_report
+from harness.report.findings import _behind_finding
+from harness.report.runs import CellResult, load_run
+
+REPO = Path(__file__).resolve().parents[2]
+EXCERPT = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
+SIM = ["simulate", "--trace", str(EXCERPT), "--limit", "300", "--model", "llama-3.1-8b",
+       "--gpu", "h100-sxm", "--max-num-seqs", "32", "--no-report"]
+BEHIND = "fell behind its arrivals"
+
+
+def _simulate(out: Path, *extra: str) -> None:
+    assert cli_main([*SIM, *extra, "--out", str(out)]) == 0
+
+
+def test_an_overloaded_run_says_it_fell_behind(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # 32 sequences of llama-3.1-8b serve about 10 req/s of this trace: 10 req/s is too many
+    _simulate(tmp_path / "over", "--rate", "10")
+    err = capsys.readouterr().err
+    assert f"warning: the engine {BEHIND}" in err
+    pace = load_run(tmp_path / "over").pace
+    assert pace is not None and pace.fell_behind and not pace.kept
+    assert pace.completed_per_s < pace.arrived_per_s
+    render_run_report(tmp_path / "over")
+    report = (tmp_path / "over" / "report.md").read_text()
+    findings = report.split("## Key findings")[1].split("\n## ")[0]
+    assert f"The engine {BEHIND}" in findings
+    assert f"it completed {pace.completed_per_s:.3g} req/s while" in findings
+
+
+def test_a_run_that_keeps_pace_and_a_closed_loop_say_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _simulate(tmp_path / "light", "--rate", "2")
+    pace = load_run(tmp_path / "light").pace
+    assert pace is not None and pace.kept
+    # a closed loop at any load: its arrivals wait for completions, so no pace is checked
+    _simulate(tmp_path / "closed", "--mode", "closed", "--concurrency", "200")
+    assert load_run(tmp_path / "closed").pace is None
+    assert BEHIND not in capsys.readouterr().err
+    for name in ("light", "closed"):
+        render_run_report(tmp_path / name)
+        assert BEHIND not in (tmp_path / name / "report.md").read_text()
+
+
+def test_a_run_that_did_not_finish_is_not_judged_on_its_pace(tmp_path: Path) -> None:
+    _simulate(tmp_path / "over", "--rate", "10")
+    manifest_path = tmp_path / "over" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest_path.write_text(json.dumps({**manifest, "status": "interrupted"}))
+    assert load_run(tmp_path / "over").pace is None
+
+
+def test_a_comparison_names_each_cell_that_fell_behind(tmp_path: Path) -> None:
+    _simulate(tmp_path / "r2", "--rate", "2")
+    _simulate(tmp_path / "r10", "--rate", "10")
+    out = tmp_path / "cmp.md"
+    assert cli_main(["report", str(tmp_path / "r2"), str(tmp_path / "r10"),
+                     "-o", str(out)]) == 0
+    findings = out.read_text().split("## Key findings")[1].split("\n## ")[0]
+    assert "`r10` fell behind its arrivals: over the second half of them it completed" in findings
+    assert "`r2`" not in findings.split("fell behind")[0].splitlines()[-1]
+
+
+def _cell(name: str, pace: Pace) -> CellResult:
+    cell = CellResult(name=name, run_dir=Path(name), state="done", summary={})
+    cell.__dict__["pace"] = pace  # what CellResult.pace would have read from its folder
+    return cell
+
+
+def test_a_cell_just_as_short_as_one_that_fell_behind_is_named_beside_it() -> None:
+    """Two cells 9% short of their arrivals, one just past what chance explains: the finding
+    does not set them apart as if one kept pace."""
+    behind = Pace(12.45, 11.24, False, "fell behind: ...", fell_behind=True)
+    near = Pace(12.40, 11.24, True)
+    kept = Pace(10.0, 9.8, True)
+    text = _behind_finding([_cell("fcfs", near), _cell("priority", behind),
+                            _cell("light", kept)])[0]
+    assert text.startswith("`priority` fell behind its arrivals")
+    assert "by no more than chance explains: `fcfs` (completed 11.2 req/s while 12.4 req/s " \
+           "arrived, 9.4% short)" in text
+    assert "`light`" not in text
+    # nothing fell behind: nothing is said, however short a cell was
+    assert _behind_finding([_cell("fcfs", near), _cell("light", kept)]) == []
