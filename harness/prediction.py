@@ -23,6 +23,13 @@ from typing import Any
 # (harness.published.rows.METRIC_KINDS says which published metric is which).
 KINDS = ("throughput", "TTFT", "TPOT/ITL", "E2E")
 
+# What the published figures a prediction's accuracy was measured on are (every metric a
+# published row may have, harness.published.rows.METRIC_KINDS: a test keeps the two in step),
+# and what no published figure gives: a predicted number of these kinds has no measured error.
+MEASURED_STATISTICS = "means, medians and whole-run rates"
+UNMEASURED_KINDS = ("preemption counts, prefix-cache hits, per-class latencies, batch sizes "
+                    "and capacities at an SLO")
+
 SIMULATED = "by the reference engine"
 # a live run against ``batchlab serve reference``: the server sleeps each step's predicted time
 SERVED = ("by the reference engine served over HTTP (step times from its cost model; HTTP and "

@@ -445,7 +445,7 @@ def kv_bound(c: CellResult, use: EngineUse | None) -> str:
 
 
 def batch_rows(cells: Sequence[CellResult]) -> list[BatchRow]:
-    """The rows of one series of a batch-size sweep, by cap, with the measured turn marked:
+    """The rows of one series of a batch-size sweep, by cap, with the turn the runs showed marked:
     the first cap whose larger running batch raised tokens/s by under half as much."""
     pts = sorted(cells, key=lambda c: int(knob(c, "max_num_seqs")))
     rows: list[BatchRow] = []

@@ -12,8 +12,10 @@ from typing import Any
 
 from harness.prediction import (
     KINDS,
+    MEASURED_STATISTICS,
     SERVED,
     SIMULATED,
+    UNMEASURED_KINDS,
     Accuracy,
     accuracy,
     prediction_text,
@@ -94,28 +96,35 @@ def _published_text(acc: Accuracy) -> str:
     return f"{acc.published.text()} of {acc.published.num_rows}"
 
 
+_UNRECORDED = "the reference engine (the run recorded no prediction record)"
+
+
 @dataclass(frozen=True)
 class _Group:
     """Cells predicted the same way, with the same recorded accuracy."""
 
     what: str  # "profile `x`", "catalog coefficients", ...
-    accuracy: Accuracy
+    accuracy: Accuracy | None  # None: never measured (a calibrated profile), or not recorded
     names: list[str]  # the cells, as code spans
 
 
 def _groups(cells: Sequence[CellResult]) -> list[_Group]:
-    """The predicted cells among ``cells`` whose record quotes a measured accuracy, grouped by
-    predictor; runs recorded with other figures (an older profile) are groups of their own."""
+    """The predicted cells among ``cells``, grouped by predictor and the accuracy their record
+    quotes; runs recorded with other figures (an older profile) are groups of their own, and
+    so are those whose accuracy was never measured or not recorded."""
     groups: dict[tuple[str, str], _Group] = {}
     for c in cells:
         found = _prediction_of(c.manifest.get("engine"))
-        record, by = found if found is not None else (None, SIMULATED)
+        if found is None:
+            continue  # a measurement
+        record, by = found
         acc = accuracy(record)
-        if record is None or acc is None:
-            continue
-        what = (f"profile {code(str(record['profile']))}" if record.get("profile")
-                else "catalog coefficients")
-        donor = (record.get("accuracy") or {}).get("coefficients_from")
+        if record is None:
+            what = _UNRECORDED
+        else:
+            what = (f"profile {code(str(record['profile']))}" if record.get("profile")
+                    else "catalog coefficients")
+        donor = ((record or {}).get("accuracy") or {}).get("coefficients_from")
         if donor:
             what += f" (coefficients of {code(str(donor))})"
         if by == SERVED:
@@ -124,20 +133,30 @@ def _groups(cells: Sequence[CellResult]) -> list[_Group]:
     return list(groups.values())
 
 
+def _never_text(g: _Group) -> str:
+    """Why a group quotes no accuracy."""
+    return ("its accuracy not recorded in the run" if g.what == _UNRECORDED
+            else "never measured against published figures")
+
+
 def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
     """A table of each kind of prediction among ``cells`` (a profile, or the catalog's
     coefficients) with the error it was measured to have on published real-hardware figures,
-    over all of them and for each kind of figure (throughput, TTFT, TPOT/ITL, E2E)."""
+    over all of them and for each kind of figure (throughput, TTFT, TPOT/ITL, E2E); a kind of
+    prediction never measured is a row that says so."""
     groups = _groups(cells)
     if not groups:
         return []
     rows = []
     for g in groups:
+        names = "every cell" if len(g.names) == len(cells) > 1 else ", ".join(g.names)
         acc = g.accuracy
+        if acc is None:
+            rows.append([names, g.what, _never_text(g), "unknown", "–", *["–"] * len(KINDS)])
+            continue
         held = "held-out " if acc.held_out else ""
-        row = ["every cell" if len(g.names) == len(cells) > 1 else ", ".join(g.names), g.what,
-               f"{acc.overall.num_rows or '–'} {held}figures ({acc.doc})", acc.overall.text(),
-               _published_text(acc)]
+        row = [names, g.what, f"{acc.overall.num_rows or '–'} {held}figures ({acc.doc})",
+               acc.overall.text(), _published_text(acc)]
         for kind in KINDS:
             e = acc.by_kind.get(kind)
             row.append(f"{e.text()} of {e.num_rows}" if e is not None
@@ -150,19 +169,34 @@ def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
             "published − 1) was measured on published real-hardware figures: a profile's on "
             "figures its fit never saw, the catalog coefficients' on every figure; the median "
             "and worst over all of them, over those whose workload is fully published, and "
-            "over each kind of figure.", "",
+            f"over each kind of figure. The published figures are {MEASURED_STATISTICS}: "
+            "no p90, p99 or maximum, so a predicted tail percentile's error is not known; nor "
+            f"is that of {UNMEASURED_KINDS}, which no published figure gives.", "",
             table(headers, rows, align=["l"] * len(headers)), ""]
+
+
+def tails_note(cells: Sequence[CellResult]) -> list[str]:
+    """Above tables of predicted percentiles: the published figures their accuracy was
+    measured on were no p90 or p99. [] without a predicted cell."""
+    if not _predicted_names(cells):
+        return []
+    return [f"The published figures predictions were measured against are {MEASURED_STATISTICS}:"
+            " no predicted p90 or p99 below was ever compared with a published figure, and the "
+            "notes under each table give the error of a typical figure, not of a tail.", ""]
 
 
 def kind_note(cells: Sequence[CellResult], kind: str, label: str) -> list[str]:
     """Under a table of ``label`` figures (TTFT, TPOT, ...; ``kind`` one of ``KINDS``): how
     far the predicted cells' figures of that kind were measured to miss published ones, or
-    that they never were. [] without a predicted cell whose record has kinds."""
-    parts, unmeasured = [], []
+    that they never were. [] without a predicted cell."""
+    parts, unmeasured, never = [], [], []
     for g in _groups(cells):
-        acc, names = g.accuracy, ", ".join(g.names)
-        e = acc.by_kind.get(kind)
-        if e is not None:
+        acc = g.accuracy
+        names = "every cell" if len(g.names) == len(cells) > 1 else ", ".join(g.names)
+        e = acc.by_kind.get(kind) if acc is not None else None
+        if acc is None:
+            never.append(f"{_never_text(g)} for {names}")
+        elif e is not None:
             held = " held-out" if acc.held_out else ""
             parts.append(f"{names} a median {fmt_pct(e.median)} off (worst "
                          f"{fmt_pct(e.worst)}) over {e.num_rows}{held} figures")
@@ -170,10 +204,24 @@ def kind_note(cells: Sequence[CellResult], kind: str, label: str) -> list[str]:
             unmeasured.append(names)
     if unmeasured:
         parts.append(f"no held-out {kind} figure for {', '.join(unmeasured)}")
+    parts += never
     if not parts:
         return []
     return [f"How far predicted {label} was measured to miss published {kind} figures: "
             + "; ".join(parts) + f" ({ACCURACY_LINK}).", ""]
+
+
+def unmeasured_note(cells: Sequence[CellResult], what: str) -> list[str]:
+    """Under a table of a kind of figure no published measurement gives (preemptions, the
+    prefix cache's hits, per-class latencies, batch sizes): that the predicted cells' are
+    predictions whose error is not known. [] without a predicted cell."""
+    names = _predicted_names(cells)
+    if not names:
+        return []
+    whose = "every cell" if len(names) == len(cells) else ", ".join(names)
+    return [f"{what} of {whose} are predicted, and no published real-hardware figure of "
+            f"their kind was ever compared with them: their error is not known "
+            f"({ACCURACY_LINK}).", ""]
 
 
 def predicted_text(cells: Sequence[CellResult]) -> str | None:
@@ -189,16 +237,22 @@ def predicted_text(cells: Sequence[CellResult]) -> str | None:
             f"hardware ({ACCURACY_LINK}).")
 
 
-def derived_note(cells: Sequence[CellResult], what: str) -> list[str]:
+def derived_note(cells: Sequence[CellResult], what: str, *, pace: bool = False) -> list[str]:
     """Under a table of figures computed from predicted latencies (goodput, SLO attainment,
-    capacity at SLO): that they are predicted too, and where their inputs' error is."""
+    capacity at SLO): that they are predicted too, where their inputs' error is, and that they
+    were never compared with a published figure themselves. ``pace``: they rest on whether the
+    engine kept pace with its arrivals too (a capacity), that is on predicted throughput."""
     names = _predicted_names(cells)
     if not names:
         return []
     whose = "every cell" if len(names) == len(cells) else ", ".join(names)
-    return [f"{what} of {whose} are predicted: they count requests whose predicted TTFT and "
-            "TPOT met the SLO (how far those were measured to miss: the notes under the TTFT "
-            f"and TPOT tables, and {ACCURACY_LINK}).", ""]
+    inputs = ("rest on predicted TTFT and TPOT (which requests met the SLO) and on predicted "
+              "throughput (whether the engine kept pace with its arrivals)" if pace
+              else "count the requests whose predicted TTFT and TPOT met the SLO")
+    return [f"{what} of {whose} are predicted: they {inputs}. How far those were "
+            "measured to miss: the notes under the TTFT, TPOT and throughput tables, and "
+            f"{ACCURACY_LINK}; no published figure of this kind was compared with them "
+            "themselves.", ""]
 
 
 def _predicted_names(cells: Sequence[CellResult]) -> list[str]:

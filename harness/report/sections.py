@@ -39,6 +39,8 @@ from harness.report.predictions import (
     predicted_text,
     prediction_accuracy_lines,
     prediction_row,
+    tails_note,
+    unmeasured_note,
 )
 from harness.report.runs import (
     CellResult,
@@ -279,7 +281,7 @@ def latency_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
     lines = ["## Latency", "",
              "Percentiles over successful requests"
              + (f"; in brackets the change against {bases.phrase(code)}."
-                if bases.compared() else "."), ""]
+                if bases.compared() else "."), "", *tails_note(ok)]
     for metric, label in LATENCIES:
         if not any(get(c.summary, f"{metric}.count") for c in ok):
             continue
@@ -368,7 +370,7 @@ def preemption_section(ok: Sequence[CellResult], preempted: Mapping[str, int | N
             "swap moves the blocks to host memory"
             + ("; when the host's swap space is full, a swap preemption is recomputed instead, "
                "counted in the last column" if swapping else "") + ").", "",
-            table(headers, rows), ""]
+            table(headers, rows), "", *unmeasured_note(ok, "Preemption counts")]
 
 
 def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
@@ -388,6 +390,7 @@ def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
                      fmt_pct(again) if again is not None else "–"])
     if not rows:
         return []
+    cached = [c for c in ok if isinstance(get(c.summary, "prefix_cache"), Mapping)]
     return ["## Prefix cache", "",
             "Prompt tokens looked up in the prefix cache when a request was admitted, and how "
             "many were found (their prefill is skipped); re-admissions after a preemption are "
@@ -397,7 +400,7 @@ def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
             f"No request of {', '.join(blind)} carried prefix identities: the trace records "
             "lengths, not prompts, so no two prompts can be known to share a prefix and no "
             "lookup hits. Only Mooncake traces (`hash_ids`) exercise the cache.", ""]
-            if blind else [])
+            if blind else []) + unmeasured_note(cached, "Prefix-cache hits")
 
 
 def output_length_section(ok: Sequence[CellResult]) -> list[str]:
@@ -469,7 +472,7 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
             headers.append("SLO attainment")
         title = class_name(ctx, key).replace("`", "")
         lines += [f"### Class {title}", "", table(headers, rows), ""]
-    return lines
+    return lines + unmeasured_note(ok, "Per-class figures")
 
 
 def reproduce_section(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Path
@@ -573,9 +576,11 @@ def batch_size_section(series: Mapping[str, Sequence[BatchRow]]) -> list[str]:
              "grew against the running batch "
              "since the previous cap (1: in proportion, memory-bound; near 0: flat); the turn "
              "is the first cap under 0.5.", ""]
-    predicted = predicted_text([r.cell for rows in series.values() for r in rows])
+    cells = [r.cell for rows in series.values() for r in rows]
+    predicted = predicted_text(cells)
     if predicted:
         lines += [predicted, ""]
+    lines += unmeasured_note(cells, "Running batches, KV use, what bound them and the turn")
     roof_line = _roofline_text(series)
     if roof_line:
         lines += [roof_line, ""]
@@ -620,6 +625,6 @@ def _roofline_text(series: Mapping[str, Sequence[BatchRow]]) -> str:
     return head + (f"decode stays memory-bound up to the KV cache's limit of "
                    f"{fmt_int(roof.get('max_batch_in_kv'))} requests (intensity "
                    f"{fmt_number(roof.get('intensity_at_max_batch'))} FLOP/byte there). No "
-                   "batch it holds is compute-bound: past the measured turn, reading each "
+                   "batch it holds is compute-bound: past the turn, reading each "
                    "request's KV and the per-request overheads grow with the batch, and "
                    "tokens/s flatten while every step is still memory-bound.")

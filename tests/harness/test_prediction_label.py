@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +12,19 @@ from adapters.reference.config import ReferenceConfig
 from adapters.reference.cost_model import profile_accuracy, profile_metadata
 from adapters.reference.prediction import catalog_accuracy, prediction_record
 from harness.cli import main
-from harness.prediction import KINDS, SERVED, prediction_text
+from harness.prediction import KINDS, MEASURED_STATISTICS, SERVED, prediction_text
 from harness.published.rows import METRIC_KINDS, METRICS
 from harness.report.format import fmt_pct
-from harness.report.predictions import kind_note, prediction_accuracy_lines, prediction_row
+from harness.report.predictions import (
+    kind_note,
+    prediction_accuracy_lines,
+    prediction_row,
+    tails_note,
+)
 from harness.report.runs import CellResult
 
 EXCERPT = Path(__file__).resolve().parents[2] / "harness" / "data" / "azure_conv_excerpt.csv"
+PROFILES = Path(__file__).resolve().parents[2] / "adapters" / "reference" / "profiles"
 
 
 def _label(config: ReferenceConfig) -> str:
@@ -97,7 +104,9 @@ def test_an_old_run_without_a_prediction_record_still_says_predicted() -> None:
     old = _cell("old", {"mode": "simulated"})
     assert prediction_row([old]) == ("`old`: **predicted** by the reference engine (accuracy "
                                        "not recorded in this run)")
-    assert prediction_accuracy_lines([old]) == []
+    # its row in the accuracy table says the accuracy is unknown rather than leaving it out
+    row = next(ln for ln in _lines(prediction_accuracy_lines([old])) if ln.startswith("| `old`"))
+    assert "| its accuracy not recorded in the run | unknown |" in row
 
 
 def test_the_report_names_each_predictor_and_tabulates_its_accuracy() -> None:
@@ -238,9 +247,50 @@ def test_each_latency_and_throughput_table_says_how_far_its_kind_was_measured_to
         f"{fmt_pct(ttft['worst_abs_error'])}) over {ttft['num_rows']} held-out figures; "
         "no held-out TTFT figure for `vllm`, `tgi` "
         "([how accurate the predictions are](#how-accurate-the-predictions-are)).")
-    # measured cells and records without kinds add nothing
-    assert kind_note([_cell("live", {"mode": "launch", "name": "vllm"}),
-                      _cell("old", {"mode": "simulated"})], "TTFT", "TTFT") == []
+    # measured cells add nothing; a run that recorded no accuracy says it is unknown
+    assert kind_note([_cell("live", {"mode": "launch", "name": "vllm"})], "TTFT", "TTFT") == []
+    assert kind_note([_cell("old", {"mode": "simulated"})], "TTFT", "TTFT")[0] == (
+        "How far predicted TTFT was measured to miss published TTFT figures: its accuracy not "
+        "recorded in the run for `old` "
+        "([how accurate the predictions are](#how-accurate-the-predictions-are)).")
+
+
+def test_no_published_figure_is_a_tail_percentile_and_latency_notes_say_so() -> None:
+    """The accuracy of a p90 or p99 was never measured: every published metric is a mean, a
+    median or a rate, and the note under a percentile table says the tails are unmeasured."""
+    assert all(m.endswith(("_mean_s", "_p50_s")) or m in ("output_tok_s", "req_s", "duration_s")
+               for m in METRIC_KINDS)
+    assert MEASURED_STATISTICS == "means, medians and whole-run rates"
+    [note, _] = tails_note([_simulated("trt", "trtllm-h100-sxm")])
+    assert note.startswith("The published figures predictions were measured against are means, "
+                           "medians and whole-run rates: no predicted p90 or p99 below was ever "
+                           "compared with a published figure")
+    assert tails_note([_cell("live", {"mode": "launch", "name": "vllm"})]) == []
+
+
+def test_a_profile_never_measured_keeps_every_predicted_label(tmp_path: Path) -> None:
+    """A calibrated profile (no held-out figures) is as much a prediction as a shipped one:
+    the banners and every table's note say so, with its accuracy unknown."""
+    mine = tmp_path / "mine.json"
+    raw = json.loads((PROFILES / "vllm-h100-sxm.json").read_text())
+    del raw["metadata"]["fit"]
+    mine.write_text(json.dumps(raw))
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(EXCERPT), "--limit", "20", "--profile", str(mine),
+                 "--policy", "priority", "--priority-fraction", "0.3",
+                 "--slo", "ttft_s=0.5,tpot_s=0.05", "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    findings = text.split("## Key findings", 1)[1].split("\n## ", 1)[0]
+    assert "Every figure here is **predicted** by the reference engine" in findings
+    for table in ("### TTFT", "### TPOT", "## Throughput"):
+        section = text.split(f"\n{table}\n", 1)[1].split("\n#", 1)[0]
+        assert "never measured against published figures for `run`" in section, table
+    for table in ("## Goodput and SLO attainment", "## Preemptions", "## Per priority class"):
+        section = text.split(f"\n{table}\n", 1)[1].split("\n## ", 1)[0]
+        assert "of every cell are predicted" in section or "of `run` are predicted" in section, \
+            table
+    row = next(ln for ln in text.splitlines() if ln.startswith("| `run` | profile"))
+    assert "| never measured against published figures | unknown |" in row
 
 
 def test_a_report_puts_the_note_under_its_tables(tmp_path: Path) -> None:
