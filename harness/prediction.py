@@ -131,7 +131,9 @@ def prediction_text(prediction: object, *, by: str = SIMULATED,
         return head + " (accuracy not recorded in this run)"
     acc = accuracy(prediction)
     if acc is None:
-        return head + ("; its accuracy was not measured against published figures"
+        note = prediction.get("accuracy_note")
+        return head + ((f"; its accuracy is not known: {note}" if note else
+                        "; its accuracy was not measured against published figures")
                        if prediction.get("profile") else "")
     comma = "," if acc.held_out else ""
     text = (head + f"; on {acc.figures_text()}{comma} it missed by a median "

@@ -23,6 +23,7 @@ calibration profile (JSON, the same field names) overrides any of them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, fields, replace
@@ -389,15 +390,40 @@ PROFILE_SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "policy", "p
                           "gpu_memory_utilization", "block_size", "oversized_prompts")
 
 
-def profile_metadata(name_or_path: str | Path) -> dict[str, Any]:
-    """A profile's ``metadata`` object ({} when it has none); errors name the file."""
+def _profile_raw(name_or_path: str | Path) -> dict[str, Any]:
     path = resolve_profile(name_or_path)
     try:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ProfileError(f"{path}: cannot read profile: {exc}") from None
-    meta = raw.get("metadata") if isinstance(raw, dict) else None
+    return raw if isinstance(raw, dict) else {}
+
+
+def profile_metadata(name_or_path: str | Path) -> dict[str, Any]:
+    """A profile's ``metadata`` object ({} when it has none); errors name the file."""
+    meta = _profile_raw(name_or_path).get("metadata")
     return meta if isinstance(meta, dict) else {}
+
+
+def profile_digest(raw: dict[str, Any]) -> str:
+    """What a profile predicts with, as a digest: its coefficients and the engine defaults it
+    carries (``metadata.scheduler``), not its descriptions. Written into ``metadata.fit`` when
+    its accuracy is measured (``measured_digest``), so that a file changed since quotes none."""
+    meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+    body = {k: v for k, v in raw.items() if k not in ("source", "metadata")}
+    body["scheduler"] = meta.get("scheduler")
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def profile_changed_since_measured(name_or_path: str | Path) -> bool:
+    """A profile whose accuracy was measured (``metadata.fit.held_out``) with coefficients or
+    engine defaults other than the file's own now (copied and edited, say)."""
+    raw = _profile_raw(name_or_path)
+    fit = (raw.get("metadata") or {}).get("fit") if isinstance(raw.get("metadata"), dict) else None
+    if not isinstance(fit, dict) or not isinstance(fit.get("held_out"), dict):
+        return False
+    return fit.get("measured_digest") != profile_digest(raw)
 
 
 def profile_scheduler_defaults(name_or_path: str | Path) -> dict[str, Any]:
@@ -410,10 +436,13 @@ def profile_scheduler_defaults(name_or_path: str | Path) -> dict[str, Any]:
 
 def profile_accuracy(name_or_path: str | Path) -> dict[str, Any] | None:
     """How accurate a shipped profile's predictions were measured to be against published
-    figures it was not fitted on (``metadata.fit.held_out``), or None when not measured."""
+    figures it was not fitted on (``metadata.fit.held_out``), or None when not measured, or
+    measured with other coefficients than the file has now (``profile_digest``)."""
     fit = profile_metadata(name_or_path).get("fit")
     if not isinstance(fit, dict) or not isinstance(fit.get("held_out"), dict):
         return None
+    if profile_changed_since_measured(name_or_path):
+        return None  # measured for other coefficients than the file's
     held, train = fit["held_out"], fit.get("train") or {}
     published = fit.get("held_out_workload_published") or {}
     return {"held_out_median_abs_error": held.get("median_abs_error"),

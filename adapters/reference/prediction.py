@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from adapters.reference.config import ReferenceConfig
-from adapters.reference.cost_model import ProfileError, profile_accuracy
+from adapters.reference.cost_model import (
+    ProfileError,
+    profile_accuracy,
+    profile_changed_since_measured,
+)
 
 # What the catalog's datasheet coefficients (no engine profile) miss by: every published row
 # simulated with its engine's scheduler defaults and the catalog coefficients. Written by
@@ -36,8 +40,12 @@ def prediction_record(config: ReferenceConfig) -> dict[str, Any]:
     None when it was never measured (a calibrated profile of one's own)."""
     if config.profile is None:
         return {"kind": "catalog", "profile": None, "accuracy": catalog_accuracy()}
+    record: dict[str, Any] = {"kind": "profile", "profile": config.profile}
     try:
-        accuracy = profile_accuracy(config.profile)
+        record["accuracy"] = profile_accuracy(config.profile)
+        if profile_changed_since_measured(config.profile):
+            record["accuracy_note"] = ("its coefficients or engine defaults differ from those "
+                                       "its accuracy was measured with")
     except ProfileError:
-        accuracy = None
-    return {"kind": "profile", "profile": config.profile, "accuracy": accuracy}
+        record["accuracy"] = None
+    return record

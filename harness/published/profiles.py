@@ -27,6 +27,7 @@ from adapters.reference.cost_model import (
     PROFILES_DIR,
     CostModelParams,
     load_profile,
+    profile_digest,
     resolve_profile,
     shipped_profiles,
 )
@@ -115,6 +116,9 @@ def write_profile(profile: EngineProfile, *, directory: Path = PROFILES_DIR) -> 
     body: dict[str, Any] = {"source": profile.params.source}
     body.update(params_dict(profile.params))
     body["metadata"] = meta
+    if isinstance(profile.fit, dict) and profile.fit.get("held_out") is not None:
+        # what the accuracy was measured with: a file edited since quotes none
+        meta["fit"] = {**profile.fit, "measured_digest": profile_digest(body)}
     path = directory / f"{profile.name}.json"
     path.write_text(json.dumps(body, indent=2) + "\n")
     return path

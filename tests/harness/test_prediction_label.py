@@ -9,10 +9,15 @@ from typing import Any
 import pytest
 
 from adapters.reference.config import ReferenceConfig
-from adapters.reference.cost_model import profile_accuracy, profile_metadata
+from adapters.reference.cost_model import (
+    profile_accuracy,
+    profile_changed_since_measured,
+    profile_metadata,
+)
 from adapters.reference.prediction import catalog_accuracy, prediction_record
 from harness.cli import main
 from harness.prediction import KINDS, MEASURED_STATISTICS, SERVED, prediction_text
+from harness.published.profiles import read_profile, write_profile
 from harness.published.rows import METRIC_KINDS, METRICS
 from harness.report.format import fmt_pct
 from harness.report.predictions import (
@@ -303,3 +308,32 @@ def test_a_report_puts_the_note_under_its_tables(tmp_path: Path) -> None:
         section = text.split(f"\n{table}\n", 1)[1].split("\n#", 1)[0]
         assert f"to miss published {kind} figures: " in section, table
     assert "no held-out TTFT figure for `run`" in text
+
+
+def test_a_profile_edited_since_its_accuracy_was_measured_quotes_none(tmp_path: Path) -> None:
+    """A copy of a shipped profile with other coefficients predicts other numbers: the shipped
+    profile's held-out error is not its error."""
+    for name in ("trtllm-h100-sxm", "vllm-h100-sxm", "tgi-h100-sxm"):
+        assert not profile_changed_since_measured(name)
+        assert profile_accuracy(name) is not None
+    raw = json.loads((PROFILES / "trtllm-h100-sxm.json").read_text())
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps({**raw, "source": "my copy"}))  # descriptions are not predictions
+    assert profile_accuracy(same) == profile_accuracy("trtllm-h100-sxm")
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps({**raw, "memory_efficiency": raw["memory_efficiency"] / 2}))
+    assert profile_changed_since_measured(edited) and profile_accuracy(edited) is None
+    text = prediction_text(prediction_record(ReferenceConfig(model="llama-3.1-8b",
+                                                             profile=str(edited))))
+    assert text.endswith("; its accuracy is not known: its coefficients or engine defaults "
+                         "differ from those its accuracy was measured with")
+    defaults = tmp_path / "defaults.json"
+    defaults.write_text(json.dumps({**raw, "metadata": {
+        **raw["metadata"], "scheduler": {**raw["metadata"]["scheduler"], "max_num_seqs": 8}}}))
+    assert profile_accuracy(defaults) is None
+
+
+def test_a_profile_written_after_its_check_records_what_was_measured(tmp_path: Path) -> None:
+    written = write_profile(read_profile("trtllm-h100-sxm"), directory=tmp_path)
+    assert not profile_changed_since_measured(written)
+    assert profile_accuracy(written) == profile_accuracy("trtllm-h100-sxm")
