@@ -401,8 +401,6 @@ def print_behind(summary: dict[str, Any], run_dir: str) -> None:
 def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> None:
     print_headline(summary)
     print_failures(summary, run_dir)
-    if run_dir is not None:
-        print_behind(summary, run_dir)
     completed = summary.get("num_completed") or 0
     reached = (summary.get("output_length_fidelity") or {}).get("num_reached_target")
     if completed and reached is not None and reached < completed:
@@ -415,6 +413,27 @@ def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> 
         print(f"warning: client-limited run: send-lag p99 {fmt_s(lag.get('p99'))} exceeds "
               f"{fmt_s(summary.get('client_lag_threshold_s'))}; the client, not the server, "
               "may have set these figures", file=sys.stderr)
+    if run_dir is not None:
+        print_behind(summary, run_dir)
+        print_served_prediction(run_dir)
+
+
+def print_served_prediction(run_dir: str) -> None:
+    """A live run whose server was the reference engine served over HTTP (its ``/version``
+    answer, kept in the manifest, carries a prediction record): its figures are predictions,
+    said as ``simulate`` says them."""
+    from pathlib import Path
+
+    from harness.manifest import read_manifest
+    from harness.prediction import SERVED, prediction_text
+
+    engine = read_manifest(Path(run_dir)).get("engine")
+    probe = engine.get("version_probe") if isinstance(engine, dict) else None
+    body = probe.get("body") if isinstance(probe, dict) else None
+    record = body.get("prediction") if isinstance(body, dict) else None
+    if isinstance(record, dict):
+        print("figures above: " + prediction_text(record, by=SERVED), flush=True)
+
 
 
 def first_error_line(run_dir: str) -> str | None:

@@ -395,7 +395,7 @@ def _parse_engines(c: Checker, y: Node) -> tuple[EngineSpec, ...]:
             num_gpu_blocks=(_knob_int(c, f["num_gpu_blocks"], f"{where}.num_gpu_blocks")
                             if "num_gpu_blocks" in f else None),
             block_size=(_knob_int(c, f["block_size"], f"{where}.block_size")
-                        if "block_size" in f else 16),
+                        if "block_size" in f else None),
             replay=replay,
             profile=_profile(c, f["profile"], f"{where}.profile") if "profile" in f else None,
             model=text("model"),

@@ -115,7 +115,7 @@ class EngineSpec:
     allow_approximate: bool = False  # live: record knobs an engine cannot honour
     admission: str | None = None  # reference: "optimistic" | "reserve"
     num_gpu_blocks: int | None = None  # reference: override the KV block count
-    block_size: int = 16  # reference: tokens per KV block
+    block_size: int | None = None  # reference: tokens per KV block (None: its profile's or 16)
     profile: str | None = None  # reference: an engine profile (name or file) to predict with
     replay: dict[str, Any] = field(default_factory=dict)  # live: replay client options
     model: str | None = None  # what this engine loads, when not the scenario's model

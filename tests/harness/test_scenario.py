@@ -299,3 +299,20 @@ def test_a_live_reference_cell_launches_with_its_profile_and_settings(tmp_path: 
     argv = plan_for(spec).argv
     assert argv[argv.index("--profile") + 1] == "vllm-h100-sxm"
     assert argv[argv.index("--num-gpu-blocks") + 1] == "900"
+
+
+def test_a_profile_cell_keeps_the_profiles_block_size_unless_its_entry_sets_one(
+        tmp_path: Path) -> None:
+    """A scenario cell predicts as `simulate --profile` does: trtllm-h100-sxm's 32-token KV
+    blocks, not a scenario default of 16 (its accuracy was measured with 32)."""
+    from harness.scenario.cell import reference_config
+
+    path = write(tmp_path, GOOD.replace(
+        "    knobs: {policy: fcfs}", "    knobs: {policy: fcfs}\n    profile: trtllm-h100-sxm"))
+    cell = next(c for c in load_scenario(path).cells() if c.engine.name == "cont")
+    assert reference_config(cell, "llama-3.1-8b", "h100-sxm").block_size == 32
+    path = write(tmp_path, GOOD.replace(
+        "    knobs: {policy: fcfs}",
+        "    knobs: {policy: fcfs}\n    profile: trtllm-h100-sxm\n    block_size: 16"))
+    cell = next(c for c in load_scenario(path).cells() if c.engine.name == "cont")
+    assert reference_config(cell, "llama-3.1-8b", "h100-sxm").block_size == 16

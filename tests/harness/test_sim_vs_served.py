@@ -31,6 +31,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from adapters.reference.config import ReferenceConfig
 from harness.live.recorder import RECORDS_FILE, read_records
 from harness.live.replay import ReplayConfig, replay
@@ -76,10 +78,12 @@ def test_replaying_the_served_reference_agrees_with_simulating_it(tmp_path: Path
     assert abs(tpot_served - tpot_sim) <= tpot_bound, report
 
 
-def test_a_replay_against_the_served_reference_is_labelled_predicted(tmp_path: Path) -> None:
+def test_a_replay_against_the_served_reference_is_labelled_predicted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`replay --target` at a `batchlab serve reference`: the run records what the server's
-    /version says (its prediction record), so a report labels the cell predicted, and its
-    fidelity section says it compares the simulation with its own served form."""
+    /version says (its prediction record), so the command line and a report label its figures
+    predicted, and the report's fidelity section says it compares the simulation with its own
+    served form."""
     from harness.cli import main
 
     small = ["--trace", TRACE, "--limit", "6", "--rate", "4"]
@@ -87,6 +91,10 @@ def test_a_replay_against_the_served_reference_is_labelled_predicted(tmp_path: P
                                log_path=tmp_path / "server.log") as server:
         assert main(["replay", "--target", server.url, "--protocol", "openai", "--model",
                      "llama-3.1-8b", *small, "--out", str(tmp_path / "served")]) == 0
+    out = capsys.readouterr().out
+    assert ("figures above: predicted by the reference engine served over HTTP (step times "
+            "from its cost model; HTTP and client time measured) with the catalog's datasheet "
+            "coefficients; on ") in out
     assert main(["simulate", *small, "--no-report", "--out", str(tmp_path / "sim")]) == 0
     engine = json.loads((tmp_path / "served" / "manifest.json").read_text())["engine"]
     assert engine["mode"] == "attach" and engine["version_probe"]["body"]["prediction"]
