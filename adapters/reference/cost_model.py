@@ -409,9 +409,9 @@ def profile_digest(raw: dict[str, Any]) -> str:
     """What a profile predicts with, as a digest: its coefficients and the engine defaults it
     carries (``metadata.scheduler``), not its descriptions. Written into ``metadata.fit`` when
     its accuracy is measured (``measured_digest``), so that a file changed since quotes none."""
-    meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+    meta = raw.get("metadata")
     body = {k: v for k, v in raw.items() if k not in ("source", "metadata")}
-    body["scheduler"] = meta.get("scheduler")
+    body["scheduler"] = meta.get("scheduler") if isinstance(meta, dict) else None
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -420,7 +420,8 @@ def profile_changed_since_measured(name_or_path: str | Path) -> bool:
     """A profile whose accuracy was measured (``metadata.fit.held_out``) with coefficients or
     engine defaults other than the file's own now (copied and edited, say)."""
     raw = _profile_raw(name_or_path)
-    fit = (raw.get("metadata") or {}).get("fit") if isinstance(raw.get("metadata"), dict) else None
+    meta = raw.get("metadata")
+    fit = meta.get("fit") if isinstance(meta, dict) else None
     if not isinstance(fit, dict) or not isinstance(fit.get("held_out"), dict):
         return False
     return fit.get("measured_digest") != profile_digest(raw)
