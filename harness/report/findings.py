@@ -30,6 +30,7 @@ from harness.report.format import (
     short,
     slo_text,
 )
+from harness.report.predictions import margin_caveat
 from harness.report.runs import (
     CellResult,
     approximations,
@@ -428,7 +429,8 @@ def _batch_size_findings(cells: Sequence[CellResult], slo: Mapping[str, float] |
                 f"The largest max_num_seqs whose TPOT p90 meets the {fmt_seconds(tpot_slo)} "
                 f"TPOT SLO is {knob(best, 'max_num_seqs')} ({code(best.name)}: TPOT p90 "
                 f"{fmt_seconds(get(best.summary, 'tpot_s.p90'))}, "
-                f"{fmt_number(get(best.summary, 'throughput.output_tokens_per_s'), 'tok/s')})."
+                f"{fmt_number(get(best.summary, 'throughput.output_tokens_per_s'), 'tok/s')}"
+                f"{margin_caveat(best, get(best.summary, 'tpot_s.p90'), tpot_slo, 'TPOT/ITL')})."
             )
         else:
             out.append(f"No max_num_seqs tried kept TPOT p90 within the "
@@ -542,9 +544,11 @@ def _latency_sensitive(group: Sequence[CellResult], tpot_slo: float, where: str)
         return (f"Latency-sensitive{where}: no max_num_seqs tried kept TPOT p90 within the "
                 f"{fmt_seconds(tpot_slo)} TPOT SLO.")
     best = max(meeting, key=lambda c: int(knob(c, "max_num_seqs")))
+    tpot = get(best.summary, "tpot_s.p90")
     return (f"Latency-sensitive{where}: the largest max_num_seqs whose TPOT p90 meets the "
             f"{fmt_seconds(tpot_slo)} TPOT SLO is {knob(best, 'max_num_seqs')} "
-            f"({code(best.name)}: TPOT p90 {fmt_seconds(get(best.summary, 'tpot_s.p90'))}).")
+            f"({code(best.name)}: TPOT p90 {fmt_seconds(tpot)}"
+            f"{margin_caveat(best, tpot, tpot_slo, 'TPOT/ITL')}).")
 
 
 def _throughput_first(group: Sequence[CellResult], where: str) -> str:

@@ -255,6 +255,26 @@ def derived_note(cells: Sequence[CellResult], what: str, *, pace: bool = False) 
             "themselves.", ""]
 
 
+def margin_caveat(c: CellResult, value: float, limit: float, kind: str) -> str:
+    """A phrase for a finding that a predicted figure of ``kind`` (one of ``KINDS``) is within
+    ``limit``: when the margin is smaller than that kind's measured median error, the finding
+    may not hold on hardware; '' for a measured cell, or a margin wider than the error."""
+    found = _prediction_of(c.manifest.get("engine"))
+    if found is None or limit <= 0:
+        return ""
+    acc = accuracy(found[0])
+    error = acc.by_kind.get(kind) if acc is not None else None
+    margin = 1 - value / limit
+    if error is None or error.median is None:
+        return (f"; predicted, {fmt_pct(margin)} within the limit, with an error never measured "
+                f"for predicted {kind}")
+    if margin >= error.median:
+        return ""
+    return (f"; predicted, and only {fmt_pct(margin)} within the limit, less than the median "
+            f"error of {fmt_pct(error.median)} measured for predicted {kind} figures, so it "
+            "may not hold on hardware")
+
+
 def _predicted_names(cells: Sequence[CellResult]) -> list[str]:
     """The predicted cells among ``cells``, as code spans."""
     return [n for g in _groups(cells) for n in g.names]

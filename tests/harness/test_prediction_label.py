@@ -22,6 +22,7 @@ from harness.published.rows import METRIC_KINDS, METRICS
 from harness.report.format import fmt_pct
 from harness.report.predictions import (
     kind_note,
+    margin_caveat,
     prediction_accuracy_lines,
     prediction_row,
     tails_note,
@@ -337,3 +338,20 @@ def test_a_profile_written_after_its_check_records_what_was_measured(tmp_path: P
     written = write_profile(read_profile("trtllm-h100-sxm"), directory=tmp_path)
     assert not profile_changed_since_measured(written)
     assert profile_accuracy(written) == profile_accuracy("trtllm-h100-sxm")
+
+
+def test_a_finding_within_a_limit_by_less_than_the_error_says_it_may_not_hold() -> None:
+    cat = _simulated("cat", None)
+    median = catalog_accuracy()["by_kind"]["TPOT/ITL"]["median_abs_error"]
+    tight = 0.020 * (1 - median / 2)  # within 20 ms by half the median error
+    assert margin_caveat(cat, tight, 0.020, "TPOT/ITL") == (
+        f"; predicted, and only {fmt_pct(median / 2)} within the limit, less than the median "
+        f"error of {fmt_pct(median)} measured for predicted TPOT/ITL figures, so it may not "
+        "hold on hardware")
+    assert margin_caveat(cat, 0.020 * (1 - 2 * median), 0.020, "TPOT/ITL") == ""
+    live = _cell("live", {"mode": "launch", "name": "vllm"})
+    assert margin_caveat(live, tight, 0.020, "TPOT/ITL") == ""
+    # a profile with no held-out TPOT figure: its error there is not known
+    assert margin_caveat(_simulated("v", "vllm-h100-sxm"), 0.010, 0.020, "TPOT/ITL") == (
+        "; predicted, 50.0% within the limit, with an error never measured for predicted "
+        "TPOT/ITL")
