@@ -30,7 +30,7 @@ from harness.report.format import (
     short,
     slo_text,
 )
-from harness.report.predictions import margin_caveat
+from harness.report.predictions import is_prediction, margin_caveat
 from harness.report.runs import (
     CellResult,
     approximations,
@@ -301,6 +301,10 @@ def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:
         text = f"{code(c.name)} against {code(b.name)}: " + "; ".join(parts)
     else:
         return 0.0, ""
+    predicted = [x for x in (c, b) if is_prediction(x.manifest)]
+    if len(predicted) == 1:  # a prediction against a measurement: not an engine difference
+        text += (f" ({code(predicted[0].name)} is predicted, the other measured: the difference "
+                 "includes the prediction's error)")
     return _log_score(r_tp, r_ttft, r_tpot), text + "."
 
 
