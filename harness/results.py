@@ -233,6 +233,39 @@ def run_pace(run_dir: Path, summary: Mapping[str, Any], manifest: Mapping[str, A
     return pace_of(run_dir)
 
 
+def first_error(run_dir: Path) -> str | None:
+    """The earliest failed request of a run folder, with the engine's own words (a counter
+    such as ``{'http_error': 7}`` alone does not say that the prompt was refused, or why);
+    None when none failed or the folder cannot be read."""
+    try:
+        failed = [tl for tl in read_timelines(run_dir) if not tl.ok]
+    except (OSError, ValueError, pa.ArrowInvalid):
+        return None
+    if not failed:
+        return None
+    tl = min(failed, key=lambda t: (t.sent_s if t.sent_s is not None else t.arrival_s))
+    message = " ".join((tl.error_message or "").split())[:300]
+    return f"request {tl.request_id}: {tl.error_kind or 'not_finished'}" + (
+        f": {message}" if message else "")
+
+
+class NothingServed(RuntimeError):
+    """A run completed none of its requests (every one rejected, refused or failed): its files
+    are on disk, but it measured nothing (``nothing_served`` says why)."""
+
+
+def nothing_served(summary: Mapping[str, Any], run_dir: Path) -> str | None:
+    """Why a run that sent requests served none of them, in words (how many failed, of which
+    kinds, and the first one's error); None when any request completed."""
+    sent = summary.get("num_requests") or 0
+    if not sent or summary.get("num_completed"):
+        return None
+    failures = ", ".join(f"{k} {v}" for k, v in (summary.get("failures") or {}).items())
+    first = first_error(run_dir)
+    return (f"none of the {sent} requests completed ({failures or 'no failure recorded'})"
+            + (f"; the first: {first}" if first else ""))
+
+
 def parquet_run_id(path: Path) -> str | None:
     """The run that wrote a parquet file (its ``batchlab.run_id``); None when it names none."""
     metadata = pq.read_schema(path).metadata or {}

@@ -24,7 +24,13 @@ from harness.capacity.saturation import SaturationMonitor, interval_for
 from harness.capacity.search import LOAD_UNITS, LoadKind, ProbeOutcome, normal_load
 from harness.metrics import Pace, Slo
 from harness.redact import redact_tree
-from harness.results import SUMMARY_FILE, pace_of, write_json_atomic
+from harness.results import (
+    SUMMARY_FILE,
+    NothingServed,
+    nothing_served,
+    pace_of,
+    write_json_atomic,
+)
 from harness.scenario.status import CELL_FILE, STATUS_FILE, interrupted_reason
 from harness.target import ClosedLoop, RunOptions, TargetSpec
 from harness.targets import make_target
@@ -112,6 +118,11 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path) -> ProbeOutcome:
         write_json_atomic({"state": "failed", "reason": f"{type(exc).__name__}: {exc}"},
                           out_dir / STATUS_FILE)
         raise
+    why = nothing_served(summary, out_dir)
+    if why is not None and set(summary.get("failures") or {}) == {"rejected"}:
+        # refused whatever the load (a prompt that cannot fit): no load would pass
+        write_json_atomic({"state": "failed", "reason": why}, out_dir / STATUS_FILE)
+        raise NothingServed(f"{why}: the engine refuses these requests at any load")
     # a stopped probe failed already; its requests cut off say nothing of the pace
     pace = None if closed or summary.get("stopped_early") else pace_of(out_dir)
     outcome = outcome_from_summary(load, summary, plan.target, run_dir=out_dir.name, pace=pace)

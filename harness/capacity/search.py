@@ -66,7 +66,9 @@ class SearchSpec:
         if self.kind == "concurrency" and (self.precision != int(self.precision)
                                            or self.start != int(self.start)):
             raise ValueError("precision, start: whole numbers of users for a concurrency search")
-        if not 0 < self.lowest <= self.start <= self.highest:
+        if not (math.isfinite(self.lowest) and self.lowest > 0):
+            raise ValueError(f"min_load: must be a positive load, got {self.lowest:g}")
+        if not self.lowest <= self.start <= self.highest:
             raise ValueError(f"min_load <= start <= max_load is needed, got {self.lowest:g} <= "
                              f"{self.start:g} <= {self.highest:g}")
         if not self.growth > 1:

@@ -437,19 +437,10 @@ def print_served_prediction(run_dir: str) -> None:
 
 
 def first_error_line(run_dir: str) -> str | None:
-    """The earliest failed request of a run folder, with the server's own words (a counter
-    such as ``{'http_error': 7}`` alone does not say that the prompt was refused, or why)."""
+    """The earliest failed request of a run folder, with the engine's own words
+    (``harness.results.first_error``)."""
     from pathlib import Path
 
-    from harness.results import read_timelines
+    from harness.results import first_error
 
-    try:
-        failed = [tl for tl in read_timelines(Path(run_dir)) if not tl.ok]
-    except (OSError, ValueError):
-        return None
-    if not failed:
-        return None
-    tl = min(failed, key=lambda t: (t.sent_s if t.sent_s is not None else t.arrival_s))
-    message = " ".join((tl.error_message or "").split())[:300]
-    return f"request {tl.request_id}: {tl.error_kind or 'not_finished'}" + (
-        f": {message}" if message else "")
+    return first_error(Path(run_dir))

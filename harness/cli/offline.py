@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.cli.common import (
+    EXIT_FAILURE,
     OVERWRITE_HELP,
     Parser,
     UserError,
@@ -26,6 +28,7 @@ from harness.cli.common import (
     reference_knobs_from_args,
     refuse_cell,
 )
+from harness.results import nothing_served
 from harness.sim.target import SimulatedTarget  # not harness.targets: no live client to load
 from harness.target import ClosedLoop, RunOptions, TargetSpec
 
@@ -219,6 +222,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     report = (f"no report: `batchlab report {out}` writes it" if args.no_report
               else f"report: {out / 'report.md'}")
     print(f"results: {out}/ ({report})")
+    why = nothing_served(summary, out)
+    if why is not None:  # its files are kept; a script must not take it for a measurement
+        print(f"error: {why}", file=sys.stderr)
+        return EXIT_FAILURE
     return 0
 
 

@@ -167,7 +167,6 @@ def run_scenario(
     """
     out_root = Path(out_root)
     scenario_dir = out_root / scenario.name
-    scenario_dir.mkdir(parents=True, exist_ok=True)
     all_cells = scenario.cells()
     chosen = select(all_cells, only)
     if not chosen:
@@ -180,7 +179,6 @@ def run_scenario(
     picked = None if len(chosen) == len(all_cells) else (
         only if isinstance(only, str) else ",".join(only or ()))
     meta["command"] = scenario_command(scenario, out_root, picked)
-    write_json_atomic(meta, scenario_dir / SCENARIO_FILE)
 
     todo: list[Cell] = []
     outcomes: dict[str, CellOutcome] = {}
@@ -204,6 +202,10 @@ def run_scenario(
     for cell in todo:
         if cell.load not in traces:
             traces[cell.load] = load_cell_trace(scenario, cell.load)
+    # only now, with every check passed and every trace read: a run refused above leaves the
+    # folder (and the definition of results already in it) as it was
+    scenario_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(meta, scenario_dir / SCENARIO_FILE)
 
     def job_for(cell: Cell) -> CellJob:
         return CellJob(

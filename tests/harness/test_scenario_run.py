@@ -255,3 +255,59 @@ def test_ray_runs_two_simulated_cells(tmp_path: Path) -> None:
             s.pop("run_id", None)  # each run has its own
         assert ray_summary == local_summary
     shutil.rmtree(local)
+
+
+def test_a_run_refused_before_any_cell_leaves_the_folder_as_it_was(tmp_path: Path) -> None:
+    """A changed scenario whose trace cannot be read is refused before anything is written: the
+    definition of the results already in the folder is not replaced by the refused one."""
+    sc.run_scenario(sc.load_scenario(SMALL), tmp_path, only="static*", progress=quiet())
+    before = (tmp_path / "small" / "scenario.json").read_bytes()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                   "2023-11-16 18:15:46.6805900,374,abc\n")
+    changed = tmp_path / "small.yaml"
+    changed.write_text(SMALL.read_text()
+                       .replace("question: Does continuous", "question: CHANGED. Does continuous")
+                       .replace("path: azure_conv_excerpt.csv", f"path: {bad}"))
+    with pytest.raises(sc.ScenarioError, match="GeneratedTokens"):
+        sc.run_scenario(sc.load_scenario(changed), tmp_path, progress=quiet())
+    assert (tmp_path / "small" / "scenario.json").read_bytes() == before
+    # nor is a folder made for a scenario refused on its first run
+    with pytest.raises(sc.ScenarioError, match="GeneratedTokens"):
+        sc.run_scenario(sc.load_scenario(changed), tmp_path / "fresh", progress=quiet())
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_a_cell_that_served_nothing_fails_with_its_first_error_and_is_run_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every request rejected (a KV cache of one block): the cell's files are on disk, but it
+    measured nothing, so it is failed with the engine's words, and --resume runs it again."""
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL.read_text().replace(
+        "  - name: continuous\n    engine: reference\n",
+        "  - name: continuous\n    engine: reference\n    num_gpu_blocks: 1\n"))
+    scenario = sc.load_scenario(path)
+    result = sc.run_scenario(scenario, tmp_path, only="continuous__max_num_seqs-4",
+                             progress=quiet())
+    [outcome] = [o for o in result.outcomes if o.state != "not_run"]
+    assert outcome.state == "failed"
+    assert outcome.reason.startswith(f"NothingServed: none of the {NUM_REQUESTS} requests "
+                                     f"completed (rejected {NUM_REQUESTS}); the first: request ")
+    assert "needs" in outcome.reason and "the KV cache has only 1" in outcome.reason
+    cell_dir = tmp_path / "small" / "continuous__max_num_seqs-4"
+    assert (cell_dir / "requests.parquet").exists()  # what it did is kept
+    report = (tmp_path / "small" / "report.md").read_text()
+    assert "`continuous__max_num_seqs-4` did not finish: NothingServed: none of the" in report
+    again = sc.run_scenario(scenario, tmp_path, only="continuous__max_num_seqs-4", resume=True,
+                            progress=quiet())
+    assert [o.state for o in again.outcomes if o.state != "not_run"] == ["failed"]
+
+
+def test_a_simulation_that_served_nothing_exits_1(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    excerpt = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
+    assert main(["simulate", "--trace", str(excerpt), "--limit", "5", "--num-gpu-blocks", "1",
+                 "--no-report", "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert "error: none of the 5 requests completed (rejected 5); the first: request " in err
+    assert (tmp_path / "run" / "summary.json").exists()

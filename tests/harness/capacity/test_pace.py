@@ -177,3 +177,26 @@ def test_capacities_closer_than_the_search_precision_are_not_called_different() 
                             row(16, kind="concurrency", precision=1))
     assert not within_precision(row(18, kind="concurrency", precision=1),
                                 row(16, kind="concurrency", precision=1))
+
+
+def test_a_setting_that_refuses_every_request_fails_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A KV cache that holds no request alone: every probe would refuse every request, at any
+    load, so the search fails at its first probe with the engine's words, not halving on."""
+    out = tmp_path / "cap"
+    assert cli_main(["capacity", "--trace", str(REPO / "harness/data/azure_conv_excerpt.csv"),
+                     "--limit", "20", "--num-gpu-blocks", "1", "--slo", "ttft_s=1",
+                     "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert ("search failed: NothingServed: none of the 20 requests completed (rejected 20); "
+            "the first: request ") in err
+    assert err.rstrip().endswith("the engine refuses these requests at any load")
+    assert len([d for d in (out / "reference").iterdir() if d.is_dir()]) == 1  # one probe
+
+
+def test_a_minimum_load_of_zero_is_refused_for_what_it_is(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["capacity", "--trace", str(REPO / "harness/data/azure_conv_excerpt.csv"),
+                     "--limit", "20", "--min-load", "0", "--slo", "ttft_s=1",
+                     "--out", str(tmp_path / "cap")]) == 2
+    assert "min_load: must be a positive load, got 0" in capsys.readouterr().err

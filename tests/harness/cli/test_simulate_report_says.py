@@ -58,7 +58,7 @@ def test_the_report_says_its_figures_are_predicted_and_which_requests_were_chang
     assert findings.startswith("Every figure here is **predicted** by the reference engine, "
                                "not measured on hardware")
     goodput = report.split("## Goodput and SLO attainment", 1)[1].split("\n## ", 1)[0]
-    assert ("Goodput and SLO attainment of every cell are predicted: they count requests "
+    assert ("Goodput and SLO attainment of every cell are predicted: they count the requests "
             "whose predicted TTFT and TPOT met the SLO") in goodput
     plots = report.split("## Plots", 1)[1]
     assert "Every figure here is **predicted**" in plots.split("![", 1)[0]
