@@ -55,19 +55,36 @@ class Pace:
     kept: bool
     why: str | None = None  # why not, in words
     fell_behind: bool = False  # not kept because a backlog grew (not: too short to tell)
+    # its arrivals lasted SHORTEST_STEADY_E2ES times the p90 of its requests' decode time (first
+    # token to finish, which waiting in a queue does not lengthen): long enough that the
+    # windows' edges alone cannot make the counts differ (None: not known)
+    settled: bool | None = None
+
+    @property
+    def overloaded(self) -> bool:
+        """Fell behind over arrivals long enough to tell a growing backlog from the edges of a
+        short run: what a run report says of a run (a capacity probe fails on either)."""
+        return self.fell_behind and bool(self.settled)
 
 
 def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
-         ok: np.ndarray) -> Pace | None:
+         ok: np.ndarray, first_token_s: np.ndarray | None = None) -> Pace | None:
     """The pace check of an open-loop run (docs/metrics.md, "Capacity probes: keeping pace"):
     one value per request of each array, ``ok`` true for those that completed. None when it
-    cannot be made (fewer than two arrival instants, nothing completed)."""
+    cannot be made (fewer than two arrival instants, nothing completed). ``first_token_s``
+    tells whether the run was long enough to tell (``Pace.settled``)."""
     arrival = np.asarray(arrival_s, dtype=float)
     finished = np.asarray(finished_s, dtype=float)
     e2e = np.asarray(e2e_s, dtype=float)
     ok = np.asarray(ok, dtype=bool) & np.isfinite(e2e)
     if arrival.size < 2 or not arrival.max() > arrival.min() or not ok.any():
         return None
+    settled = None
+    if first_token_s is not None:
+        decode = finished - np.asarray(first_token_s, dtype=float)
+        decode = decode[ok & np.isfinite(decode)]
+        settled = bool(decode.size) and bool(
+            arrival.max() - arrival.min() >= SHORTEST_STEADY_E2ES * np.percentile(decode, 90))
     start, end = float(arrival.min()), float(arrival.max())
     mid, half = (start + end) / 2, (end - start) / 2
     lag = float(np.median(e2e[ok]))
@@ -82,13 +99,14 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
     if num_completed < num_arrived - allowed:
         return Pace(arrived, completed, False,
                     f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} arriving "
-                    "over the second half of its arrivals", fell_behind=True)
+                    "over the second half of its arrivals", fell_behind=True, settled=settled)
     long_e2e = float(np.percentile(e2e[ok], 90))
     if end - start < SHORTEST_STEADY_E2ES * long_e2e:
         return Pace(arrived, completed, False,
                     f"too short to show a steady state: its arrivals last {end - start:.3g} s, "
-                    f"under {SHORTEST_STEADY_E2ES} times its E2E p90 ({long_e2e:.3g} s)")
-    return Pace(arrived, completed, True)
+                    f"under {SHORTEST_STEADY_E2ES} times its E2E p90 ({long_e2e:.3g} s)",
+                    settled=settled)
+    return Pace(arrived, completed, True, settled=settled)
 
 
 SLO_KEYS = ("ttft_s", "tpot_s", "e2e_s")

@@ -207,16 +207,20 @@ def pace_of(run_dir: Path) -> Pace | None:
     """``harness.metrics.pace`` of a run folder, from its ``requests.parquet``; None when it
     cannot be made (see ``pace``; no readable file)."""
     try:
-        table = pq.read_table(run_dir / REQUESTS_FILE,
-                              columns=["arrival_s", "finished_s", "e2e_s", "error_kind"])
-    except (OSError, ValueError, pa.ArrowInvalid):
+        path = run_dir / REQUESTS_FILE
+        wanted = ["arrival_s", "first_token_s", "finished_s", "e2e_s", "error_kind"]
+        names = set(pq.read_schema(path).names)
+        table = pq.read_table(path, columns=[c for c in wanted if c in names])
+        arrival, finished, e2e = (
+            np.asarray(table.column(c).to_numpy(zero_copy_only=False), dtype=float)
+            for c in ("arrival_s", "finished_s", "e2e_s"))
+        ok = np.array([kind is None for kind in table.column("error_kind").to_pylist()],
+                      dtype=bool)
+    except (OSError, ValueError, KeyError, pa.ArrowInvalid):
         return None
-    arrival, finished, e2e = (
-        np.asarray(table.column(c).to_numpy(zero_copy_only=False), dtype=float)
-        for c in ("arrival_s", "finished_s", "e2e_s"))
-    ok = np.array([kind is None for kind in table.column("error_kind").to_pylist()],
-                  dtype=bool)
-    return pace(arrival, finished, e2e, ok)
+    first = (np.asarray(table.column("first_token_s").to_numpy(zero_copy_only=False),
+                        dtype=float) if "first_token_s" in names else None)
+    return pace(arrival, finished, e2e, ok, first)
 
 
 def run_pace(run_dir: Path, summary: Mapping[str, Any], manifest: Mapping[str, Any]

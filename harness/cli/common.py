@@ -390,7 +390,7 @@ def print_behind(summary: dict[str, Any], run_dir: str) -> None:
 
     folder = Path(run_dir)
     pace = run_pace(folder, summary, read_manifest(folder))
-    if pace is not None and pace.fell_behind:
+    if pace is not None and pace.overloaded:
         print(f"warning: the engine fell behind its arrivals: over the second half of them it "
               f"completed {pace.completed_per_s:.3g} req/s while {pace.arrived_per_s:.3g} "
               "arrived, so its queue grew for the whole run: TTFT and E2E are those of this "

@@ -167,10 +167,10 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
     the runs that fell short of their arrivals by more than ``PACE_TOLERANCE`` too, but by no
     more than chance explains: a cell is not set apart from one just as short."""
     paces = [(c, c.pace) for c in ok]
-    behind = [(c, p) for c, p in paces if p is not None and p.fell_behind]
+    behind = [(c, p) for c, p in paces if p is not None and p.overloaded]
     if not behind:
         return []
-    near = [(c, p) for c, p in paces if p is not None and not p.fell_behind
+    near = [(c, p) for c, p in paces if p is not None and not p.overloaded
             and p.completed_per_s < (1 - PACE_TOLERANCE) * p.arrived_per_s]
 
     def rates(pace: Pace) -> str:

@@ -83,7 +83,7 @@ def _cell(name: str, pace: Pace) -> CellResult:
 def test_a_cell_just_as_short_as_one_that_fell_behind_is_named_beside_it() -> None:
     """Two cells 9% short of their arrivals, one just past what chance explains: the finding
     does not set them apart as if one kept pace."""
-    behind = Pace(12.45, 11.24, False, "fell behind: ...", fell_behind=True)
+    behind = Pace(12.45, 11.24, False, "fell behind: ...", fell_behind=True, settled=True)
     near = Pace(12.40, 11.24, True)
     kept = Pace(10.0, 9.8, True)
     text = _behind_finding([_cell("fcfs", near), _cell("priority", behind),
@@ -94,3 +94,17 @@ def test_a_cell_just_as_short_as_one_that_fell_behind_is_named_beside_it() -> No
     assert "`light`" not in text
     # nothing fell behind: nothing is said, however short a cell was
     assert _behind_finding([_cell("fcfs", near), _cell("light", kept)]) == []
+
+
+def test_a_run_too_short_to_tell_is_not_said_to_have_fallen_behind(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """40 requests over 10 s, each about 5 s long: the requests still decoding when the
+    arrivals end make the counts differ, though no queue grew; the run is not long enough to
+    tell (its arrivals last under 4 times its requests' decode time p90), so nothing is said."""
+    assert cli_main(["simulate", "--trace", str(EXCERPT), "--limit", "40", "--rate", "4",
+                     "--model", "llama-3.1-70b", "--gpu", "a100-80gb", "--tp", "4",
+                     "--no-report", "--out", str(tmp_path / "short")]) == 0
+    pace = load_run(tmp_path / "short").pace
+    assert pace is not None and pace.fell_behind and pace.settled is False
+    assert not pace.overloaded
+    assert BEHIND not in capsys.readouterr().err
