@@ -357,7 +357,8 @@ def print_headline(summary: dict[str, Any]) -> None:
         f"{summary['duration_s']:.1f} s; {tp['output_tokens_per_s']:.0f} output tok/s; "
         f"TTFT p50 {fmt_s(summary['ttft_s']['p50'])} p99 {fmt_s(summary['ttft_s']['p99'])}; "
         f"TPOT p50 {fmt_s(summary['tpot_s']['p50'])} p99 {fmt_s(summary['tpot_s']['p99'])}; "
-        f"{summary['num_preemptions']} preemptions"
+        + (f"{summary['num_preemptions']} preemptions" if summary.get("num_preemptions")
+           is not None else "preemptions not known (the engine exported no counter)")
     )
 
 

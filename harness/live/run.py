@@ -34,6 +34,7 @@ from adapters.base import Knobs, LaunchPlan
 from adapters.catalog import attached_manifest, replay_defaults
 from adapters.process import EngineExited, EngineStartError, ServerProcess, probe_version
 from harness.live.replay import ReplayConfig, replay
+from harness.live.rundir import with_engine_counters
 from harness.live.session import engine_session, plan_for
 from harness.live.telemetry import DEFAULT_INTERVAL_S, TELEMETRY_FILE, TelemetryScraper, source_for
 from harness.manifest import (
@@ -44,6 +45,7 @@ from harness.manifest import (
     update_manifest,
 )
 from harness.redact import redact_env, scrub_files, scrub_text, secret_values
+from harness.results import SUMMARY_FILE, write_json_atomic
 from harness.runfolder import RunIdentity, claim_run_dir
 from harness.target import EarlyStop, LoadState, RunOptions, TargetSpec
 from harness.traces import Trace
@@ -256,6 +258,10 @@ async def _replay_on(
                            early_stop=early_stop)
     if origin:
         _align_telemetry(out_dir, scraper, origin[0])
+    # the engine's own counters, now that its telemetry is on disk
+    summary = with_engine_counters(summary, out_dir)
+    with contextlib.suppress(OSError):
+        write_json_atomic(summary, out_dir / SUMMARY_FILE)
     return summary
 
 

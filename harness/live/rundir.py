@@ -22,6 +22,7 @@ from harness.live.protocols import (
     ProtocolName,
 )
 from harness.live.recorder import RECORDS_FILE, read_records, records_run_id
+from harness.live.telemetry import engine_preemptions
 from harness.manifest import run_fields, trace_manifest, update_manifest
 from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo, summarize
 from harness.results import (
@@ -72,7 +73,8 @@ def consolidate(out_dir: Path, timelines: Sequence[RequestTimeline], *, slo: Slo
                  client_lag_threshold_s: float, run_id: str | None = None) -> dict[str, Any]:
     """Write the parquet files and ``summary.json`` (all stamped with ``run_id``)."""
     ordered = sorted(timelines, key=lambda tl: tl.arrival_s)
-    summary = summarize(ordered, slo=slo, client_lag_threshold_s=client_lag_threshold_s)
+    summary = with_engine_counters(
+        summarize(ordered, slo=slo, client_lag_threshold_s=client_lag_threshold_s), out_dir)
     if run_id is not None:
         summary["run_id"] = run_id
     write_timelines(out_dir, ordered, live=True, run_id=run_id)
@@ -80,6 +82,21 @@ def consolidate(out_dir: Path, timelines: Sequence[RequestTimeline], *, slo: Slo
     return summary
 
 
+
+
+PREEMPTIONS_FROM_ENGINE = "the engine's telemetry (its preemption counter)"
+PREEMPTIONS_UNKNOWN = ("not known: a client cannot see preemptions, and the engine's telemetry "
+                       "had no preemption counter")
+
+
+def with_engine_counters(summary: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """A live run's summary with what only the engine counts: ``num_preemptions`` from its
+    telemetry (``engine_preemptions``), None when not known, never the requests' zero; and
+    ``preemptions_from`` saying which."""
+    n = engine_preemptions(out_dir)
+    summary["num_preemptions"] = n
+    summary["preemptions_from"] = PREEMPTIONS_FROM_ENGINE if n is not None else PREEMPTIONS_UNKNOWN
+    return summary
 
 
 def finish_run_folder(out_dir: Path, timelines: Sequence[RequestTimeline], config: ReplayConfig,
@@ -152,6 +169,8 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     else:
         raise ValueError(f"{out_dir}: no {RECORDS_FILE} or {REQUESTS_FILE} to summarise")
     summary = summarize(timelines, slo=slo, client_lag_threshold_s=threshold)
+    if manifest.get("kind") == "live":
+        summary = with_engine_counters(summary, out_dir)
     if run_id is not None:
         summary["run_id"] = run_id
     old_path = out_dir / SUMMARY_FILE
@@ -163,6 +182,10 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
             for key, value in old.items():
                 if key not in summary and key not in derived:
                     summary[key] = value
+    workers = summary.get("workers")
+    if isinstance(workers, list) and any(isinstance(w, dict) and w.get("client_limited")
+                                         for w in workers):
+        summary["client_limited"] = True  # as replay --workers merged it: when any worker was
     write_json_atomic(summary, old_path)
     return summary
 

@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.base import CANONICAL_SIGNALS, MetricSource, TelemetrySpec
@@ -62,6 +64,20 @@ _SIGNAL_COLUMNS = {
     "num_preemptions": ("num_preemptions",),
     "batch_tokens": ("num_steps", "num_batched_tokens", "batch_tokens_mean"),
 }
+
+
+def engine_preemptions(out_dir: Path) -> int | None:
+    """The preemptions the engine counted over a live run: the increases of its counter in
+    ``telemetry.parquet``, summed. None when there is no telemetry, or the engine exported no
+    preemption counter (then how many there were is not known: a client cannot see them)."""
+    path = out_dir / TELEMETRY_FILE
+    try:
+        column = pq.read_table(path, columns=["num_preemptions"]).column(0)
+    except (OSError, KeyError, ValueError, pa.ArrowInvalid):
+        return None
+    values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=float)
+    values = values[np.isfinite(values)]
+    return round(float(values.sum())) if values.size else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from harness.report.runs import (
     client_limited,
     get,
     knob,
+    preemptions,
     series_key,
     sweep_cells,
     varying_knobs,
@@ -501,7 +502,10 @@ def _preemption_finding(cells: Sequence[CellResult], counts: Mapping[str, int | 
         return ""
     parts = []
     for c in cells:
-        n = get(c.summary, "num_preemptions") or 0
+        n = preemptions(c)
+        if n is None:  # a live run whose engine exported no count
+            parts.append(f"{code(c.name)} not known")
+            continue
         text = f"{code(c.name)} {n:,}"
         preempted = counts.get(c.name)
         if n and preempted is not None:

@@ -271,10 +271,24 @@ def request_columns(run_dir: Path) -> dict[str, np.ndarray]:
                         ("ttft_s", "tpot_s", "e2e_s", "num_preemptions")) or {}
 
 
+def preemptions(c: CellResult) -> int | None:
+    """A cell's preemptions (``num_preemptions``): None when not known, as for a live run whose
+    engine exported no counter, or one summarised before live runs counted the engine's (its
+    zero was the requests', which a client cannot see)."""
+    n = get(c.summary, "num_preemptions")
+    if c.manifest.get("kind") == "live" and "preemptions_from" not in (c.summary or {}):
+        return None
+    return int(n) if isinstance(n, int | float) else None
+
+
 def preempted_requests(ok: Sequence[CellResult]) -> dict[str, int | None]:
-    """Requests preempted at least once, per cell (None without ``requests.parquet``)."""
+    """Requests preempted at least once, per cell (None without ``requests.parquet``, or for
+    a live run: a client cannot see which requests an engine preempted)."""
     out: dict[str, int | None] = {}
     for c in ok:
+        if c.manifest.get("kind") == "live":
+            out[c.name] = None
+            continue
         cols = request_columns(c.run_dir)
         n = cols.get("num_preemptions")
         out[c.name] = int(np.count_nonzero(np.asarray(n) > 0)) if n is not None else None

@@ -47,6 +47,7 @@ from harness.report.runs import (
     approximations,
     client_limited,
     get,
+    preemptions,
     varying_knobs,
 )
 
@@ -355,21 +356,26 @@ def preemption_section(ok: Sequence[CellResult], preempted: Mapping[str, int | N
     rows = []
     swapping = any(get(c.summary, "num_swap_fallbacks") is not None for c in ok)
     for c in ok:
-        n = get(c.summary, "num_preemptions") or 0
+        n = preemptions(c)
         total = get(c.summary, "num_requests") or 0
-        row = [code(c.name), f"{n:,}", fmt_int(preempted.get(c.name)),
-               fmt_number(100 * n / total) if total else "–"]
+        row = [code(c.name), "not known" if n is None else f"{n:,}",
+               fmt_int(preempted.get(c.name)),
+               fmt_number(100 * n / total) if total and n is not None else "–"]
         if swapping:
             row.append(fmt_int(get(c.summary, "num_swap_fallbacks")))
         rows.append(row)
     headers = ["cell", "preemptions", "requests preempted", "per 100 requests"]
     if swapping:
         headers.append("swaps recomputed (host full)")
+    live = any(c.manifest.get("kind") == "live" for c in ok)
     return ["## Preemptions", "",
             "A preemption frees a running request's KV blocks (recompute resets its progress, "
             "swap moves the blocks to host memory"
             + ("; when the host's swap space is full, a swap preemption is recomputed instead, "
-               "counted in the last column" if swapping else "") + ").", "",
+               "counted in the last column" if swapping else "") + ")."
+            + (" A live run's preemptions are its engine's own count (its telemetry); a client "
+               "cannot see them, nor which requests were preempted (–), and an engine that "
+               "exports no counter leaves them not known." if live else ""), "",
             table(headers, rows), "", *unmeasured_note(ok, "Preemption counts")]
 
 

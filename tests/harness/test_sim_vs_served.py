@@ -106,3 +106,39 @@ def test_a_replay_against_the_served_reference_is_labelled_predicted(
     assert "### `served` served, `sim` simulated" in report
     assert "Knobs common to every cell whose knobs are known (`served`: unknown)" in report
     assert "`served` ran on a server started outside batchlab" in report
+
+
+def test_a_live_run_reports_the_engines_preemptions_not_the_clients_zero(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A client cannot see preemptions. With the engine's telemetry scraped (`--engine
+    reference --url`), the summary counts the engine's own preemptions; without it (`--target`)
+    they are not known, never a false zero."""
+    from harness.cli import main
+
+    small = ["--trace", TRACE, "--limit", "60", "--rate", "16", "--max-model-len", "4096",
+             "--on-too-long", "clip"]
+    with launch_server_process(("--num-gpu-blocks", "500", "--max-model-len", "4096"),
+                               log_path=tmp_path / "server.log") as server:
+        assert main(["replay", "--engine", "reference", "--url", server.url, *small,
+                     "--out", str(tmp_path / "scraped")]) == 0
+        assert main(["replay", "--target", server.url, "--protocol", "openai", "--model",
+                     "llama-3.1-8b", *small, "--out", str(tmp_path / "blind")]) == 0
+    import pyarrow.parquet as pq
+
+    telemetry = pq.read_table(tmp_path / "scraped" / "telemetry.parquet").to_pydict()
+    counted = round(sum(v for v in telemetry["num_preemptions"] if v is not None))
+    scraped = json.loads((tmp_path / "scraped" / "summary.json").read_text())
+    assert counted > 0 and scraped["num_preemptions"] == counted
+    assert scraped["preemptions_from"] == "the engine's telemetry (its preemption counter)"
+    blind = json.loads((tmp_path / "blind" / "summary.json").read_text())
+    assert blind["num_preemptions"] is None
+    assert "preemptions not known" in capsys.readouterr().out
+    # re-summarised, a live folder keeps the engine's count
+    assert main(["summarize", str(tmp_path / "scraped")]) == 0
+    again = json.loads((tmp_path / "scraped" / "summary.json").read_text())
+    assert again["num_preemptions"] == counted
+    assert main(["report", str(tmp_path / "scraped"), str(tmp_path / "blind"),
+                 "-o", str(tmp_path / "cmp.md")]) == 0
+    table = (tmp_path / "cmp.md").read_text().split("## Preemptions", 1)[1].split("\n## ")[0]
+    assert f"| `scraped` | {counted:,} | – |" in table
+    assert "| `blind` | not known | – | – |" in table

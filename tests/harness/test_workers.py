@@ -113,3 +113,23 @@ def test_cli_refuses_workers_with_an_engine(capsys: pytest.CaptureFixture[str]) 
                      "--workers", "2", "--trace", "synthetic", "--num-requests", "2",
                      "--rate", "1", "--prompt-tokens", "4", "--output-tokens", "2"]) == 2
     assert "--workers" in capsys.readouterr().err
+
+
+def test_resummarising_keeps_a_run_client_limited_when_any_worker_was(tmp_path: Path) -> None:
+    """``replay --workers`` calls a run client-limited when any worker was; `batchlab summarize`
+    recomputes the pooled send lag (under the threshold here) and must keep that rule."""
+    from harness.cli import main
+    from harness.live.rundir import rebuild_summary
+
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", "harness/data/azure_conv_excerpt.csv", "--limit", "10",
+                 "--no-report", "--out", str(out)]) == 0
+    path = out / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["workers"] = [{"client_limited": False}, {"client_limited": True}]
+    summary["client_limited"] = True
+    path.write_text(json.dumps(summary))
+    assert rebuild_summary(out)["client_limited"] is True
+    summary["workers"] = [{"client_limited": False}, {"client_limited": False}]
+    path.write_text(json.dumps(summary))
+    assert not rebuild_summary(out).get("client_limited")
