@@ -359,6 +359,8 @@ def live_target_spec(args: argparse.Namespace, *, url: str | None = None) -> Tar
         metric_map = parse_metric_map(args.metric_map) if args.metric_map else None
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if args.port is not None and not 1 <= args.port <= 65535:
+        raise UserError(f"--port: expected a port from 1 to 65535, got {args.port}")
     return TargetSpec(
         args.engine, "launch" if args.launch else "attach", knobs=knobs_from_args(args),
         model=model_path, served_model_name=getattr(args, "model", None) or model_path,

@@ -319,6 +319,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from harness.serve import ServerOptions, serve
 
     config = reference_config(args)
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port: expected a port from 0 to 65535, got {args.port}")
     options = ServerOptions(host=args.host, port=args.port,
                             served_model_name=args.served_model_name,
                             tokenizer_path=args.tokenizer, log_level=args.log_level,

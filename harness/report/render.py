@@ -335,6 +335,9 @@ def render_scenario_report(scenario_dir: Path, *, out_file: Path | None = None,
     """``<scenario_dir>/report.md`` comparing every cell of a scenario sweep."""
     scenario_dir = Path(scenario_dir)
     meta, cells = load_scenario_dir(scenario_dir)
+    names = [c.name for c in cells]
+    if baseline is not None and baseline not in names:
+        raise ValueError(f"--baseline {baseline!r}: no such cell; cells: {', '.join(names)}")
     ctx = scenario_context(meta, cells, scenario_dir, baseline=baseline, metrics_doc=metrics_doc)
     return write_report(cells, ctx, out_file or scenario_dir / REPORT_FILE)
 

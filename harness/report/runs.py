@@ -166,7 +166,12 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
     else:
         state = "not_run"
     reason = str(status.get("reason", ""))
-    if state == "done" and summary is None:
+    unreadable = summary is None and (run_dir / SUMMARY_FILE).exists()
+    if unreadable:  # damaged (a full disk, an edit): the run's own files may still be whole
+        state, reason = "failed", (
+            f"{run_dir / SUMMARY_FILE} cannot be read as a summary; `batchlab summarize "
+            f"{run_dir}` rebuilds it from the run's requests")
+    elif state == "done" and summary is None:
         state, reason = "failed", f"no {SUMMARY_FILE} in {run_dir}"
     manifest = read_json_object(run_dir / MANIFEST_FILE)
     if state == "not_run" and manifest.get("status") in ("failed", "interrupted"):

@@ -124,9 +124,10 @@ class _Fields:
 _EPOCH = datetime(1970, 1, 1)
 
 
-def _datetime_ns(text: str) -> int:
-    """Nanoseconds since 1970 of an ISO datetime, keeping all 7 of Azure's fractional digits
-    (``datetime.fromisoformat`` would truncate to microseconds). Raises ValueError."""
+def _datetime_ns(text: str) -> tuple[int, bool]:
+    """Nanoseconds since 1970 (UTC) of an ISO datetime, keeping all 7 of Azure's fractional
+    digits (``datetime.fromisoformat`` would truncate to microseconds), and whether it named a
+    time zone. Raises ValueError."""
     text = text.strip()
     head, dot, frac = text.partition(".")
     if dot and frac.isdigit() and len(frac) <= 9:
@@ -135,10 +136,12 @@ def _datetime_ns(text: str) -> int:
     else:
         base = datetime.fromisoformat(text)
         frac_ns = 0
-    if base.tzinfo is not None:
+    zoned = base.tzinfo is not None
+    if zoned:
         base = base.astimezone(UTC).replace(tzinfo=None)
     delta = base - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 10**9 + delta.microseconds * 1000 + frac_ns
+    return ((delta.days * 86_400 + delta.seconds) * 10**9 + delta.microseconds * 1000 + frac_ns,
+            zoned)
 
 
 def _parse_rows(
@@ -216,6 +219,7 @@ def _parse_csv(path: str, text: str, spec: _CsvSpec, fields: _Fields, *, skip_ba
     parsed = Parsed(rows=[], timed=spec.time_col is not None, num_source_rows=0, skipped=[])
     index = 0
     first_ns: int | None = None
+    first_zone: list[Any] = []  # whether the first timestamp named a time zone, and its line
 
     def items() -> Iterator[tuple[int, list[str]]]:
         for row in reader:
@@ -232,14 +236,20 @@ def _parse_csv(path: str, text: str, spec: _CsvSpec, fields: _Fields, *, skip_ba
         arrival_s = 0.0
         if spec.time_kind == "datetime":
             try:
-                ns = _datetime_ns(row[i_time])
+                ns, zoned = _datetime_ns(row[i_time])
             except ValueError:
                 raise fields.error(
                     line, spec.time_col,
                     f"expected a datetime like 2023-11-16 18:15:46.6805900, got {row[i_time]!r}",
                 ) from None
             if first_ns is None:
-                first_ns = ns
+                first_ns, first_zone[:] = ns, [zoned, line]
+            elif zoned != first_zone[0]:  # one clock or the other: the gap between is unknown
+                raise fields.error(
+                    line, spec.time_col,
+                    f"{row[i_time]!r} {'names a' if zoned else 'names no'} time zone, but the "
+                    f"first row's timestamp (line {first_zone[1]}) "
+                    f"{'does not' if zoned else 'does'}: the trace mixes clocks")
             arrival_s = (ns - first_ns) / 1e9  # exact integer difference first; may be < 0
         elif spec.time_kind == "seconds":
             assert spec.time_col is not None
@@ -311,6 +321,10 @@ def _read_text(path: Path, data: bytes) -> str:
             data = gzip.decompress(data)
         except (OSError, EOFError) as exc:
             raise TraceError(f"not a readable gzip file ({exc})", path=str(path)) from None
+    if data[:4] == b"PAR1":
+        raise TraceError("a Parquet file: batchlab reads traces as CSV or JSONL text (Azure, "
+                         "BurstGPT, Vidur, length-only, Mooncake); a run folder's "
+                         "requests.parquet is a result, not a trace", path=str(path))
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -323,8 +337,12 @@ def _detect_format(path: Path, text: str) -> str:
     first = next((line for line in io.StringIO(text) if line.strip()), "").rstrip("\r\n")
     if not first:
         raise TraceError("empty file", path=str(path))
-    if name.endswith((".jsonl", ".json", ".ndjson")) or first.lstrip().startswith("{"):
+    if first.lstrip().startswith("{"):
         return "mooncake"
+    if name.endswith((".jsonl", ".json", ".ndjson")):
+        raise TraceError(f"named as JSON lines, but its first line {first.strip()[:80]!r} is "
+                         "not a JSON object; a CSV trace under another name is read with "
+                         "--format azure (or burstgpt, vidur, lengths)", path=str(path))
     header = {cell.strip() for cell in next(_CsvReader(str(path), [first]))}
     # The format sharing the most columns with the header; a partial match then fails with
     # the names of the columns it misses, which says more than "unknown format".

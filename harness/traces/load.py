@@ -84,7 +84,11 @@ def load_trace(path: str | Path | None, options: TraceOptions | None = None) -> 
         rows = apply_limit(rows, options, report)
         rows = apply_max_model_len(rows, options, parsed, label, report)
     if not rows:
-        raise TraceError("no requests left after applying the options", path=label)
+        # what removed them: the notes of each step that did (malformed rows skipped, failed
+        # requests dropped, outside the window, too long)
+        why = "; ".join(report.notes) or "the file has no request rows"
+        raise TraceError(f"no requests left after applying the options, of "
+                         f"{report.counts['num_source_rows']} rows: {why}", path=label)
     rows = apply_arrivals(rows, options, arrival, parsed.timed, label, report)
     rows = apply_priorities(rows, options, report)
 

@@ -88,8 +88,8 @@ class TraceOptions:
             raise bad("max_model_len", "an integer of at least 2", self.max_model_len)
         if self.max_model_len is not None:
             check_tokens(self.max_model_len, flag("max_model_len"))
-        if not is_int(self.seed):
-            raise bad("seed", "an integer", self.seed)
+        if not is_int(self.seed) or not 0 <= self.seed < 2**63:
+            raise bad("seed", "a non-negative integer", self.seed)
         for name in ("start_s", "end_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):

@@ -772,3 +772,49 @@ def test_a_csv_the_csv_module_cannot_read_names_its_line(tmp_path: Path, text: s
     path.write_bytes(text.encode())
     with pytest.raises(TraceError, match=r"cr.csv:\d+: unreadable CSV .*carriage return"):
         load_trace(path, TraceOptions(rate=1.0))
+
+
+def test_a_trace_that_mixes_zoned_and_naive_timestamps_is_refused_on_its_line(
+        tmp_path: Path) -> None:
+    path = write(tmp_path, "tz.csv", AZURE_HEADER
+                 + "2023-11-16 18:15:46.6805900,374,44\n"
+                 + "2023-11-16 18:15:50.9951690+05:00,396,109\n")
+    with pytest.raises(TraceError, match=r"tz.csv:3: field 'TIMESTAMP': .* names a time zone, "
+                                         r"but the first row's timestamp \(line 2\) does not"):
+        load_trace(path)
+    # one clock throughout (every stamp with its zone) is read, on that clock
+    zoned = write(tmp_path, "zoned.csv", AZURE_HEADER
+                  + "2023-11-16 18:15:46.5+00:00,374,44\n"
+                  + "2023-11-16 20:15:47.5+02:00,396,109\n")
+    assert [r.arrival_s for r in loaded(zoned).requests] == [0.0, 1.0]
+
+
+def test_files_that_are_no_trace_text_say_what_they_are(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = tmp_path / "requests.parquet"
+    pq.write_table(pa.table({"a": [1]}), parquet)
+    with pytest.raises(TraceError, match="a Parquet file: batchlab reads traces as CSV or JSONL"):
+        load_trace(parquet)
+    csv_named_jsonl = write(tmp_path, "t.jsonl", AZURE_HEADER + "2023-11-16 18:15:46.68,1,1\n")
+    with pytest.raises(TraceError, match=r"named as JSON lines, but its first line .* --format "
+                                         r"azure"):
+        load_trace(csv_named_jsonl)
+    assert len(loaded(csv_named_jsonl, format="azure").requests) == 1
+
+
+def test_when_no_request_is_left_the_error_says_what_removed_them(tmp_path: Path) -> None:
+    path = write(tmp_path, "bad.csv", AZURE_HEADER + "x,y,z\nx,y,z\n")
+    with pytest.raises(TraceError, match=r"no requests left after applying the options, of 2 "
+                                         r"rows: skipped 2 malformed rows \(--skip-bad-rows\); "
+                                         r"first: .*bad.csv:2: field 'TIMESTAMP'"):
+        load_trace(path, TraceOptions(skip_bad_rows=True))
+
+
+def test_a_negative_seed_is_refused_by_its_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(TraceError, match="--seed: expected a non-negative integer, got -1"):
+        TraceOptions(seed=-1)
+    assert main(["trace", "info", "--trace", "synthetic", "--num-requests", "5", "--rate", "1",
+                 "--prompt-tokens", "5", "--output-tokens", "5", "--seed", "-1"]) == 2
+    assert "--seed: expected a non-negative integer, got -1" in capsys.readouterr().err

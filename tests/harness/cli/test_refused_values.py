@@ -1,0 +1,42 @@
+"""Values a command cannot use are refused by name, in one line, before anything runs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+REPO = Path(__file__).resolve().parents[3]
+EXCERPT = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
+
+
+def test_a_port_out_of_range_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "reference", "--port", "99999"]) == 2
+    assert "--port: expected a port from 0 to 65535, got 99999" in capsys.readouterr().err
+
+
+def test_a_baseline_that_names_no_cell_of_a_scenario_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(REPO / "tests" / "data" / "scenario_small.yaml"), "--only",
+                 "static*", "--out", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path / "small"), "--baseline", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "--baseline 'nosuch': no such cell; cells: static__max_num_seqs-4" in err
+
+
+def test_a_damaged_summary_is_said_to_be_unreadable_not_a_run_never_made(
+        tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert main(["simulate", "--trace", str(EXCERPT), "--limit", "5", "--no-report",
+                 "--out", str(run)]) == 0
+    (run / "summary.json").write_text('{"broken')
+    assert main(["report", str(run)]) == 0
+    text = (run / "report.md").read_text()
+    finding = next(ln for ln in text.splitlines() if ln.startswith("- `run` did not finish"))
+    assert "summary.json cannot be read as a summary; `batchlab summarize" in finding
+    assert "not run" not in text
+    assert main(["summarize", str(run)]) == 0  # as it says
+    shutil.rmtree(run)
