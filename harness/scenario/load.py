@@ -458,7 +458,7 @@ def _check_simulated_configs(c: Checker, scenario: Scenario, cells: Sequence[Cel
         if cell.engine.mode != "simulated":
             continue
         try:
-            reference_config(cell, scenario.model, scenario.gpu)
+            config = reference_config(cell, scenario.model, scenario.gpu)
         except ConfigError as exc:
             index = scenario.engines.index(cell.engine)
             key = str(exc).split(":", 1)[0]
@@ -470,6 +470,33 @@ def _check_simulated_configs(c: Checker, scenario: Scenario, cells: Sequence[Cel
                 where = f"{where}.knobs"
                 y = y.value["knobs"][1] if "knobs" in y.value else y
             raise c.fail(y, where, f"cell {cell.name}: {exc}") from None
+        _check_trace_fits(c, scenario, cell, config.resolved_max_model_len, top)
+
+
+def _check_trace_fits(c: Checker, scenario: Scenario, cell: Cell, engine_len: int,
+                      top: dict[str, Node]) -> None:
+    """The trace's ``max_model_len`` (what it keeps, drops or clips) must not pass the
+    engine's: the requests between would be rejected in the run, however ``on_too_long`` asked
+    for them to be handled."""
+    for spec in scenario.trace.components():
+        trace_len = spec.options.get("max_model_len")
+        if trace_len is None or trace_len <= engine_len:
+            continue
+        trace_y = top["trace"]
+        node = _child(trace_y, "max_model_len") or trace_y
+        raise c.fail(node, "trace.max_model_len",
+                     f"{trace_len} passes cell {cell.name}'s engine max_model_len ({engine_len}: "
+                     "its knobs' max_model_len, else the model's): requests between the two "
+                     "would be rejected rather than handled as on_too_long says; give the "
+                     "trace the engine's max_model_len or less")
+
+
+def _child(y: Node, key: str) -> Node | None:
+    """The value node of ``key`` in a mapping node, if there is one."""
+    if y.kind == "map" and key in y.value:
+        node: Node = y.value[key][1]
+        return node
+    return None
 
 
 def _profile(c: Checker, node: Node, where: str) -> str:

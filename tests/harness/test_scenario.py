@@ -316,3 +316,20 @@ def test_a_profile_cell_keeps_the_profiles_block_size_unless_its_entry_sets_one(
         "    knobs: {policy: fcfs}\n    profile: trtllm-h100-sxm\n    block_size: 16"))
     cell = next(c for c in load_scenario(path).cells() if c.engine.name == "cont")
     assert reference_config(cell, "llama-3.1-8b", "h100-sxm").block_size == 16
+
+
+def test_a_trace_longer_than_its_engines_max_model_len_is_refused_on_its_line(
+        tmp_path: Path) -> None:
+    """The trace keeps (or clips to) 16,384 tokens but the engine takes 8,192: the requests
+    between would be rejected in the run, whatever on_too_long says. Refused at load."""
+    text = (DATA / "scenario_small.yaml").read_text().replace(
+        "  limit: 40\n", "  limit: 40\n  max_model_len: 16384\n  on_too_long: drop\n").replace(
+        "path: azure_conv_excerpt.csv", f"path: {REPO / 'harness/data/azure_conv_excerpt.csv'}")
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match=r"s.yaml:7: trace.max_model_len: 16384 passes cell "
+                                            r"static__max_num_seqs-4's engine max_model_len "
+                                            r"\(8192"):
+        load_scenario(path)
+    path.write_text(text.replace("max_model_len: 16384", "max_model_len: 8192"))
+    assert load_scenario(path).trace.options["max_model_len"] == 8192
