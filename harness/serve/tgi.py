@@ -33,6 +33,7 @@ class TgiRequest:
     details: bool
     return_full_text: bool
     seed: int | None
+    prompt_keys: tuple[int, ...] = ()  # token identities, kept only when prefix caching is on
 
 
 def tgi_error(err: ApiError) -> JSONResponse:
@@ -107,7 +108,7 @@ class TgiRoutes:
                                                              "X-Accel-Buffering": "no"})
             return tgi_error(req)
         token_stream = self.engine.submit(req.num_prompt_tokens, req.max_new_tokens,
-                                          arrival_s=started_s)
+                                          arrival_s=started_s, prompt_keys=req.prompt_keys)
         if isinstance(token_stream, Rejection):
             err = ApiError(422, f"Input validation error: {token_stream.message}", "validation")
             if stream:
@@ -222,7 +223,11 @@ class TgiRoutes:
         reason = self.engine.rejection(num_prompt, max_new)
         if reason:
             return invalid(f"Input validation error: the request can never run: {reason}")
-        return TgiRequest(inputs, num_prompt, max_new, bool(details), bool(full_text), seed)
+        keys: tuple[int, ...] = ()
+        if self.engine.config.prefix_caching:  # the prompt's last num_prompt tokens (truncate)
+            keys = self.counter.keys(inputs)[-num_prompt:]
+        return TgiRequest(inputs, num_prompt, max_new, bool(details), bool(full_text), seed,
+                          keys)
 
 
 def _tgi_token(index: int) -> dict[str, Any]:

@@ -174,3 +174,27 @@ def test_the_block_stack_refuses_a_request_with_block_hashes() -> None:
     assert held.allocate(Request("q", 12, 4, arrival_s=0.0), 12, NO_HIT) is not None
     with pytest.raises(InvariantError, match="none is held"):
         held.expect_no_prefix_ids()
+
+
+def test_the_tgi_routes_reuse_a_cached_prefix_as_the_openai_routes_do() -> None:
+    """TGI caches prefixes by default; the served reference's /generate finds a repeated
+    prompt's blocks, and its keys are the OpenAI routes' for the same text."""
+    config = ReferenceConfig(prefix_caching=True, num_gpu_blocks=64)
+    words = " ".join(f"w{i}" for i in range(64))
+    with start_server_in_thread(config) as server:
+        for _ in range(2):
+            r = httpx.post(server.url + "/generate", trust_env=False, timeout=30,
+                           json={"inputs": words, "parameters": {"max_new_tokens": 2}})
+            assert r.status_code == 200
+        tgi = _scrape(server.url)
+        r = httpx.post(server.url + "/v1/completions", trust_env=False, timeout=30,
+                       json={"prompt": words, "max_tokens": 2})
+        assert r.status_code == 200
+        both = _scrape(server.url)
+    # 64 words, 64 tokens: the second request finds 3 of its 4 full blocks (the last prompt
+    # token is always computed), as on the OpenAI routes
+    assert (tgi["vllm:prefix_cache_queries_total"], tgi["vllm:prefix_cache_hits_total"]) == (
+        128, 48)
+    # the same text on the OpenAI route finds what /generate cached
+    assert (both["vllm:prefix_cache_queries_total"], both["vllm:prefix_cache_hits_total"]) == (
+        192, 96)
