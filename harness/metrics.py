@@ -2,8 +2,9 @@
 
 Inputs are ``RequestTimeline`` records; nothing here knows whether they came from simulation or
 from a live server. Let, for one request, ``start`` = actual send instant (= arrival in
-simulation), ``c_1 .. c_k`` the chunk instants with ``m_1 .. m_k`` tokens, ``N = Σ m_j`` output
-tokens and ``end`` the finish instant:
+simulation), ``c_1 .. c_k`` the chunk instants with ``m_1 .. m_k`` tokens, ``N`` the output
+tokens (the server's count where it gave one, else the tokenizer's, else ``Σ m_j``) and ``end``
+the finish instant:
 
     ttft_s            = c_1 - start
     e2e_s             = end - start
@@ -14,7 +15,8 @@ tokens and ``end`` the finish instant:
     itl_chunk_s       = pooled chunk gaps c_j - c_{j-1}   vLLM bench's "ITL"
     itl_guidellm_s    = (c_k - c_1) / (N - 1)             GuideLLM's ITL, per request; only N > 1
 
-Latency distributions are over successful requests. Counts and goodput divide by requests sent.
+Latency distributions are over successful requests (the client's send lag and gate wait: over
+every request sent). Counts and goodput divide by requests sent.
 """
 
 from __future__ import annotations
@@ -448,9 +450,13 @@ def summarize(
     if by_priority:
         classes = sorted({tl.priority for tl in timelines if tl.priority is not None})
         if classes:
+            # a request without a priority is served as priority 0 (vLLM's default, and the
+            # reference's), so it is counted in class 0: every request is in one class
+            if any(tl.priority is None for tl in timelines) and 0 not in classes:
+                classes = sorted([0, *classes])
             summary["by_priority"] = {
                 str(p): summarize(
-                    [tl for tl in timelines if tl.priority == p],
+                    [tl for tl in timelines if (tl.priority or 0) == p],
                     slo=slo,
                     duration_s=duration,
                     client_lag_threshold_s=client_lag_threshold_s,

@@ -83,3 +83,21 @@ def test_pooled_gaps_are_every_requests_gaps_end_to_end() -> None:
     gaps, token_gaps = pooled_gaps_s(ok, chunk_times(ok))
     assert np.array_equal(gaps, np.concatenate([chunk_gaps_s(tl) for tl in ok]))
     assert np.array_equal(token_gaps, np.concatenate([token_gaps_s(tl) for tl in ok]))
+
+
+def test_a_request_without_a_priority_is_counted_in_class_0() -> None:
+    """Served as priority 0 (vLLM's default and the reference's): its class is 0, and every
+    request is in one class."""
+    timelines = [RequestTimeline(f"r{i}", float(i), 10, 2, priority=(None, 1, 2)[i % 3],
+                                 chunk_times_s=(i + 0.1, i + 0.2), chunk_num_tokens=(1, 1),
+                                 finished_s=i + 0.2, finish_reason="length")
+                 for i in range(9)]
+    summary = summarize(timelines)
+    classes = summary["by_priority"]
+    assert sorted(classes) == ["0", "1", "2"]
+    assert sum(c["num_requests"] for c in classes.values()) == summary["num_requests"] == 9
+    assert classes["0"]["num_requests"] == 3
+    # no request with a priority: no classes at all
+    plain = [RequestTimeline("r", 0.0, 10, 2, chunk_times_s=(0.1, 0.2), chunk_num_tokens=(1, 1),
+                             finished_s=0.2, finish_reason="length")]
+    assert "by_priority" not in summarize(plain)
