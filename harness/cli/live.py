@@ -265,6 +265,11 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     print_live_headline(summary, args.run_dir)
     _say_if_unfinished(Path(args.run_dir), summary)
     print(f"summary: {Path(args.run_dir) / 'summary.json'}")
+    report = Path(args.run_dir) / "report.md"
+    if report.exists():  # it quoted the old summary: drawn again from the new one
+        from harness.report import render_run_report
+
+        print(f"report: {render_run_report(Path(args.run_dir))}")
     return 0
 
 

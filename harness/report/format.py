@@ -61,6 +61,9 @@ def fmt_pct(fraction: float | None) -> str:
     pct = fraction * 100
     if pct in (0, 100):
         return f"{pct:.0f}%"
+    # never rounded onto 0% or 100%, which say "none" and "all": 99.97%, 0.04%
+    if 99.95 <= pct < 100 or 0 < pct < 0.05:
+        return f"{pct:.2g}%" if pct < 0.05 else f"{math.floor(pct * 100) / 100:.2f}%"
     return f"{pct:.1f}%"
 
 

@@ -100,3 +100,20 @@ def test_a_figure_of_predicted_runs_says_so_itself(tmp_path: Path,
                                                                  real(*a, **kw))[1])
     assert main(["report", str(sim)]) == 0
     assert notes == ["predicted by batchlab's reference engine, not measured"]
+
+
+def test_resummarising_under_another_slo_redraws_the_folders_report(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert main(["simulate", "--trace", TRACE, "--limit", "20", "--slo", "ttft_s=0.5",
+                 "--out", str(run)]) == 0
+    assert "| SLO | TTFT ≤ 500 ms |" in (run / "report.md").read_text()
+    assert main(["summarize", str(run), "--slo", "ttft_s=0.05"]) == 0
+    text = (run / "report.md").read_text()
+    assert "| SLO | TTFT ≤ 50 ms |" in text and "500 ms |" not in text.split("## Cells")[0]
+
+
+def test_a_percentage_is_never_rounded_onto_all_or_none() -> None:
+    from harness.report.format import fmt_pct
+
+    assert [fmt_pct(x) for x in (1.0, 2999 / 3000, 0.99949, 0.5, 0.0004, 0.0)] == [
+        "100%", "99.96%", "99.9%", "50.0%", "0.04%", "0%"]
