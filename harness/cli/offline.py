@@ -321,6 +321,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = reference_config(args)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port: expected a port from 0 to 65535, got {args.port}")
+    kv_tokens = config.resolved_num_gpu_blocks() * config.block_size
+    if config.resolved_max_model_len > kv_tokens:  # as vLLM refuses to start
+        raise UserError(
+            f"the model's max_model_len ({config.resolved_max_model_len}) is larger than the "
+            f"KV cache holds ({kv_tokens} tokens): a request of that length could never run, "
+            "yet /v1/models would advertise it; lower --max-model-len, or give the cache more "
+            "(--gpu-memory-utilization, --num-gpu-blocks)")
     options = ServerOptions(host=args.host, port=args.port,
                             served_model_name=args.served_model_name,
                             tokenizer_path=args.tokenizer, log_level=args.log_level,

@@ -40,3 +40,11 @@ def test_a_damaged_summary_is_said_to_be_unreadable_not_a_run_never_made(
     assert "not run" not in text
     assert main(["summarize", str(run)]) == 0  # as it says
     shutil.rmtree(run)
+
+
+def test_a_server_whose_cache_cannot_hold_its_max_model_len_does_not_start(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """As vLLM refuses to start: it would advertise a length no request could run at."""
+    assert main(["serve", "reference", "--port", "0", "--num-gpu-blocks", "100"]) == 2
+    assert ("the model's max_model_len (131072) is larger than the KV cache holds (1600 tokens)"
+            in capsys.readouterr().err)
