@@ -54,6 +54,7 @@ class ReferenceServer:
         self.metrics = PrometheusMetrics(self.engine, self.model_name)
         self.engine.observer = self.metrics
         self._on_ready = on_ready
+        self._steps: asyncio.Task[None] | None = None  # the step loop, while the app runs
         self.app = Starlette(
             routes=[
                 Route("/v1/completions", self.openai.completions, methods=["POST"]),
@@ -73,15 +74,24 @@ class ReferenceServer:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
-        task = asyncio.create_task(self.engine.run(), name="reference-engine-steps")
+        self._steps = asyncio.create_task(self.engine.run(), name="reference-engine-steps")
         if self._on_ready is not None:
             self._on_ready()
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await self.stop_engine()
+
+    async def stop_engine(self) -> None:
+        """Stop the step loop: every request in flight ends with an error event saying the
+        server is shutting down (and ``[DONE]`` on the OpenAI routes), so that its client
+        reads an ending rather than a cut connection. Safe to call twice."""
+        task = self._steps
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     async def health(self, _request: StarletteRequest) -> Response:
         if self.engine.failure is not None:
@@ -144,11 +154,26 @@ def socket_url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class _UvicornServer(uvicorn.Server):
+    """uvicorn, ending the engine's requests when shutdown starts: uvicorn waits for open
+    connections (its graceful period), then cancels them, and only after that runs the
+    app's lifespan shutdown; a stream longer than that period would be cut mid-token, with a
+    traceback in the log, before the engine could say it stops."""
+
+    def __init__(self, config: uvicorn.Config, reference: ReferenceServer) -> None:
+        super().__init__(config)
+        self._reference = reference
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self._reference.stop_engine()
+        await super().shutdown(sockets)
+
+
 def _uvicorn_server(server: ReferenceServer, options: ServerOptions) -> uvicorn.Server:
-    return uvicorn.Server(uvicorn.Config(
+    return _UvicornServer(uvicorn.Config(
         server.app, log_level=options.log_level, access_log=options.access_log,
         lifespan="on", ws="none", timeout_graceful_shutdown=options.graceful_shutdown_s,
-    ))
+    ), server)
 
 
 def serve(config: ReferenceConfig, options: ServerOptions,

@@ -125,3 +125,36 @@ def test_abort_between_a_step_and_its_delivery() -> None:
     assert long.num_tokens == 1
     assert observer.finished == ["short"] and observer.aborted == [("long", 1)]
     assert engine.step() is None and engine.core.blocks.num_used_blocks == 0
+
+
+def test_a_stream_open_at_shutdown_ends_with_an_error_event_not_a_cut() -> None:
+    """Stopping the server while a long stream runs: its client reads the engine's error event
+    and [DONE] (OpenAI) before the connection closes, rather than a cut mid-token."""
+    import threading
+
+    import httpx
+
+    from harness.serve.app import start_server_in_thread
+
+    config = ReferenceConfig(model="llama-3.1-70b", gpu="a100-80gb", tp=4)  # ~23 ms a step
+    lines: list[str] = []
+    started = threading.Event()
+    with start_server_in_thread(config) as server:
+
+        def read() -> None:
+            with httpx.stream("POST", server.url + "/v1/completions", trust_env=False,
+                              timeout=30, json={"prompt": "hi", "max_tokens": 5000,
+                                                "stream": True}) as response:
+                for line in response.iter_lines():
+                    lines.append(line)
+                    started.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert started.wait(30)
+    reader.join(30)  # the server stopped: the stream has ended
+    assert not reader.is_alive()
+    events = [ln for ln in lines if ln.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert '"message":"the server is shutting down"' in events[-2]
+    assert 1 < len(events) < 5000  # cut short by the shutdown, not run to its end
