@@ -5,10 +5,11 @@ Each protocol renders an ``ApiError`` its own way (``openai.openai_error``, ``tg
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request as StarletteRequest
 
@@ -32,6 +33,32 @@ async def read_json(request: StarletteRequest) -> dict[str, Any] | ApiError:
     if not isinstance(obj, dict):
         return ApiError(400, "the request body must be a JSON object")
     return obj
+
+
+T = TypeVar("T")
+# A prompt of more characters than this is counted on a worker thread: counting a long one
+# (hundreds of KB, a tokenizer) on the event loop would stall every stream for that long.
+OFF_LOOP_CHARS = 16_384
+
+
+def _text_chars(value: Any) -> int:
+    """The characters of the text (and token ids) a body's prompt fields hold."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_text_chars(v) for v in value)
+    if isinstance(value, dict):
+        return _text_chars(value.get("content"))
+    return 0
+
+
+async def parse_off_loop(body: Mapping[str, Any], parse: Callable[[], T]) -> T:
+    """``parse()`` (validating and counting the body's prompt) on a worker thread when the
+    prompt is long, else here; the same result either way."""
+    size = sum(_text_chars(body.get(k)) for k in ("prompt", "messages", "inputs"))
+    if size <= OFF_LOOP_CHARS:
+        return parse()
+    return await asyncio.to_thread(parse)
 
 
 def is_int(value: Any) -> bool:

@@ -16,7 +16,14 @@ from typing import Any
 from starlette.requests import Request as StarletteRequest
 from starlette.responses import JSONResponse, Response
 
-from harness.serve.bodies import ApiError, bool_field, int_field, is_int, read_json
+from harness.serve.bodies import (
+    ApiError,
+    bool_field,
+    int_field,
+    is_int,
+    parse_off_loop,
+    read_json,
+)
 from harness.serve.cancel import CLIENT_CLOSED_REQUEST, AbortOnClose, wait_or_abort
 from harness.serve.loop import ENGINE_NAME, Rejection, ServedEngine, TokenStream
 from harness.serve.output import dumps, output_text, output_token_text
@@ -74,7 +81,7 @@ class OpenAiRoutes:
         body = await read_json(request)
         if isinstance(body, ApiError):
             return openai_error(body)
-        req = self.parse(body, chat=chat)
+        req = await parse_off_loop(body, lambda: self.parse(body, chat=chat))
         if isinstance(req, ApiError):
             return openai_error(req)
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"

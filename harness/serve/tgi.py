@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from adapters.reference.request import Request
 from harness.manifest import batchlab_version
-from harness.serve.bodies import ApiError, bool_field, int_field, read_json
+from harness.serve.bodies import ApiError, bool_field, int_field, parse_off_loop, read_json
 from harness.serve.cancel import CLIENT_CLOSED_REQUEST, AbortOnClose, wait_or_abort
 from harness.serve.loop import ENGINE_NAME, Rejection, ServedEngine, TokenStream
 from harness.serve.output import dumps, output_text, output_token_id, output_token_text
@@ -99,7 +99,7 @@ class TgiRoutes:
         inputs = body.get("inputs")
         headers = {"x-compute-type": self.compute_type,
                    "x-compute-characters": str(len(inputs) if isinstance(inputs, str) else 0)}
-        req = self.parse(body, stream=stream)
+        req = await parse_off_loop(body, lambda: self.parse(body, stream=stream))
         if isinstance(req, ApiError):
             if stream:  # TGI sends headers first: validation errors arrive as an event
                 return StreamingResponse(

@@ -178,3 +178,21 @@ def test_served_model_name() -> None:
                            json={"model": "qwen2.5-0.5b", "prompt": [1], "max_tokens": 1})
     assert ok.status_code == 200 and ok.json()["model"] == "my-model"
     assert wrong.status_code == 404
+
+
+def test_a_long_prompt_is_counted_off_the_event_loop_with_the_same_answer(
+        client: httpx.Client) -> None:
+    """Prompts past OFF_LOOP_CHARS are validated on a worker thread (a long one would stall
+    every stream): the answers are those of the inline path."""
+    from harness.serve.bodies import OFF_LOOP_CHARS
+
+    long_text = "ab " * (OFF_LOOP_CHARS // 3 + 1000)  # over the threshold, over 512 tokens
+    r = client.post("/v1/completions", json={"model": "qwen2.5-0.5b", "prompt": long_text,
+                                             "max_tokens": 2})
+    assert r.status_code == 400 and "maximum context length is 512" in r.text
+    r = client.post("/generate", json={"inputs": long_text,
+                                       "parameters": {"max_new_tokens": 2, "truncate": 100}})
+    assert r.status_code == 200
+    short = client.post("/v1/completions", json={"model": "qwen2.5-0.5b", "prompt": "ab " * 50,
+                                                 "max_tokens": 2})
+    assert short.status_code == 200 and short.json()["usage"]["prompt_tokens"] >= 50
