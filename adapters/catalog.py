@@ -384,10 +384,23 @@ def server_reported_knobs(props: Any, slots: Any = None) -> dict[str, Any]:
     if isinstance(props, Mapping) and ("total_slots" in props
                                        or "default_generation_settings" in props):
         return llamacpp.reported_knobs(props, slots)
+    if isinstance(props, Mapping) and isinstance(props.get("reference"), Mapping):
+        return _served_reference_knobs(props["reference"])
     if props is None and isinstance(slots, list):
         return llamacpp.reported_knobs(None, slots)
     return {}
 
+
+def _served_reference_knobs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The uniform knobs of a ``batchlab serve reference``, from the configuration its
+    ``/version`` and ``/info`` publish (``ReferenceConfig.as_dict``)."""
+    renamed = {"tp": "tensor_parallel_size"}
+    out: dict[str, Any] = {"extra_args": []}  # it takes none
+    for key, value in config.items():
+        name = renamed.get(key, key)
+        if name in Knobs.names() and name != "extra_args":
+            out[name] = value
+    return out
 
 def attached_knobs(knobs: Knobs, reported: Mapping[str, Any]) -> tuple[dict[str, Any],
                                                                         dict[str, str]]:

@@ -104,7 +104,12 @@ def test_a_replay_against_the_served_reference_is_labelled_predicted(
     predicted = next(ln for ln in report.splitlines() if ln.startswith("| Predicted |"))
     assert "`served`: **predicted** by the reference engine served over HTTP" in predicted
     assert "### `served` served, `sim` simulated" in report
-    assert "Knobs common to every cell whose knobs are known (`served`: unknown)" in report
+    # the server's /version says how it is configured: its knobs and GPU are known
+    assert "Knobs common to every cell: max_num_seqs=256, " in report
+    manifest = json.loads((tmp_path / "served" / "manifest.json").read_text())
+    assert manifest["gpu"] == "h100-sxm" and manifest["engine"]["name"] == "reference"
+    assert manifest["knobs"]["max_num_seqs"] == 256
+    assert set(manifest["knob_sources"].values()) == {"reported"}
     assert "`served` ran on a server started outside batchlab" in report
 
 
