@@ -12,6 +12,7 @@ records which knobs the user gave.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -148,8 +149,10 @@ class Knobs:
         for spec in UNIFORM:
             value = getattr(self, spec.name)
             if spec.kind == "choice" and value not in spec.choices:
-                raise KnobError(
-                    f"{where}.{spec.name}: {value!r} is not one of {', '.join(spec.choices)}")
+                close = difflib.get_close_matches(str(value), list(spec.choices), n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise KnobError(f"{where}.{spec.name}: {value!r} is not one of "
+                                f"{', '.join(spec.choices)}{hint}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             check_positive_int(getattr(self, name), f"{where}.{name}")
         if self.max_model_len is not None:

@@ -23,6 +23,7 @@ calibration profile (JSON, the same field names) overrides any of them.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -202,10 +203,14 @@ def resolve_gpu(name: str | None, params: CostModelParams) -> GpuSpec:
     missing = [k for k in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_bf16_flops")
                if k not in overrides]
     if missing:
+        close = difflib.get_close_matches(device, known_gpus(), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        profile = (f"; the profile ({params.source}) describes no device of its own: it lacks "
+                   f"{', '.join(missing)}" if overrides else
+                   "; a --profile JSON may describe another device, with all of "
+                   "memory_bytes, hbm_bandwidth_bytes_per_s and peak_bf16_flops")
         raise UnknownHardwareError(
-            f"unknown GPU {device!r}; known GPUs: {', '.join(known_gpus())}. A --profile may "
-            f"describe another device, but it lacks {', '.join(missing)}"
-        )
+            f"unknown GPU {device!r}{hint}; known GPUs: {', '.join(known_gpus())}{profile}")
     return GpuSpec(
         name=device,
         memory_bytes=overrides["memory_bytes"],

@@ -9,6 +9,7 @@ here, such as a CPU.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 GB = 1e9
@@ -121,8 +122,11 @@ def lookup_gpu(name: str) -> GpuSpec:
     try:
         return GPUS[name.lower()]
     except KeyError:
+        close = difflib.get_close_matches(name, known_gpus(), n=1, cutoff=0.6)
         raise UnknownHardwareError(
-            f"unknown GPU {name!r}; known GPUs: {', '.join(known_gpus())} "
+            f"unknown GPU {name!r}"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f"; known GPUs: {', '.join(known_gpus())} "
             "(a --profile JSON may describe another device with all of memory_bytes, "
             "hbm_bandwidth_bytes_per_s, peak_bf16_flops)"
         ) from None

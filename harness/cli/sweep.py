@@ -51,8 +51,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"{cell.name}\t{cell.engine.engine} ({cell.engine.mode})\t"
                       f"{cell.load.describe()}")
             return 0
-        result = run_scenario(scenario, args.out, only=args.only, resume=args.resume,
-                              use_ray=args.ray is not None, ray_address=args.ray or None)
+        try:
+            result = run_scenario(scenario, args.out, only=args.only, resume=args.resume,
+                                  use_ray=args.ray is not None, ray_address=args.ray or None)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the cells that finished are on disk
+            folder = Path(args.out) / scenario.name
+            raise KeyboardInterrupt(
+                f"the cells that finished are in {folder}/: `batchlab report {folder}` renders "
+                "them, and the same command with --resume runs the others") from None
     except (ScenarioError, RunDirError) as exc:
         raise UserError(str(exc)) from None
     for outcome in result.outcomes:

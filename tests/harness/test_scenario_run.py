@@ -311,3 +311,17 @@ def test_a_simulation_that_served_nothing_exits_1(tmp_path: Path,
     err = capsys.readouterr().err
     assert "error: none of the 5 requests completed (rejected 5); the first: request " in err
     assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_an_interrupted_sweep_says_how_to_render_and_resume(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*_args: Any, **_kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sc, "run_scenario", interrupted)
+    assert main(["run", str(SMALL), "--out", str(tmp_path)]) == 130
+    err = capsys.readouterr().err
+    assert (f"interrupted; the cells that finished are in {tmp_path / 'small'}/: `batchlab "
+            f"report {tmp_path / 'small'}` renders them, and the same command with --resume "
+            "runs the others") in err

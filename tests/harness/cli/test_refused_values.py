@@ -48,3 +48,17 @@ def test_a_server_whose_cache_cannot_hold_its_max_model_len_does_not_start(
     assert main(["serve", "reference", "--port", "0", "--num-gpu-blocks", "100"]) == 2
     assert ("the model's max_model_len (131072) is larger than the KV cache holds (1600 tokens)"
             in capsys.readouterr().err)
+
+
+def test_a_misspelt_gpu_or_policy_gets_the_close_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--gpu", "h200x", "--trace", str(EXCERPT), "--limit", "3",
+                 "--out", str(tmp_path / "run")]) == 2
+    assert "unknown GPU 'h200x' (did you mean 'h200'?)" in capsys.readouterr().err
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text((REPO / "tests" / "data" / "scenario_small.yaml").read_text()
+                        .replace("policy: fcfs,", "policy: fcsf,")
+                        .replace("path: azure_conv_excerpt.csv", f"path: {EXCERPT}"))
+    assert main(["run", str(scenario), "--list"]) == 2
+    assert ("knobs.policy: 'fcsf' is not one of fcfs, priority, static; did you mean 'fcfs'?"
+            in capsys.readouterr().err)
