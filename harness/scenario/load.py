@@ -335,6 +335,11 @@ def _knob_value(y: Node) -> Any:
 
 def _parse_knobs(c: Checker, y: Node, where: str) -> dict[str, Any]:
     names = Knobs.names()
+    if y.kind == "map" and where.startswith("engines["):
+        for name, (key_y, _) in y.value.items():
+            if name in ENGINE_KEYS and name not in names:  # an engine's key, one level down
+                raise c.fail(key_y, f"{where}.{name}", f"{name} is a key of the engine, not "
+                             f"of its knobs: write it beside knobs, as {where[:-6]}.{name}")
     items = c.mapping(y, where, names)
     out = {}
     for name, value in items.items():

@@ -333,3 +333,12 @@ def test_a_trace_longer_than_its_engines_max_model_len_is_refused_on_its_line(
         load_scenario(path)
     path.write_text(text.replace("max_model_len: 16384", "max_model_len: 8192"))
     assert load_scenario(path).trace.options["max_model_len"] == 8192
+
+
+def test_an_engine_key_written_in_its_knobs_is_pointed_one_level_up(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD.replace("    knobs: {policy: fcfs}",
+                                        "    knobs: {policy: fcfs, profile: vllm-h100-sxm}"))
+    with pytest.raises(ScenarioError, match=r"engines\[\d\]\.knobs\.profile: profile is a key "
+                                            r"of the engine, not of its knobs: write it beside "
+                                            r"knobs, as engines\[\d\]\.profile"):
+        load_scenario(path)
