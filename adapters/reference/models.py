@@ -175,6 +175,10 @@ def model_from_hf_config(path: Path) -> ModelSpec:
 
     hidden = get_int("hidden_size", "n_embd", "d_model")
     heads = get_int("num_attention_heads", "n_head")
+    kv_heads = get_int("num_key_value_heads", default=heads)
+    if heads % kv_heads:  # each KV head serves a whole group of query heads
+        raise UnknownModelError(f"{path}: num_attention_heads ({heads}) must be a multiple of "
+                                f"num_key_value_heads ({kv_heads})")
     model_type = str(cfg.get("model_type", ""))
     tie = cfg.get("tie_word_embeddings", model_type not in _UNTIED_BY_DEFAULT)
     return ModelSpec(
@@ -182,7 +186,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         hidden_size=hidden,
         num_layers=get_int("num_hidden_layers", "n_layer"),
         num_attention_heads=heads,
-        num_kv_heads=get_int("num_key_value_heads", default=heads),
+        num_kv_heads=kv_heads,
         head_dim=get_int("head_dim", default=hidden // heads),
         intermediate_size=get_int("intermediate_size", "n_inner", default=4 * hidden),
         vocab_size=get_int("vocab_size"),

@@ -133,6 +133,11 @@ def test_hf_config_json_path(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"hidden_size": 8}))
     with pytest.raises(ValueError, match=r"bad.json: missing num_attention_heads"):
         lookup_model(str(bad))
+    uneven = tmp_path / "uneven.json"
+    uneven.write_text(json.dumps({**cfg, "num_attention_heads": 12, "num_key_value_heads": 5}))
+    with pytest.raises(ValueError, match=r"uneven.json: num_attention_heads \(12\) must be a "
+                                         r"multiple of num_key_value_heads \(5\)"):
+        lookup_model(str(uneven))
 
 
 def test_profile_overrides_coefficients_and_hardware(tmp_path: Path) -> None:
