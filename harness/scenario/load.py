@@ -219,11 +219,16 @@ def resolve_trace_path(text: str, base: Path, c: Checker, y: Node, where: str) -
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    bundled = sorted(p.name for p in BUNDLED_DATA.glob("*") if p.is_file())
+    folder = next((p for p in candidates if p.is_dir()), None)
+    if folder is not None:
+        raise c.fail(y, where, f"{text!r} is a folder ({folder}), not a trace file")
+    bundled = sorted(p.name for p in BUNDLED_DATA.glob("*")
+                     if p.is_file() and p.name.endswith((".csv", ".jsonl", ".json", ".gz")))
     hint = did_you_mean(raw.name, bundled)
     listing = f" Bundled excerpts: {', '.join(bundled)}." if bundled else ""
     raise c.fail(y, where, f"no trace file {text!r} (looked in "
-                 f"{', '.join(str(p.parent) for p in candidates)}){hint}.{listing}")
+                 f"{', '.join(str(p.parent) for p in candidates)}){hint}"
+                 f"{'' if hint else '.'}{listing}")
 
 
 def _check_trace_at_loads(c: Checker, scenario: Scenario, top: dict[str, Node]) -> None:

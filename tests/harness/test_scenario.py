@@ -342,3 +342,17 @@ def test_an_engine_key_written_in_its_knobs_is_pointed_one_level_up(tmp_path: Pa
                                             r"of the engine, not of its knobs: write it beside "
                                             r"knobs, as engines\[\d\]\.profile"):
         load_scenario(path)
+
+
+def test_a_trace_path_that_is_a_folder_or_a_near_miss_says_so(tmp_path: Path) -> None:
+    text = (DATA / "scenario_small.yaml").read_text()
+    path = tmp_path / "s.yaml"
+    path.write_text(text.replace("path: azure_conv_excerpt.csv", f"path: {tmp_path}"))
+    with pytest.raises(ScenarioError, match=r"trace.path: '.*' is a folder \(.*\), not a trace "
+                                            r"file"):
+        load_scenario(path)
+    path.write_text(text.replace("path: azure_conv_excerpt.csv", "path: azure_conv_excrpt.csv"))
+    with pytest.raises(ScenarioError, match=r"did you mean 'azure_conv_excerpt.csv'\? Bundled "
+                                            r"excerpts: arxiv_lengths_excerpt.csv, ") as err:
+        load_scenario(path)
+    assert "README.md" not in str(err.value) and "LICENSES.md" not in str(err.value)
