@@ -11,6 +11,15 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+_FLAG = re.compile(r"(?<![\w-])--([a-z0-9]+(?:-[a-z0-9]+)*)")
+
+
+def as_keys(message: str) -> str:
+    """A message written for the command line, in a scenario file's words: each ``--flag``
+    becomes the key that sets the same thing (``--max-num-batched-tokens`` ->
+    ``max_num_batched_tokens``)."""
+    return _FLAG.sub(lambda m: m.group(1).replace("-", "_"), message)
+
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
     """``"; did you mean 'max_num_seqs'?"`` or ``""`` when nothing is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.scenario._text import as_keys
 from harness.scenario.schema import (
     Cell,
     LoadPoint,
@@ -59,7 +60,7 @@ def load_cell_trace(scenario: Scenario, load: LoadPoint) -> Any:
             trace = traces.load_trace(spec.path, options)
         except (ValueError, OSError, TypeError) as exc:
             key = "trace" if i == 0 else f"trace.mix[{i - 1}]"
-            raise ScenarioError(scenario.source, spec.line, key, str(exc)) from None
+            raise ScenarioError(scenario.source, spec.line, key, as_keys(str(exc))) from None
         if spec.priority is not None:
             trace = dataclasses.replace(trace, requests=tuple(
                 dataclasses.replace(r, priority=spec.priority) for r in trace.requests))

@@ -11,7 +11,7 @@ from typing import Any
 from adapters.base import KnobError, Knobs
 from adapters.knobs import ADMISSIONS, check_positive_int
 from harness.metrics import SLO_KEYS, Slo, slo_problem
-from harness.scenario._text import REPO_ROOT, did_you_mean, value_text
+from harness.scenario._text import REPO_ROOT, as_keys, did_you_mean, value_text
 from harness.scenario._yaml import Checker, Node, compose, plain
 from harness.scenario.cell import reference_config
 from harness.scenario.expand import trace_options
@@ -479,7 +479,7 @@ def _check_simulated_configs(c: Checker, scenario: Scenario, cells: Sequence[Cel
             elif key in Knobs.names():
                 where = f"{where}.knobs"
                 y = y.value["knobs"][1] if "knobs" in y.value else y
-            raise c.fail(y, where, f"cell {cell.name}: {exc}") from None
+            raise c.fail(y, where, f"cell {cell.name}: {as_keys(str(exc))}") from None
         _check_trace_fits(c, scenario, cell, config.resolved_max_model_len, top)
 
 

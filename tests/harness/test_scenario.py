@@ -356,3 +356,20 @@ def test_a_trace_path_that_is_a_folder_or_a_near_miss_says_so(tmp_path: Path) ->
                                             r"excerpts: arxiv_lengths_excerpt.csv, ") as err:
         load_scenario(path)
     assert "README.md" not in str(err.value) and "LICENSES.md" not in str(err.value)
+
+
+def test_a_scenarios_errors_name_its_keys_not_command_line_flags(tmp_path: Path) -> None:
+    from harness.scenario._text import as_keys
+
+    assert as_keys("raise --max-num-batched-tokens or use --chunked-prefill; x--y stays") == (
+        "raise max_num_batched_tokens or use chunked_prefill; x--y stays")
+    text = (DATA / "scenario_small.yaml").read_text().replace(
+        "  limit: 40\n", "  limit: 40\n  max_model_len: 1024\n").replace(
+        "max_model_len: 8192", "max_model_len: 1024").replace(
+        "path: azure_conv_excerpt.csv", f"path: {REPO / 'harness/data/azure_conv_excerpt.csv'}")
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    scenario = load_scenario(path)
+    with pytest.raises(ScenarioError, match="on_too_long drop|clip handles them") as err:
+        load_cell_trace(scenario, scenario.cells()[0].load)
+    assert "--" not in str(err.value).split("trace:", 1)[1]
