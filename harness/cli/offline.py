@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -313,6 +314,10 @@ def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    choices=("critical", "error", "warning", "info", "debug"),
                    help="server log level (warning)")
     g.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    g.add_argument("--api-key-env", metavar="VAR",
+                   help="require `Authorization: Bearer <key>` on the /v1 routes, as vLLM's "
+                   "--api-key does, with the key read from environment variable VAR (never "
+                   "from the command line, never logged)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -328,10 +333,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"KV cache holds ({kv_tokens} tokens): a request of that length could never run, "
             "yet /v1/models would advertise it; lower --max-model-len, or give the cache more "
             "(--gpu-memory-utilization, --num-gpu-blocks)")
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise UserError(f"--api-key-env {args.api_key_env}: that environment variable is "
+                            "not set (or empty)")
     options = ServerOptions(host=args.host, port=args.port,
                             served_model_name=args.served_model_name,
                             tokenizer_path=args.tokenizer, log_level=args.log_level,
-                            access_log=args.access_log)
+                            access_log=args.access_log, api_key=api_key)
 
     def ready(url: str) -> None:
         print(f"batchlab serve reference: {config.model} on {config.tp}x "

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import json
 import os
 import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
@@ -43,7 +45,8 @@ class ReferenceServer:
 
     def __init__(self, config: ReferenceConfig, *, served_model_name: str | None = None,
                  tokenizer_path: str | None = None,
-                 on_ready: Callable[[], None] | None = None) -> None:
+                 on_ready: Callable[[], None] | None = None,
+                 api_key: str | None = None) -> None:
         self.config = config
         self._prediction = prediction_record(config)
         self.engine = ServedEngine(config)
@@ -71,6 +74,7 @@ class ReferenceServer:
             ],
             lifespan=self._lifespan,
         )
+        self.asgi: Any = self.app if not api_key else _RequireApiKey(self.app, api_key)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
@@ -115,6 +119,28 @@ class ReferenceServer:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
+class _RequireApiKey:
+    """vLLM's ``--api-key``: every ``/v1`` route answers 401 ``{"error": "Unauthorized"}``
+    unless the request carries ``Authorization: Bearer <key>``; the others (health, metrics,
+    version, TGI's routes) stay open, as in vLLM. The key is compared in constant time and
+    never logged."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self._app = app
+        self._expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") == "http" and str(scope.get("path", "")).startswith("/v1"):
+            given = dict(scope.get("headers") or ()).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                body = json.dumps({"error": "Unauthorized"}).encode()
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self._app(scope, receive, send)
+
 # ---------------------------------------------------------------- running it
 
 
@@ -129,6 +155,7 @@ class ServerOptions:
     log_level: str = "warning"
     access_log: bool = False
     graceful_shutdown_s: int = 5  # on SIGTERM/SIGINT, let streams finish this long
+    api_key: str | None = field(default=None, repr=False)  # /v1 routes need it (vLLM's)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -174,7 +201,7 @@ class _UvicornServer(uvicorn.Server):
 
 def _uvicorn_server(server: ReferenceServer, options: ServerOptions) -> uvicorn.Server:
     return _UvicornServer(uvicorn.Config(
-        server.app, log_level=options.log_level, access_log=options.access_log,
+        server.asgi, log_level=options.log_level, access_log=options.access_log,
         lifespan="on", ws="none", timeout_graceful_shutdown=options.graceful_shutdown_s,
     ), server)
 
@@ -191,7 +218,8 @@ def serve(config: ReferenceConfig, options: ServerOptions,
             on_ready(url)
 
     server = ReferenceServer(config, served_model_name=options.served_model_name,
-                             tokenizer_path=options.tokenizer_path, on_ready=ready)
+                             tokenizer_path=options.tokenizer_path, on_ready=ready,
+                             api_key=options.api_key)
     sock = bind_socket(options.host, options.port)
     url = socket_url(sock)
     try:
@@ -226,7 +254,7 @@ def start_server_in_thread(config: ReferenceConfig, options: ServerOptions | Non
     ``options`` wins over ``host``/``port``. ``stop()`` shuts it down and joins the thread."""
     options = options or ServerOptions(host=host, port=port)
     server = ReferenceServer(config, served_model_name=options.served_model_name,
-                             tokenizer_path=options.tokenizer_path)
+                             tokenizer_path=options.tokenizer_path, api_key=options.api_key)
     sock = bind_socket(options.host, options.port)
     uv = _uvicorn_server(server, options)
     failure: list[BaseException] = []

@@ -370,6 +370,6 @@ def test_a_scenarios_errors_name_its_keys_not_command_line_flags(tmp_path: Path)
     path = tmp_path / "s.yaml"
     path.write_text(text)
     scenario = load_scenario(path)
-    with pytest.raises(ScenarioError, match="on_too_long drop|clip handles them") as err:
+    with pytest.raises(ScenarioError, match=r"on_too_long drop\|clip handles them") as err:
         load_cell_trace(scenario, scenario.cells()[0].load)
     assert "--" not in str(err.value).split("trace:", 1)[1]

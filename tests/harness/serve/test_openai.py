@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -196,3 +197,37 @@ def test_a_long_prompt_is_counted_off_the_event_loop_with_the_same_answer(
     short = client.post("/v1/completions", json={"model": "qwen2.5-0.5b", "prompt": "ab " * 50,
                                                  "max_tokens": 2})
     assert short.status_code == 200 and short.json()["usage"]["prompt_tokens"] >= 50
+
+
+def test_an_api_key_guards_the_v1_routes_and_the_replay_client_sends_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As vLLM's --api-key: /v1 routes answer 401 without `Authorization: Bearer <key>`; health
+    and metrics stay open. A replay with --api-key-env is served, one without is refused, and
+    the key is written nowhere in either run folder."""
+    from harness.cli import main
+
+    key = "s3cret-key-9f2c"
+    options = ServerOptions(port=0, api_key=key)
+    assert key not in repr(options)
+    trace = ["--trace", "harness/data/azure_conv_excerpt.csv", "--limit", "4", "--rate", "20",
+             "--max-model-len", "512", "--on-too-long", "clip"]
+    with start_server_in_thread(SMALL, options) as server:
+        with httpx.Client(base_url=server.url, timeout=30, trust_env=False) as c:
+            assert c.get("/v1/models").status_code == 401
+            assert c.get("/v1/models").json() == {"error": "Unauthorized"}
+            assert c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}
+                         ).status_code == 200
+            assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+        monkeypatch.setenv("BATCHLAB_TEST_KEY", key)
+        base = ["replay", "--target", server.url, "--protocol", "openai", "--model",
+                "qwen2.5-0.5b", *trace]
+        assert main([*base, "--api-key-env", "BATCHLAB_TEST_KEY",
+                     "--out", str(tmp_path / "keyed")]) == 0
+        assert main([*base, "--out", str(tmp_path / "bare")]) == 1
+    keyed = json.loads((tmp_path / "keyed" / "summary.json").read_text())
+    bare = json.loads((tmp_path / "bare" / "summary.json").read_text())
+    assert keyed["num_completed"] == 4 and bare["failures"] == {"http_error": 4}
+    for folder in ("keyed", "bare"):
+        for path in (tmp_path / folder).rglob("*"):
+            if path.is_file():
+                assert key.encode() not in path.read_bytes(), path
