@@ -207,19 +207,21 @@ def pace_of(run_dir: Path) -> Pace | None:
     """``harness.metrics.pace`` of a run folder, from its ``requests.parquet``; None when it
     cannot be made (see ``pace``; no readable file)."""
     try:
-        path = run_dir / REQUESTS_FILE
         wanted = ["arrival_s", "first_token_s", "finished_s", "e2e_s", "error_kind"]
-        names = set(pq.read_schema(path).names)
-        table = pq.read_table(path, columns=[c for c in wanted if c in names])
-        arrival, finished, e2e = (
-            np.asarray(table.column(c).to_numpy(zero_copy_only=False), dtype=float)
-            for c in ("arrival_s", "finished_s", "e2e_s"))
+        # ParquetFile, not read_table: the dataset reader imports pandas and pyarrow.compute,
+        # most of a second that a simulate command would pay for this check
+        with pq.ParquetFile(run_dir / REQUESTS_FILE) as file:
+            names = set(file.schema_arrow.names)
+            table = file.read(columns=[c for c in wanted if c in names])
+        # columns.numbers, not to_numpy: that imports pyarrow.compute (and pandas) too
+        arrival, finished, e2e = (np.asarray(columns.numbers(table.column(c)), dtype=float)
+                                  for c in ("arrival_s", "finished_s", "e2e_s"))
         ok = np.array([kind is None for kind in table.column("error_kind").to_pylist()],
                       dtype=bool)
-    except (OSError, ValueError, KeyError, pa.ArrowInvalid):
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid):
         return None
-    first = (np.asarray(table.column("first_token_s").to_numpy(zero_copy_only=False),
-                        dtype=float) if "first_token_s" in names else None)
+    first = (np.asarray(columns.numbers(table.column("first_token_s")), dtype=float)
+             if "first_token_s" in names else None)
     return pace(arrival, finished, e2e, ok, first)
 
 

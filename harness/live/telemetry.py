@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.base import CANONICAL_SIGNALS, MetricSource, TelemetrySpec
+from harness.columns import numbers
 from harness.results import write_parquet_atomic
 
 TELEMETRY_FILE = "telemetry.parquet"
@@ -72,10 +73,11 @@ def engine_preemptions(out_dir: Path) -> int | None:
     preemption counter (then how many there were is not known: a client cannot see them)."""
     path = out_dir / TELEMETRY_FILE
     try:
-        column = pq.read_table(path, columns=["num_preemptions"]).column(0)
+        with pq.ParquetFile(path) as file:
+            column = file.read(columns=["num_preemptions"]).column(0)
     except (OSError, KeyError, ValueError, pa.ArrowInvalid):
         return None
-    values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=float)
+    values = np.asarray(numbers(column), dtype=float)
     values = values[np.isfinite(values)]
     return round(float(values.sum())) if values.size else None
 
