@@ -358,8 +358,14 @@ def print_headline(summary: dict[str, Any]) -> None:
         f"TTFT p50 {fmt_s(summary['ttft_s']['p50'])} p99 {fmt_s(summary['ttft_s']['p99'])}; "
         f"TPOT p50 {fmt_s(summary['tpot_s']['p50'])} p99 {fmt_s(summary['tpot_s']['p99'])}; "
         + (f"{summary['num_preemptions']} preemptions" if summary.get("num_preemptions")
-           is not None else "preemptions not known (the engine exported no counter)")
+           is not None else "preemptions not known (no engine counter was scraped)")
     )
+    goodput = summary.get("goodput") or {}
+    if goodput.get("slo_attainment") is not None:
+        slo = ", ".join(f"{k.removesuffix('_s').upper()} <= {fmt_s(v)}"
+                        for k, v in (summary.get("slo") or {}).items() if v is not None)
+        print(f"SLO ({slo}): {goodput['slo_attainment']:.1%} of requests met it; goodput "
+              f"{goodput.get('requests_per_s') or 0:.3g} req/s")
 
 
 def print_predicted(config: ReferenceConfig, *, names: Sequence[str] = ()) -> None:

@@ -164,24 +164,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if server is not None and (out / "manifest.json").is_file():
             from harness.manifest import update_manifest
 
-            update_manifest(out, {"engine": server, **_served_reference_fields(server)})
+            update_manifest(out, {"engine": server, **_served_reference_fields(server, out)})
     print_live_headline(summary, str(out))
     print(f"results: {out}/")
     return no_request_served(summary, config.target_url, args.max_failed)
 
 
-def _served_reference_fields(server: dict[str, Any]) -> dict[str, Any]:
+def _served_reference_fields(server: dict[str, Any], out: Path) -> dict[str, Any]:
     """What a ``batchlab serve reference`` says of itself (``/version``: its configuration),
     as manifest fields: the knobs it ran with and its GPU. {} for any other server, whose
     knobs a plain replay does not record."""
     from adapters.catalog import attached_manifest
     from adapters.knobs import Knobs
+    from harness.manifest import read_manifest
 
     body = (server.get("version_probe") or {}).get("body")
     config = body.get("reference") if isinstance(body, dict) else None
     if not isinstance(config, dict):
         return {}
-    return {**attached_manifest(Knobs(given=frozenset()), body), "gpu": config.get("gpu")}
+    fields = {**attached_manifest(Knobs(given=frozenset()), body), "gpu": config.get("gpu")}
+    if not read_manifest(out).get("model"):  # no --model given: the model it serves
+        fields["model"] = config.get("model")
+    return fields
 
 
 def _who_answers(url: str) -> dict[str, Any] | None:

@@ -102,12 +102,17 @@ def test_a_figure_of_predicted_runs_says_so_itself(tmp_path: Path,
     assert notes == ["predicted by batchlab's reference engine, not measured"]
 
 
-def test_resummarising_under_another_slo_redraws_the_folders_report(tmp_path: Path) -> None:
+def test_resummarising_under_another_slo_redraws_the_folders_report(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     assert main(["simulate", "--trace", TRACE, "--limit", "20", "--slo", "ttft_s=0.5",
                  "--out", str(run)]) == 0
     assert "| SLO | TTFT ≤ 500 ms |" in (run / "report.md").read_text()
+    capsys.readouterr()
     assert main(["summarize", str(run), "--slo", "ttft_s=0.05"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    said = f"SLO (TTFT <= 50.0 ms): {summary['goodput']['slo_attainment']:.1%} of requests met it"
+    assert said in capsys.readouterr().out
     text = (run / "report.md").read_text()
     assert "| SLO | TTFT ≤ 50 ms |" in text and "500 ms |" not in text.split("## Cells")[0]
 

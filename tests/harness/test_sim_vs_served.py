@@ -126,8 +126,8 @@ def test_a_live_run_reports_the_engines_preemptions_not_the_clients_zero(
                                log_path=tmp_path / "server.log") as server:
         assert main(["replay", "--engine", "reference", "--url", server.url, *small,
                      "--out", str(tmp_path / "scraped")]) == 0
-        assert main(["replay", "--target", server.url, "--protocol", "openai", "--model",
-                     "llama-3.1-8b", *small, "--out", str(tmp_path / "blind")]) == 0
+        assert main(["replay", "--target", server.url, "--protocol", "openai", *small,
+                     "--out", str(tmp_path / "blind")]) == 0
     import pyarrow.parquet as pq
 
     telemetry = pq.read_table(tmp_path / "scraped" / "telemetry.parquet").to_pydict()
@@ -137,6 +137,9 @@ def test_a_live_run_reports_the_engines_preemptions_not_the_clients_zero(
     assert scraped["preemptions_from"] == "the engine's telemetry (its preemption counter)"
     blind = json.loads((tmp_path / "blind" / "summary.json").read_text())
     assert blind["num_preemptions"] is None
+    # no --model: the manifest names the model the server says it serves
+    assert json.loads((tmp_path / "blind" / "manifest.json").read_text())["model"] == (
+        "llama-3.1-8b")
     assert "preemptions not known" in capsys.readouterr().out
     # re-summarised, a live folder keeps the engine's count
     assert main(["summarize", str(tmp_path / "scraped")]) == 0
