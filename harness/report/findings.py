@@ -385,10 +385,14 @@ def _leaders(cells: Sequence[CellResult]) -> str:
         if len(names) == len(cells) > 1:
             same = "the same" if all(v == target for _, v in values) else "about the same"
             return f"{same} {what.split(' ', 1)[1]} in every cell ({fmt(target)})"
-        near = "" if all(v == target for c, v in values if c.name in names) else (
-            ", the others named within " + ("chance" if metric == "goodput.slo_attainment"
-                                            else f"{SAME_WITHIN:.0%}"))
-        return f"{what} {', '.join(map(code, names))} ({fmt(target)}{near})"
+        tied = [n for n in names if n != top.name and get(
+            next(c for c in cells if c.name == n).summary, metric) == target]
+        close = [n for n in names if n != top.name and n not in tied]
+        text = f"{what} {', '.join(map(code, [top.name, *tied]))} ({fmt(target)})"
+        if close:  # the leader first, with its figure; those as good within the margin after
+            margin = "chance" if metric == "goodput.slo_attainment" else f"{SAME_WITHIN:.0%}"
+            text += f", with {', '.join(map(code, close))} within {margin} of it"
+        return text
 
     parts = [best("throughput.output_tokens_per_s", max, "highest output throughput",
                   lambda v: fmt_number(v, "tok/s")),

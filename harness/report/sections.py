@@ -281,7 +281,9 @@ def _flags_text(c: CellResult) -> str:
 def latency_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
     lines = ["## Latency", "",
              "Percentiles over successful requests"
-             + (f"; in brackets the change against {bases.phrase(code)}."
+             + (f"; in brackets the change against {bases.phrase(code)} (+12%, -40%; 2.8× "
+                "for two-fold and more; 1/20 for a fall to a twentieth or less), here and in "
+                "the tables below."
                 if bases.compared() else "."), "", *tails_note(ok)]
     for metric, label in LATENCIES:
         if not any(get(c.summary, f"{metric}.count") for c in ok):
