@@ -302,12 +302,30 @@ def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:
         text = f"{code(c.name)} against {code(b.name)}: " + "; ".join(parts)
     else:
         return 0.0, ""
+    kv_c, kv_b = _kv_tokens(c), _kv_tokens(b)
+    if kv_c and kv_b and not 0.5 <= kv_c / kv_b <= 2:  # a memory difference, not a policy's
+        text += (f" (its KV cache holds {fmt_ratio(kv_c / kv_b)} the tokens of "
+                 f"{code(b.name)}'s, {fmt_int(kv_c)} against {fmt_int(kv_b)}: part of the "
+                 "difference may be memory, not scheduling)")
     predicted = [x for x in (c, b) if is_prediction(x.manifest)]
     if len(predicted) == 1:  # a prediction against a measurement: not an engine difference
         text += (f" ({code(predicted[0].name)} is predicted, the other measured: the difference "
                  "includes the prediction's error)")
     return _log_score(r_tp, r_ttft, r_tpot), text + "."
 
+
+
+def _kv_tokens(c: CellResult) -> int | None:
+    """The tokens a simulated cell's KV cache holds (blocks × block size), from its manifest;
+    None when not known (a live engine)."""
+    engine = c.manifest.get("engine")
+    config = engine.get("config") if isinstance(engine, Mapping) else None
+    if not isinstance(config, Mapping):
+        return None
+    blocks, size = engine.get("num_kv_blocks_total"), config.get("block_size")
+    if isinstance(blocks, int) and isinstance(size, int) and blocks > 0:
+        return blocks * size
+    return None
 
 _HEADLINE = ("num_completed", "throughput.output_tokens_per_s", "ttft_s.p50", "ttft_s.p90",
              "tpot_s.p50", "tpot_s.p90", "e2e_s.p90", "num_preemptions")
