@@ -319,13 +319,13 @@ def _kv_tokens(c: CellResult) -> int | None:
     """The tokens a simulated cell's KV cache holds (blocks × block size), from its manifest;
     None when not known (a live engine)."""
     engine = c.manifest.get("engine")
-    config = engine.get("config") if isinstance(engine, Mapping) else None
-    if not isinstance(config, Mapping):
+    if not isinstance(engine, Mapping) or not isinstance(engine.get("config"), Mapping):
         return None
-    blocks, size = engine.get("num_kv_blocks_total"), config.get("block_size")
+    blocks, size = engine.get("num_kv_blocks_total"), engine["config"].get("block_size")
     if isinstance(blocks, int) and isinstance(size, int) and blocks > 0:
         return blocks * size
     return None
+
 
 _HEADLINE = ("num_completed", "throughput.output_tokens_per_s", "ttft_s.p50", "ttft_s.p90",
              "tpot_s.p50", "tpot_s.p90", "e2e_s.p90", "num_preemptions")
