@@ -46,6 +46,7 @@ from harness.sim import SimulationResult, simulate
 from harness.traces import TraceOptions, load_trace, shared_traces_dir
 
 TRACE_NAME = "AzureLLMInferenceTrace_conv.csv"
+TARGET = 1.30  # whole command / core simulation (issue: the CLI adds at most 30%)
 
 
 def _run(trace_requests: tuple, config: ReferenceConfig, *, decode_spans: bool
@@ -131,7 +132,7 @@ def _cli_vs_core(path: Path, requests: tuple, limit: int | None, *, prefix_cachi
     print(f"prefix caching {'on ' if prefix_caching else 'off'}{best}: core simulation "
           f"{min(core_s):6.2f} s (inside the CLI {min(inside_s):.2f} s), whole CLI "
           f"{min(cli_s):6.2f} s: whole CLI / core simulation {min(cli_s) / min(core_s):.2f}x "
-          "(target <= 1.30x)")
+          f"(target <= {TARGET:.2f}x: {'met' if min(cli_s) / min(core_s) <= TARGET else 'NOT met'})")
     print(f"    without the report (--no-report, as scenario cells and capacity probes run): "
           f"{min(bare_s):.2f} s, {min(bare_s) / min(core_s):.2f}x the core")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
