@@ -129,10 +129,11 @@ def _cli_vs_core(path: Path, requests: tuple, limit: int | None, *, prefix_cachi
         inside_s.append(float(summary["simulation_wall_s"]))
         bare_s.append(_command([*argv, "--no-report"])[0])
     best = "" if repeat == 1 else f" (best of {repeat})"
+    ratio = min(cli_s) / min(core_s)
     print(f"prefix caching {'on ' if prefix_caching else 'off'}{best}: core simulation "
           f"{min(core_s):6.2f} s (inside the CLI {min(inside_s):.2f} s), whole CLI "
-          f"{min(cli_s):6.2f} s: whole CLI / core simulation {min(cli_s) / min(core_s):.2f}x "
-          f"(target <= {TARGET:.2f}x: {'met' if min(cli_s) / min(core_s) <= TARGET else 'NOT met'})")
+          f"{min(cli_s):6.2f} s: whole CLI / core simulation {ratio:.2f}x "
+          f"(target <= {TARGET:.2f}x: {'met' if ratio <= TARGET else 'NOT met'})")
     print(f"    without the report (--no-report, as scenario cells and capacity probes run): "
           f"{min(bare_s):.2f} s, {min(bare_s) / min(core_s):.2f}x the core")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
