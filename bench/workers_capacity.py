@@ -177,9 +177,13 @@ def main() -> int:
             print(f"{workers} worker{'s' if workers > 1 else ''}: highest rate kept up with: "
                   f"{text}; limit at the next rate: {limits[workers]}")
         one, two = best[1], best[2]
-        if one and two:
+        if one and two and all(limits[w] != "none reached: raise --rates" for w in (1, 2)):
             print(f"2 workers / 1 worker (the baseline): {two['rate'] / one['rate']:.2f}x the "
                   f"rate")
+        elif one and two:  # a ratio of two rates that were not limits says nothing
+            print("2 workers / 1 worker (the baseline): no ratio, "
+                  + ("neither" if limits[1] == limits[2] else "one of them")
+                  + " reached its limit within --rates (raise them)")
         print(f"total wall time {time.perf_counter() - wall0:.1f} s; load average "
               f"{os.getloadavg()[0]:.1f}")
     return 0
