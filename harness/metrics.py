@@ -36,12 +36,12 @@ LATENCY_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 EXTRA_LATENCY_METRICS = ("tpot_guidellm_s", "itl_chunk_s", "itl_guidellm_s", "send_lag_s")
 DEFAULT_CLIENT_LAG_THRESHOLD_S = 0.010
 # A capacity probe at a request rate "kept pace" when, over the second half of its arrival
-# window, the requests it completed fell short of those that arrived one median E2E earlier by
-# no more than PACE_TOLERANCE of them, or than PACE_SIGMAS standard deviations of a Poisson
-# count (sqrt(n)); and it showed a steady state when its arrivals lasted at
-# least SHORTEST_STEADY_E2ES times its E2E p90 (docs/metrics.md, "Capacity probes"; checked
-# by ``pace``). A run report says when a run at a load of its own fell behind: its waits then
-# grow with the trace's length.
+# window, the requests it completed fell short of those that arrived one median decode time
+# earlier by no more than PACE_TOLERANCE of them, or than PACE_SIGMAS standard deviations of a
+# Poisson count (sqrt(n)); and it could show a steady state when its arrivals lasted at least
+# SHORTEST_STEADY_E2ES times its decode time p90 (its E2E p90 without first tokens;
+# docs/metrics.md, "Capacity probes"; checked by ``pace``). A run report says when a run at a
+# load of its own fell behind: its waits then grow with the trace's length.
 PACE_TOLERANCE = 0.05
 PACE_SIGMAS = 2.0
 SHORTEST_STEADY_E2ES = 4
@@ -73,24 +73,34 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
          ok: np.ndarray, first_token_s: np.ndarray | None = None) -> Pace | None:
     """The pace check of an open-loop run (docs/metrics.md, "Capacity probes: keeping pace"):
     one value per request of each array, ``ok`` true for those that completed. None when it
-    cannot be made (fewer than two arrival instants, nothing completed). ``first_token_s``
-    tells whether the run was long enough to tell (``Pace.settled``)."""
+    cannot be made (fewer than two arrival instants, nothing completed).
+
+    Only requests that completed are counted, arriving and completing: a rejected or failed
+    request never waited in a queue that grows. The arrivals are counted one *decode time*
+    earlier (first token to finish, median; the E2E without ``first_token_s``): unlike the
+    E2E, it does not grow with the queue, which would move the window before the first
+    arrival in an overloaded run. ``first_token_s`` also tells whether the run was long
+    enough to tell (``Pace.settled``)."""
     arrival = np.asarray(arrival_s, dtype=float)
     finished = np.asarray(finished_s, dtype=float)
     e2e = np.asarray(e2e_s, dtype=float)
     ok = np.asarray(ok, dtype=bool) & np.isfinite(e2e)
     if arrival.size < 2 or not arrival.max() > arrival.min() or not ok.any():
         return None
+    start, end = float(arrival.min()), float(arrival.max())
+    mid, half = (start + end) / 2, (end - start) / 2
     settled = None
+    lag = float(np.median(e2e[ok]))
+    decode = np.empty(0)
     if first_token_s is not None:
         decode = finished - np.asarray(first_token_s, dtype=float)
         decode = decode[ok & np.isfinite(decode)]
-        settled = bool(decode.size) and bool(
-            arrival.max() - arrival.min() >= SHORTEST_STEADY_E2ES * np.percentile(decode, 90))
-    start, end = float(arrival.min()), float(arrival.max())
-    mid, half = (start + end) / 2, (end - start) / 2
-    lag = float(np.median(e2e[ok]))
-    num_arrived = int(np.count_nonzero((arrival > mid - lag) & (arrival <= end - lag)))
+        settled = bool(end - start >= SHORTEST_STEADY_E2ES * np.percentile(decode, 90)
+                       ) if decode.size else None
+        if decode.size:
+            lag = float(np.median(decode))
+    lag = min(lag, half / 2)  # the arrivals window stays within the arrivals
+    num_arrived = int(np.count_nonzero(ok & (arrival > mid - lag) & (arrival <= end - lag)))
     num_completed = int(np.count_nonzero(ok & (finished > mid) & (finished <= end)))
     arrived, completed = num_arrived / half, num_completed / half
     # The counts differ by chance (bursts of arrivals, long requests finishing across the
@@ -98,17 +108,24 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
     # PACE_SIGMAS standard deviations of a Poisson count and beyond PACE_TOLERANCE of the
     # arrivals is a backlog that grows, however long the trace.
     allowed = max(PACE_TOLERANCE * num_arrived, PACE_SIGMAS * math.sqrt(num_arrived))
-    if num_completed < num_arrived - allowed:
-        return Pace(arrived, completed, False,
-                    f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} arriving "
-                    "over the second half of its arrivals", fell_behind=True, settled=settled)
-    long_e2e = float(np.percentile(e2e[ok], 90))
-    if end - start < SHORTEST_STEADY_E2ES * long_e2e:
+    behind = num_completed < num_arrived - allowed
+    # Too short to tell comes first: the windows' edges alone make the counts differ. How long
+    # is long enough is measured by the decode time, which a growing queue does not lengthen
+    # (an overloaded run is not excused by the waits it causes); without first tokens, by
+    # the E2E.
+    if settled is False or (settled is None and end - start < SHORTEST_STEADY_E2ES
+                            * float(np.percentile(e2e[ok], 90))):
+        what, p90 = ("decode time", float(np.percentile(decode, 90))) if settled is False else (
+            "E2E", float(np.percentile(e2e[ok], 90)))
         return Pace(arrived, completed, False,
                     f"too short to show a steady state: its arrivals last {end - start:.3g} s, "
-                    f"under {SHORTEST_STEADY_E2ES} times its E2E p90 ({long_e2e:.3g} s)",
-                    settled=settled)
-    return Pace(arrived, completed, True, settled=settled)
+                    f"under {SHORTEST_STEADY_E2ES} times its {what} p90 ({p90:.3g} s)",
+                    fell_behind=behind, settled=False)
+    if behind:
+        return Pace(arrived, completed, False,
+                    f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} arriving "
+                    "over the second half of its arrivals", fell_behind=True, settled=True)
+    return Pace(arrived, completed, True, settled=True)
 
 
 SLO_KEYS = ("ttft_s", "tpot_s", "e2e_s")

@@ -63,7 +63,9 @@ def _rules(early_stop: bool) -> dict[str, Any]:
     """What else decides whether a probe passes: a resumed search reuses only probes judged
     by the same rules."""
     return {"early_stop": early_stop, "pace_sigmas": PACE_SIGMAS, "pace_tolerance": PACE_TOLERANCE,
-            "steady_e2es": SHORTEST_STEADY_E2ES}
+            "steady_e2es": SHORTEST_STEADY_E2ES,
+            # 2: windows shifted by the decode time, successful requests only, too short first
+            "pace_rule": 2}
 
 
 def _scenario_trace(scenario: Scenario) -> Any:

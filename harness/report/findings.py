@@ -171,7 +171,7 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
     behind = [(c, p) for c, p in paces if p is not None and p.overloaded]
     if not behind:
         return []
-    near = [(c, p) for c, p in paces if p is not None and not p.overloaded
+    near = [(c, p) for c, p in paces if p is not None and p.settled and not p.fell_behind
             and p.completed_per_s < (1 - PACE_TOLERANCE) * p.arrived_per_s]
 
     def rates(pace: Pace) -> str:
