@@ -118,6 +118,22 @@ def ensure_writable_dir(path: Path, what: str = "--out") -> None:
         raise RunDirError(f"{what} {path}: cannot write there ({reason})")
 
 
+def ensure_creatable_dir(path: Path, what: str = "--out") -> None:
+    """``ensure_writable_dir`` without creating anything: ``path`` is a writable folder, or
+    could be made in its nearest existing folder (a command refused later leaves no folder)."""
+    if path.exists():
+        ensure_writable_dir(path, what)
+        return
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RunDirError(f"{what} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RunDirError(f"{what} {path}: cannot write there (no write permission in "
+                          f"{parent})")
+
+
 def ensure_writable_file(path: Path, what: str = "-o") -> None:
     """A file path batchlab may (re)write: its folder writable, the path not a folder."""
     if path.is_dir():

@@ -39,13 +39,13 @@ def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harness.runfolder import RunDirError, ensure_writable_dir
+    from harness.runfolder import RunDirError, ensure_creatable_dir
     from harness.scenario import ScenarioError, load_scenario, run_scenario, select
 
     try:
         scenario = load_scenario(args.scenario, trace_path=args.trace)
         if not args.list:
-            ensure_writable_dir(Path(args.out) / scenario.name)
+            ensure_creatable_dir(Path(args.out) / scenario.name)
         if args.list:
             for cell in select(scenario.cells(), args.only):
                 print(f"{cell.name}\t{cell.engine.engine} ({cell.engine.mode})\t"

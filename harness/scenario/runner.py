@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -202,6 +202,7 @@ def run_scenario(
     for cell in todo:
         if cell.load not in traces:
             traces[cell.load] = load_cell_trace(scenario, cell.load)
+    _refuse_rejected(scenario, todo, traces)
     # only now, with every check passed and every trace read: a run refused above leaves the
     # folder (and the definition of results already in it) as it was
     scenario_dir.mkdir(parents=True, exist_ok=True)
@@ -233,6 +234,31 @@ def run_scenario(
         for c in all_cells
     )
     return SweepResult(scenario_dir=scenario_dir, report=report, outcomes=ordered)
+
+
+def _refuse_rejected(scenario: Scenario, cells: Sequence[Cell],
+                     traces: Mapping[LoadPoint, Any]) -> None:
+    """A simulated cell whose engine would reject requests of its trace as too long for its
+    max_model_len is refused before any cell runs: the trace's own max_model_len and
+    on_too_long say what to do with them (drop or clip), the engine's knob cannot."""
+    from harness.scenario.cell import reference_config
+
+    for cell in cells:
+        if cell.engine.mode != "simulated":
+            continue
+        limit = reference_config(cell, scenario.model, scenario.gpu).resolved_max_model_len
+        requests = traces[cell.load].requests
+        too_long = [r for r in requests
+                    if r.num_prompt_tokens + r.num_output_tokens > limit]
+        if too_long:
+            first = too_long[0]
+            raise ScenarioError(
+                scenario.source, cell.engine.line, cell.engine.name,
+                f"cell {cell.name}: {len(too_long)} of {len(requests)} requests of its trace "
+                f"need more than its engine's max_model_len ({limit}; first: request "
+                f"{first.request_id}, {first.num_prompt_tokens} prompt + "
+                f"{first.num_output_tokens} output tokens) and would be rejected; give the "
+                f"trace max_model_len: {limit} with on_too_long: drop or clip")
 
 
 def _refuse_unplannable(scenario: Scenario, cells: Sequence[Cell]) -> None:

@@ -329,3 +329,28 @@ def test_an_interrupted_sweep_says_how_to_render_and_resume(
     assert (f"interrupted; the cells that finished are in {tmp_path / 'small'}/: `batchlab "
             f"report {tmp_path / 'small'}` renders them, and the same command with --resume "
             "runs the others") in err
+
+
+def test_the_command_refused_before_any_cell_makes_no_folder(tmp_path: Path) -> None:
+    assert main(["run", str(SMALL), "--only", "zzz", "--out", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_cell_whose_engine_would_reject_requests_as_too_long_is_refused_first(
+        tmp_path: Path) -> None:
+    """The engine's max_model_len (a knob) is below some requests of the trace, which sets
+    none of its own: they would be rejected, whatever on_too_long says. Refused before any cell
+    runs, with what to write instead."""
+    path = tmp_path / "s.yaml"
+    path.write_text(SMALL.read_text().replace("max_model_len: 8192", "max_model_len: 1024")
+                    .replace("  limit: 40\n", "  limit: 40\n  on_too_long: drop\n"))
+    with pytest.raises(sc.ScenarioError, match=r"cell static__max_num_seqs-4: \d+ of 40 requests "
+                                               r"of its trace need more than its engine's "
+                                               r"max_model_len \(1024; first: request "):
+        sc.run_scenario(sc.load_scenario(path), tmp_path, progress=quiet())
+    assert not (tmp_path / "small").exists()
+    path.write_text(path.read_text().replace("  on_too_long: drop\n",
+                                             "  on_too_long: drop\n  max_model_len: 1024\n"))
+    result = sc.run_scenario(sc.load_scenario(path), tmp_path, only="static*",
+                             progress=quiet())
+    assert all(o.state in ("done", "not_run") for o in result.outcomes)
