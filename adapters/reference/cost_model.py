@@ -416,14 +416,18 @@ def profile_digest(raw: dict[str, Any]) -> str:
     its accuracy is measured (``measured_digest``), so that a file changed since quotes none."""
     meta = raw.get("metadata")
     body = {k: v for k, v in raw.items() if k not in ("source", "metadata")}
-    body["scheduler"] = meta.get("scheduler") if isinstance(meta, dict) else None
+    scheduler = meta.get("scheduler") if isinstance(meta, dict) else None
+    # its engine defaults only: not where they were read ("sources") or other descriptions
+    body["scheduler"] = ({k: scheduler[k] for k in PROFILE_SCHEDULER_KEYS if k in scheduler}
+                         if isinstance(scheduler, dict) else None)
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def profile_changed_since_measured(name_or_path: str | Path) -> bool:
     """A profile whose accuracy was measured (``metadata.fit.held_out``) with coefficients or
-    engine defaults other than the file's own now (copied and edited, say)."""
+    engine defaults other than the file's own now (copied and edited, say), or whose record
+    does not say which it was measured with (no ``measured_digest``)."""
     raw = _profile_raw(name_or_path)
     meta = raw.get("metadata")
     fit = meta.get("fit") if isinstance(meta, dict) else None

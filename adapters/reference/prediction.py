@@ -16,6 +16,7 @@ from adapters.reference.cost_model import (
     ProfileError,
     profile_accuracy,
     profile_changed_since_measured,
+    profile_metadata,
 )
 
 # What the catalog's datasheet coefficients (no engine profile) miss by: every published row
@@ -44,8 +45,11 @@ def prediction_record(config: ReferenceConfig) -> dict[str, Any]:
     try:
         record["accuracy"] = profile_accuracy(config.profile)
         if profile_changed_since_measured(config.profile):
-            record["accuracy_note"] = ("its coefficients or engine defaults differ from those "
-                                       "its accuracy was measured with")
+            fit = profile_metadata(config.profile).get("fit") or {}
+            record["accuracy_note"] = (
+                "its coefficients or engine defaults differ from those its accuracy was "
+                "measured with" if fit.get("measured_digest") else
+                "its fit record does not say which coefficients its accuracy was measured with")
     except ProfileError:
         record["accuracy"] = None
     return record

@@ -355,3 +355,20 @@ def test_a_finding_within_a_limit_by_less_than_the_error_says_it_may_not_hold() 
     assert margin_caveat(_simulated("v", "vllm-h100-sxm"), 0.010, 0.020, "TPOT/ITL") == (
         "; predicted, 50.0% within the limit, with an error never measured for predicted "
         "TPOT/ITL")
+
+
+def test_a_profiles_descriptions_are_not_what_its_accuracy_depends_on(tmp_path: Path) -> None:
+    raw = json.loads((PROFILES / "vllm-h100-sxm.json").read_text())
+    scheduler = raw["metadata"]["scheduler"]
+    described = tmp_path / "described.json"
+    described.write_text(json.dumps({**raw, "metadata": {**raw["metadata"], "scheduler": {
+        **scheduler, "sources": {"note": "read from somewhere else"}}}}))
+    assert profile_accuracy(described) == profile_accuracy("vllm-h100-sxm")
+    unrecorded = tmp_path / "unrecorded.json"
+    fit = {k: v for k, v in raw["metadata"]["fit"].items() if k != "measured_digest"}
+    unrecorded.write_text(json.dumps({**raw, "metadata": {**raw["metadata"], "fit": fit}}))
+    assert profile_accuracy(unrecorded) is None
+    text = prediction_text(prediction_record(ReferenceConfig(model="llama-3.1-8b",
+                                                             profile=str(unrecorded))))
+    assert text.endswith("its fit record does not say which coefficients its accuracy was "
+                         "measured with")
