@@ -358,7 +358,8 @@ def print_headline(summary: dict[str, Any]) -> None:
         f"TTFT p50 {fmt_s(summary['ttft_s']['p50'])} p99 {fmt_s(summary['ttft_s']['p99'])}; "
         f"TPOT p50 {fmt_s(summary['tpot_s']['p50'])} p99 {fmt_s(summary['tpot_s']['p99'])}; "
         + (f"{summary['num_preemptions']} preemptions" if summary.get("num_preemptions")
-           is not None else "preemptions not known (no engine counter was scraped)")
+           is not None else "preemptions "
+           + str(summary.get("preemptions_from") or "not known").split(" (")[0])
     )
     goodput = summary.get("goodput") or {}
     if goodput.get("slo_attainment") is not None:

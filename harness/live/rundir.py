@@ -22,7 +22,7 @@ from harness.live.protocols import (
     ProtocolName,
 )
 from harness.live.recorder import RECORDS_FILE, read_records, records_run_id
-from harness.live.telemetry import engine_preemptions
+from harness.live.telemetry import TELEMETRY_FILE, engine_preemptions
 from harness.manifest import run_fields, trace_manifest, update_manifest
 from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo, summarize
 from harness.results import (
@@ -87,6 +87,8 @@ def consolidate(out_dir: Path, timelines: Sequence[RequestTimeline], *, slo: Slo
 PREEMPTIONS_FROM_ENGINE = "the engine's telemetry (its preemption counter)"
 PREEMPTIONS_UNKNOWN = ("not known: a client cannot see preemptions, and the engine's telemetry "
                        "had no preemption counter")
+PREEMPTIONS_UNSCRAPED = ("not known: a client cannot see preemptions, and no engine telemetry "
+                         "was scraped (`replay --engine ENGINE --url URL` scrapes it)")
 
 
 def with_engine_counters(summary: dict[str, Any], out_dir: Path) -> dict[str, Any]:
@@ -95,7 +97,9 @@ def with_engine_counters(summary: dict[str, Any], out_dir: Path) -> dict[str, An
     ``preemptions_from`` saying which."""
     n = engine_preemptions(out_dir)
     summary["num_preemptions"] = n
-    summary["preemptions_from"] = PREEMPTIONS_FROM_ENGINE if n is not None else PREEMPTIONS_UNKNOWN
+    summary["preemptions_from"] = (
+        PREEMPTIONS_FROM_ENGINE if n is not None else PREEMPTIONS_UNKNOWN
+        if (out_dir / TELEMETRY_FILE).exists() else PREEMPTIONS_UNSCRAPED)
     return summary
 
 

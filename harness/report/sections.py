@@ -376,8 +376,9 @@ def preemption_section(ok: Sequence[CellResult], preempted: Mapping[str, int | N
             + ("; when the host's swap space is full, a swap preemption is recomputed instead, "
                "counted in the last column" if swapping else "") + ")."
             + (" A live run's preemptions are its engine's own count (its telemetry); a client "
-               "cannot see them, nor which requests were preempted (–), and an engine that "
-               "exports no counter leaves them not known." if live else ""), "",
+               "cannot see them, nor which requests were preempted (–): not known when the "
+               "engine exports no counter, or its telemetry was not scraped (`replay --target`; "
+               "`replay --engine ENGINE --url URL` scrapes it)." if live else ""), "",
             table(headers, rows), "", *unmeasured_note(ok, "Preemption counts")]
 
 

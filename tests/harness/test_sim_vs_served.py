@@ -137,6 +137,8 @@ def test_a_live_run_reports_the_engines_preemptions_not_the_clients_zero(
     assert scraped["preemptions_from"] == "the engine's telemetry (its preemption counter)"
     blind = json.loads((tmp_path / "blind" / "summary.json").read_text())
     assert blind["num_preemptions"] is None
+    assert blind["preemptions_from"].startswith("not known: a client cannot see preemptions, "
+                                                "and no engine telemetry was scraped")
     # no --model: the manifest names the model the server says it serves
     assert json.loads((tmp_path / "blind" / "manifest.json").read_text())["model"] == (
         "llama-3.1-8b")
