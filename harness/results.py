@@ -233,8 +233,10 @@ def run_pace(run_dir: Path, summary: Mapping[str, Any], manifest: Mapping[str, A
     if summary.get("stopped_early") or manifest.get("status") in ("failed", "interrupted",
                                                                     "running"):
         return None
-    load = manifest.get("load")
-    if isinstance(load, Mapping) and load.get("mode") == "closed":
+    load, replay = manifest.get("load"), manifest.get("replay")
+    modes = (manifest.get("mode"), load.get("mode") if isinstance(load, Mapping) else None,
+             replay.get("mode") if isinstance(replay, Mapping) else None)
+    if "closed" in modes:  # simulated runs say it under load, live ones at the top and replay
         return None
     return pace_of(run_dir)
 

@@ -140,3 +140,15 @@ def test_rejected_requests_are_no_queue(tmp_path: Path,
     assert cli_main([*SIM, "--num-gpu-blocks", "10", "--limit", "50",
                      "--out", str(tmp_path / "rej")]) == 0
     assert BEHIND not in capsys.readouterr().err
+
+
+def test_a_live_closed_loop_is_not_judged_on_its_pace(tmp_path: Path) -> None:
+    """A live replay says its closed loop at the top of its manifest (``mode``), a simulated
+    one under ``load``: neither is judged, its arrivals waiting for completions."""
+    from harness.results import run_pace
+
+    _simulate(tmp_path / "over", "--rate", "10")
+    summary = json.loads((tmp_path / "over" / "summary.json").read_text())
+    assert run_pace(tmp_path / "over", summary, {"mode": "open"}) is not None
+    assert run_pace(tmp_path / "over", summary, {"mode": "closed"}) is None
+    assert run_pace(tmp_path / "over", summary, {"load": {"mode": "closed"}}) is None
