@@ -379,8 +379,11 @@ def varying_knobs(cells: Sequence[CellResult]) -> list[str]:
     names: list[str] = []
     for c in known:
         names += [k for k in c.knobs if k not in names]
-    return [k for k in names
-            if len({value_text(c.knobs.get(k)) for c in known}) > 1]
+    def text(name: str, value: Any) -> str:  # no extra argument, however a run recorded it
+        empty = name == "extra_args" and (value is None or value == [] or value == ())
+        return "[]" if empty else value_text(value)
+
+    return [k for k in names if len({text(k, c.knobs.get(k)) for c in known}) > 1]
 
 
 def sweep_cells(cells: Sequence[CellResult]) -> list[CellResult]:
