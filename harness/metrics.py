@@ -369,8 +369,9 @@ def run_duration_s(timelines: Sequence[RequestTimeline]) -> float:
         return 0.0
     first = min(tl.arrival_s for tl in timelines)
     last = first
-    for tl in timelines:
-        for t in (tl.finished_s, tl.chunk_times_s[-1] if tl.chunk_times_s else None):
+    for tl in timelines:  # an arrival is something happening too (a request rejected on it)
+        for t in (tl.finished_s, tl.chunk_times_s[-1] if tl.chunk_times_s else None,
+                  tl.arrival_s):
             if t is not None and t > last:
                 last = t
     return last - first

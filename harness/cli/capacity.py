@@ -161,7 +161,9 @@ def _search_spec(args: argparse.Namespace) -> SearchSpec:
     try:
         spec.validate()
     except ValueError as exc:  # names the field: target, start, precision, min_load, ...
-        raise UserError(f"search options: {exc}") from None
+        said = re.sub(r"\b(target|start|precision|min_load|max_load|max_probes)\b",
+                      lambda m: "--" + m.group(1).replace("_", "-"), str(exc))
+        raise UserError(said) from None
     if args.think_time_s and rate:
         raise UserError("--think-time-s: only for --search concurrency")
     return spec

@@ -104,7 +104,10 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
     for c in cells:
         if c.state in ("failed", "interrupted", "running"):
             reason = short(c.reason) if c.reason else "no reason recorded"
-            out.append(f"{code(c.name)} did not finish: {reason.rstrip('.')}.")
+            nothing = reason.startswith("NothingServed: ")  # it ran to its end, serving none
+            out.append(f"{code(c.name)} " + (
+                f"measured nothing: {reason.removeprefix('NothingServed: ').rstrip('.')}."
+                if nothing else f"did not finish: {reason.rstrip('.')}."))
     not_run = [c.name for c in cells if c.state == "not_run"]
     if not_run:
         out.append(f"{len(not_run)} cell{'s' if len(not_run) > 1 else ''} not run "

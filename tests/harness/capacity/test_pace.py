@@ -199,4 +199,4 @@ def test_a_minimum_load_of_zero_is_refused_for_what_it_is(
     assert cli_main(["capacity", "--trace", str(REPO / "harness/data/azure_conv_excerpt.csv"),
                      "--limit", "20", "--min-load", "0", "--slo", "ttft_s=1",
                      "--out", str(tmp_path / "cap")]) == 2
-    assert "min_load: must be a positive load, got 0" in capsys.readouterr().err
+    assert "--min-load: must be a positive load, got 0" in capsys.readouterr().err
