@@ -128,7 +128,8 @@ def ensure_creatable_dir(path: Path, what: str = "--out") -> None:
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise RunDirError(f"{what} {path}: {parent} is a file, not a folder")
+        raise RunDirError(f"{what} {path}: cannot write there ({parent} is a file, not a "
+                          "folder)")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise RunDirError(f"{what} {path}: cannot write there (no write permission in "
                           f"{parent})")
