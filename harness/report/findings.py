@@ -317,7 +317,6 @@ def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:
     return _log_score(r_tp, r_ttft, r_tpot), text + "."
 
 
-
 def _kv_tokens(c: CellResult) -> int | None:
     """The tokens a simulated cell's KV cache holds (blocks × block size), from its manifest;
     None when not known (a live engine)."""
