@@ -43,18 +43,36 @@ class Errors:
     median: float | None
     worst: float | None
     num_rows: int | None
+    sources: tuple[str, ...] = ()  # the published sources the figures come from (when known)
 
     def text(self) -> str:
         """"9.4% (worst 84.8%)"."""
         return f"{_pct(self.median)} (worst {_pct(self.worst)})"
 
+    def basis(self) -> str:
+        """"6 from one source (nim-llama-3.3-70b-1.8.0)", "40 from 3 sources", or "6" when
+        the record names no sources: how many figures, and how broad their basis is (a single
+        source's figures say little of other models, dtypes or loads)."""
+        return ("–" if self.num_rows is None else str(self.num_rows)) + self.sources_text()
+
+    def sources_text(self) -> str:
+        """" from one source (x)", " from 3 sources", or "" when not recorded."""
+        if not self.sources:
+            return ""
+        if len(self.sources) == 1:
+            return f" from one source ({self.sources[0]})"
+        return f" from {len(self.sources)} sources"
+
     @classmethod
     def of(cls, stats: object, prefix: str = "") -> Errors | None:
-        """From a record's ``{prefix}median_abs_error``, ``worst_...``, ``num_rows``."""
+        """From a record's ``{prefix}median_abs_error``, ``worst_...``, ``num_rows``,
+        ``sources``."""
         if not isinstance(stats, Mapping) or stats.get(f"{prefix}median_abs_error") is None:
             return None
+        sources = stats.get(f"{prefix}sources")
         return cls(stats.get(f"{prefix}median_abs_error"), stats.get(f"{prefix}worst_abs_error"),
-                   stats.get(f"{prefix}num_rows"))
+                   stats.get(f"{prefix}num_rows"),
+                   tuple(str(x) for x in sources) if isinstance(sources, list) else ())
 
 
 @dataclass(frozen=True)
@@ -154,7 +172,7 @@ def _by_kind(acc: Accuracy) -> str:
     gap = f"no held-out {missing} figure" if missing else ""
     if len(acc.by_kind) == 1:  # its figures are the ones above
         return f"; all of them {next(iter(acc.by_kind))} figures" + (f": {gap}" if gap else "")
-    parts = [f"{kind} {e.text()} of {e.num_rows}" for kind, e in acc.by_kind.items()]
+    parts = [f"{kind} {e.text()} of {e.basis()}" for kind, e in acc.by_kind.items()]
     return "; by kind of figure: " + ", ".join(parts) + (f"; {gap}" if gap else "")
 
 

@@ -82,7 +82,8 @@ def accuracy_record(checked: Sequence[CheckedRow], *, measured: str | None = Non
 def _summary(stats: ErrorStats) -> dict[str, Any]:
     return {"num_rows": stats.num_rows, "median_abs_error": round(stats.median_abs_error, 4),
             "worst_abs_error": round(stats.worst_abs_error, 4),
-            "worst_row_id": stats.worst_row_id, "num_within_target": stats.num_within_target}
+            "worst_row_id": stats.worst_row_id, "num_within_target": stats.num_within_target,
+            "sources": list(stats.sources)}
 
 
 def render_table(record: dict[str, Any]) -> list[str]:

@@ -110,6 +110,8 @@ class ErrorStats:
     worst_abs_error: float
     worst_row_id: str
     num_within_target: int  # |error| <= TARGET_WORST
+    # the sources the rows come from (source ids): how broad the basis of the error is
+    sources: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         """As stored in a profile. Six decimals: shown as a percentage with one decimal, a
@@ -117,7 +119,7 @@ class ErrorStats:
         docs/fidelity.md (0.052534 stored as 0.0525 prints 5.2%, not 5.3%)."""
         return {"num_rows": self.num_rows, "median_abs_error": round(self.median_abs_error, 6),
                 "worst_abs_error": round(self.worst_abs_error, 6),
-                "worst_row_id": self.worst_row_id}
+                "worst_row_id": self.worst_row_id, "sources": list(self.sources)}
 
 
 def error_stats(checked: Iterable[CheckedRow]) -> ErrorStats | None:
@@ -127,7 +129,8 @@ def error_stats(checked: Iterable[CheckedRow]) -> ErrorStats | None:
     errors = np.array([c.prediction.abs_error for c in items])
     worst = items[int(np.argmax(errors))]
     return ErrorStats(len(items), float(np.median(errors)), float(errors.max()),
-                      worst.row.row_id, int((errors <= TARGET_WORST).sum()))
+                      worst.row.row_id, int((errors <= TARGET_WORST).sum()),
+                      tuple(sorted({c.row.source_id for c in items})))
 
 
 def stats_by_kind(checked: Iterable[CheckedRow]) -> dict[str, ErrorStats]:

@@ -159,7 +159,7 @@ def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
                acc.overall.text(), _published_text(acc)]
         for kind in KINDS:
             e = acc.by_kind.get(kind)
-            row.append(f"{e.text()} of {e.num_rows}" if e is not None
+            row.append(f"{e.text()} of {e.basis()}" if e is not None
                        else "no held-out figure" if kind in acc.unmeasured_kinds else "–")
         rows.append(row)
     headers = ["cells", "predicted with", "measured on", "median error",
@@ -199,7 +199,8 @@ def kind_note(cells: Sequence[CellResult], kind: str, label: str) -> list[str]:
         elif e is not None:
             held = " held-out" if acc.held_out else ""
             parts.append(f"{names} a median {fmt_pct(e.median)} off (worst "
-                         f"{fmt_pct(e.worst)}) over {e.num_rows}{held} figures")
+                         f"{fmt_pct(e.worst)}) over {e.num_rows}{held} figures"
+                         f"{e.sources_text()}")
         elif kind in acc.unmeasured_kinds:
             unmeasured.append(names)
     if unmeasured:

@@ -47,6 +47,12 @@ def _lines(markdown: list[str]) -> list[str]:
     return "\n".join(markdown).splitlines()
 
 
+def _basis(stats: dict[str, Any]) -> str:
+    """How many figures a stored statistic rests on, and from how many sources."""
+    sources = stats["sources"]
+    return f"{stats['num_rows']}" + (f" from one source ({sources[0]})" if len(sources) == 1
+                                     else f" from {len(sources)} sources")
+
 def _simulated(name: str, profile: str | None) -> CellResult:
     record = prediction_record(ReferenceConfig(model="llama-3.1-8b", profile=profile))
     return _cell(name, {"mode": "simulated", "prediction": record})
@@ -143,7 +149,7 @@ def test_the_report_names_each_predictor_and_tabulates_its_accuracy() -> None:
         f"{fmt_pct(acc['held_out_published_worst_abs_error'])}) of "
         f"{acc['held_out_published_num_rows']}",
         *[f"{fmt_pct(by_kind[k]['median_abs_error'])} (worst "
-          f"{fmt_pct(by_kind[k]['worst_abs_error'])}) of {by_kind[k]['num_rows']}"
+          f"{fmt_pct(by_kind[k]['worst_abs_error'])}) of {_basis(by_kind[k])}"
           for k in ("throughput", "TTFT", "TPOT/ITL")],
         "no held-out figure"]
     assert rows["| `vllm`"][-3:] == ["no held-out figure"] * 3
@@ -211,7 +217,7 @@ def test_a_profile_states_its_error_for_each_kind_of_figure() -> None:
     assert list(by_kind) == ["throughput", "TTFT", "TPOT/ITL"]  # KINDS order
     text = _label(ReferenceConfig(model="llama-3.1-8b", profile="trtllm-h100-sxm"))
     parts = [f"{kind} {fmt_pct(s['median_abs_error'])} (worst {fmt_pct(s['worst_abs_error'])})"
-             f" of {s['num_rows']}" for kind, s in by_kind.items()]
+             f" of {_basis(s)}" for kind, s in by_kind.items()]
     assert text.endswith("; by kind of figure: " + ", ".join(parts) + "; no held-out E2E figure")
 
 
@@ -248,9 +254,11 @@ def test_each_latency_and_throughput_table_says_how_far_its_kind_was_measured_to
     assert note == (
         "How far predicted TTFT was measured to miss published TTFT figures: "
         f"`cat` a median {fmt_pct(cat['median_abs_error'])} off (worst "
-        f"{fmt_pct(cat['worst_abs_error'])}) over {cat['num_rows']} figures; "
+        f"{fmt_pct(cat['worst_abs_error'])}) over {cat['num_rows']} figures from "
+        f"{len(cat['sources'])} sources; "
         f"`trt` a median {fmt_pct(ttft['median_abs_error'])} off (worst "
-        f"{fmt_pct(ttft['worst_abs_error'])}) over {ttft['num_rows']} held-out figures; "
+        f"{fmt_pct(ttft['worst_abs_error'])}) over {ttft['num_rows']} held-out figures from "
+        f"one source ({ttft['sources'][0]}); "
         "no held-out TTFT figure for `vllm`, `tgi` "
         "([how accurate the predictions are](#how-accurate-the-predictions-are)).")
     # measured cells add nothing; a run that recorded no accuracy says it is unknown
