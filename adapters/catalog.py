@@ -384,11 +384,19 @@ def server_reported_knobs(props: Any, slots: Any = None) -> dict[str, Any]:
     if isinstance(props, Mapping) and ("total_slots" in props
                                        or "default_generation_settings" in props):
         return llamacpp.reported_knobs(props, slots)
-    if isinstance(props, Mapping) and isinstance(props.get("reference"), Mapping):
-        return _served_reference_knobs(props["reference"])
+    config = served_reference_config(props)
+    if config is not None:
+        return _served_reference_knobs(config)
     if props is None and isinstance(slots, list):
         return llamacpp.reported_knobs(None, slots)
     return {}
+
+
+def served_reference_config(probe_body: Any) -> Mapping[str, Any] | None:
+    """The configuration a ``batchlab serve reference`` publishes in its ``/version`` and
+    ``/info`` answers (``reference``); None for any other server."""
+    config = probe_body.get("reference") if isinstance(probe_body, Mapping) else None
+    return config if isinstance(config, Mapping) else None
 
 
 def _served_reference_knobs(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -434,10 +442,18 @@ def attached_mapping(values: Mapping[str, Any], sources: Mapping[str, str]
             for name in Knobs.names()]
 
 
-def attached_manifest(knobs: Knobs, probe_body: Any = None) -> dict[str, Any]:
+def attached_manifest(knobs: Knobs, probe_body: Any = None,
+                      known: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``manifest.json`` fields of a server batchlab attached to: ``knobs`` (stated, reported
     or ``"unknown"``), ``knob_sources`` and a ``mapping`` that applies nothing.
-    ``probe_body``: what the server's version probe answered (llama.cpp: ``/props``)."""
+    ``probe_body``: what the server's version probe answered (llama.cpp: ``/props``). A served
+    reference also says which GPU and model it models: ``gpu`` and ``model`` where ``known``
+    (the manifest so far) has none."""
     values, sources = attached_knobs(knobs, server_reported_knobs(probe_body))
-    return {"knobs": values, "knob_sources": sources,
-            "mapping": attached_mapping(values, sources)}
+    fields: dict[str, Any] = {"knobs": values, "knob_sources": sources,
+                              "mapping": attached_mapping(values, sources)}
+    config = served_reference_config(probe_body)
+    for key in ("gpu", "model"):
+        if config is not None and config.get(key) and not (known or {}).get(key):
+            fields[key] = config[key]
+    return fields

@@ -172,20 +172,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def _served_reference_fields(server: dict[str, Any], out: Path) -> dict[str, Any]:
     """What a ``batchlab serve reference`` says of itself (``/version``: its configuration),
-    as manifest fields: the knobs it ran with and its GPU. {} for any other server, whose
-    knobs a plain replay does not record."""
-    from adapters.catalog import attached_manifest
+    as manifest fields: the knobs it ran with, its GPU and model. {} for any other server,
+    whose knobs a plain replay does not record."""
+    from adapters.catalog import attached_manifest, served_reference_config
     from adapters.knobs import Knobs
     from harness.manifest import read_manifest
 
     body = (server.get("version_probe") or {}).get("body")
-    config = body.get("reference") if isinstance(body, dict) else None
-    if not isinstance(config, dict):
+    if served_reference_config(body) is None:
         return {}
-    fields = {**attached_manifest(Knobs(given=frozenset()), body), "gpu": config.get("gpu")}
-    if not read_manifest(out).get("model"):  # no --model given: the model it serves
-        fields["model"] = config.get("model")
-    return fields
+    return attached_manifest(Knobs(given=frozenset()), body, known=read_manifest(out))
 
 
 def _who_answers(url: str) -> dict[str, Any] | None:

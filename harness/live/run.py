@@ -249,12 +249,8 @@ async def _replay_on(
     engine["version_probe"] = await probe_version(plan.base_url, plan.version_paths)
     engine["version"] = engine["version_probe"].get("version")
     if not plan.launch and knobs is not None:  # what the server says about itself
-        body = engine["version_probe"].get("body")
-        fields = attached_manifest(knobs, body)
-        served = body.get("reference") if isinstance(body, dict) else None
-        if isinstance(served, dict) and not read_manifest(out_dir).get("gpu"):
-            fields["gpu"] = served.get("gpu")  # a served reference says which GPU it models
-        update_manifest(out_dir, fields)
+        update_manifest(out_dir, attached_manifest(knobs, engine["version_probe"].get("body"),
+                                                   known=read_manifest(out_dir)))
     engine["status"] = "running"
     update_manifest(out_dir, {"engine": _merged_engine(out_dir, engine)})
     origin: list[int] = []
