@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from harness.capacity.probe import ProbePlan, probe_label, read_probe, run_probe
 from harness.capacity.search import (
@@ -27,6 +27,7 @@ from harness.capacity.search import (
     ProbeOutcome,
     SearchResult,
     SearchSpec,
+    Status,
     search,
 )
 from harness.manifest import jsonable
@@ -55,6 +56,7 @@ class SettingResult:
     result: SearchResult | None  # None: the search failed or was interrupted
     error: str | None = None
     interrupted: tuple[ProbeOutcome, ...] | None = None  # probes done before Ctrl-C
+    earlier: bool = False  # read back from an earlier search (not searched this time)
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -216,18 +218,55 @@ def _bracket_so_far(probes: Sequence[ProbeOutcome]) -> dict[str, float | None]:
     return {"passing": passing, "failing": failing}
 
 
+def recorded_result(setting: Setting, out_dir: Path) -> SettingResult | None:
+    """What an earlier search of ``setting`` left in ``out_dir/<setting>``: its result, or
+    how far it got; None when there is none, or it was made with other settings (digest)."""
+    search_dir = out_dir / setting.name
+    record = read_json_object(search_dir / SEARCH_FILE)
+    if not record or record.get("digest") != setting.plan.digest:
+        return None
+    by_load = known_probes(search_dir, setting.plan.digest)
+    order = [p.get("load") for p in record.get("probes") or [] if isinstance(p, dict)]
+    probes = tuple(by_load[load] for load in order if load in by_load)
+    status = record.get("status")
+    if status in get_args(Status):
+        bracket = record.get("bracket") or {}
+        return SettingResult(setting, SearchResult(
+            status=status, capacity=record.get("capacity"), passing=bracket.get("passing"),
+            failing=bracket.get("failing"), probes=probes), earlier=True)
+    if status == "failed":
+        return SettingResult(setting, None, str(record.get("error") or "the search failed"),
+                             earlier=True)
+    return SettingResult(setting, None, "interrupted", interrupted=probes, earlier=True)
+
+
 def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *,
                  name: str, resume: bool = False, baseline: str | None = None,
                  command: Sequence[str] | None = None, log: Log | None = None,
-                 write_report: bool = True) -> list[SettingResult]:
+                 write_report: bool = True,
+                 every: Sequence[Setting] = ()) -> list[SettingResult]:
     """Search every setting (each into ``out_dir/<setting>``), then write ``capacity.json``,
     the sweep metadata and the report. A setting whose probe cannot run (an engine that does
-    not start) is recorded as failed and the others go on."""
+    not start) is recorded as failed and the others go on.
+
+    ``every``: all the scenario's settings, when ``--only`` chose ``settings`` among them; what
+    an earlier search of one not chosen left in ``out_dir`` (with the same digest) stays
+    listed and reported, in the scenario's order, as ``batchlab run --only`` keeps the cells
+    it did not run."""
     spec.validate()
     if resume:
         check_resumable(settings, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results: list[SettingResult] = []
+    chosen = {s.name for s in settings}
+    others = [s for s in every if s.name not in chosen]
+    kept = [r for r in (recorded_result(s, out_dir) for s in others) if r is not None]
+    order: dict[str, int] = {}
+    for s in (*every, *settings):
+        order.setdefault(s.name, len(order))
+    if kept and log is not None:
+        log(f"kept from an earlier search (not selected by --only): "
+            f"{', '.join(r.setting.name for r in kept)}")
+    results: list[SettingResult] = list(kept)
     for setting in settings:
         try:
             result = run_search(setting, spec, out_dir / setting.name, resume=resume, log=log)
@@ -235,6 +274,7 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
         except KeyboardInterrupt as exc:  # what was measured stays listed, and reportable
             done = exc.probes if isinstance(exc, SearchInterrupted) else ()
             results.append(SettingResult(setting, None, "interrupted", interrupted=done))
+            results.sort(key=lambda r: order[r.setting.name])
             _write_summary(results, spec, out_dir, name=name, baseline=baseline,
                            command=command)
             raise
@@ -243,6 +283,7 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
             if log is not None:
                 log(f"{setting.name}: search failed: {reason}")
             results.append(SettingResult(setting, None, reason))
+    results.sort(key=lambda r: order[r.setting.name])
     _write_summary(results, spec, out_dir, name=name, baseline=baseline, command=command)
     if write_report:
         from harness.report import render_scenario_report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 from pathlib import Path
@@ -79,7 +80,8 @@ def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="run every probe to the end, even over-saturated ones")
     g.add_argument("--only", metavar="PATTERN",
                    help="scenario: only settings whose name or engine matches (comma-separated "
-                   "shell patterns)")
+                   "shell patterns); what earlier searches of the others left in --out (same "
+                   "engine, knobs, trace, SLO and target) stays in the table and report")
     g.add_argument("--out", metavar="DIR",
                    help="where the searches go (reports/<scenario>-capacity, or "
                    "reports/capacity)")
@@ -100,7 +102,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from harness.capacity import run_capacity
 
     spec = _search_spec(args)
-    settings, name, out, baseline = _settings(args, spec)
+    settings, name, out, baseline, every = _settings(args, spec)
     if args.rate is not None and spec.kind == "rate":
         raise UserError("--rate: a rate search sets the rate of each probe itself")
     for setting in settings:  # trace errors before any probe runs
@@ -119,7 +121,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
           f"{spec.precision_text()}): {len(settings)} setting(s) into {out}/", flush=True)
     try:
         results = run_capacity(settings, spec, out, name=name, resume=args.resume,
-                               baseline=baseline, command=command_line(), log=_log)
+                               baseline=baseline, command=command_line(), log=_log,
+                               every=every)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     except KeyboardInterrupt:  # what to do next, said by the command line's interrupt line
@@ -129,7 +132,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     _print_table(results, spec)
     _print_predicted(results)
     print(f"report: {out / 'report.md'}")
-    return 1 if any(r.result is None for r in results) else 0
+    return 1 if any(r.result is None for r in results if not r.earlier) else 0
 
 
 def _print_predicted(results: list[SettingResult]) -> None:
@@ -170,8 +173,9 @@ def _search_spec(args: argparse.Namespace) -> SearchSpec:
 
 
 def _settings(args: argparse.Namespace, spec: SearchSpec
-              ) -> tuple[list[Setting], str, Path, str | None]:
-    """The settings to search, the search's name, its folder and its baseline setting."""
+              ) -> tuple[list[Setting], str, Path, str | None, list[Setting]]:
+    """The settings to search, the search's name, its folder, its baseline setting, and
+    every setting of the scenario (``--only`` chose the first among them)."""
     from harness.capacity import scenario_settings
     from harness.scenario import ScenarioError, load_scenario
 
@@ -180,10 +184,15 @@ def _settings(args: argparse.Namespace, spec: SearchSpec
         _refuse_setting_options(args)
         try:
             scenario = load_scenario(args.scenario, trace_path=args.trace)
-            settings = scenario_settings(scenario, kind=spec.kind, target=spec.target, slo=slo,
-                                         think_time_s=args.think_time_s, only=args.only,
-                                         command=command_line(),
-                                         early_stop=not args.no_early_stop)
+            options: dict[str, Any] = {
+                "kind": spec.kind, "target": spec.target, "slo": slo,
+                "think_time_s": args.think_time_s, "command": command_line(),
+                "early_stop": not args.no_early_stop}
+            settings = scenario_settings(scenario, only=args.only, **options)
+            every = settings
+            if args.only:  # earlier searches of the others stay in the report
+                with contextlib.suppress(ScenarioError):  # others this search cannot make
+                    every = scenario_settings(scenario, **options)
         except ScenarioError as exc:
             raise UserError(str(exc)) from None
         if not settings:
@@ -191,7 +200,7 @@ def _settings(args: argparse.Namespace, spec: SearchSpec
         name = f"{scenario.name}-capacity"
         baseline = (_baseline_setting(scenario, settings) if scenario.baseline is not None
                     else None)
-        return settings, name, Path(args.out or f"reports/{name}"), baseline
+        return settings, name, Path(args.out or f"reports/{name}"), baseline, every
     if args.only:
         raise UserError("--only: only with a scenario file")
     if not args.trace and args.format != "synthetic":
@@ -199,7 +208,8 @@ def _settings(args: argparse.Namespace, spec: SearchSpec
     if slo is None:
         raise UserError("--slo is required without a scenario, e.g. --slo ttft_s=0.5,tpot_s=0.05")
     setting = _single_setting(args, spec, slo)
-    return [setting], f"{setting.name}-capacity", Path(args.out or "reports/capacity"), None
+    return ([setting], f"{setting.name}-capacity", Path(args.out or "reports/capacity"), None,
+            [setting])
 
 
 def _baseline_setting(scenario: Any, settings: list[Setting]) -> str | None:
@@ -278,8 +288,10 @@ def _print_table(results: list[SettingResult], spec: SearchSpec) -> None:
     width = max([len(r.setting.name) for r in results] + [7])
     print(f"{'setting':<{width}}  {'capacity':>10}  bracket (pass .. fail)     probes  status")
     for r in results:
+        earlier = " (earlier search, not run now)" if r.earlier else ""
         if r.result is None:
-            print(f"{r.setting.name:<{width}}  {'–':>10}  {'':<25} {'':>6}  failed: {r.error}")
+            print(f"{r.setting.name:<{width}}  {'–':>10}  {'':<25} {'':>6}  failed: "
+                  f"{r.error}{earlier}")
             continue
         res = r.result
         bound = status_bound(res.status)
@@ -288,4 +300,4 @@ def _print_table(results: list[SettingResult], spec: SearchSpec) -> None:
         bracket = (f"{'–' if res.passing is None else f'{res.passing:g}'} .. "
                    f"{'–' if res.failing is None else f'{res.failing:g}'} {unit}")
         print(f"{r.setting.name:<{width}}  {cap:>10}  {bracket:<25} {len(res.probes):>6}  "
-              f"{res.status}")
+              f"{res.status}{earlier}")

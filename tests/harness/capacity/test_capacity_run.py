@@ -261,6 +261,46 @@ def test_cli_capacity_over_a_scenario(tmp_path: Path) -> None:
     assert f"({ratio:.2f}× the baseline)" in answer
 
 
+def test_a_search_of_some_settings_keeps_the_others_earlier_results(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--only searches some settings again: the others' earlier searches (same digest) stay
+    in capacity.json, scenario.json and the report, in the scenario's order; a search made
+    with other settings is not kept."""
+    scenario = tmp_path / "s.yaml"
+    text = ("name: tiny\nquestion: which cap serves more?\n"
+            "trace: {path: azure_conv_excerpt.csv, limit: 60, prompt_tokens: 512,"
+            " output_tokens: 32}\n"
+            "model: llama-3.1-8b\ngpu: h100-sxm\nslo: {ttft_s: 0.1, tpot_s: 0.02}\n"
+            "engines:\n  - {name: fcfs, engine: reference, knobs: {policy: fcfs}}\n"
+            "grid:\n  max_num_seqs: [4, 8]\n")
+    scenario.write_text(text)
+    out = tmp_path / "out"
+    args = ["capacity", str(scenario), "--start", "8", "--precision", "0.1", "--out", str(out)]
+    assert cli_main(args) == 0
+    first = json.loads((out / "capacity.json").read_text())["settings"]
+    capsys.readouterr()
+    assert cli_main([*args, "--only", "*-8", "--resume"]) == 0
+    printed = capsys.readouterr()
+    assert ("kept from an earlier search (not selected by --only): fcfs__max_num_seqs-4"
+            in printed.err)
+    table = printed.out.split("fcfs__max_num_seqs-4 ")[-1]
+    assert "(earlier search, not run now)" in table.splitlines()[0]
+    again = json.loads((out / "capacity.json").read_text())["settings"]
+    assert [r["setting"] for r in again] == ["fcfs__max_num_seqs-4", "fcfs__max_num_seqs-8"]
+    assert [(r["status"], r["capacity"], r["bracket"]) for r in again] == [
+        (r["status"], r["capacity"], r["bracket"]) for r in first]
+    cells = json.loads((out / "scenario.json").read_text())["cells"]
+    assert any(c.startswith("fcfs__max_num_seqs-4/") for c in cells)
+    assert "`fcfs, max_num_seqs=4`" in (out / "report.md").read_text().split(
+        "## Capacity at SLO")[1]
+    # the same scenario with another SLO: the earlier search of the other setting no longer
+    # answers this question, and is left out
+    scenario.write_text(text.replace("ttft_s: 0.1,", "ttft_s: 0.2,"))
+    assert cli_main([*args, "--only", "*-8"]) == 0
+    rows = json.loads((out / "capacity.json").read_text())["settings"]
+    assert [r["setting"] for r in rows] == ["fcfs__max_num_seqs-8"]
+
+
 def test_an_interrupted_capacity_run_keeps_its_probes_listed_and_reportable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C on the third probe: the two probes done stay in capacity.json and
