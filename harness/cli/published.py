@@ -9,9 +9,14 @@ from harness.cli.common import add_subparser
 from harness.published import cli as published
 
 
+def _sentence(text: str) -> str:
+    """A command's one-line help (lower case, as in the command list) as its description."""
+    return text[:1].upper() + text[1:] + "."
+
+
 def add_profiles(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add_subparser(sub, "profiles", help=published.PROFILES_HELP,
-                      description=published.PROFILES_HELP,
+                      description=_sentence(published.PROFILES_HELP),
                       epilog="example: batchlab profiles; then batchlab simulate --profile "
                       "vllm-h100-sxm --trace harness/data/azure_conv_excerpt.csv")
     published.profiles_add_arguments(p)
@@ -32,7 +37,7 @@ def cmd_check_published(args: argparse.Namespace) -> int:
 
 def add_fit_published(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add_subparser(sub, "fit-published", help=published.FIT_HELP,
-                      description=published.FIT_HELP)
+                      description=_sentence(published.FIT_HELP))
     published.fit_add_arguments(p)
 
 

@@ -20,7 +20,7 @@ from harness.published.profiles import read_profile
 from harness.published.rows import load_rows, select
 from harness.published.sensitivity import length_sensitivity
 
-CHECK_HELP = "Replay every published measurement on the reference engine and compare."
+CHECK_HELP = "replay every published measurement on the reference engine and compare"
 CHECK_DESCRIPTION = """\
 Simulate each row of harness/data/published/measurements.csv (a published throughput, TTFT or
 ITL on real hardware) with the shipped profile of its engine and GPU, and print published vs
@@ -33,8 +33,8 @@ examples:
   batchlab check-published --write-docs      # regenerate docs/fidelity.md
   batchlab check-published --catalog --write-docs   # the catalog's accuracy, re-measured
 """
-PROFILES_HELP = "List the shipped engine profiles with their fit and held-out errors."
-FIT_HELP = "Refit every shipped profile on the published rows (minutes) and rewrite the docs."
+PROFILES_HELP = "list the shipped engine profiles with their fit and held-out errors"
+FIT_HELP = "refit every shipped profile on the published rows (minutes) and rewrite the docs"
 
 
 def check_add_arguments(parser: argparse.ArgumentParser) -> None:
