@@ -40,7 +40,10 @@ def batchlab_version() -> str:
 def trace_manifest(trace: Trace) -> dict[str, Any]:
     return {
         "source": trace.source,
+        "path": _absolute(trace.source),
+        "file_sha256": trace.file_sha256,
         "format": trace.format,
+        "options": dict(trace.options),
         "digest": trace.digest,
         "num_requests": len(trace.requests),
         "notes": list(trace.notes),
@@ -48,6 +51,14 @@ def trace_manifest(trace: Trace) -> dict[str, Any]:
         "timing": trace.timing,
         "stats": describe(trace),
     }
+
+
+def _absolute(source: str) -> str | None:
+    """A trace file's absolute path (None for a synthetic trace): the source as typed is
+    relative to a working directory no record keeps."""
+    if source.startswith("synthetic"):
+        return None
+    return str(Path(source).resolve())
 
 
 def run_fields(kind: str, command: Sequence[str] | None) -> dict[str, Any]:

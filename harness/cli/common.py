@@ -204,7 +204,8 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--format", choices=FORMATS,
                    help="trace format; default: detected from the extension and header")
     g.add_argument("--limit", type=int, metavar="N",
-                   help="keep only the first N requests (after the window and --max-model-len)")
+                   help="keep only the first N requests (after the window; after requests "
+                   "over --max-model-len are dropped, before they are clipped or refused)")
     g.add_argument("--start-s", type=float, metavar="S",
                    help="window start in trace seconds; arrivals are then measured from S")
     g.add_argument("--end-s", type=float, metavar="S",
@@ -234,7 +235,7 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
                    "max model length); see --on-too-long")
     g.add_argument("--on-too-long", choices=ON_TOO_LONG, default="error",
                    help="requests longer than --max-model-len: error (default), drop them, or "
-                   "clip them (prompt truncated first); the count is reported")
+                   "clip them (the prompt truncated from the left first); the count is reported")
     g.add_argument("--priority-fraction", type=float, metavar="F",
                    help="a seeded random fraction F of requests gets priority 0 (high), the "
                    "rest 1; a 'priority' column in the trace wins")

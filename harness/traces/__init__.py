@@ -4,7 +4,7 @@
 the same order (``docs/traces.md`` has the user-facing version):
 
     parse rows ─► sort by arrival (stable) ─► window [start_s, end_s), re-zeroed at start_s
-      ─► length overrides ─► max_model_len: drop | clip | error ─► limit
+      ─► length overrides ─► max_model_len: drop ─► limit   (or: limit ─► clip | error)
       ─► arrivals: keep trace times (x time_scale, or rescaled to rate), or synthesize them
       ─► priorities (trace column, else a seeded fraction) ─► Trace
 

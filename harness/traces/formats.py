@@ -303,6 +303,17 @@ def _parse_mooncake(path: str, text: str, fields: _Fields, *, skip_bad_rows: boo
         hashes = obj.get("hash_ids", ())
         if not isinstance(hashes, list | tuple) or not all(is_int(h) for h in hashes):
             raise fields.error(line, "hash_ids", f"expected a list of integers, got {hashes!r}")
+        blocks = -(-prompt // MOONCAKE_BLOCK_TOKENS)
+        if hashes and len(hashes) != blocks:
+            # Mooncake's invariant: one id per 512-token block of the prompt. A trace with
+            # the same keys and other units (Qwen-Bailian: seconds, 16-token blocks) would
+            # otherwise load with arrivals 1000x too fast and every id taken as 512 tokens.
+            raise fields.error(
+                line, "hash_ids",
+                f"{len(hashes)} block ids, but input_length {prompt} is {blocks} blocks of "
+                f"{MOONCAKE_BLOCK_TOKENS} tokens: this is read as a Mooncake trace (timestamps "
+                f"in milliseconds, one id per {MOONCAKE_BLOCK_TOKENS}-token block), and a "
+                "trace with other units would be read wrongly")
         priority = fields.priority(obj.get(_PRIORITY_COL), line)
         return Row(request_id, line, arrival_s, prompt, output, priority, tuple(hashes))
 

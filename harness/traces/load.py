@@ -10,6 +10,7 @@ the source bytes, then the resolved format and every option.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 
 from harness.traces.formats import load_file
@@ -64,9 +65,6 @@ def load_trace(path: str | Path | None, options: TraceOptions | None = None) -> 
             )
         parsed, fmt, data = _load_file(Path(path), options.format, options)
         arrival = options.resolved_arrival
-    hasher = new_digest()
-    hasher.update(data)
-    hasher.update(b"\0" + fmt.encode() + b"\0" + options.canonical().encode())
     label = source
 
     _report_parse(parsed, report)
@@ -78,11 +76,11 @@ def load_trace(path: str | Path | None, options: TraceOptions | None = None) -> 
     rows = apply_window(rows, options, label, report)
     rows = apply_length_overrides(rows, options, report)
     if options.on_too_long == "drop":  # dropping first: --limit N keeps the first N that fit
-        rows = apply_max_model_len(rows, options, parsed, label, report)
+        rows = apply_max_model_len(rows, options, label, report)
         rows = apply_limit(rows, options, report)
     else:  # clipped, or refused, among the requests kept only
         rows = apply_limit(rows, options, report)
-        rows = apply_max_model_len(rows, options, parsed, label, report)
+        rows = apply_max_model_len(rows, options, label, report)
     if not rows:
         # what removed them: the notes of each step that did (malformed rows skipped, failed
         # requests dropped, outside the window, too long)
@@ -90,7 +88,15 @@ def load_trace(path: str | Path | None, options: TraceOptions | None = None) -> 
         raise TraceError(f"no requests left after applying the options, of "
                          f"{report.counts['num_source_rows']} rows: {why}", path=label)
     rows = apply_arrivals(rows, options, arrival, parsed.timed, label, report)
+    drawn = any(r.priority is not None for r in rows)
     rows = apply_priorities(rows, options, report)
+    # the seed matters where something was drawn: arrivals, sampled lengths, priorities
+    seeded = (arrival is not None or options.lengths_from is not None
+              or (not drawn and options.priority_fraction is not None))
+    hasher = new_digest()
+    hasher.update(data)
+    hasher.update(b"\0" + fmt.encode() + b"\0"
+                  + options.canonical(seeded=seeded).encode())
 
     requests = tuple(
         TraceRequest(r.request_id, r.arrival_s, r.num_prompt_tokens, r.num_output_tokens,
@@ -105,6 +111,8 @@ def load_trace(path: str | Path | None, options: TraceOptions | None = None) -> 
         notes=tuple(report.notes),
         counts=report.counts,
         timing=report.timing,
+        options=options.as_record(seeded=seeded),
+        file_sha256=hashlib.sha256(data).hexdigest() if data else None,
     )
 
 

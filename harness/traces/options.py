@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.traces.bounds import check_count, check_rate, check_tokens
-from harness.traces.records import Parsed, Report, Row, TraceError, is_int
+from harness.traces.records import Report, Row, TraceError, is_int
 from harness.traces.synthetic import (
     STREAM_ARRIVALS,
     STREAM_PRIORITY,
@@ -45,7 +45,7 @@ class TraceOptions:
     """
 
     format: str | None = None  # one of FORMATS; None detects from the extension and header
-    limit: int | None = None  # keep the first N requests (after window and max_model_len)
+    limit: int | None = None  # the first N requests (after the window; docs/traces.md)
     start_s: float | None = None  # window on trace time, [start_s, end_s); re-zeroed at start_s
     end_s: float | None = None
     time_scale: float | None = None  # multiply every trace arrival time by this
@@ -126,9 +126,29 @@ class TraceOptions:
             return self.arrival
         return None if self.burstiness is None else "gamma"
 
-    def canonical(self) -> str:
-        """A stable text form of the options (part of ``Trace.digest``)."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=repr)
+    def as_record(self, *, seeded: bool = True) -> dict[str, object]:
+        """The options that were set, as a manifest records them: those left unset and their
+        defaults are left out, and the seed when nothing was drawn with it (``seeded``)."""
+        defaults = TraceOptions()
+        record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if getattr(self, f.name) != getattr(defaults, f.name)}
+        if seeded:
+            record["seed"] = self.seed
+        else:
+            record.pop("seed", None)
+        return record
+
+    def canonical(self, *, seeded: bool = True) -> str:
+        """A stable text form of what the options do to a source (part of ``Trace.digest``):
+        not how the format was named (the format found is hashed beside it), nor the path of
+        ``lengths_from`` (its bytes are hashed instead), nor the seed when nothing was drawn
+        with it (``seeded``), so the same requests from the same bytes get the same digest."""
+        values = dataclasses.asdict(self)
+        values["format"] = None
+        values["lengths_from"] = None
+        if not seeded:
+            values["seed"] = None
+        return json.dumps(values, sort_keys=True, default=repr)
 
 
 # ---------------------------------------------------------------- the steps, in order
@@ -173,7 +193,7 @@ def apply_length_overrides(
 
 
 def apply_max_model_len(
-    rows: list[Row], options: TraceOptions, parsed: Parsed, label: str, report: Report
+    rows: list[Row], options: TraceOptions, label: str, report: Report
 ) -> list[Row]:
     """A request fits when prompt + output <= max_model_len (what vLLM's server accepts)."""
     max_len = options.max_model_len
@@ -198,21 +218,24 @@ def apply_max_model_len(
         return [r for r in rows if r.num_prompt_tokens + r.num_output_tokens <= max_len]
     # clip: keep the output (it is what is measured) and truncate the prompt from the left,
     # as a chat client drops its oldest context; only an output that alone does not fit is cut.
-    block = parsed.hash_block_tokens
+    # A prompt cut from the left starts with other tokens than any prompt of the trace: its
+    # prefix hashes are dropped (its leading blocks, which the hashes name, are gone).
     clipped: list[Row] = []
+    lost_hashes = 0
     for r in rows:
         if r.num_prompt_tokens + r.num_output_tokens > max_len:
             output = min(r.num_output_tokens, max_len - 1)
             prompt = min(r.num_prompt_tokens, max_len - output)
-            hashes = r.prefix_hash_ids
-            if hashes and block:
-                hashes = hashes[: -(-prompt // block)]
+            lost_hashes += bool(r.prefix_hash_ids)
             r = r._replace(num_prompt_tokens=prompt, num_output_tokens=output,
-                           prefix_hash_ids=hashes)
+                           prefix_hash_ids=())
         clipped.append(r)
     report.counts["clipped_too_long"] = len(too_long)
+    hashes = (f"; their prefix hashes dropped ({lost_hashes} had some): a prompt cut from the "
+              "left shares no prefix with the trace's" if lost_hashes else "")
     report.notes.append(
-        f"clipped {len(too_long)} requests to max_model_len {max_len} (prompt truncated first)"
+        f"clipped {len(too_long)} requests to max_model_len {max_len} (the prompt truncated "
+        f"from the left first){hashes}"
     )
     return clipped
 
@@ -277,14 +300,19 @@ def apply_arrivals(
                 )
             rate = (len(rows) - 1) / span
         burstiness = 1.0 if options.burstiness is None else options.burstiness
-        times = synthetic_arrivals_s(
-            len(rows), rate, arrival, burstiness, seeded_rng(options.seed, STREAM_ARRIVALS)
-        )
+        try:
+            times = synthetic_arrivals_s(
+                len(rows), rate, arrival, burstiness, seeded_rng(options.seed, STREAM_ARRIVALS)
+            )
+        except ValueError as exc:
+            raise TraceError(f"--burstiness: {exc}") from None
         shape = f", burstiness {burstiness:g}" if arrival == "gamma" else ""
         report.notes.append(
             f"arrivals synthesized: {arrival} at {rate:g} req/s{shape}, seed {options.seed}"
         )
-        report.timing = {"kind": "rate", "value": rate, "arrival": arrival}
+        report.timing = {"kind": "rate", "value": rate, "arrival": arrival,
+                         **({"burstiness": burstiness} if arrival == "gamma" else {}),
+                         "seed": options.seed}
     return [r._replace(arrival_s=float(t)) for r, t in zip(rows, times, strict=True)]
 
 

@@ -36,6 +36,9 @@ class Trace:
     # how its arrivals were timed, as a load: {"kind": "rate", "value": 4.0} (rescaled to, or
     # synthesized at, a rate) or {"kind": "time_scale", "value": 2.0}; None: the trace's own
     timing: dict[str, float | str] | None = None
+    # the options that were set (``TraceOptions.as_record``), to load the same requests again
+    options: dict[str, object] = field(default_factory=dict)
+    file_sha256: str | None = None  # sha256 of the file read (the lengths file of a synthetic)
 
     def __len__(self) -> int:
         return len(self.requests)

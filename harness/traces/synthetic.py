@@ -42,8 +42,11 @@ def synthetic_arrivals_s(
         shape = 1.0 if arrival == "poisson" else burstiness
         gaps = rng.gamma(shape=shape, scale=1.0 / (rate * shape), size=n_gaps)
         total = float(gaps.sum())
-        if total > 0:
-            gaps *= (n_gaps / rate) / total
+        if not (0 < total < math.inf):
+            # so bursty that every gap underflowed to 0: no rescaling can give the rate
+            raise ValueError(f"burstiness {burstiness:g} is too small to draw arrivals at "
+                             f"{rate:g} req/s (every gap came out 0 s); use at least 0.01")
+        gaps *= (n_gaps / rate) / total
     return np.concatenate(([0.0], np.cumsum(gaps)))
 
 
@@ -55,10 +58,14 @@ def fixed_length_rows(num_requests: int, num_prompt_tokens: int, num_output_toke
 
 
 def sampled_length_rows(pool: list[Row], num_requests: int, seed: int) -> list[Row]:
-    """``num_requests`` rows whose lengths (and prefix hashes) are drawn with replacement from
-    ``pool``, numbered 0 … N-1; the pool's arrivals and priorities are dropped."""
+    """``num_requests`` rows whose (prompt, output) lengths are drawn with replacement from
+    ``pool``, numbered 0 … N-1; the pool's arrivals, priorities and prefix hashes are dropped:
+    drawn with replacement and out of order, the hashes would repeat whole prompts and break
+    the order of a conversation's turns, so prefix sharing would be the sampler's, not the
+    trace's."""
     picks = seeded_rng(seed, STREAM_LENGTHS).integers(0, len(pool), size=num_requests)
     return [
-        pool[int(k)]._replace(request_id=str(i), arrival_s=0.0, priority=None)
+        pool[int(k)]._replace(request_id=str(i), arrival_s=0.0, priority=None,
+                              prefix_hash_ids=())
         for i, k in enumerate(picks)
     ]

@@ -9,6 +9,7 @@ Vidur's processed format).
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import math
 import re
@@ -386,8 +387,12 @@ def test_max_model_len_clip_truncates_prompt_first() -> None:
         assert r.num_prompt_tokens + r.num_output_tokens <= 32768
         original = full[r.request_id]
         assert r.num_output_tokens == original.num_output_tokens  # outputs all fit here
-        assert len(r.prefix_hash_ids) == math.ceil(r.num_prompt_tokens / MOONCAKE_BLOCK_TOKENS)
-        assert r.prefix_hash_ids == original.prefix_hash_ids[: len(r.prefix_hash_ids)]
+        if r.num_prompt_tokens < original.num_prompt_tokens:
+            # cut from the left: its leading blocks, which the hashes name, are gone
+            assert r.prefix_hash_ids == ()
+        else:
+            assert r.prefix_hash_ids == original.prefix_hash_ids
+    assert any("their prefix hashes dropped (29 had some)" in n for n in trace.notes)
 
 
 def test_clip_and_error_count_only_the_requests_limit_keeps() -> None:
@@ -643,6 +648,34 @@ def test_synthetic_lengths_from_file() -> None:
     assert any("lengths sampled with replacement" in n for n in trace.notes)
 
 
+def test_sampled_lengths_carry_no_prefix_hashes() -> None:
+    """Drawn with replacement, a Mooncake row's hashes would repeat whole prompts: the
+    sampler's prefix sharing, not the trace's."""
+    trace = loaded("synthetic", num_requests=300, rate=2.0, lengths_from=str(MOONCAKE))
+    assert all(r.prefix_hash_ids == () for r in trace.requests)
+    pool = {(r.num_prompt_tokens, r.num_output_tokens) for r in loaded(MOONCAKE).requests}
+    assert {(r.num_prompt_tokens, r.num_output_tokens) for r in trace.requests} <= pool
+
+
+def test_a_burstiness_too_small_to_draw_is_refused() -> None:
+    with pytest.raises(TraceError, match="--burstiness: burstiness 1e-300 is too small"):
+        loaded(AZURE_CONV, arrival="gamma", burstiness=1e-300)
+    assert loaded(AZURE_CONV, arrival="gamma", burstiness=0.01).duration_s > 0
+
+
+def test_mooncake_hash_ids_must_be_one_per_512_token_block(tmp_path: Path) -> None:
+    """A trace with Mooncake's keys but other units (16-token blocks, seconds) is refused on
+    its line, not read 1000 times too fast with each id taken as 512 tokens."""
+    good = '{"timestamp": 0, "input_length": 1025, "output_length": 2, "hash_ids": [1, 2, 3]}\n'
+    assert len(loaded(write(tmp_path, "ok.jsonl", good))) == 1
+    qwen = good + '{"timestamp": 1, "input_length": 100, "output_length": 2, ' \
+        '"hash_ids": [1, 2, 3, 4, 5, 6, 7]}\n'
+    with pytest.raises(TraceError, match=re.escape(
+            "qwen.jsonl:2: field 'hash_ids': 7 block ids, but input_length 100 is 1 blocks "
+            "of 512 tokens")):
+        loaded(write(tmp_path, "qwen.jsonl", qwen))
+
+
 def test_synthetic_needs_its_options() -> None:
     with pytest.raises(TraceError, match="needs --num-requests"):
         load_trace("synthetic", TraceOptions(rate=1.0, prompt_tokens=1, output_tokens=1))
@@ -664,6 +697,29 @@ def test_digest_depends_on_bytes_and_options_not_path(tmp_path: Path) -> None:
     assert loaded(AZURE_CONV).digest != loaded(AZURE_CONV, limit=5).digest
     assert loaded(AZURE_CONV).digest != loaded(AZURE_CODE).digest
     assert len(loaded(AZURE_CONV).digest) == 64
+    # what does not change a request does not change the digest: naming the format found,
+    # the spelling of a --lengths-from path, a seed nothing was drawn with
+    assert loaded(AZURE_CONV, format="azure").digest == loaded(AZURE_CONV).digest
+    assert loaded(AZURE_CONV, rate=4.0, seed=1).digest == loaded(AZURE_CONV, rate=4.0).digest
+    assert (loaded(AZURE_CONV, rate=4.0, arrival="poisson", seed=1).digest
+            != loaded(AZURE_CONV, rate=4.0, arrival="poisson").digest)
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_bytes(SHAREGPT.read_bytes())
+    synthetic = {"num_requests": 20, "rate": 2.0}
+    assert (loaded("synthetic", lengths_from=str(lengths), **synthetic).digest
+            == loaded("synthetic", lengths_from=str(SHAREGPT), **synthetic).digest)
+
+
+def test_a_trace_records_the_options_that_load_it_again() -> None:
+    trace = loaded(AZURE_CONV, limit=50, arrival="gamma", burstiness=0.5, rate=3.0, seed=7)
+    assert trace.options == {"limit": 50, "arrival": "gamma", "burstiness": 0.5, "rate": 3.0,
+                             "seed": 7}
+    assert trace.timing == {"kind": "rate", "value": 3.0, "arrival": "gamma",
+                            "burstiness": 0.5, "seed": 7}
+    again = load_trace(AZURE_CONV, TraceOptions(**trace.options))  # type: ignore[arg-type]
+    assert again.requests == trace.requests and again.digest == trace.digest
+    assert trace.file_sha256 == hashlib.sha256(AZURE_CONV.read_bytes()).hexdigest()
+    assert loaded(AZURE_CONV, limit=5).options == {"limit": 5}  # nothing drawn: no seed
 
 
 def test_describe() -> None:

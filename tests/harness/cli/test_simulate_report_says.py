@@ -4,6 +4,7 @@ predicted, including the ones computed from predicted latencies (goodput)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -32,6 +33,10 @@ def test_the_manifest_and_report_say_the_load_a_run_had(tmp_path: Path) -> None:
         "kind": "rate", "value": 8.0}
     assert manifest["trace"]["timing"] == {"kind": "rate", "value": 8.0}
     assert _cells_row(report, "rate").endswith("| 8 req/s |")
+    # what loads the same requests again, wherever the command ran
+    assert manifest["trace"]["options"] == {"limit": 40, "rate": 8.0}
+    assert manifest["trace"]["path"] == str(EXCERPT.resolve())
+    assert manifest["trace"]["file_sha256"] == hashlib.sha256(EXCERPT.read_bytes()).hexdigest()
 
     manifest, report = _run(tmp_path, "slow", "--time-scale", "2")
     assert manifest["load"]["kind"] == "time_scale" and manifest["load"]["value"] == 2.0
@@ -53,7 +58,8 @@ def test_the_report_says_its_figures_are_predicted_and_which_requests_were_chang
     _, report = _run(tmp_path, "clip", "--max-model-len", "1024", "--on-too-long", "clip",
                      "--slo", "ttft_s=1,tpot_s=0.1")
     trace = next(ln for ln in report.splitlines() if ln.startswith("| Trace |"))
-    assert "clipped 8 requests to max_model_len 1024 (prompt truncated first)" in trace
+    assert ("clipped 8 requests to max_model_len 1024 (the prompt truncated from the left "
+            "first)") in trace
     findings = report.split("## Key findings\n\n", 1)[1]
     assert findings.startswith("Every figure here is **predicted** by the reference engine, "
                                "not measured on hardware")
