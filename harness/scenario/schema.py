@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -12,7 +14,7 @@ from typing import Any, Literal
 
 from adapters.base import Knobs
 from adapters.catalog import ENGINES
-from harness.manifest import jsonable
+from harness.manifest import batchlab_version, jsonable
 from harness.metrics import Slo
 from harness.scenario._text import display_path, safe_name, value_text
 
@@ -198,7 +200,10 @@ class Scenario:
         return names
 
     def cell_digest(self, cell: Cell) -> str:
-        """What determines a cell's results: resume redoes a finished cell whose digest changed."""
+        """What determines a cell's results: resume redoes a finished cell whose digest changed.
+        Besides the definition, the bytes of every file it reads (traces, a lengths file, a
+        profile) and the batchlab version: a trace rewritten in place, a recalibrated profile
+        or an upgrade is run again, not served from the last run."""
         payload = {
             "cell": cell.as_dict(),
             "trace": self.trace.as_dict(),
@@ -207,9 +212,24 @@ class Scenario:
             "slo": self.slo.as_dict() if self.slo else None,
             "priority_classes": [dataclasses.asdict(p) for p in self.priority_classes],
             "seed": self.seed,
+            "files": {display_path(path): file_sha256(path) for path in self._files(cell)},
+            "batchlab": batchlab_version(),
         }
         text = json.dumps(payload, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def _files(self, cell: Cell) -> list[Path]:
+        """The files a cell's results are made from: its traces and their lengths files, and
+        its engine's profile file."""
+        files = [t.path for t in self.trace.components()]
+        files += [Path(t.options["lengths_from"]) for t in self.trace.components()
+                  if t.options.get("lengths_from")]
+        if cell.engine.profile:
+            from adapters.reference.cost_model import ProfileError, resolve_profile
+
+            with contextlib.suppress(ProfileError):  # refused where it is read, and why
+                files.append(resolve_profile(cell.engine.profile))
+        return files
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -252,3 +272,22 @@ def expand(scenario: Scenario) -> tuple[Cell, ...]:
                 cells.append(Cell(name="__".join(parts), engine=engine, knobs=knobs,
                                   grid=grid_values, load=load))
     return tuple(cells)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_of(path: str, mtime_ns: int, size: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str | None:
+    """The sha256 of a file's bytes (read once per size and modification time); None when it
+    cannot be read (the cell that reads it says why)."""
+    try:
+        stat = path.stat()
+        return _sha256_of(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        return None

@@ -123,3 +123,28 @@ def test_a_status_without_digests_is_checked_for_its_files(
     runner, log, _ = sweep(tmp_path, resume=True)
     assert runner.calls == ["a"]
     assert "manifest.json is missing" in log
+
+
+def test_a_trace_rewritten_in_place_runs_every_cell_again(tmp_path: Path) -> None:
+    """The same path, other bytes: the cells' results came from the old file, and resuming
+    must not serve them as the new one's."""
+    from harness.traces import DATA_DIR
+
+    trace = tmp_path / "t.csv"
+    trace.write_text((DATA_DIR / "azure_conv_excerpt.csv").read_text())
+    path = tmp_path / "tiny.yaml"
+    path.write_text(textwrap.dedent(SCENARIO).replace("azure_conv_excerpt.csv", str(trace)))
+
+    def run(resume: bool) -> list[str]:
+        runner = Counting()
+        sc.run_scenario(sc.load_scenario(path), tmp_path / "out", resume=resume,
+                        runner=runner, write_report=False,
+                        progress=sc.SweepProgress(2, stream=io.StringIO(), tty=False))
+        return runner.calls
+
+    assert run(False) == ["a", "b"]
+    assert run(True) == []
+    lines = trace.read_text().splitlines()
+    head, rows = lines[0], lines[1:]
+    trace.write_text("\n".join([head, *(r.rsplit(",", 1)[0] + ",7" for r in rows)]) + "\n")
+    assert run(True) == ["a", "b"]
