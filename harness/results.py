@@ -25,6 +25,7 @@ REQUESTS_FILE = "requests.parquet"
 CHUNKS_FILE = "chunks.parquet"
 STEPS_FILE = "steps.parquet"
 SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"  # a run's or a scenario's report (harness.report writes it)
 RUN_ID_KEY = b"batchlab.run_id"  # parquet schema metadata: the run that wrote the file
 
 

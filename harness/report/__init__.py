@@ -50,7 +50,6 @@ from harness.report.render import (
 )
 from harness.report.runs import (
     CELL_FILE,
-    REPORT_FILE,
     SCENARIO_FILE,
     STATUS_FILE,
     TELEMETRY_FILE,
@@ -61,6 +60,7 @@ from harness.report.runs import (
     load_scenario_dir,
     read_engine_state,
 )
+from harness.results import REPORT_FILE
 
 __all__ = [
     "CELL_FILE",

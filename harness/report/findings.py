@@ -108,6 +108,15 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
             out.append(f"{code(c.name)} " + (
                 f"measured nothing: {reason.removeprefix('NothingServed: ').rstrip('.')}."
                 if nothing else f"did not finish: {reason.rstrip('.')}."))
+    stale = [c.name for c in ok if c.stale]
+    if stale:
+        out.append(f"{', '.join(map(code, stale))} "
+                   f"{'were' if len(stale) > 1 else 'was'} run from an earlier definition "
+                   "(its knobs, trace, files or batchlab version have changed since) and left "
+                   "as it was by --only or --resume: "
+                   f"{'their figures' if len(stale) > 1 else 'its figures'} may not answer this "
+                   "scenario; `batchlab run` with `--resume` runs "
+                   f"{'them' if len(stale) > 1 else 'it'} again.")
     not_run = [c.name for c in cells if c.state == "not_run"]
     if not_run:
         out.append(f"{len(not_run)} cell{'s' if len(not_run) > 1 else ''} not run "

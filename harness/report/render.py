@@ -32,7 +32,6 @@ from harness.report.findings import key_findings
 from harness.report.format import code, display_path, short
 from harness.report.predictions import derived_note, is_prediction, predicted_text
 from harness.report.runs import (
-    REPORT_FILE,
     CellResult,
     collect,
     get,
@@ -63,7 +62,13 @@ from harness.report.sections import (
     reproduce_section,
     throughput_section,
 )
-from harness.results import CHUNKS_FILE, REQUESTS_FILE, STEPS_FILE, write_parquet_atomic
+from harness.results import (
+    CHUNKS_FILE,
+    REPORT_FILE,
+    REQUESTS_FILE,
+    STEPS_FILE,
+    write_parquet_atomic,
+)
 
 
 def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Path,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -17,13 +17,18 @@ from harness.manifest import MANIFEST_FILE
 from harness.metrics import Pace
 from harness.report.format import load_text, value_text
 from harness.report.plots import EngineState, envelope
-from harness.results import REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE, read_json_object, run_pace
+from harness.results import (
+    REQUESTS_FILE,
+    STEPS_FILE,
+    SUMMARY_FILE,
+    read_json_object,
+    run_pace,
+)
 
 TELEMETRY_FILE = "telemetry.parquet"
 CELL_FILE = "cell.json"
 STATUS_FILE = "status.json"
 SCENARIO_FILE = "scenario.json"
-REPORT_FILE = "report.md"
 
 ENGINE_STATE_COLUMNS = 1000  # time slices of the engine-state plot (about its width in pixels)
 
@@ -39,6 +44,9 @@ class CellResult:
     summary: Mapping[str, Any] | None = None
     manifest: Mapping[str, Any] = field(default_factory=dict)
     cell: Mapping[str, Any] = field(default_factory=dict)  # cell.json of a scenario sweep
+    # a scenario cell whose results were made from an earlier definition of it (knobs, trace,
+    # files) than the scenario's last sweep recorded: left as it was by --only or --resume
+    stale: bool = False
 
     @property
     def ok(self) -> bool:
@@ -198,11 +206,17 @@ def load_scenario_dir(scenario_dir: Path) -> tuple[dict[str, Any], list[CellResu
     if not names:
         names = sorted(p.name for p in scenario_dir.iterdir() if p.is_dir() and (
             (p / STATUS_FILE).exists() or (p / SUMMARY_FILE).exists()))
+    recorded = meta.get("digests")
+    digests: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
     cells = []
     for name in names:
         cell_dir = scenario_dir / name
         if cell_dir.is_dir():
-            cells.append(load_run(cell_dir, name))
+            cell = load_run(cell_dir, name)
+            made_from = read_json_object(cell_dir / STATUS_FILE).get("digest")
+            if cell.ok and name in digests and made_from and made_from != digests[name]:
+                cell = replace(cell, stale=True)
+            cells.append(cell)
         else:
             cells.append(CellResult(name=name, run_dir=cell_dir, state="not_run",
                                     reason="not run yet (or excluded by --only)"))
@@ -231,9 +245,7 @@ def collect(dirs: Sequence[Path]) -> tuple[list[CellResult], list[dict[str, Any]
     unique = []
     for c in cells:
         if seen[c.name] > 1:
-            c = CellResult(name=f"{c.run_dir.parent.name}/{c.name}", run_dir=c.run_dir,
-                           state=c.state, reason=c.reason, summary=c.summary,
-                           manifest=c.manifest, cell=c.cell)
+            c = replace(c, name=f"{c.run_dir.parent.name}/{c.name}")
         unique.append(c)
     return unique, metas
 

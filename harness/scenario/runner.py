@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import traceback
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from harness.results import write_json_atomic
+from harness.results import REPORT_FILE, write_json_atomic
 from harness.scenario._text import REPO_ROOT, display_path, exception_reason
 from harness.scenario.cell import CellJob, CellRunner, run_cell
 from harness.scenario.expand import load_cell_trace, select
@@ -179,6 +180,9 @@ def run_scenario(
     picked = None if len(chosen) == len(all_cells) else (
         only if isinstance(only, str) else ",".join(only or ()))
     meta["command"] = scenario_command(scenario, out_root, picked)
+    # what each cell's results must have been made from: the report flags a cell on disk
+    # made from an earlier definition (one --only or --resume left as it was)
+    meta["digests"] = {c.name: scenario.cell_digest(c) for c in all_cells}
 
     todo: list[Cell] = []
     outcomes: dict[str, CellOutcome] = {}
@@ -207,6 +211,9 @@ def run_scenario(
     # folder (and the definition of results already in it) as it was
     scenario_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(meta, scenario_dir / SCENARIO_FILE)
+    # the last sweep's report no longer describes the folder: gone until this sweep's is
+    # written (also when it is interrupted), so that no report outlives what it says
+    (scenario_dir / REPORT_FILE).unlink(missing_ok=True)
 
     def job_for(cell: Cell) -> CellJob:
         return CellJob(
@@ -223,6 +230,12 @@ def run_scenario(
             for cell in todo:
                 outcomes[cell.name] = _run_local(scenario, scenario_dir, job_for(cell),
                                                  runner or run_cell, progress)
+    except KeyboardInterrupt:
+        progress.close()
+        if write_report:  # what finished, and which cells did not; a second Ctrl-C skips it
+            with contextlib.suppress(Exception, KeyboardInterrupt):
+                write_scenario_report(scenario_dir)
+        raise
     finally:
         progress.close()
 

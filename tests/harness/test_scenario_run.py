@@ -110,6 +110,9 @@ def test_resume_after_a_kill_mid_cell(tmp_path: Path) -> None:
     # the cell says it was stopped; one a SIGKILL stopped cannot, and is left "running"
     assert [sc.read_status(sdir / n).get("state") for n in names] == [
         "done", "done", "interrupted", None]
+    # the interrupted sweep wrote its report of what finished, and of what did not
+    assert (f"`{killed}` did not finish: stopped by Ctrl-C or SIGTERM"
+            in (sdir / "report.md").read_text())
     report = render_scenario_report(sdir).read_text()
     assert (f"`{killed}` did not finish: stopped by Ctrl-C or SIGTERM before it finished "
             "(--resume runs it again).") in report
@@ -140,6 +143,37 @@ def test_resume_redoes_a_cell_whose_definition_changed(tmp_path: Path) -> None:
     sc.run_scenario(sc.load_scenario(changed), tmp_path, only="static__max_num_seqs-4",
                     resume=True, runner=runner, progress=quiet())
     assert runner.calls == ["static__max_num_seqs-4"]
+
+
+def test_a_cell_left_from_an_earlier_definition_is_flagged_in_the_report(
+        tmp_path: Path) -> None:
+    """Last night's cells stay on disk when --only runs others: the report says which were
+    made from a definition the scenario no longer has, and drops the flag once re-run."""
+    sc.run_scenario(sc.load_scenario(SMALL), tmp_path, progress=quiet())
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(SMALL.read_text().replace(
+        "{policy: fcfs, max_model_len: 8192, max_num_batched_tokens: 8192}",
+        "{policy: fcfs, max_model_len: 8192, max_num_batched_tokens: 4096}"))
+    sc.run_scenario(sc.load_scenario(changed), tmp_path, only="static*", progress=quiet())
+    findings = (tmp_path / "small" / "report.md").read_text().split("## Key findings")[1]
+    flagged = next(line for line in findings.splitlines() if "earlier definition" in line)
+    assert flagged.startswith("- `continuous__max_num_seqs-4`, `continuous__max_num_seqs-8` "
+                              "were run from an earlier definition")
+    sc.run_scenario(sc.load_scenario(changed), tmp_path, resume=True, progress=quiet())
+    assert "earlier definition" not in (tmp_path / "small" / "report.md").read_text()
+
+
+def test_an_interrupted_sweep_leaves_no_report_of_the_last_one(tmp_path: Path) -> None:
+    """A sweep stopped before any cell finished: the last sweep's report.md, which describes
+    results this one replaces, is not left to be read as this one's."""
+    scenario = sc.load_scenario(SMALL)
+    sc.run_scenario(scenario, tmp_path, progress=quiet())
+    sdir = tmp_path / "small"
+    first = sc.load_scenario(SMALL).cells()[0].name
+    with pytest.raises(KeyboardInterrupt):
+        sc.run_scenario(scenario, tmp_path, runner=Recorder(kill=first), progress=quiet())
+    report = (sdir / "report.md").read_text()
+    assert f"`{first}` did not finish" in report
 
 
 def test_only_runs_matching_cells_and_reports_the_rest_as_not_run(tmp_path: Path) -> None:
