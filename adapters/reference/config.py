@@ -20,6 +20,7 @@ from adapters.reference.cost_model import (
     load_profile,
     profile_scheduler_defaults,
     resolve_gpu,
+    resolve_profile,
 )
 from adapters.reference.hardware import GpuSpec, UnknownHardwareError
 from adapters.reference.models import ModelSpec, UnknownModelError, lookup_model
@@ -172,10 +173,7 @@ class ReferenceConfig:
         renamed = {"tensor_parallel_size": "tp"}
         values: dict[str, Any] = {}
         if profile is not None:  # the engine's own defaults, where the profile records them
-            try:
-                values.update(profile_scheduler_defaults(profile))
-            except ProfileError as exc:
-                raise ConfigError(f"profile: {exc}") from None
+            values.update(_profile_defaults(profile))
         values.update({
             renamed.get(name, name): getattr(knobs, name)
             for name in knobs.given_names() if name != "extra_args"
@@ -199,6 +197,24 @@ class ReferenceConfig:
             "max_model_len": self.resolved_max_model_len,
         }
 
+
+def _profile_defaults(profile: str) -> dict[str, Any]:
+    """The engine defaults ``profile`` records (``metadata.scheduler``), each checked here: a
+    bad one is the file's error, so the message names the file and the key, not a setting the
+    user never gave."""
+    try:
+        path = resolve_profile(profile)
+        defaults = profile_scheduler_defaults(path)
+    except ProfileError as exc:
+        raise ConfigError(f"profile: {exc}") from None
+    for name, value in defaults.items():
+        try:
+            _check_setting(name, value)
+        except ConfigError as exc:  # "max_num_seqs: must be ..."
+            raise ConfigError(f"profile: {path}: metadata.scheduler.{exc}") from None
+    return defaults
+
+
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
@@ -209,26 +225,39 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
 
 
+_CHOICES = {"policy": POLICIES, "preemption": PREEMPTIONS, "admission": ADMISSIONS,
+            "weights_dtype": DTYPES, "kv_cache_dtype": DTYPES,
+            "oversized_prompts": OVERSIZED_PROMPTS}
+_POSITIVE_INTS = ("tp", "max_num_seqs", "max_num_batched_tokens", "block_size")
+_BOOLS = ("chunked_prefill", "prefix_caching")
+
+
+def _check_setting(name: str, value: Any) -> None:
+    """One setting's own rule; the rules between settings are ``_validate``'s."""
+    if name in _CHOICES:
+        _choice(name, value, _CHOICES[name])
+    elif name in _POSITIVE_INTS:
+        _positive_int(name, value)
+    elif name in _BOOLS:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: must be true or false, got {value!r}")
+    elif name == "gpu_memory_utilization" and (
+            isinstance(value, bool) or not (isinstance(value, int | float) and 0 < value <= 1)):
+        raise ConfigError(f"gpu_memory_utilization: must be in (0, 1], got {value!r}")
+
+
 def _validate(c: ReferenceConfig) -> None:
-    _choice("policy", c.policy, POLICIES)
-    _choice("preemption", c.preemption, PREEMPTIONS)
-    _choice("weights_dtype", c.weights_dtype, DTYPES)
-    _choice("kv_cache_dtype", c.kv_cache_dtype, DTYPES)
-    _choice("oversized_prompts", c.oversized_prompts, OVERSIZED_PROMPTS)
+    for name in ("policy", "preemption", "weights_dtype", "kv_cache_dtype", "oversized_prompts"):
+        _check_setting(name, getattr(c, name))
     if c.admission is not None:
-        _choice("admission", c.admission, ADMISSIONS)
-    for name in ("tp", "max_num_seqs", "max_num_batched_tokens", "block_size"):
-        _positive_int(name, getattr(c, name))
+        _check_setting("admission", c.admission)
+    for name in _POSITIVE_INTS:
+        _check_setting(name, getattr(c, name))
     for name in ("num_gpu_blocks", "max_model_len"):
         if getattr(c, name) is not None:
             _positive_int(name, getattr(c, name))
-    for name in ("chunked_prefill", "prefix_caching"):
-        if not isinstance(getattr(c, name), bool):
-            raise ConfigError(f"{name}: must be true or false, got {getattr(c, name)!r}")
-    if not (isinstance(c.gpu_memory_utilization, int | float)
-            and 0 < c.gpu_memory_utilization <= 1):
-        raise ConfigError(
-            f"gpu_memory_utilization: must be in (0, 1], got {c.gpu_memory_utilization!r}")
+    for name in (*_BOOLS, "gpu_memory_utilization"):
+        _check_setting(name, getattr(c, name))
     if not (isinstance(c.swap_space_gib, int | float) and c.swap_space_gib >= 0
             and math.isfinite(c.swap_space_gib)):
         raise ConfigError(f"swap_space_gib: must be >= 0, got {c.swap_space_gib!r}")

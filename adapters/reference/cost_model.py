@@ -151,15 +151,8 @@ def load_profile(path: str | Path) -> CostModelParams:
     the model (for notes, scheduling defaults and fit statistics). Errors name the file and
     the key.
     """
-    path = resolve_profile(path)
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read profile: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{path}: line {exc.lineno}: not valid JSON: {exc.msg}") from None
-    if not isinstance(raw, dict):
-        raise ProfileError(f"{path}: a profile is a JSON object of cost-model fields")
+    path, raw = _read_profile(path)
+    _checked_metadata(path, raw)
     known = {f.name for f in fields(CostModelParams)}
     values: dict[str, Any] = {}
     for key, value in raw.items():
@@ -174,6 +167,33 @@ def load_profile(path: str | Path) -> CostModelParams:
     params = CostModelParams(**values)
     params.validate(where=str(path))
     return params
+
+
+def _read_profile(name_or_path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The file a profile name or path means, and its JSON object; errors name the file."""
+    path = resolve_profile(name_or_path)
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read profile: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}: line {exc.lineno}: not valid JSON: {exc.msg}") from None
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: a profile is a JSON object of cost-model fields")
+    return path, raw
+
+
+def _checked_metadata(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw``'s ``metadata`` object ({} when absent), refused when it or its ``scheduler`` is
+    not an object: a file whose engine defaults cannot be read must not run without them."""
+    meta = raw.get("metadata", {})
+    if not isinstance(meta, dict):
+        raise ProfileError(f"{path}: metadata: must be a JSON object, got {meta!r}")
+    scheduler = meta.get("scheduler", {})
+    if not isinstance(scheduler, dict):
+        raise ProfileError(
+            f"{path}: metadata.scheduler: must be a JSON object, got {scheduler!r}")
+    return meta
 
 
 _HARDWARE_OVERRIDES = (
@@ -315,11 +335,20 @@ class CostModel:
             allreduce_fixed_s = num_allreduces * params.allreduce_latency_s
             allreduce_per_token_s = (num_allreduces * ring_bytes_per_token
                                      / gpu.interconnect_bandwidth_bytes_per_s)
+        # The overhead terms, for tables that show where a step's time goes.
+        self.allreduce_fixed_s = allreduce_fixed_s
+        self.allreduce_per_token_s = allreduce_per_token_s
+        self.fp8_kv_token_overhead_s = (
+            params.per_fp8_kv_token_overhead_s if kv_cache_dtype == "fp8" else 0.0)
+        # The arithmetic intensity at which the projections' compute time overtakes the
+        # bytes' time at these efficiencies: where ``StepCost.bound`` turns to "compute"
+        # (attention FLOPs run at the BF16 rate, which turns it earlier with FP8 weights).
+        self.ridge_flop_per_byte = linear_peak / bw
+
         self._fixed_s = params.step_overhead_s + allreduce_fixed_s
         self._per_token_s = params.per_token_overhead_s + allreduce_per_token_s
         self._per_seq_s = params.per_seq_overhead_s
-        self._per_kv_token_s = params.per_kv_token_overhead_s + (
-            params.per_fp8_kv_token_overhead_s if kv_cache_dtype == "fp8" else 0.0)
+        self._per_kv_token_s = params.per_kv_token_overhead_s + self.fp8_kv_token_overhead_s
         self._per_pair_s = params.per_attention_pair_overhead_s
         self.swap_bandwidth_bytes_per_s = gpu.pcie_bandwidth_bytes_per_s * params.swap_efficiency
         self._swap_per_block_s = self.kv_bytes_per_block / self.swap_bandwidth_bytes_per_s
@@ -396,26 +425,25 @@ PROFILE_SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "policy", "p
 
 
 def _profile_raw(name_or_path: str | Path) -> dict[str, Any]:
-    path = resolve_profile(name_or_path)
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"{path}: cannot read profile: {exc}") from None
-    return raw if isinstance(raw, dict) else {}
+    path, raw = _read_profile(name_or_path)
+    _checked_metadata(path, raw)
+    return raw
 
 
 def profile_metadata(name_or_path: str | Path) -> dict[str, Any]:
     """A profile's ``metadata`` object ({} when it has none); errors name the file."""
-    meta = _profile_raw(name_or_path).get("metadata")
-    return meta if isinstance(meta, dict) else {}
+    path, raw = _read_profile(name_or_path)
+    return _checked_metadata(path, raw)
 
 
 def profile_digest(raw: dict[str, Any]) -> str:
     """What a profile predicts with, as a digest: its coefficients and the engine defaults it
-    carries (``metadata.scheduler``), not its descriptions. Written into ``metadata.fit`` when
-    its accuracy is measured (``measured_digest``), so that a file changed since quotes none."""
+    carries (``metadata.scheduler``), not its descriptions (``source``, keys starting with
+    ``_``, the rest of ``metadata``). Written into ``metadata.fit`` when its accuracy is
+    measured (``measured_digest``), so that a file changed since quotes none."""
     meta = raw.get("metadata")
-    body = {k: v for k, v in raw.items() if k not in ("source", "metadata")}
+    body = {k: v for k, v in raw.items()
+            if k not in ("source", "metadata") and not k.startswith("_")}
     scheduler = meta.get("scheduler") if isinstance(meta, dict) else None
     # its engine defaults only: not where they were read ("sources") or other descriptions
     body["scheduler"] = ({k: scheduler[k] for k in PROFILE_SCHEDULER_KEYS if k in scheduler}

@@ -39,8 +39,8 @@ def add_calibration_target_options(p: argparse.ArgumentParser) -> None:
                    "it as the model name (the engine loads --model-path when given)")
     g.add_argument("--reference-model", metavar="NAME_OR_PATH",
                    help="the model's shape for the reference cost model: a catalog name "
-                   "(batchlab costmodel --list) or a local config.json / folder; default: "
-                   "--model-path or --model when it is a local folder or a catalog name")
+                   "(`batchlab costmodel --help` lists them) or a local config.json / folder; "
+                   "default: --model-path or --model when it is a local folder or a catalog name")
     g.add_argument("--tokenizer", metavar="PATH",
                    help="local tokenizer of the served model, for prompts of exact length "
                    "(default: the model folder's own)")

@@ -241,7 +241,9 @@ def add_costmodel(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="TPOT and throughput against batch size, from the reference engine's cost model",
         description="Print decode-step time (TPOT), output tokens/s, arithmetic intensity and "
         "the bound (memory or compute) for batch sizes 1, 4, 16, 64, 256 and the largest batch "
-        "the KV cache holds. Formulas and constants: docs/cost-model.md.",
+        "the engine runs: what the KV cache holds, within --max-num-seqs. KV blocks, block size "
+        "and the scheduler's limits are those `batchlab simulate` uses with the same flags "
+        "(and the profile's engine defaults). Formulas and constants: docs/cost-model.md.",
         epilog="example: batchlab costmodel --model llama-3.1-8b --gpu h100-sxm "
         "--kv-cache-dtype fp8",
     )
@@ -262,11 +264,8 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
     if args.context_len < 1:
         raise UserError(f"--context-len: must be a positive integer, got {args.context_len}")
     try:
-        config = reference_config(args)
-        print(costmodel_report(
-            config.model, args.gpu, config.weights_dtype, config.kv_cache_dtype, config.tp,
-            args.context_len, profile=args.profile,
-            gpu_memory_utilization=config.gpu_memory_utilization))
+        config = reference_config(args)  # the configuration simulate would use
+        print(costmodel_report(config, args.context_len))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     print()

@@ -190,15 +190,15 @@ def test_resolve_gpu_needs_a_full_description_for_unknown_devices() -> None:
 
 
 def test_costmodel_table_rows_and_report() -> None:
-    rows = costmodel_table("llama-3.1-8b", "h100-sxm", context_len=1024)
+    rows = costmodel_table(ReferenceConfig(gpu="h100-sxm", max_num_seqs=1024), context_len=1024)
     sizes = [r.batch_size for r in rows]
     assert sizes[:5] == [1, 4, 16, 64, 256] and len(rows) == 6
     largest = rows[-1]
-    assert largest.fits_in_kv and largest.batch_size > 256
+    assert largest.runs and largest.batch_size > 256
     assert rows[0].bound == "memory" and rows[0].arithmetic_intensity == pytest.approx(1, rel=0.1)
     tps = [r.output_tokens_per_s for r in rows]
     assert tps == sorted(tps)  # batching raises throughput
     tpots = [r.tpot_s for r in rows]
     assert tpots == sorted(tpots)  # ... at the cost of per-token latency
-    report = costmodel_report("llama-3.1-8b", "a100-80gb", weights_dtype="fp8")
+    report = costmodel_report(ReferenceConfig(gpu="a100-80gb", weights_dtype="fp8"))
     assert "no FP8 tensor cores" in report and "TPOT ms" in report
