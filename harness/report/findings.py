@@ -234,7 +234,16 @@ def _throughput_phrase(c: CellResult, b: CellResult) -> tuple[str, float | None]
     if r <= 1 - SAME_WITHIN:
         return (f"served {(1 - r) * 100:.0f}% fewer output tokens/s than {code(b.name)} "
                 f"{nums}"), r
-    return f"served about the same output tokens/s as {code(b.name)} {nums}", r
+    return (f"served about the same output tokens/s as {code(b.name)} "
+            f"({fmt_number(cv)} vs {fmt_number(bv)} tok/s{_within(r)})"), r
+
+
+def _within(ratio: float) -> str:
+    """What "about the same" hides, when anything: ", -4.7%, within 5%"."""
+    change = (ratio - 1) * 100
+    if round(change, 1) == 0:
+        return ""
+    return f", {change:+.1f}%, within {SAME_WITHIN:.0%}"
 
 
 def _latency_phrase(label: str, cv: Any, bv: Any) -> tuple[str, float | None]:
@@ -242,7 +251,8 @@ def _latency_phrase(label: str, cv: Any, bv: Any) -> tuple[str, float | None]:
     if r is None:
         return "", None
     if abs(r - 1) < SAME_WITHIN:
-        return f"{label} about the same ({fmt_seconds(cv)} vs {fmt_seconds(bv)})", r
+        return (f"{label} about the same ({fmt_seconds(cv)} vs {fmt_seconds(bv)}"
+                f"{_within(r)})"), r
     verb = "fell" if r < 1 else "rose"
     return f"{label} {verb} from {fmt_seconds(bv)} to {fmt_seconds(cv)}", r
 
