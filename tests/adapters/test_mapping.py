@@ -156,6 +156,83 @@ def test_vllm_cross_knob_checks(knobs: Knobs, match: str) -> None:
         vllm_plan(knobs)
 
 
+def test_vllm_unset_token_budget_with_chunking_off_is_not_batchlabs_8192() -> None:
+    """Chunking off, vLLM needs max_num_batched_tokens >= max_model_len and defaults to it."""
+    plan = vllm_plan(Knobs.from_mapping({"chunked_prefill": False}))
+    assert "--max-num-batched-tokens" not in plan.argv  # vLLM's own: max_model_len
+    m = by_knob(plan)["max_num_batched_tokens"]
+    assert m.status == "default" and m.value is None and "max_model_len" in m.note
+    plan = vllm_plan(Knobs.from_mapping({"chunked_prefill": False, "max_model_len": 32768}))
+    assert flag_value(plan.argv, "--max-num-batched-tokens") == "32768"
+    m = by_knob(plan)["max_num_batched_tokens"]
+    assert m.status == "applied" and m.value == 32768 and "max_model_len" in m.note
+    with pytest.raises(KnobError, match="max_model_len"):  # given below it: still refused
+        vllm_plan(Knobs.from_mapping({"chunked_prefill": False, "max_model_len": 32768,
+                                      "max_num_batched_tokens": 8192}))
+    plan = vllm_plan(Knobs.from_mapping({"max_model_len": 32768}))  # chunking on: the pin
+    assert flag_value(plan.argv, "--max-num-batched-tokens") == "8192"
+
+
+@pytest.mark.parametrize(
+    ("given", "fragment", "status"),
+    [
+        ({"kv_cache_dtype": "bf16", "weights_dtype": "bf16"}, "--kv-cache-dtype auto",
+         "applied"),
+        ({"kv_cache_dtype": "bf16", "weights_dtype": "fp8"}, "--kv-cache-dtype auto", "applied"),
+        ({"kv_cache_dtype": "fp8"}, "--kv-cache-dtype fp8", "applied"),
+    ],
+)
+def test_vllm_kv_dtype(given: dict[str, object], fragment: str, status: str) -> None:
+    plan = vllm_plan(Knobs.from_mapping(given))
+    m = by_knob(plan)["kv_cache_dtype"]
+    assert m.flags == (fragment,) and m.status == status
+    if given.get("weights_dtype"):
+        assert flag_value(plan.argv, "--dtype") == "bfloat16"  # what makes auto bf16
+
+
+def test_vllm_kv_bf16_without_a_model_dtype_is_not_claimed() -> None:
+    """auto is the model dtype: with weights_dtype unset, the checkpoint's, maybe float16."""
+    with pytest.raises(KnobError, match=r"kv_cache_dtype='bf16'.*checkpoint"):
+        vllm_plan(Knobs.from_mapping({"kv_cache_dtype": "bf16"}))
+    plan = vllm_plan(Knobs.from_mapping({"kv_cache_dtype": "bf16"}), allow_approximate=True)
+    m = by_knob(plan)["kv_cache_dtype"]
+    assert m.status == "approximated" and "auto (the checkpoint's dtype)" in m.note
+    assert flag_value(plan.argv, "--kv-cache-dtype") == "auto" and "--dtype" not in plan.argv
+    unset = by_knob(vllm_plan(Knobs.from_mapping({})))["kv_cache_dtype"]
+    assert unset.status == "default" and unset.value == "auto"
+
+
+@pytest.mark.parametrize(
+    ("extra", "knob", "gone"),
+    [
+        (("--max_num_seqs=512",), "max_num_seqs", "--max-num-seqs"),  # vLLM reads _ as -
+        (("--max_num_seqs", "512"), "max_num_seqs", "--max-num-seqs"),
+        (("-q", "fp8"), "weights_dtype", "--dtype"),  # -q is --quantization
+        (("--quantization", "fp8"), "weights_dtype", "--dtype"),
+        (("-tp", "4"), "tensor_parallel_size", "--tensor-parallel-size"),
+        (("--enable_chunked_prefill",), "chunked_prefill", "--no-enable-chunked-prefill"),
+    ],
+)
+def test_extra_args_override_a_mapped_flag_in_any_spelling(
+        extra: tuple[str, ...], knob: str, gone: str) -> None:
+    knobs = Knobs(max_num_seqs=64, weights_dtype="bf16", tensor_parallel_size=2,
+                  chunked_prefill=False, max_num_batched_tokens=8192, max_model_len=8192,
+                  extra_args=extra)
+    plan = vllm_plan(knobs)
+    m = by_knob(plan)[knob]
+    assert m.status == "not_applied" and m.flags == ()
+    assert m.note == f"overridden by extra_args ({extra[0].split('=')[0]})"
+    assert gone not in plan.argv
+    assert plan.argv[-len(extra):] == extra
+
+
+def test_extra_args_setting_an_unset_knob_are_not_recorded_as_its_default() -> None:
+    plan = vllm_plan(Knobs.from_mapping({"extra_args": ["--kv-cache-dtype", "fp8"]}))
+    m = by_knob(plan)["kv_cache_dtype"]
+    assert m.status == "not_applied" and m.value is None
+    assert m.note == "overridden by extra_args (--kv-cache-dtype)"
+
+
 def test_extra_args_override_a_mapped_flag() -> None:
     plan = vllm_plan(Knobs(extra_args=("--dtype", "float32")))
     assert plan.argv.count("--dtype") == 1
@@ -168,6 +245,24 @@ def test_extra_args_override_a_negated_flag() -> None:
     plan = vllm_plan(Knobs(extra_args=("--enable-chunked-prefill",), chunked_prefill=False))
     assert "--no-enable-chunked-prefill" not in plan.argv
     assert by_knob(plan)["chunked_prefill"].status == "not_applied"
+
+
+def test_vllm_plan_says_which_launcher_and_why(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    monkeypatch.delenv(vllm.PYTHON_ENV, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no vllm command
+    monkeypatch.chdir(tmp_path)
+    venv_python = tmp_path / vllm.DEFAULT_VENV_PYTHON
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text("")
+    plan = vllm.VllmAdapter("m", port=1).plan(Knobs())
+    assert plan.argv[0] == vllm.DEFAULT_VENV_PYTHON  # the choice itself is unchanged
+    assert plan.launcher.startswith(f"{vllm.DEFAULT_VENV_PYTHON} -m {vllm.API_SERVER_MODULE}")
+    assert "the CPU build `make engines` installs" in plan.launcher
+    assert f"launcher: {plan.launcher}\n" in plan.describe()
+    monkeypatch.setenv(vllm.PYTHON_ENV, "/opt/py")
+    assert f"${vllm.PYTHON_ENV}" in vllm.VllmAdapter("m", port=1).plan(Knobs()).launcher
+    assert "given" in vllm.VllmAdapter("m", port=1, python="/x").plan(Knobs()).launcher
 
 
 def test_vllm_launcher_choice(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -228,7 +323,8 @@ def test_tgi_every_knob_value() -> None:
     assert flag_value(argv, "--max-batch-prefill-tokens") == "2048"
     assert flag_value(argv, "--quantize") == "fp8" and "--dtype" not in argv
     assert flag_value(argv, "--kv-cache-dtype") == "fp8_e4m3fn"
-    assert flag_value(argv, "--cuda-memory-fraction") == "0.85"
+    assert flag_value(argv, "--cuda-memory-fraction") == str(0.85 / 0.9)
+    assert plan.env["TGI_WIGGLE_ROOM"] == "0.9"
     assert flag_value(argv, "--num-shard") == "2"
     assert flag_value(argv, "--max-total-tokens") == "1024"
     assert flag_value(argv, "--max-input-tokens") == "1023"
@@ -263,20 +359,142 @@ def test_tgi_default_knobs_need_approximation_and_say_how() -> None:
     assert plan.env["PREFILL_CHUNKING"] == "1"
 
 
-def test_tgi_container_argv(tmp_path: Path) -> None:
+def test_tgi_preemption_default_is_none() -> None:
+    m = by_knob(tgi_plan(Knobs.from_mapping({})))["preemption"]
+    assert m.status == "default" and m.value == "none"
+
+
+def test_tgi_refuses_a_prefill_budget_below_the_input_length_without_chunking() -> None:
+    """TGI's router refuses to start unless max_batch_prefill_tokens >= max_input_tokens."""
+    knobs = Knobs.from_mapping({"chunked_prefill": False, "max_model_len": 32768,
+                                "max_num_batched_tokens": 8192})
+    with pytest.raises(KnobError) as err:
+        tgi_plan(knobs)
+    said = str(err.value)
+    assert "max_num_batched_tokens (8192" in said and "max_model_len - 1 (32767" in said
+    assert "--max-batch-prefill-tokens" in said and "--max-input-tokens" in said
+    tgi_plan(Knobs.from_mapping({"chunked_prefill": False, "max_model_len": 32768,
+                                 "max_num_batched_tokens": 32767}))
+    tgi_plan(Knobs.from_mapping({"max_model_len": 32768, "max_num_batched_tokens": 8192}))
+
+
+def test_tgi_unset_prefill_budget_without_chunking_covers_the_input() -> None:
+    plan = tgi_plan(Knobs.from_mapping({"chunked_prefill": False, "max_model_len": 32768}))
+    assert flag_value(plan.argv, "--max-batch-prefill-tokens") == "32767"
+    assert flag_value(plan.argv, "--max-input-tokens") == "32767"
+    m = by_knob(plan)["max_num_batched_tokens"]
+    assert m.status == "applied" and m.value == 32767 and "max_input_tokens" in m.note
+    unset = by_knob(tgi_plan(Knobs.from_mapping({"max_model_len": 32768})))
+    assert unset["max_num_batched_tokens"].status == "default"  # chunking on: TGI's own
+
+
+@pytest.mark.parametrize(("utilization", "fraction"), [(0.9, "1.0"), (0.45, "0.5"),
+                                                       (0.85, str(0.85 / 0.9))])
+def test_tgi_memory_fraction_gives_vllms_kv_budget(utilization: float, fraction: str) -> None:
+    """KV = free - (1 - f x 0.9) x total; f = u / 0.9 makes it u x total - weights - act."""
+    plan = tgi_plan(Knobs.from_mapping({"gpu_memory_utilization": utilization}))
+    assert flag_value(plan.argv, "--cuda-memory-fraction") == fraction
+    assert plan.env["TGI_WIGGLE_ROOM"] == "0.9"
+    m = by_knob(plan)["gpu_memory_utilization"]
+    assert m.status == "applied" and "/ 0.9" in m.note
+    assert m.flags == (f"--cuda-memory-fraction {fraction}", "TGI_WIGGLE_ROOM=0.9")
+
+
+def test_tgi_memory_above_what_it_can_give_is_refused_or_approximated() -> None:
+    knobs = Knobs.from_mapping({"gpu_memory_utilization": 0.95})
+    with pytest.raises(KnobError, match=r"gpu_memory_utilization=0.95"):
+        tgi_plan(knobs)
+    plan = tgi_plan(knobs, allow_approximate=True)
+    assert flag_value(plan.argv, "--cuda-memory-fraction") == "1.0"
+    m = by_knob(plan)["gpu_memory_utilization"]
+    assert m.status == "approximated" and m.note.startswith("approximated as 0.9")
+
+
+def test_tgi_refuses_another_wiggle_room_than_the_conversion_assumes() -> None:
+    adapter = tgi.TgiAdapter("m", port=3000, runtime="native", env={"TGI_WIGGLE_ROOM": "0.8"})
+    with pytest.raises(KnobError, match="TGI_WIGGLE_ROOM"):
+        adapter.plan(Knobs.from_mapping({"gpu_memory_utilization": 0.8}))
+    adapter.plan(Knobs.from_mapping({}))  # no conversion: the user's value stands
+
+
+@pytest.mark.parametrize(
+    ("given", "outcome"),
+    [
+        ({"kv_cache_dtype": "bf16", "weights_dtype": "bf16"}, "applied"),
+        ({"kv_cache_dtype": "bf16"}, "refused"),
+        ({"kv_cache_dtype": "bf16", "weights_dtype": "fp8"}, "refused"),
+    ],
+)
+def test_tgi_kv_bf16_is_only_claimed_when_the_model_dtype_is_bf16(
+        given: dict[str, object], outcome: str) -> None:
+    knobs = Knobs.from_mapping(given)
+    if outcome == "refused":
+        with pytest.raises(KnobError, match="fp8_e4m3fn or fp8_e5m2"):
+            tgi_plan(knobs)
+        m = by_knob(tgi_plan(knobs, allow_approximate=True))["kv_cache_dtype"]
+        assert m.status == "approximated" and "model dtype" in m.note
+    else:
+        plan = tgi_plan(knobs)
+        assert flag_value(plan.argv, "--dtype") == "bfloat16"
+        assert by_knob(plan)["kv_cache_dtype"].status == "applied"
+    assert "--kv-cache-dtype" not in tgi_plan(knobs, allow_approximate=True).argv
+
+
+def test_tgi_container_argv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     model = tmp_path / "model"
     model.mkdir()
     plan = tgi.TgiAdapter(str(model), port=3001, runtime="podman", image="img:1").plan(TGI_OK)
     argv = plan.argv
     assert argv[:2] == ("podman", "run")
+    assert flag_value(argv, "--gpus") == "all"
     assert flag_value(argv, "-p") == "127.0.0.1:3001:80"
     assert flag_value(argv, "-v") == f"{model}:/model:ro"
-    assert "PREFILL_CHUNKING=0" in argv and "PREFIX_CACHING=0" in argv
     image_at = argv.index("img:1")
     assert argv[image_at + 1:image_at + 3] == ("--model-id", "/model")
     assert flag_value(argv, "--usage-stats") == "off"
-    assert plan.env == {}  # the container gets its environment through -e
     assert plan.stop_argv == ("podman", "rm", "-f", "batchlab-tgi-3001")
+
+
+def test_tgi_container_environment_is_passed_by_name_only() -> None:
+    """`-e K=V` would show the value to any local user through ps: the runtime client reads
+    it from its own environment instead."""
+    adapter = tgi.TgiAdapter("m", port=3002, runtime="docker", env={"HF_TOKEN": "hf_SECRET1"})
+    plan = adapter.plan(TGI_OK)
+    assert not any("hf_SECRET1" in a for a in plan.argv)
+    env_names = [plan.argv[i + 1] for i, a in enumerate(plan.argv) if a == "-e"]
+    assert env_names == ["HF_HUB_OFFLINE", "HF_TOKEN", "PREFILL_CHUNKING", "PREFIX_CACHING",
+                         "TGI_WIGGLE_ROOM"]
+    assert plan.env["HF_TOKEN"] == "hf_SECRET1" and plan.env["PREFILL_CHUNKING"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("runtime", "devices", "expected"),
+    [
+        ("docker", "0,1", ("--gpus", '"device=0,1"')),
+        ("docker", "3", ("--gpus", '"device=3"')),
+        ("/usr/bin/podman", "2, 3", ("--device", "nvidia.com/gpu=2", "--device",
+                                     "nvidia.com/gpu=3")),
+        ("docker", None, ("--gpus", "all")),
+        ("docker", "", ()),
+    ],
+)
+def test_tgi_container_gpus_follow_cuda_visible_devices(
+        runtime: str, devices: str | None, expected: tuple[str, ...]) -> None:
+    assert tgi.gpu_flags(runtime, devices) == expected
+
+
+def test_tgi_container_takes_the_gpus_cuda_visible_devices_names(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    plan = tgi.TgiAdapter("m", port=3003, runtime="docker").plan(TGI_OK)
+    assert flag_value(plan.argv, "--gpus") == '"device=5"' and "all" not in plan.argv
+    # the engine's own environment wins; inside, the container numbers its GPUs from 0
+    plan = tgi.TgiAdapter("m", port=3003, runtime="docker",
+                          env={"CUDA_VISIBLE_DEVICES": "0,1"}).plan(TGI_OK)
+    assert flag_value(plan.argv, "--gpus") == '"device=0,1"'
+    assert "CUDA_VISIBLE_DEVICES" not in plan.argv and "CUDA_VISIBLE_DEVICES" not in plan.env
+    assert any("CUDA_VISIBLE_DEVICES=0,1" in n for n in plan.notes)
 
 
 # ---------------------------------------------------------------- TensorRT-LLM
@@ -284,6 +502,12 @@ def test_tgi_container_argv(tmp_path: Path) -> None:
 
 def trt_plan(knobs: Knobs, **kw: object) -> LaunchPlan:
     return trtllm.TrtllmAdapter("nvidia/model-FP8", port=8001).plan(knobs, **kw)  # type: ignore[arg-type]
+
+
+def trt_knobs(**given: object) -> Knobs:
+    """Only ``given`` set: TensorRT-LLM cannot honour a full default configuration (its memory
+    fraction and KV dtype mean something else there)."""
+    return Knobs.from_mapping(given)
 
 
 def trt_yaml(plan: LaunchPlan) -> dict[str, object]:
@@ -298,7 +522,7 @@ def test_trtllm_argv_and_generated_yaml() -> None:
         kv_cache_dtype="fp8", gpu_memory_utilization=0.85, prefix_caching=True,
         tensor_parallel_size=2, max_model_len=4096,
     )
-    plan = trt_plan(knobs)
+    plan = trt_plan(knobs, allow_approximate=True)  # gpu_memory_utilization: see below
     assert plan.argv[:2] == ("trtllm-serve", "nvidia/model-FP8")
     assert flag_value(plan.argv, "--host") == "127.0.0.1"
     assert flag_value(plan.argv, "--backend") == "pytorch"
@@ -326,9 +550,10 @@ def test_trtllm_argv_and_generated_yaml() -> None:
 @pytest.mark.parametrize(
     ("knobs", "expected"),
     [
-        (Knobs(), {"capacity_scheduler_policy": "MAX_UTILIZATION"}),
-        (Knobs(policy="static", preemption="none"), {"capacity_scheduler_policy": "STATIC_BATCH"}),
-        (Knobs(policy="priority", preemption="none"),
+        (trt_knobs(preemption="recompute"), {"capacity_scheduler_policy": "MAX_UTILIZATION"}),
+        (trt_knobs(policy="static", preemption="none"),
+         {"capacity_scheduler_policy": "STATIC_BATCH"}),
+        (trt_knobs(policy="priority", preemption="none"),
          {"waiting_queue_policy": "priority", "capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}),
     ],
 )
@@ -358,8 +583,74 @@ def test_trtllm_swap_is_approximated_as_max_utilization() -> None:
 
 
 def test_trtllm_json_telemetry_option() -> None:
-    plan = trtllm.TrtllmAdapter("m", port=1, json_telemetry=True).plan(Knobs())
+    plan = trtllm.TrtllmAdapter("m", port=1, json_telemetry=True).plan(trt_knobs())
     assert plan.telemetry.format == "trtllm_json" and plan.telemetry.path == "/metrics"
+
+
+def test_trtllm_refuses_prompts_longer_than_its_token_budget_without_chunking() -> None:
+    """Without chunked prefill (TensorRT-LLM's default) a prompt above max_num_tokens fails."""
+    for given in ({"max_model_len": 32768, "max_num_batched_tokens": 8192},
+                  {"max_model_len": 32768, "max_num_batched_tokens": 8192,
+                   "chunked_prefill": False}):
+        with pytest.raises(KnobError) as err:
+            trt_plan(trt_knobs(**given))
+        assert "max_num_batched_tokens (8192" in str(err.value)
+        assert "max_model_len (32768" in str(err.value)
+    trt_plan(trt_knobs(max_model_len=32768, max_num_batched_tokens=8192, chunked_prefill=True))
+
+
+def test_trtllm_unset_token_budget_covers_a_long_context_without_chunking() -> None:
+    plan = trt_plan(trt_knobs(max_model_len=32768))
+    assert trt_yaml(plan)["max_num_tokens"] == 32768
+    m = by_knob(plan)["max_num_batched_tokens"]
+    assert m.status == "applied" and m.value == 32768 and "max_model_len" in m.note
+    plan = trt_plan(trt_knobs(max_model_len=4096))  # within the default: nothing passed
+    assert "max_num_tokens" not in trt_yaml(plan)
+    m = by_knob(plan)["max_num_batched_tokens"]
+    assert m.status == "default" and m.value == 8192  # TensorRT-LLM's own, known
+    plan = trt_plan(trt_knobs(max_model_len=32768, chunked_prefill=True))
+    assert "max_num_tokens" not in trt_yaml(plan)
+
+
+def test_trtllm_memory_fraction_is_not_vllms() -> None:
+    with pytest.raises(KnobError, match=r"gpu_memory_utilization=0.85.*free after"):
+        trt_plan(trt_knobs(gpu_memory_utilization=0.85))
+    plan = trt_plan(trt_knobs(gpu_memory_utilization=0.85), allow_approximate=True)
+    assert trt_yaml(plan)["kv_cache_config"] == {"free_gpu_memory_fraction": 0.85}
+    m = by_knob(plan)["gpu_memory_utilization"]
+    assert m.status == "approximated" and "of free memory" in m.note
+
+
+def test_trtllm_kv_bf16_is_not_enforced_and_says_so() -> None:
+    """auto takes the checkpoint's KV quantization: an FP8 ModelOpt checkpoint runs FP8 KV."""
+    with pytest.raises(KnobError, match=r"kv_cache_dtype='bf16'.*checkpoint"):
+        trt_plan(trt_knobs(kv_cache_dtype="bf16"))
+    plan = trt_plan(trt_knobs(kv_cache_dtype="bf16"), allow_approximate=True)
+    assert trt_yaml(plan)["kv_cache_config"] == {"dtype": "auto"}
+    assert by_knob(plan)["kv_cache_dtype"].status == "approximated"
+    unset = by_knob(trt_plan(trt_knobs()))["kv_cache_dtype"]
+    assert unset.status == "default" and unset.value == "auto"
+
+
+@pytest.mark.parametrize(
+    ("extra", "knob", "key"),
+    [
+        (("--max_batch_size", "512"), "max_num_seqs", "max_batch_size"),
+        (("--max-batch-size=512",), "max_num_seqs", "max_batch_size"),
+        (("--tp_size", "4"), "tensor_parallel_size", "tensor_parallel_size"),
+        (("--free_gpu_memory_fraction", "0.5"), "gpu_memory_utilization", "kv_cache_config"),
+        (("--max_num_tokens", "4096"), "max_num_batched_tokens", "max_num_tokens"),
+    ],
+)
+def test_trtllm_cli_flags_in_extra_args_replace_the_yaml_keys(
+        extra: tuple[str, ...], knob: str, key: str) -> None:
+    knobs = trt_knobs(max_num_seqs=64, tensor_parallel_size=2, gpu_memory_utilization=0.9,
+                      max_num_batched_tokens=8192, extra_args=list(extra))
+    plan = trt_plan(knobs, allow_approximate=True)
+    assert key not in trt_yaml(plan)  # one value reaches the engine: the command line's
+    assert plan.argv[-len(extra):] == extra
+    m = by_knob(plan)[knob]
+    assert m.status == "not_applied" and m.note.startswith("overridden by extra_args")
 
 
 def test_config_tree_nests_dotted_keys() -> None:
@@ -455,7 +746,7 @@ def test_make_adapter_rejects_unknown_engines() -> None:
 
 
 def test_describe_shows_argv_config_and_mapping() -> None:
-    text = trt_plan(Knobs(preemption="none")).describe()
+    text = trt_plan(trt_knobs(preemption="none")).describe()
     assert "argv:\n  trtllm-serve nvidia/model-FP8 --host 127.0.0.1" in text
     assert f"config file {CONFIG_DIR}/{trtllm.CONFIG_FILE}:" in text
     assert "capacity_scheduler_policy: GUARANTEED_NO_EVICT" in text
@@ -467,6 +758,34 @@ def test_mapping_text_covers_each_engine() -> None:
     for name in ("vllm", "tgi", "trtllm", "openai", "reference"):
         assert f"== {name}" in text
     assert "policy=static" in text and "REFUSED at plan time" in text
+
+
+def section(text: str, engine: str) -> str:
+    return text.split(f"== {engine}:")[1].split("\n== ")[0]
+
+
+def test_mapping_text_says_what_an_unset_token_budget_follows() -> None:
+    text = catalog.mapping_text()
+    vllm_text = section(text, "vllm")
+    assert ("max_num_batched_tokens unset (chunked_prefill=false, max_model_len=unset) -> "
+            "(no flag)") in vllm_text
+    assert ("max_num_batched_tokens unset (chunked_prefill=false, max_model_len=L) -> "
+            "--max-num-batched-tokens L") in vllm_text
+    assert ("max_num_batched_tokens unset (chunked_prefill=false, max_model_len=L) -> "
+            "--max-batch-prefill-tokens L-1") in section(text, "tgi")
+    trt = section(text, "trtllm")
+    assert "the engine's own default: 8192" in trt
+    assert ("max_num_batched_tokens unset (chunked_prefill=unset, max_model_len=L) -> "
+            "max_num_tokens: L") in trt
+    assert "preemption unset" in section(text, "tgi")
+    assert "(the engine's own default: none)" in section(text, "tgi")
+
+
+def test_rows_show_each_case_of_a_dependency_only_when_they_differ() -> None:
+    rows = {r.when: r for r in catalog.rows(catalog.INFO["vllm"])}
+    assert rows["kv_cache_dtype=bf16 (weights_dtype=unset)"].outcome == "refused"
+    assert rows["kv_cache_dtype=bf16 (weights_dtype=bf16)"].outcome == "applied"
+    assert rows["kv_cache_dtype=fp8"].settings == "--kv-cache-dtype fp8"  # the same for all
 
 
 def test_docs_engines_md_is_up_to_date() -> None:

@@ -21,6 +21,7 @@ from adapters.process import (
     free_port,
     probe_version,
     tail,
+    wait_healthy,
 )
 
 PY = sys.executable
@@ -100,6 +101,14 @@ def test_timeout_quotes_the_log_and_the_last_answer(tmp_path: Path) -> None:
                                           timeout_s=0.5, poll_s=0.1))
     assert "not ready after" in str(err.value)
     assert "ConnectError" in str(err.value)
+
+
+def test_a_timeout_is_quoted_as_given() -> None:
+    """1.5 s is not "2 s": the message says the timeout that was set."""
+    with pytest.raises(EngineStartError) as err:
+        asyncio.run(wait_healthy(f"http://127.0.0.1:{free_port()}/health", timeout_s=0.25,
+                                 poll_s=0.05))
+    assert "after 0.25 s" in str(err.value)
 
 
 def test_missing_command_is_a_clear_error(tmp_path: Path) -> None:

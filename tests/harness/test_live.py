@@ -83,7 +83,8 @@ def test_dry_run_prints_the_plan_and_starts_nothing(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(ServerProcess, "start", refuse)
     out = io.StringIO()
     result = run_live(
-        "trtllm", Knobs(max_num_seqs=16, preemption="none"), small_trace(), {}, "unused",
+        "trtllm", Knobs.from_mapping({"max_num_seqs": 16, "preemption": "none"}),
+        small_trace(), {}, "unused",
         launch=True, dry_run=True, model="org/model", port=8123, out=out,
     )
     text = out.getvalue()
