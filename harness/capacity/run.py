@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 from harness.capacity.probe import ProbePlan, probe_label, read_probe, run_probe
 from harness.capacity.search import (
@@ -232,8 +232,9 @@ def recorded_result(setting: Setting, out_dir: Path) -> SettingResult | None:
     if status in get_args(Status):
         bracket = record.get("bracket") or {}
         return SettingResult(setting, SearchResult(
-            status=status, capacity=record.get("capacity"), passing=bracket.get("passing"),
-            failing=bracket.get("failing"), probes=probes), earlier=True)
+            status=cast(Status, status), capacity=record.get("capacity"),
+            passing=bracket.get("passing"), failing=bracket.get("failing"), probes=probes),
+            earlier=True)
     if status == "failed":
         return SettingResult(setting, None, str(record.get("error") or "the search failed"),
                              earlier=True)
