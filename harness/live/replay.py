@@ -463,10 +463,14 @@ async def replay(
             stopped_at_s=run.stopped_at_s, num_on_disk=writer.num_written)
         if run.stop_reason is not None and stopped is None:
             summary["stopped_early"] = run.stop_reason
-            with contextlib.suppress(OSError):
-                write_json_atomic(summary, out_dir / SUMMARY_FILE)
         if stopped is not None:
             status = "failed"
+        # how the run ended and how much of the trace it sent, in the summary too: a job that
+        # reads only summary.json must not take an interrupted run's figures for a whole run
+        summary.update(status=status, num_planned=len(requests),
+                       num_not_sent=len(requests) - len(run.timelines))
+        with contextlib.suppress(OSError):
+            write_json_atomic(summary, out_dir / SUMMARY_FILE)
         stats = builder.stats
         update_manifest_quietly(out_dir, {
             **(stopped or {}),
@@ -475,6 +479,7 @@ async def replay(
             "num_sent": run.num_sent,
             "num_recorded": len(run.timelines),
             "num_not_sent": len(requests) - len(run.timelines),
+            "num_planned": len(requests),
             "bodies_prebuilt": prebuilt,
             "num_prompts_inexact": stats.num_inexact,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -186,6 +186,13 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
             for key, value in old.items():
                 if key not in summary and key not in derived:
                     summary[key] = value
+    # how the run ended, as its manifest says (a crash rebuilt here has no summary to keep
+    # it from): a run that did not finish must not read as a whole one
+    if manifest.get("status") and "status" not in summary:
+        summary["status"] = manifest["status"]
+    for key in ("num_planned", "num_not_sent"):
+        if key not in summary and manifest.get(key) is not None:
+            summary[key] = manifest[key]
     workers = summary.get("workers")
     if isinstance(workers, list) and any(isinstance(w, dict) and w.get("client_limited")
                                          for w in workers):

@@ -188,11 +188,15 @@ def replay_workers(
             if proc.is_alive():
                 proc.terminate()
         summary = _merge(out_dir, trace, config, dirs, run_id, reports)
+        summary.update(status=status, num_planned=len(trace.requests),
+                       num_not_sent=len(trace.requests) - summary["num_requests"])
+        write_json_atomic(summary, out_dir / SUMMARY_FILE)
         update_manifest(out_dir, {
             "status": status, "t0_perf_counter_ns": t0_ns, "errors": errors,
             "num_sent": sum(int(read_manifest(d).get("num_sent") or 0) for d in dirs),
             "num_recorded": summary["num_requests"],
             "num_not_sent": len(trace.requests) - summary["num_requests"],
+            "num_planned": len(trace.requests),
             "client_limited": summary.get("client_limited"),
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         })

@@ -179,7 +179,9 @@ def _write_results(result: SimulationResult, wall_s: float, trace: Trace,
         summary["num_swap_fallbacks"] = result.num_swap_fallbacks
     if result.stopped_reason:
         summary["stopped_early"] = result.stopped_reason
-        summary["num_not_sent"] = result.num_not_sent
+    summary["status"] = "stopped" if result.stopped_reason else "finished"
+    summary["num_planned"] = len(trace.requests)
+    summary["num_not_sent"] = result.num_not_sent
     write_json_atomic(summary, out_dir / SUMMARY_FILE)
 
     cfg = config.as_dict()

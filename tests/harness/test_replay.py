@@ -277,12 +277,17 @@ def test_cancel_mid_run_keeps_what_was_measured(tmp_path: Path) -> None:
     assert summary["num_requests"] == len(rows)
     assert summary["goodput"]["slo_attainment"] == pytest.approx(
         summary["num_completed"] / len(rows))  # divided by requests sent
+    # the summary alone says the run did not finish, and how much of the trace it left
+    assert summary["status"] == "interrupted"
+    assert summary["num_planned"] == 40 and summary["num_not_sent"] == 40 - len(rows)
 
     for name in ("summary.json", "requests.parquet", "chunks.parquet"):
         (tmp_path / name).unlink()
     rebuilt = rebuild_summary(tmp_path)
     assert rebuilt["num_requests"] == len(rows)
     assert rebuilt["slo"] == {"ttft_s": 5.0}  # taken from the manifest
+    assert rebuilt["status"] == "interrupted"  # and how the run ended
+    assert rebuilt["num_planned"] == 40 and rebuilt["num_not_sent"] == 40 - len(rows)
     assert pq.read_table(tmp_path / "requests.parquet").num_rows == len(rows)
 
 

@@ -37,6 +37,9 @@ def test_the_manifest_and_report_say_the_load_a_run_had(tmp_path: Path) -> None:
     assert manifest["trace"]["options"] == {"limit": 40, "rate": 8.0}
     assert manifest["trace"]["path"] == str(EXCERPT.resolve())
     assert manifest["trace"]["file_sha256"] == hashlib.sha256(EXCERPT.read_bytes()).hexdigest()
+    summary = json.loads((tmp_path / "rate" / "summary.json").read_text())
+    assert (summary["status"], summary["num_planned"], summary["num_not_sent"]) == (
+        "finished", 40, 0)
 
     manifest, report = _run(tmp_path, "slow", "--time-scale", "2")
     assert manifest["load"]["kind"] == "time_scale" and manifest["load"]["value"] == 2.0
