@@ -55,6 +55,7 @@ _COMMANDS: tuple[tuple[str, str, str, str], ...] = (
     ("trace", "offline", "add_trace", "cmd_trace"),
     ("run", "sweep", "add_run", "cmd_run"),
     ("report", "sweep", "add_report", "cmd_report"),
+    ("compare", "compare", "add_compare", "cmd_compare"),
     ("capacity", "capacity", "add_capacity", "cmd_capacity"),
     ("replay", "live", "add_replay", "cmd_replay"),
     ("summarize", "live", "add_summarize", "cmd_summarize"),

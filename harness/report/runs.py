@@ -225,8 +225,11 @@ def load_scenario_dir(scenario_dir: Path) -> tuple[dict[str, Any], list[CellResu
 
 def collect(dirs: Sequence[Path]) -> tuple[list[CellResult], list[dict[str, Any]]]:
     """Run folders from the given directories: a scenario folder gives all its cells, a run
-    folder gives itself. Names are made unique with the parent folder's name when needed."""
+    folder gives itself. A name two of them share is made unique with the folder given
+    (``nights/n1/quickstart/continuous``, ``reports/a/sim``): two nights of one scenario share
+    its name, so the parent folder's name would not tell them apart."""
     cells: list[CellResult] = []
+    given: list[Path] = []  # each cell's folder, as the folder argument spells it
     metas: list[dict[str, Any]] = []
     for d in dirs:
         d = Path(d)
@@ -234,8 +237,10 @@ def collect(dirs: Sequence[Path]) -> tuple[list[CellResult], list[dict[str, Any]
             meta, found = load_scenario_dir(d)
             metas.append(meta)
             cells += found
+            given += [d / c.name for c in found]
         elif any((d / f).exists() for f in (SUMMARY_FILE, STATUS_FILE, REQUESTS_FILE)):
             cells.append(load_run(d))
+            given.append(d)
         else:
             raise FileNotFoundError(f"{d}: not a run folder or scenario folder (no "
                                     f"{SUMMARY_FILE}, {STATUS_FILE} or {SCENARIO_FILE})")
@@ -243,9 +248,9 @@ def collect(dirs: Sequence[Path]) -> tuple[list[CellResult], list[dict[str, Any]
     for c in cells:
         seen[c.name] = seen.get(c.name, 0) + 1
     unique = []
-    for c in cells:
+    for c, path in zip(cells, given, strict=True):
         if seen[c.name] > 1:
-            c = replace(c, name=f"{c.run_dir.parent.name}/{c.name}")
+            c = replace(c, name=path.as_posix())
         unique.append(c)
     return unique, metas
 

@@ -1,0 +1,536 @@
+"""Two runs of the same scenario, cell against cell: what got worse, what got better.
+
+``batchlab compare BEFORE AFTER`` (docs/compare.md) is a regression test between two nights of
+a CI job. Each side is a scenario folder (its cells) or one run folder; cells pair by name,
+every pair's headline metrics are set side by side with their change, judged by the metric's
+direction, and ``Check`` thresholds turn a change into a failure::
+
+    BEFORE ─┐                       ┌─► Pair per cell name ──► Change per metric ──► text table
+            ├─ read_side ─► pair ───┼─► added / removed                          └─► JSON
+    AFTER ──┘                       └─► Difference (not comparable)   Check ──► FailedCheck
+
+Run folders are read by ``harness.report.runs`` (``status.json``, ``manifest.json``,
+``summary.json``), so a cell that failed, was interrupted or has no summary reads the same
+here as in a report. Numbers stay in the SI units of ``summary.json``; only the text is
+formatted (``harness.report.format``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from harness.report.format import fmt_int, fmt_number, fmt_pct, fmt_seconds, missing, value_text
+from harness.report.predictions import is_prediction
+from harness.report.runs import (
+    SCENARIO_FILE,
+    STATUS_FILE,
+    CellResult,
+    get,
+    load_run,
+    load_scenario_dir,
+    trace_digest,
+)
+from harness.results import REQUESTS_FILE, SUMMARY_FILE
+
+FORMAT = "batchlab-compare"
+VERSION = 1  # of the JSON below (``Comparison.as_json``); a change of its shape bumps it
+DEFAULT_SAME_WITHIN_PCT = 1.0
+
+Better = Literal["lower", "higher"]
+Judgement = Literal["worse", "better", "same", "n/a"]
+
+
+class CompareError(ValueError):
+    """Bad input: a folder that is not a run or scenario folder, nothing to pair, an unknown
+    metric. The command line exits 2 on it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """A headline figure of ``summary.json``: its dotted field name, which way is better, and
+    its unit (``s``, ``tokens/s``, ``requests/s``, ``fraction``, ``requests``)."""
+
+    name: str
+    better: Better
+    unit: str
+
+    @property
+    def is_count(self) -> bool:
+        """A count is judged exactly: one more failed request is worse, whatever the
+        tolerance."""
+        return self.unit == "requests"
+
+    def text(self, value: float | None) -> str:
+        if self.unit == "s":
+            return fmt_seconds(value)
+        if self.unit == "tokens/s":
+            return fmt_number(value, "tok/s")
+        if self.unit == "requests/s":
+            return fmt_number(value, "req/s")
+        if self.unit == "fraction":
+            return fmt_pct(value)
+        return fmt_int(value)
+
+
+def _latency(name: str) -> Metric:
+    return Metric(name, "lower", "s")
+
+
+# The headline metrics, in the order the table lists them (docs/metrics.md defines each).
+METRICS: tuple[Metric, ...] = (
+    *(_latency(f"ttft_s.{p}") for p in ("p50", "p90", "p99")),
+    *(_latency(f"tpot_s.{p}") for p in ("p50", "p90")),
+    *(_latency(f"itl_s.{p}") for p in ("p50", "p90")),
+    *(_latency(f"e2e_s.{p}") for p in ("p50", "p90")),
+    Metric("throughput.output_tokens_per_s", "higher", "tokens/s"),
+    Metric("throughput.requests_per_s", "higher", "requests/s"),
+    Metric("goodput.requests_per_s", "higher", "requests/s"),
+    Metric("goodput.slo_attainment", "higher", "fraction"),
+    Metric("num_failed", "lower", "requests"),
+)
+_BY_NAME = {m.name: m for m in METRICS}
+# ``failures`` in summary.json counts failed requests by error kind; its total is num_failed
+ALIASES = {"failures": "num_failed"}
+
+
+def metric_named(name: str) -> Metric:
+    """The headline metric called ``name`` (or an alias); CompareError naming the known ones."""
+    found = _BY_NAME.get(ALIASES.get(name, name))
+    if found is None:
+        raise CompareError(f"unknown metric {name!r}; known: {', '.join(_BY_NAME)} "
+                           f"(and {', '.join(f'{a} = {n}' for a, n in ALIASES.items())})")
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """``--fail-if METRIC=PCT``: fail when a paired cell's metric got worse by more than
+    ``max_worse_pct`` percent (for a count, 0 means any increase fails)."""
+
+    metric: Metric
+    max_worse_pct: float
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One metric of one pair. ``change_pct`` is (after - before) / |before| in percent: None
+    when a side has no value, or when before is 0 and after is not (no finite percentage)."""
+
+    metric: Metric
+    before: float | None
+    after: float | None
+    change_pct: float | None
+    judgement: Judgement
+
+    @property
+    def moved_worse(self) -> bool:
+        """After is worse than before by any amount, the tolerance aside."""
+        if self.before is None or self.after is None:
+            return False
+        up = self.after > self.before
+        return up if self.metric.better == "lower" else self.after < self.before
+
+    @property
+    def change_text(self) -> str:
+        if self.judgement == "n/a":
+            return "–"
+        if self.change_pct is None:
+            return "from 0"
+        return "0.0%" if self.change_pct == 0 else f"{self.change_pct:+.1f}%"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"metric": self.metric.name, "better": self.metric.better,
+                "unit": self.metric.unit, "before": self.before, "after": self.after,
+                "change_pct": self.change_pct, "judgement": self.judgement}
+
+
+def change_of(metric: Metric, before: Any, after: Any, same_within_pct: float) -> Change:
+    """``metric`` from before to after, judged by its direction; a change within
+    ``same_within_pct`` percent is "same" (a count only when equal)."""
+    b = None if missing(before) or not isinstance(before, int | float) else float(before)
+    a = None if missing(after) or not isinstance(after, int | float) else float(after)
+    if b is None or a is None:
+        return Change(metric, b, a, None, "n/a")
+    pct = (a - b) / abs(b) * 100 if b != 0 else (0.0 if a == 0 else None)
+    change = Change(metric, b, a, pct, "same")
+    if a == b or (not metric.is_count and pct is not None and abs(pct) <= same_within_pct):
+        return change
+    return Change(metric, b, a, pct, "worse" if change.moved_worse else "better")
+
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    """Why a pair is not a like-for-like regression test: ``aspect`` (trace, kind, engine,
+    engine_version, knobs, engine_config, model, gpu, batchlab_version, slo, load, manifest,
+    ended_early, stale) differs between the sides, in words in ``text``."""
+
+    cell: str
+    aspect: str
+    before: Any
+    after: Any
+    text: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"cell": self.cell, "aspect": self.aspect, "before": self.before,
+                "after": self.after, "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class FailedCheck:
+    """A ``Check`` a pair failed: its metric got worse by more than allowed, lost its value,
+    or the after side did not finish (its metrics cannot be checked)."""
+
+    cell: str
+    check: Check
+    reason: str
+    before: float | None = None
+    after: float | None = None
+    change_pct: float | None = None
+
+    def text(self) -> str:
+        return f"{self.cell}: {self.check.metric.name} {self.reason}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"cell": self.cell, "metric": self.check.metric.name,
+                "max_worse_pct": self.check.max_worse_pct, "before": self.before,
+                "after": self.after, "change_pct": self.change_pct, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """The cell called ``name`` on both sides; ``changes`` is empty unless both finished."""
+
+    name: str
+    before: CellResult
+    after: CellResult
+    changes: tuple[Change, ...]
+
+    @property
+    def compared(self) -> bool:
+        return self.before.ok and self.after.ok
+
+    def as_json(self) -> dict[str, Any]:
+        return {"cell": self.name, "compared": self.compared,
+                "before": _side_json(self.before), "after": _side_json(self.after),
+                "metrics": [c.as_json() for c in self.changes]}
+
+
+def _side_json(c: CellResult) -> dict[str, Any]:
+    return {"dir": str(c.run_dir), "state": c.state, "reason": c.reason or None}
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Everything ``batchlab compare`` found; ``as_json`` is the documented file."""
+
+    before: Path
+    after: Path
+    same_within_pct: float
+    checks: tuple[Check, ...]
+    pairs: tuple[Pair, ...]
+    added: tuple[CellResult, ...]
+    removed: tuple[CellResult, ...]
+    differences: tuple[Difference, ...]
+    failed_checks: tuple[FailedCheck, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "before": str(self.before),
+            "after": str(self.after),
+            "same_within_pct": self.same_within_pct,
+            "checks": [{"metric": c.metric.name, "max_worse_pct": c.max_worse_pct}
+                       for c in self.checks],
+            "pairs": [p.as_json() for p in self.pairs],
+            "added": [{"cell": c.name, "dir": str(c.run_dir)} for c in self.added],
+            "removed": [{"cell": c.name, "dir": str(c.run_dir)} for c in self.removed],
+            "not_comparable": [d.as_json() for d in self.differences],
+            "failed_checks": [f.as_json() for f in self.failed_checks],
+        }
+
+
+# ---------------------------------------------------------------- reading and pairing
+
+
+def read_side(path: Path) -> tuple[list[CellResult], bool]:
+    """The cells of a scenario folder, or a run folder as one cell; and whether it was a
+    single run folder."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CompareError(f"{path}: no such folder")
+    if (path / SCENARIO_FILE).exists():
+        return load_scenario_dir(path)[1], False
+    if any((path / f).exists() for f in (SUMMARY_FILE, STATUS_FILE, REQUESTS_FILE)):
+        return [load_run(path)], True
+    raise CompareError(f"{path}: not a run folder or scenario folder (no {SUMMARY_FILE}, "
+                       f"{STATUS_FILE} or {SCENARIO_FILE})")
+
+
+def matches(c: CellResult, patterns: Sequence[str]) -> bool:
+    """Whether the cell's name, or its engine's name in the scenario, matches a shell pattern
+    (as ``batchlab run --only``)."""
+    engine = c.cell.get("engine")
+    engine_name = engine.get("name") if isinstance(engine, Mapping) else None
+    return any(fnmatch.fnmatchcase(c.name, p)
+               or (engine_name is not None and fnmatch.fnmatchcase(str(engine_name), p))
+               for p in patterns)
+
+
+def compare(before: Path, after: Path, *, checks: Sequence[Check] = (),
+            same_within_pct: float = DEFAULT_SAME_WITHIN_PCT,
+            only: Sequence[str] = ()) -> Comparison:
+    """Pair the cells of ``before`` and ``after`` by name (two run folders pair with each
+    other), compare each pair and run the checks. CompareError when nothing pairs."""
+    b_cells, b_single = read_side(before)
+    a_cells, a_single = read_side(after)
+    if only:
+        b_cells = [c for c in b_cells if matches(c, only)]
+        a_cells = [c for c in a_cells if matches(c, only)]
+    if b_single and a_single and b_cells and a_cells:  # two run folders: whatever their names
+        b, a = b_cells[0], a_cells[0]
+        matched = [(b.name if b.name == a.name else f"{b.name} vs {a.name}", b, a)]
+        removed: tuple[CellResult, ...] = ()
+        added: tuple[CellResult, ...] = ()
+    else:
+        before_by_name = {c.name: c for c in b_cells}
+        after_names = {c.name for c in a_cells}
+        matched = [(c.name, before_by_name[c.name], c) for c in a_cells
+                   if c.name in before_by_name]  # in AFTER's order
+        removed = tuple(c for c in b_cells if c.name not in after_names)
+        added = tuple(c for c in a_cells if c.name not in before_by_name)
+    if not matched:
+        raise CompareError(
+            "nothing to pair: no cell name is on both sides"
+            + (f" matching --only {','.join(only)}" if only else "")
+            + f" (before: {_names(b_cells)}; after: {_names(a_cells)})")
+    pairs = tuple(pair(name, b, a, same_within_pct) for name, b, a in matched)
+    return Comparison(
+        before=Path(before), after=Path(after), same_within_pct=same_within_pct,
+        checks=tuple(checks), pairs=pairs, added=added, removed=removed,
+        differences=tuple(d for p in pairs for d in differences(p.name, p.before, p.after)),
+        failed_checks=tuple(f for p in pairs for f in run_checks(p, checks)),
+    )
+
+
+def pair(name: str, before: CellResult, after: CellResult, same_within_pct: float) -> Pair:
+    """Every headline metric of two cells side by side; none unless both finished."""
+    changes = tuple(change_of(m, get(before.summary, m.name), get(after.summary, m.name),
+                              same_within_pct) for m in METRICS) if before.ok and after.ok else ()
+    return Pair(name, before, after, changes)
+
+
+def _names(cells: Sequence[CellResult]) -> str:
+    return ", ".join(c.name for c in cells) or "none"
+
+
+def run_checks(pair: Pair, checks: Sequence[Check]) -> list[FailedCheck]:
+    """The checks ``pair`` fails. An after side that did not finish fails every check (its
+    metrics cannot be checked); a before side that did not finish leaves nothing to regress
+    from, and fails none."""
+    if not checks or not pair.before.ok:
+        return []
+    if not pair.after.ok:
+        return [FailedCheck(pair.name, c, f"cannot be checked: after {pair.after.state}"
+                            + (f" ({pair.after.reason})" if pair.after.reason else ""))
+                for c in checks]
+    by_metric = {ch.metric.name: ch for ch in pair.changes}
+    failed = []
+    for check in checks:
+        ch = by_metric[check.metric.name]
+        reason = _check_failure(check, ch)
+        if reason:
+            failed.append(FailedCheck(pair.name, check, reason, ch.before, ch.after,
+                                      ch.change_pct))
+    return failed
+
+
+def _check_failure(check: Check, ch: Change) -> str:
+    """Why ``ch`` fails ``check`` ('' when it passes). The check reads the change itself, not
+    the "same" tolerance: a limit below it is the user's to set."""
+    m = ch.metric
+    if ch.before is None:
+        return ""  # nothing to regress from
+    if ch.after is None:
+        return f"has no value after (before: {m.text(ch.before)})"
+    if not ch.moved_worse:
+        return ""
+    span = f"{m.text(ch.before)} -> {m.text(ch.after)}"
+    limit = f"limit {check.max_worse_pct:g}%"
+    if ch.change_pct is None:
+        return f"got worse from 0 ({span}; {limit})"
+    worse_pct = abs(ch.change_pct)
+    if worse_pct <= check.max_worse_pct:
+        return ""
+    return f"worse by {worse_pct:.1f}% ({span}; {limit})"
+
+
+# ---------------------------------------------------------------- comparability
+
+
+def differences(cell: str, before: CellResult, after: CellResult) -> list[Difference]:
+    """What differs between two runs that a regression test holds fixed: the trace, whether
+    the timings are predicted or measured, the engine and its version, its knobs and
+    configuration, model, GPU, batchlab's version, SLO and load; and a side that ended early
+    or was made from an earlier definition of its cell."""
+    out: list[Difference] = []
+    for side, c in (("before", before), ("after", after)):
+        if not c.manifest:
+            out.append(Difference(cell, "manifest", None, None,
+                                  f"{side} has no manifest.json: what it ran is not known"))
+        if c.ended_early:
+            out.append(Difference(cell, "ended_early", None, None,
+                                  f"{side} ended early: {c.ended_early}"))
+        if c.stale:
+            out.append(Difference(cell, "stale", None, None,
+                                  f"{side} was made from an earlier definition of the cell "
+                                  "than its scenario's last sweep (left by --only or --resume)"))
+    if not (before.manifest and after.manifest):
+        return out
+
+    def differ(aspect: str, what: str, b: Any, a: Any) -> None:
+        if b != a:
+            out.append(Difference(cell, aspect, b, a,
+                                  f"different {what} ({_short(b)} -> {_short(a)})"))
+
+    differ("trace", "trace digest", trace_digest(before), trace_digest(after))
+    b_pred, a_pred = is_prediction(before.manifest), is_prediction(after.manifest)
+    if b_pred != a_pred:
+        out.append(Difference(cell, "kind", _kind(b_pred), _kind(a_pred),
+                              f"before {_kind(b_pred)}, after {_kind(a_pred)}"))
+    differ("engine", "engine", before.engine, after.engine)
+    differ("engine_version", "engine version", before.engine_version, after.engine_version)
+    knobs = _changed(before.knobs, after.knobs)
+    if knobs:
+        out.append(Difference(cell, "knobs", {k: b for k, (b, _) in knobs.items()},
+                              {k: a for k, (_, a) in knobs.items()},
+                              "different knobs: " + _changes_text(knobs)))
+    b_config, a_config = (_engine_config(c) for c in (before, after))
+    config = {k: v for k, v in _changed(b_config, a_config).items() if k not in knobs}
+    if config:
+        out.append(Difference(cell, "engine_config", {k: b for k, (b, _) in config.items()},
+                              {k: a for k, (_, a) in config.items()},
+                              "different engine configuration: " + _changes_text(config)))
+    differ("model", "model", before.manifest.get("model"), after.manifest.get("model"))
+    differ("gpu", "GPU", before.manifest.get("gpu"), after.manifest.get("gpu"))
+    differ("batchlab_version", "batchlab version", before.manifest.get("batchlab_version"),
+           after.manifest.get("batchlab_version"))
+    differ("slo", "SLO", _slo(before), _slo(after))
+    differ("load", "load", before.load, after.load)
+    return out
+
+
+def _kind(predicted: bool) -> str:
+    return "predicted (reference engine)" if predicted else "measured"
+
+
+def _engine_config(c: CellResult) -> Mapping[str, Any]:
+    engine = c.manifest.get("engine")
+    config = engine.get("config") if isinstance(engine, Mapping) else None
+    return config if isinstance(config, Mapping) else {}
+
+
+def _slo(c: CellResult) -> Any:
+    return c.manifest.get("slo") or get(c.summary, "slo") or None
+
+
+def _changed(before: Mapping[str, Any], after: Mapping[str, Any]
+             ) -> dict[str, tuple[Any, Any]]:
+    """``{key: (before, after)}`` for the keys whose values differ as a scenario spells them
+    (no extra argument reads the same however a run recorded it)."""
+    def text(key: str, value: Any) -> str:
+        if key == "extra_args" and value in (None, [], ()):
+            return "[]"
+        return value_text(value)
+
+    keys = list(dict.fromkeys([*before, *after]))
+    return {k: (before.get(k), after.get(k)) for k in keys
+            if text(k, before.get(k)) != text(k, after.get(k))}
+
+
+def _changes_text(changes: Mapping[str, tuple[Any, Any]]) -> str:
+    return ", ".join(f"{k} {value_text(b)} -> {value_text(a)}" for k, (b, a) in changes.items())
+
+
+def _short(value: Any) -> str:
+    """A digest cut to 12 characters, anything else as a scenario would spell it."""
+    text = value_text(value) if not isinstance(value, Mapping) else ", ".join(
+        f"{k}={value_text(v)}" for k, v in value.items())
+    return text[:12] if len(text) == 64 and text.isalnum() else text
+
+
+# ---------------------------------------------------------------- plain text (CI logs)
+
+
+def render_text(comparison: Comparison) -> str:
+    """The comparison as CI logs show it: one line per cell and metric, then what was added,
+    removed or not compared, and the checks' outcome. Warnings are ``warning_lines``."""
+    lines = [f"before: {comparison.before}", f"after:  {comparison.after}",
+             f"a change within {comparison.same_within_pct:g}% is \"same\"", ""]
+    limits = {c.metric.name: c for c in comparison.checks}
+    failed = {(f.cell, f.check.metric.name) for f in comparison.failed_checks}
+    headers = ["cell", "metric", "before", "after", "change", ""]
+    if limits:
+        headers.append("check")
+    rows = []
+    for pair in comparison.pairs:
+        for ch in pair.changes:
+            if ch.before is None and ch.after is None:
+                continue  # neither side has it (goodput without an SLO)
+            row = [pair.name, ch.metric.name, ch.metric.text(ch.before),
+                   ch.metric.text(ch.after), ch.change_text, ch.judgement]
+            if limits:
+                check = limits.get(ch.metric.name)
+                row.append("" if check is None else (
+                    ("FAIL" if (pair.name, ch.metric.name) in failed else "ok")
+                    + f" (limit {check.max_worse_pct:g}%)"))
+            rows.append(row)
+    lines += _columns(headers, rows) if rows else ["no pair of finished cells to compare"]
+    not_compared = [p for p in comparison.pairs if not p.compared]
+    if not_compared or comparison.added or comparison.removed:
+        lines.append("")
+    for p in not_compared:
+        sides = [f"{side} {c.state}" + (f" ({c.reason})" if c.reason else "")
+                 for side, c in (("before", p.before), ("after", p.after)) if not c.ok]
+        lines.append(f"not compared: {p.name}: {'; '.join(sides)}")
+    if comparison.removed:
+        lines.append("removed (before only): " + ", ".join(c.name for c in comparison.removed))
+    if comparison.added:
+        lines.append("added (after only): " + ", ".join(c.name for c in comparison.added))
+    if comparison.checks:
+        lines.append("")
+        lines += [f"check failed: {f.text()}" for f in comparison.failed_checks]
+        asked = (f"{len(comparison.checks)} check{'s' if len(comparison.checks) > 1 else ''} "
+                 f"on {len(comparison.pairs)} pair{'s' if len(comparison.pairs) > 1 else ''}")
+        lines.append(f"checks: {len(comparison.failed_checks)} failed ({asked})"
+                     if comparison.failed_checks else f"checks: passed ({asked})")
+    return "\n".join(lines)
+
+
+def warning_lines(comparison: Comparison) -> list[str]:
+    """One line per kind of difference, naming the pairs it concerns ("every pair" when it
+    concerns all of them)."""
+    grouped: dict[str, list[str]] = {}
+    for d in comparison.differences:
+        grouped.setdefault(d.text, []).append(d.cell)
+    every = len(comparison.pairs)
+    return [f"not comparable as a regression test: {text}: "
+            + ("every pair" if len(cells) == every and every > 1 else ", ".join(cells))
+            for text, cells in grouped.items()]
+
+
+def _columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Left-aligned text columns, two spaces apart; numbers right-aligned."""
+    widths = [max(len(str(r[i])) for r in (headers, *rows)) for i in range(len(headers))]
+    right = {2, 3, 4}  # before, after, change
+
+    def line(row: Sequence[str]) -> str:
+        cells = [str(v).rjust(w) if i in right else str(v).ljust(w)
+                 for i, (v, w) in enumerate(zip(row, widths, strict=True))]
+        return "  ".join(cells).rstrip()
+
+    return [line(headers), *(line(r) for r in rows)]
