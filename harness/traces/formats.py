@@ -26,9 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.traces.bounds import check_timestamp_s, check_tokens
-from harness.traces.records import Parsed, Row, TraceError, is_int
-
-MOONCAKE_BLOCK_TOKENS = 512  # tokens per Mooncake ``hash_ids`` entry (FAST'25 release README)
+from harness.traces.records import MOONCAKE_BLOCK_TOKENS, Parsed, Row, TraceError, is_int
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,8 +299,10 @@ def _parse_mooncake(path: str, text: str, fields: _Fields, *, skip_bad_rows: boo
             obj["output_length"], line, "output_length", fields.min_output, "output"
         )
         hashes = obj.get("hash_ids", ())
-        if not isinstance(hashes, list | tuple) or not all(is_int(h) for h in hashes):
-            raise fields.error(line, "hash_ids", f"expected a list of integers, got {hashes!r}")
+        if not isinstance(hashes, list | tuple) or not all(is_int(h) and h >= 0
+                                                           for h in hashes):
+            raise fields.error(line, "hash_ids",
+                               f"expected a list of non-negative integers, got {hashes!r}")
         blocks = -(-prompt // MOONCAKE_BLOCK_TOKENS)
         if hashes and len(hashes) != blocks:
             # Mooncake's invariant: one id per 512-token block of the prompt. A trace with

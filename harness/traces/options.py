@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.traces.bounds import check_count, check_rate, check_tokens
-from harness.traces.records import Report, Row, TraceError, is_int
+from harness.traces.records import MOONCAKE_BLOCK_TOKENS, Report, Row, TraceError, is_int
 from harness.traces.synthetic import (
     STREAM_ARRIVALS,
     STREAM_PRIORITY,
@@ -219,25 +219,40 @@ def apply_max_model_len(
     # clip: keep the output (it is what is measured) and truncate the prompt from the left,
     # as a chat client drops its oldest context; only an output that alone does not fit is cut.
     # A prompt cut from the left starts with other tokens than any prompt of the trace: its
-    # prefix hashes are dropped (its leading blocks, which the hashes name, are gone).
+    # prefix hashes (which name its lost leading blocks) are replaced by ids of its own, which
+    # no other request shares; its blocks can still be found again after a preemption.
     clipped: list[Row] = []
-    lost_hashes = 0
+    renamed = 0
     for r in rows:
         if r.num_prompt_tokens + r.num_output_tokens > max_len:
             output = min(r.num_output_tokens, max_len - 1)
             prompt = min(r.num_prompt_tokens, max_len - output)
-            lost_hashes += bool(r.prefix_hash_ids)
+            hashes = r.prefix_hash_ids
+            if hashes:
+                renamed += 1
+                hashes = own_prefix_ids(r.line, -(-prompt // MOONCAKE_BLOCK_TOKENS))
             r = r._replace(num_prompt_tokens=prompt, num_output_tokens=output,
-                           prefix_hash_ids=())
+                           prefix_hash_ids=hashes)
         clipped.append(r)
     report.counts["clipped_too_long"] = len(too_long)
-    hashes = (f"; their prefix hashes dropped ({lost_hashes} had some): a prompt cut from the "
-              "left shares no prefix with the trace's" if lost_hashes else "")
+    own = (f"; the prefix hashes of the {renamed} with some replaced by ids no other "
+           "request shares: a prompt cut from the left starts with other tokens"
+           if renamed else "")
     report.notes.append(
         f"clipped {len(too_long)} requests to max_model_len {max_len} (the prompt truncated "
-        f"from the left first){hashes}"
+        f"from the left first){own}"
     )
     return clipped
+
+
+_OWN_IDS_PER_ROW = 1 << 20  # more blocks than any prompt within the token bound has
+
+
+def own_prefix_ids(line: int, num_blocks: int) -> tuple[int, ...]:
+    """Prefix ids that only the request of source line ``line`` has: negative, where trace
+    ids are never negative, and apart for every line."""
+    base = -(line + 1) * _OWN_IDS_PER_ROW
+    return tuple(base - k for k in range(num_blocks))
 
 
 def apply_limit(rows: list[Row], options: TraceOptions, report: Report) -> list[Row]:

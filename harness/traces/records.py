@@ -90,6 +90,9 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+MOONCAKE_BLOCK_TOKENS = 512  # tokens per Mooncake ``hash_ids`` entry (FAST'25 release README)
+
+
 # ---------------------------------------------------------------- digest
 
 _DIGEST_VERSION = b"batchlab-trace-v1"

@@ -249,7 +249,7 @@ def test_unknown_header_asks_for_format(tmp_path: Path) -> None:
          "key.jsonl:1: field 'output_length': missing"),
         ("hash.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, '
          '"hash_ids": [1, "x"]}\n',
-         "hash.jsonl:1: field 'hash_ids': expected a list of integers"),
+         "hash.jsonl:1: field 'hash_ids': expected a list of non-negative integers"),
         ("prio.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, '
          '"priority": "high"}\n',
          "prio.jsonl:1: field 'priority': expected an integer, got 'high'"),
@@ -387,12 +387,17 @@ def test_max_model_len_clip_truncates_prompt_first() -> None:
         assert r.num_prompt_tokens + r.num_output_tokens <= 32768
         original = full[r.request_id]
         assert r.num_output_tokens == original.num_output_tokens  # outputs all fit here
+        assert len(r.prefix_hash_ids) == math.ceil(r.num_prompt_tokens / MOONCAKE_BLOCK_TOKENS)
         if r.num_prompt_tokens < original.num_prompt_tokens:
-            # cut from the left: its leading blocks, which the hashes name, are gone
-            assert r.prefix_hash_ids == ()
+            # cut from the left: its leading blocks, which the hashes name, are gone; ids of
+            # its own, which no other request shares
+            assert all(h < 0 for h in r.prefix_hash_ids)
         else:
             assert r.prefix_hash_ids == original.prefix_hash_ids
-    assert any("their prefix hashes dropped (29 had some)" in n for n in trace.notes)
+    own = [set(r.prefix_hash_ids) for r in trace.requests if r.prefix_hash_ids[0] < 0]
+    assert len(own) == 29 and sum(map(len, own)) == len(set().union(*own))
+    assert any("the prefix hashes of the 29 with some replaced by ids no other request shares"
+               in n for n in trace.notes)
 
 
 def test_clip_and_error_count_only_the_requests_limit_keeps() -> None:
