@@ -38,12 +38,15 @@ SERVED = ("by the reference engine served over HTTP (step times from its cost mo
 
 @dataclass(frozen=True)
 class Errors:
-    """Median and worst |predicted / published - 1| over ``num_rows`` published figures."""
+    """Median and worst |error| over ``num_rows`` published figures (predicted / published - 1;
+    a run's duration as the throughput it implies: harness.published.check.CheckedRow)."""
 
     median: float | None
     worst: float | None
     num_rows: int | None
     sources: tuple[str, ...] = ()  # the published sources the figures come from (when known)
+    # how many were predicted above the published figure (None: not recorded)
+    num_over: int | None = None
 
     def text(self) -> str:
         """"9.4% (worst 84.8%)"."""
@@ -63,6 +66,19 @@ class Errors:
             return f" from one source ({self.sources[0]})"
         return f" from {len(self.sources)} sources"
 
+    def bias(self) -> str:
+        """" (7 of 8 predicted high)" when at least three quarters of four or more figures
+        erred the same way: a bias the median |error| hides (a throughput predicted high is
+        an optimistic one; a latency predicted high, a pessimistic one). '' otherwise."""
+        n, over = self.num_rows, self.num_over
+        if not n or over is None or n < 4:
+            return ""
+        if over >= 0.75 * n:
+            return f" ({over} of {n} predicted high)"
+        if n - over >= 0.75 * n:
+            return f" ({n - over} of {n} predicted low)"
+        return ""
+
     @classmethod
     def of(cls, stats: object, prefix: str = "") -> Errors | None:
         """From a record's ``{prefix}median_abs_error``, ``worst_...``, ``num_rows``,
@@ -70,9 +86,11 @@ class Errors:
         if not isinstance(stats, Mapping) or stats.get(f"{prefix}median_abs_error") is None:
             return None
         sources = stats.get(f"{prefix}sources")
+        over = stats.get(f"{prefix}num_over")
         return cls(stats.get(f"{prefix}median_abs_error"), stats.get(f"{prefix}worst_abs_error"),
                    stats.get(f"{prefix}num_rows"),
-                   tuple(str(x) for x in sources) if isinstance(sources, list) else ())
+                   tuple(str(x) for x in sources) if isinstance(sources, list) else (),
+                   over if isinstance(over, int) and not isinstance(over, bool) else None)
 
 
 @dataclass(frozen=True)
@@ -171,8 +189,9 @@ def _by_kind(acc: Accuracy) -> str:
     missing = _or(acc.unmeasured_kinds)
     gap = f"no held-out {missing} figure" if missing else ""
     if len(acc.by_kind) == 1:  # its figures are the ones above
-        return f"; all of them {next(iter(acc.by_kind))} figures" + (f": {gap}" if gap else "")
-    parts = [f"{kind} {e.text()} of {e.basis()}" for kind, e in acc.by_kind.items()]
+        kind, e = next(iter(acc.by_kind.items()))
+        return f"; all of them {kind} figures{e.bias()}" + (f": {gap}" if gap else "")
+    parts = [f"{kind} {e.text()} of {e.basis()}{e.bias()}" for kind, e in acc.by_kind.items()]
     return "; by kind of figure: " + ", ".join(parts) + (f"; {gap}" if gap else "")
 
 

@@ -100,10 +100,6 @@ class RowPrediction:
     def ratio(self) -> float:
         return self.predicted / self.published
 
-    @property
-    def abs_error(self) -> float:
-        return abs(self.ratio - 1.0)
-
 
 def num_simulated_requests(row: PublishedRow) -> int:
     """The published request count, cut for speed (at least the concurrency's worth)."""

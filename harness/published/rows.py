@@ -49,6 +49,10 @@ METRIC_KINDS = {
     "tpot_mean_s": "TPOT/ITL",
     "e2e_mean_s": "E2E",
 }
+# Metrics filed under a kind they are the inverse of: a run's duration at a fixed amount of
+# work is its throughput's inverse, and its error is stated as the throughput's
+# (``harness.published.check.CheckedRow.error``).
+INVERSE_METRICS = frozenset({"duration_s"})
 COLUMNS = (
     "row_id", "source_id", "source", "source_date", "engine", "engine_version", "gpu", "model",
     "weights_dtype", "kv_cache_dtype", "tensor_parallel_size", "input_tokens", "output_tokens",

@@ -159,14 +159,15 @@ def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
                acc.overall.text(), _published_text(acc)]
         for kind in KINDS:
             e = acc.by_kind.get(kind)
-            row.append(f"{e.text()} of {e.basis()}" if e is not None
+            row.append(f"{e.text()} of {e.basis()}{e.bias()}" if e is not None
                        else "no held-out figure" if kind in acc.unmeasured_kinds else "–")
         rows.append(row)
     headers = ["cells", "predicted with", "measured on", "median error",
                "workload fully published", *KINDS]
     return [f"### {ACCURACY_HEADING}", "",
             "Every number of a predicted cell is a prediction. Its error (predicted / "
-            "published − 1) was measured on published real-hardware figures: a profile's on "
+            "published − 1; a run's duration as the throughput it implies) was measured on "
+            "published real-hardware figures: a profile's on "
             "figures its fit never saw, the catalog coefficients' on every figure; the median "
             "and worst over all of them, over those whose workload is fully published, and "
             f"over each kind of figure. The published figures are {MEASURED_STATISTICS}: "

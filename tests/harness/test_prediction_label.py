@@ -48,10 +48,20 @@ def _lines(markdown: list[str]) -> list[str]:
 
 
 def _basis(stats: dict[str, Any]) -> str:
-    """How many figures a stored statistic rests on, and from how many sources."""
+    """How many figures a stored statistic rests on, and from how many sources, and which way
+    they erred when at least three in four of them erred the same way."""
     sources = stats["sources"]
     return f"{stats['num_rows']}" + (f" from one source ({sources[0]})" if len(sources) == 1
-                                     else f" from {len(sources)} sources")
+                                     else f" from {len(sources)} sources") + _bias(stats)
+
+
+def _bias(stats: dict[str, Any]) -> str:
+    n, high = stats["num_rows"], stats["num_over"]
+    if n >= 4 and 4 * high >= 3 * n:
+        return f" ({high} of {n} predicted high)"
+    if n >= 4 and 4 * (n - high) >= 3 * n:
+        return f" ({n - high} of {n} predicted low)"
+    return ""
 
 def _simulated(name: str, profile: str | None) -> CellResult:
     record = prediction_record(ReferenceConfig(model="llama-3.1-8b", profile=profile))
@@ -224,8 +234,11 @@ def test_a_profile_states_its_error_for_each_kind_of_figure() -> None:
 def test_a_profile_held_out_on_one_kind_says_which_kinds_are_unmeasured() -> None:
     assert list(profile_metadata("vllm-h100-sxm")["fit"]["held_out_by_kind"]) == ["throughput"]
     text = _label(ReferenceConfig(model="llama-3.1-8b", profile="vllm-h100-sxm"))
-    assert text.endswith("; all of them throughput figures: no held-out TTFT, TPOT/ITL or E2E "
-                         "figure")
+    # every one of its held-out figures predicted a higher throughput than published
+    held = profile_metadata("vllm-h100-sxm")["fit"]["held_out_by_kind"]["throughput"]
+    assert held["num_over"] == held["num_rows"] == 8
+    assert text.endswith("; all of them throughput figures (8 of 8 predicted high): no "
+                         "held-out TTFT, TPOT/ITL or E2E figure")
 
 
 def test_the_catalog_states_its_error_for_each_kind_of_figure() -> None:

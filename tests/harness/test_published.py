@@ -27,6 +27,7 @@ from harness.published.check import (
     CheckedRow,
     _fmt,
     check_rows,
+    error_stats,
     fidelity_digest,
     inputs_digest,
 )
@@ -299,7 +300,7 @@ def test_check_published_cli_for_one_profile(capsys: pytest.CaptureFixture[str])
     assert [ln for ln in out.splitlines() if ln.startswith("  held-out ")] == [
         f"  held-out throughput: {stats['num_rows']} rows, median |error| "
         f"{100 * stats['median_abs_error']:.1f}%, worst {100 * stats['worst_abs_error']:.1f}% "
-        f"({stats['worst_row_id']})"]
+        f"({stats['worst_row_id']}), {stats['num_over']} predicted high"]
 
     assert cli.check_run(parser.parse_args(["--profile", "nope"])) == 2
 
@@ -428,3 +429,22 @@ def test_a_fit_records_the_held_out_error_of_each_kind_of_figure() -> None:
     held_out = fit["held_out"]
     assert isinstance(held_out, dict)
     assert sum(s["num_rows"] for s in by_kind.values()) == held_out["num_rows"]
+
+
+def test_a_run_duration_errs_as_the_throughput_it_implies() -> None:
+    """A k6 run predicted to take 27% of its published time served the same work 3.7 times
+    faster: its error is +269% of throughput (filed under throughput), not a 73% miss; and it
+    counts as predicted high, as an over-predicted throughput does."""
+    rows = {r.row_id: r for r in load_rows()}
+    duration = rows["tgiv3-vllm-70b-h100-tp8-small"]
+    assert duration.metric == "duration_s" and duration.kind == "throughput"
+    fast = CheckedRow(duration, RowPrediction(duration.row_id, 0.25 * duration.value,
+                                              duration.value, 1, 0), held_out=True)
+    assert fast.error == pytest.approx(3.0) and fast.abs_error == pytest.approx(3.0)
+    rate = next(r for r in rows.values() if r.metric == "output_tok_s")
+    high = CheckedRow(rate, RowPrediction(rate.row_id, 1.5 * rate.value, rate.value, 1, 0),
+                      held_out=True)
+    assert high.error == pytest.approx(0.5)
+    stats = error_stats([fast, high])
+    assert stats is not None and stats.num_over == 2
+    assert stats.worst_abs_error == pytest.approx(3.0) and stats.worst_row_id == duration.row_id
