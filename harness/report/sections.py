@@ -625,16 +625,23 @@ def _roofline_text(series: Mapping[str, Sequence[BatchRow]]) -> str:
     if roof is None:
         return ""
     ctx, ridge = roof.get("context_len"), roof.get("ridge_flop_per_byte")
+    datasheet = roof.get("datasheet_ridge_flop_per_byte")
+    where = (f"ridge {fmt_number(ridge)} FLOP/byte at the model's efficiencies, where its "
+             f"bound turns; {fmt_number(datasheet)} at the datasheet's peaks" if datasheet
+             else f"ridge {fmt_number(ridge)} FLOP/byte at the datasheet's peaks")
     head = (f"Roofline (the reference cost model, at the trace's mean decode context of "
-            f"{fmt_int(ctx)} tokens; ridge {fmt_number(ridge)} FLOP/byte): ")
+            f"{fmt_int(ctx)} tokens; {where}): ")
     turn = roof.get("turn_batch_size")
     if turn is not None:
         return head + (f"decode turns from memory-bound to compute-bound at a running batch "
                        f"of {fmt_int(turn)}; the *roofline* column places each cap's mean "
                        "running batch.")
-    return head + (f"decode stays memory-bound up to the KV cache's limit of "
-                   f"{fmt_int(roof.get('max_batch_in_kv'))} requests (intensity "
+    in_kv, seqs = roof.get("max_batch_in_kv"), roof.get("max_num_seqs")
+    limit = (f"the largest batch it runs, {fmt_int(seqs)} (its max_num_seqs; the KV cache "
+             f"holds {fmt_int(in_kv)})" if isinstance(seqs, int) and isinstance(in_kv, int)
+             and seqs < in_kv else f"the KV cache's limit of {fmt_int(in_kv)} requests")
+    return head + (f"decode stays memory-bound up to {limit} (intensity "
                    f"{fmt_number(roof.get('intensity_at_max_batch'))} FLOP/byte there). No "
-                   "batch it holds is compute-bound: past the turn, reading each "
+                   "batch it runs is compute-bound: past the turn, reading each "
                    "request's KV and the per-request overheads grow with the batch, and "
                    "tokens/s flatten while every step is still memory-bound.")

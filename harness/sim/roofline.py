@@ -26,16 +26,22 @@ def decode_context_len(requests: Sequence[TraceRequest]) -> int:
 
 def roofline_turn(config: ReferenceConfig, context_len: int) -> dict[str, Any]:
     """The smallest decode batch that is compute-bound at ``context_len`` tokens of context, if
-    the KV cache holds it; with the ridge point and the intensity at the KV cache's limit."""
+    the engine runs it (the KV cache holds it, within ``max_num_seqs``); with the ridge point
+    where the cost model's bound turns (its efficiencies applied; the datasheet's beside it)
+    and the intensity at the largest batch the engine runs."""
     cost = config.cost_model()
     gpu = config.gpu_spec
     blocks_per_request = -(-(context_len + 1) // config.block_size)
-    max_batch = config.resolved_num_gpu_blocks() // blocks_per_request
+    in_kv = config.resolved_num_gpu_blocks() // blocks_per_request
+    max_batch = min(in_kv, config.max_num_seqs)
     out: dict[str, Any] = {
         "context_len": context_len,
-        "ridge_flop_per_byte": gpu.peak_flops(config.weights_dtype)
+        "ridge_flop_per_byte": cost.ridge_flop_per_byte,
+        "datasheet_ridge_flop_per_byte": gpu.peak_flops(config.weights_dtype)
         / gpu.hbm_bandwidth_bytes_per_s,
-        "max_batch_in_kv": max_batch,
+        "max_batch_in_kv": in_kv,
+        "max_num_seqs": config.max_num_seqs,
+        "max_batch": max_batch,
         "turn_batch_size": None,
         "intensity_at_max_batch": None,
     }
