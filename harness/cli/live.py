@@ -273,9 +273,13 @@ def add_summarize(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def cmd_summarize(args: argparse.Namespace) -> int:
     from harness.live.rundir import rebuild_summary
+    from harness.results import CHUNKS_FILE, REQUESTS_FILE, SUMMARY_FILE
+    from harness.scenario.status import record_rewritten
 
     try:
         summary = rebuild_summary(Path(args.run_dir), slo=parse_slo(args.slo))
+        # a scenario cell: what was rewritten here is the cell's result, not damage to it
+        record_rewritten(Path(args.run_dir), (SUMMARY_FILE, REQUESTS_FILE, CHUNKS_FILE))
     except (ValueError, OSError) as exc:
         raise UserError(str(exc)) from None
     print_live_headline(summary, args.run_dir)

@@ -95,6 +95,21 @@ def finish_status(cell_dir: Path, state: str, reason: str, status: dict[str, Any
     write_json_atomic(record, cell_dir / STATUS_FILE)
 
 
+def record_rewritten(cell_dir: Path, names: tuple[str, ...]) -> bool:
+    """A finished cell's files that batchlab itself rewrote (``batchlab summarize`` under
+    another SLO): their new digests recorded, so that ``--resume`` keeps the cell rather than
+    take the rewrite for damage. False when ``cell_dir`` is no finished scenario cell."""
+    status = read_status(cell_dir)
+    files = status.get("files")
+    if status.get("state") != "done" or not isinstance(files, dict):
+        return False
+    for name in names:
+        if name in files and (cell_dir / name).is_file():
+            files[name] = _sha256(cell_dir / name)
+    write_json_atomic({**status, "files": files}, cell_dir / STATUS_FILE)
+    return True
+
+
 def file_digests(cell_dir: Path) -> dict[str, str]:
     """``{relative path: sha256 hex}`` of the cell's files (its markers and temporaries left
     out)."""

@@ -148,3 +148,20 @@ def test_a_trace_rewritten_in_place_runs_every_cell_again(tmp_path: Path) -> Non
     head, rows = lines[0], lines[1:]
     trace.write_text("\n".join([head, *(r.rsplit(",", 1)[0] + ",7" for r in rows)]) + "\n")
     assert run(True) == ["a", "b"]
+
+
+def test_a_cell_summarized_again_under_another_slo_is_kept(tmp_path: Path,
+                                                         finished: Path) -> None:
+    """`batchlab summarize CELL --slo ...` rewrites summary.json: batchlab's own rewrite, which
+    --resume keeps, where an edit by anything else is run again."""
+    from harness.cli import main
+
+    assert main(["summarize", str(finished / "a"), "--slo", "ttft_s=0.5"]) == 0
+    assert json.loads((finished / "a" / "summary.json").read_text())["slo"] == {"ttft_s": 0.5}
+    runner, log, _ = sweep(tmp_path, resume=True)
+    assert runner.calls == [] and "running it again" not in log
+    (finished / "b" / "summary.json").write_text(
+        (finished / "b" / "summary.json").read_text().replace('"num_requests"',
+                                                              '"num_requests" '))
+    runner, log, _ = sweep(tmp_path, resume=True)
+    assert runner.calls == ["b"]
