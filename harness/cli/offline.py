@@ -344,8 +344,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             access_log=args.access_log, api_key=api_key)
 
     def ready(url: str) -> None:
+        front = config.params.frontend_latency_s
+        delay = f", front end {front * 1e3:g} ms a request" if front else ""
         print(f"batchlab serve reference: {config.model} on {config.tp}x "
-              f"{config.gpu_spec.name}, policy {config.policy}, listening on {url}", flush=True)
+              f"{config.gpu_spec.name}, policy {config.policy}{delay}, listening on {url}",
+              flush=True)
         print_predicted(config, names=("its step times",))
 
     try:

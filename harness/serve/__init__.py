@@ -16,6 +16,8 @@ docs/reference-server.md has the details of what a client sees:
   error event on ``/generate_stream``, as TGI does).
 - A client that disconnects aborts its request: it leaves the scheduler with its KV blocks
   freed and is counted as aborted in ``/metrics`` (``cancel``).
+- A request reaches the scheduler the profile's ``frontend_latency_s`` after the server
+  received it, as ``simulate`` delays each arrival; TTFT and E2E include it (``loop``).
 
 Modules: ``app`` (the Starlette app, ``serve``, a server on a thread), ``loop`` (the wall-clock
 step loop), ``openai``, ``tgi``, ``cancel`` (abort on disconnect), ``metrics`` (Prometheus),

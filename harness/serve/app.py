@@ -109,11 +109,12 @@ class ReferenceServer:
         # prediction: every timing this server produces is a prediction; a live run keeps this
         # answer in its manifest (engine.version_probe), and its report says so.
         # reference: its configuration, as /info publishes it: a run attached to this server
-        # records the knobs it ran with rather than "unknown"
+        # records the knobs it ran with rather than "unknown"; with the cost model's
+        # frontend_latency_s, the delay every request spends before reaching the scheduler
         return JSONResponse({"version": batchlab_version(), "engine": ENGINE_NAME,
                              "launch_nonce": os.environ.get(NONCE_ENV),
                              "prediction": self._prediction,
-                             "reference": self.engine.config.as_dict()})
+                             "reference": self.engine.published_config()})
 
     async def prometheus(self, _request: StarletteRequest) -> Response:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

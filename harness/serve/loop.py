@@ -1,8 +1,11 @@
 """The reference engine on the wall clock: ``EngineCore`` stepped in an asyncio loop.
 
-    HTTP request  -> validated, prompt counted, stamped arrival_s -> pending (arrival order)
+    HTTP request  -> stamped received_s on entry, validated, prompt counted
+                  arrival_s = received_s + frontend_latency_s -> pending (arrival order)
     step loop:    admit pending requests with arrival_s <= next_step_at_s    (as simulate does)
-                  nothing to run?  wait for a request; next_step_at_s = its arrival_s
+                  nothing to run?  sleep until the first pending arrival_s (a request still
+                                   in the front end), or wait for a request;
+                                   next_step_at_s = that arrival_s
                   out = core.step(next_step_at_s)       (schedule, cost, update: one step)
                   sleep until out.end_s                 (an absolute deadline: late wake-ups
                                                          never accumulate)
@@ -12,6 +15,14 @@ so a request's tokens leave the server at the instants ``simulate`` predicts for
 arrivals (late by the event loop's timer granularity, under a millisecond, plus any time the
 server spends behind; ``batchlab_reference_step_lateness_seconds`` measures it). There is no
 multi-step shortcut: every step is scheduled and costed on its own.
+
+The profile's ``frontend_latency_s`` is the front end a real engine has between its socket and
+its scheduler (HTTP, tokenizing, the hand-over to the engine loop). ``simulate`` adds it to
+each arrival; here a request likewise reaches the scheduler that long after the server
+received it, and waits out the delay in ``pending`` (abortable, blocking nothing: the step loop
+runs the other requests, or sleeps until the first arrival). TTFT and E2E are measured from
+``received_s``, so they include the modelled front end; this machine's own HTTP time (before
+``received_s``, and the token's way back) comes on top, as a real engine's would.
 
 A client that disconnects aborts its request (``abort``, called by the HTTP handlers through
 ``cancel``): it leaves the pending queue or the scheduler, its KV blocks freed, between steps.
@@ -26,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.engine import EngineCore, StepLog
@@ -48,10 +60,13 @@ class Rejection:
 class TokenStream:
     """One request's output as it is produced; the HTTP handler iterates ``tokens()``."""
 
-    __slots__ = ("_event", "done", "error", "num_tokens", "request")
+    __slots__ = ("_event", "done", "error", "num_tokens", "received_s", "request")
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, received_s: float) -> None:
         self.request = request
+        # When the server received it; the engine's arrival is frontend_latency_s later.
+        # TTFT and E2E are measured from here, as simulate measures them from the user's send.
+        self.received_s = received_s
         self.num_tokens = 0  # tokens produced and released so far
         self.done = False
         self.error: str | None = None  # set when the engine failed this request
@@ -82,13 +97,13 @@ class EngineObserver:
 
     def on_step(self, num_tokens: int, num_preemptions: int) -> None: ...
 
-    def on_first_token(self, request: Request, at_s: float) -> None: ...
+    def on_first_token(self, stream: TokenStream, at_s: float) -> None: ...
 
     def on_tokens(self, num_tokens: int) -> None: ...
 
-    def on_finished(self, request: Request, num_tokens: int) -> None: ...
+    def on_finished(self, stream: TokenStream) -> None: ...
 
-    def on_aborted(self, request: Request, num_tokens: int) -> None: ...
+    def on_aborted(self, stream: TokenStream) -> None: ...
 
     def on_lateness(self, lateness_s: float) -> None: ...
 
@@ -96,8 +111,9 @@ class EngineObserver:
 class ServedEngine:
     """``EngineCore`` driven on a clock, one step at a time, with requests arriving at any time.
 
-    ``submit`` queues a request stamped with its arrival; ``step`` runs the next step (or
-    returns None when there is nothing to run); ``deliver`` releases the step's tokens once its
+    ``submit`` queues a request stamped with its arrival at the engine (its receipt plus the
+    profile's ``frontend_latency_s``); ``step`` runs the next step (or returns None when there
+    is nothing to run); ``deliver`` releases the step's tokens once its
     end instant is reached; ``run`` is the asyncio loop that ties them to the wall clock. The
     synchronous trio is what a test drives to check the loop against ``simulate``.
     """
@@ -106,15 +122,17 @@ class ServedEngine:
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.config = config
         self.core = EngineCore(config)
+        self.frontend_s = config.params.frontend_latency_s  # receipt -> arrival at the engine
         self._clock = clock
         self._epoch = clock()
         self._pending: deque[TokenStream] = deque()  # arrived, not yet given to the scheduler
         self._streams: dict[str, TokenStream] = {}  # every request the scheduler holds
         self._wake = asyncio.Event()
         self._num_submitted = 0
-        self._last_arrival_s = -math.inf
+        self._last_received_s = -math.inf
         self.next_step_at_s = 0.0
         self.num_steps = 0
+        self.num_admitted = 0  # requests given to the scheduler
         self.failure: str | None = None  # the step loop crashed: the server is unhealthy
         self.observer: EngineObserver | None = None
 
@@ -123,6 +141,11 @@ class ServedEngine:
     def now_s(self) -> float:
         """Seconds since the engine started (the clock every engine instant is on)."""
         return self._clock() - self._epoch
+
+    def published_config(self) -> dict[str, Any]:
+        """The configuration /version and /info publish: the reference's settings and the
+        front-end delay of its cost model (not a knob, but part of every TTFT it serves)."""
+        return {**self.config.as_dict(), "frontend_latency_s": self.frontend_s}
 
     # -- requests in
 
@@ -142,25 +165,29 @@ class ServedEngine:
         return ""
 
     def submit(self, num_prompt_tokens: int, max_output_tokens: int, *, priority: int = 0,
-               request_id: str | None = None, arrival_s: float | None = None,
+               request_id: str | None = None, received_s: float | None = None,
                prompt_keys: Sequence[int] = ()) -> TokenStream | Rejection:
-        """Queue a request that arrives now (or at ``arrival_s``, for tests). ``prompt_keys``
-        (token identities) let prefix caching find shared prompt blocks."""
+        """Queue a request the server received now (or at ``received_s``: the handler's stamp,
+        or a trace's arrival in tests). It reaches the scheduler ``frontend_s`` later, as in
+        ``simulate``. ``prompt_keys`` (token identities) let prefix caching find shared prompt
+        blocks."""
         reason = self.rejection(num_prompt_tokens, max_output_tokens)
         if reason:
             return Rejection(reason)
         index = self._num_submitted
         self._num_submitted += 1
-        # Pending stays in arrival order: a handler that read its body late (its arrival was
-        # stamped before the read) counts as arriving with the request submitted before it.
-        arrival_s = max(self.now_s() if arrival_s is None else arrival_s, self._last_arrival_s)
-        self._last_arrival_s = arrival_s
+        # Pending stays in arrival order: a handler that read its body late (its receipt was
+        # stamped before the read) counts as received with the request submitted before it.
+        received_s = max(self.now_s() if received_s is None else received_s,
+                         self._last_received_s)
+        self._last_received_s = received_s
+        arrival_s = received_s + self.frontend_s
         hashes = (chain_block_hashes(prompt_keys[:num_prompt_tokens], self.config.block_size)
                   if prompt_keys and self.config.prefix_caching else ())
         request = Request(request_id or f"req-{index}", num_prompt_tokens, max_output_tokens,
                           arrival_s=arrival_s, priority=priority, index=index,
                           block_hashes=hashes)
-        stream = TokenStream(request)
+        stream = TokenStream(request, received_s)
         if self.failure is not None:  # the step loop is gone: fail now rather than hang
             stream.error = f"engine failure: {self.failure}"
             stream.done = True
@@ -188,17 +215,25 @@ class ServedEngine:
         stream.done = True
         stream.notify()
         if self.observer is not None:
-            self.observer.on_aborted(stream.request, stream.num_tokens)
+            self.observer.on_aborted(stream)
         return True
 
     @property
     def num_pending(self) -> int:
+        """Requests not yet given to the scheduler, those still in the front end included."""
         return len(self._pending)
 
     @property
     def num_waiting(self) -> int:
-        """Requests queued: in the scheduler's waiting queue, or arrived since the last step."""
-        return len(self.core.scheduler.waiting) + len(self._pending)
+        """Requests queued: in the scheduler's waiting queue, or arrived at the engine since the
+        last step (not those still in the front end, which simulate does not count either)."""
+        now_s = self.now_s()
+        num_arrived = 0
+        for stream in self._pending:  # in arrival order
+            if stream.request.arrival_s > now_s:
+                break
+            num_arrived += 1
+        return len(self.core.scheduler.waiting) + num_arrived
 
     @property
     def num_running(self) -> int:
@@ -213,19 +248,22 @@ class ServedEngine:
             stream = pending.popleft()
             if self.core.add_request(stream.request):
                 self._streams[stream.request_id] = stream
+                self.num_admitted += 1
             else:  # rejection() and the scheduler disagree: fail the request, keep serving
                 stream.error = stream.request.error_message or "rejected by the scheduler"
                 stream.done = True
                 stream.notify()
 
-    def step(self) -> StepOutput | None:
+    def step(self, *, start_by_s: float = math.inf) -> StepOutput | None:
         """Run the next step, starting at ``next_step_at_s``; None when there is nothing to run.
 
         Idle, the next step starts at the first pending request's arrival (as ``simulate``
-        jumps its clock to the next arrival)."""
+        jumps its clock to the next arrival), unless that is after ``start_by_s``: the wall-clock
+        loop passes its now, so that a request still in the front end reaches the scheduler at
+        its arrival, not before (an abort in the meantime then never touches the engine)."""
         self._admit_due()
         if not self.core.has_unfinished():
-            if not self._pending:
+            if not self._pending or self._pending[0].request.arrival_s > start_by_s:
                 return None
             self.next_step_at_s = max(self.next_step_at_s, self._pending[0].request.arrival_s)
             self._admit_due()
@@ -256,7 +294,7 @@ class ServedEngine:
             stream.num_tokens += 1
             woken.append(stream)
             if stream.num_tokens == 1 and self.observer is not None:
-                self.observer.on_first_token(stream.request, out.end_s)
+                self.observer.on_first_token(stream, out.end_s)
         if self.observer is not None:
             self.observer.on_tokens(len(out.token_request_ids))
         for request_id in out.finished_request_ids:
@@ -266,7 +304,7 @@ class ServedEngine:
             stream.done = True
             woken.append(stream)
             if self.observer is not None:
-                self.observer.on_finished(stream.request, stream.num_tokens)
+                self.observer.on_finished(stream)
         for stream in woken:
             stream.notify()
 
@@ -276,10 +314,9 @@ class ServedEngine:
         """Step forever on the wall clock; returns only when cancelled."""
         try:
             while True:
-                out = self.step()
+                out = self.step(start_by_s=self.now_s())
                 if out is None:
-                    self._wake.clear()
-                    await self._wake.wait()
+                    await self._idle()
                     continue
                 delay = out.end_s - self.now_s()
                 await asyncio.sleep(delay if delay > 0 else 0)
@@ -293,6 +330,17 @@ class ServedEngine:
             log.exception("the reference engine's step loop failed")
             self.failure = f"{type(exc).__name__}: {exc}"
             self.fail_all(f"engine failure: {self.failure}")
+
+    async def _idle(self) -> None:
+        """Nothing to run now: sleep until the first pending request reaches the engine (it is
+        in the front end), or wait for a request. A later request cannot arrive before the
+        first pending one (pending is in arrival order), so the sleep needs no wake-up."""
+        if self._pending:
+            delay = self._pending[0].request.arrival_s - self.now_s()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            return
+        self._wake.clear()
+        await self._wake.wait()
 
     def fail_all(self, message: str) -> None:
         """End every request in flight with an error (shutdown, or a crashed step loop)."""

@@ -8,8 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import generate_latest
 
-from adapters.reference.request import Request
-from harness.serve.loop import EngineObserver, ServedEngine
+from harness.serve.loop import EngineObserver, ServedEngine, TokenStream
 
 # vLLM's bucket edges (vllm/v1/metrics/loggers.py).
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -74,13 +73,14 @@ class PrometheusMetrics(EngineObserver):
             "vllm:iteration_tokens_total", "Tokens scheduled per engine step.", names,
             buckets=ITERATION_TOKEN_BUCKETS, registry=r).labels(**labels)
         self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds", "Arrival to first token, engine clock.", names,
+            "vllm:time_to_first_token_seconds", "Receipt to first token, engine clock.", names,
             buckets=TTFT_BUCKETS, registry=r).labels(**labels)
         self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds", "Arrival to last token, engine clock.", names,
+            "vllm:e2e_request_latency_seconds", "Receipt to last token, engine clock.", names,
             buckets=REQUEST_LATENCY_BUCKETS, registry=r).labels(**labels)
         self.queue_time = Histogram(
-            "vllm:request_queue_time_seconds", "Arrival to first scheduled step.", names,
+            "vllm:request_queue_time_seconds",
+            "Arrival at the engine (receipt + front end) to first scheduled step.", names,
             buckets=REQUEST_LATENCY_BUCKETS, registry=r).labels(**labels)
         self.lateness = Histogram(
             "batchlab_reference_step_lateness_seconds",
@@ -92,21 +92,25 @@ class PrometheusMetrics(EngineObserver):
         if num_preemptions:
             self.preemptions.inc(num_preemptions)
 
-    def on_first_token(self, request: Request, at_s: float) -> None:
+    def on_first_token(self, stream: TokenStream, at_s: float) -> None:
+        # TTFT and E2E from the server's receipt, so they include the modelled front end (as
+        # simulate's do); the queue time from the arrival at the engine, after it.
+        request = stream.request
         self.prompt_tokens.inc(request.num_prompt_tokens)
-        self.ttft.observe(max(0.0, at_s - request.arrival_s))
+        self.ttft.observe(max(0.0, at_s - stream.received_s))
         if request.first_scheduled_s is not None:
             self.queue_time.observe(max(0.0, request.first_scheduled_s - request.arrival_s))
 
     def on_tokens(self, num_tokens: int) -> None:
         self.generation_tokens.inc(num_tokens)
 
-    def on_finished(self, request: Request, num_tokens: int) -> None:
+    def on_finished(self, stream: TokenStream) -> None:
         self.success_length.inc()
-        if request.finished_s is not None:
-            self.e2e.observe(max(0.0, request.finished_s - request.arrival_s))
+        finished_s = stream.request.finished_s
+        if finished_s is not None:
+            self.e2e.observe(max(0.0, finished_s - stream.received_s))
 
-    def on_aborted(self, request: Request, num_tokens: int) -> None:
+    def on_aborted(self, stream: TokenStream) -> None:
         self.success_abort.inc()
 
     def on_lateness(self, lateness_s: float) -> None:

@@ -77,7 +77,7 @@ class OpenAiRoutes:
         }]})
 
     async def _respond(self, request: StarletteRequest, *, chat: bool) -> Response:
-        arrival_s = self.engine.now_s()  # before reading the body, as close to the send as we get
+        received_s = self.engine.now_s()  # before reading the body: as close to the send as we get
         body = await read_json(request)
         if isinstance(body, ApiError):
             return openai_error(body)
@@ -87,7 +87,7 @@ class OpenAiRoutes:
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         stream = self.engine.submit(req.num_prompt_tokens, req.max_tokens,
                                     priority=req.priority, request_id=response_id,
-                                    arrival_s=arrival_s, prompt_keys=req.prompt_keys)
+                                    received_s=received_s, prompt_keys=req.prompt_keys)
         if isinstance(stream, Rejection):
             return openai_error(ApiError(400, f"the request can never run: {stream.message}"))
         if req.stream:

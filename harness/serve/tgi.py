@@ -83,7 +83,7 @@ class TgiRoutes:
             "max_total_tokens": max_len, "validation_workers": 1, "max_client_batch_size": 1,
             "router": ENGINE_NAME, "version": batchlab_version(), "sha": None,
             "docker_label": None, "prompt_token_rule": self.counter.rule,
-            "reference": self.engine.config.as_dict(),
+            "reference": self.engine.published_config(),
             "prediction": self.prediction,
         })
 
@@ -108,7 +108,7 @@ class TgiRoutes:
                                                              "X-Accel-Buffering": "no"})
             return tgi_error(req)
         token_stream = self.engine.submit(req.num_prompt_tokens, req.max_new_tokens,
-                                          arrival_s=started_s, prompt_keys=req.prompt_keys)
+                                          received_s=started_s, prompt_keys=req.prompt_keys)
         if isinstance(token_stream, Rejection):
             err = ApiError(422, f"Input validation error: {token_stream.message}", "validation")
             if stream:
@@ -154,7 +154,8 @@ class TgiRoutes:
 
     def _timing_headers(self, request: Request, started_s: float,
                         num_tokens: int) -> dict[str, str]:
-        """TGI's non-streaming timing headers, from the engine's instants (milliseconds)."""
+        """TGI's non-streaming timing headers, from the engine's instants (milliseconds).
+        The validation time runs to the arrival at the engine: the modelled front end."""
         now_s = self.engine.now_s()
         first_s = request.first_scheduled_s if request.first_scheduled_s is not None else now_s
         end_s = request.finished_s if request.finished_s is not None else now_s

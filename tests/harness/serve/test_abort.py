@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from adapters.reference.config import ReferenceConfig
-from adapters.reference.request import Request, RequestStatus
+from adapters.reference.request import RequestStatus
 from harness.serve.loop import EngineObserver, ServedEngine, TokenStream
 
 
@@ -16,11 +16,11 @@ class Aborts(EngineObserver):
         self.aborted: list[tuple[str, int]] = []
         self.finished: list[str] = []
 
-    def on_aborted(self, request: Request, num_tokens: int) -> None:
-        self.aborted.append((request.request_id, num_tokens))
+    def on_aborted(self, stream: TokenStream) -> None:
+        self.aborted.append((stream.request_id, stream.num_tokens))
 
-    def on_finished(self, request: Request, num_tokens: int) -> None:
-        self.finished.append(request.request_id)
+    def on_finished(self, stream: TokenStream) -> None:
+        self.finished.append(stream.request_id)
 
 
 def engine_with(**settings: object) -> tuple[ServedEngine, Aborts]:
@@ -33,7 +33,7 @@ def engine_with(**settings: object) -> tuple[ServedEngine, Aborts]:
 
 
 def submit(engine: ServedEngine, name: str, prompt: int = 40, output: int = 30) -> TokenStream:
-    stream = engine.submit(prompt, output, request_id=name, arrival_s=0.0)
+    stream = engine.submit(prompt, output, request_id=name, received_s=0.0)
     assert isinstance(stream, TokenStream)
     return stream
 
@@ -72,7 +72,7 @@ def test_abort_a_running_request_frees_its_blocks() -> None:
 
 def test_abort_a_pending_request_before_it_reaches_the_scheduler() -> None:
     engine, observer = engine_with()
-    late = engine.submit(40, 30, request_id="late", arrival_s=100.0)
+    late = engine.submit(40, 30, request_id="late", received_s=100.0)
     assert isinstance(late, TokenStream) and engine.num_pending == 1
     assert engine.abort(late)
     assert engine.num_pending == 0 and engine.step() is None

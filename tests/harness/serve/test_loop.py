@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from adapters.reference.config import ReferenceConfig
+from adapters.reference.cost_model import CostModelParams
 from harness.live.protocols import parse_stream
 from harness.serve.app import start_server_in_thread
 from harness.serve.loop import Rejection, ServedEngine, TokenStream
@@ -30,7 +31,7 @@ def _run_served(config: ReferenceConfig, requests: list[TraceRequest]) -> list[T
     streams = []
     for r in requests:  # every arrival known up front: pending holds the future ones
         s = engine.submit(r.num_prompt_tokens, r.num_output_tokens, priority=r.priority or 0,
-                          request_id=r.request_id, arrival_s=r.arrival_s)
+                          request_id=r.request_id, received_s=r.arrival_s)
         assert isinstance(s, TokenStream)
         streams.append(s)
     while (out := engine.step()) is not None:
@@ -48,7 +49,10 @@ def _run_served(config: ReferenceConfig, requests: list[TraceRequest]) -> list[T
      "max_num_batched_tokens": 512},
     {"model": "llama-3.1-8b", "policy": "priority", "num_gpu_blocks": 150},
     {"model": "llama-3.1-8b", "preemption": "none", "num_gpu_blocks": 300},
-], ids=["fcfs", "preempting", "priority", "reserve"])
+    # a front end: every request reaches the scheduler 50 ms after it was received
+    {"model": "llama-3.1-8b", "num_gpu_blocks": 300,
+     "cost_params": CostModelParams(frontend_latency_s=0.05)},
+], ids=["fcfs", "preempting", "priority", "reserve", "frontend"])
 def test_served_step_loop_gives_the_instants_simulate_gives(settings: dict[str, Any]) -> None:
     config = ReferenceConfig(**settings)
     trace = load_trace(TRACE, TraceOptions(limit=60, rate=4, max_model_len=2048,
@@ -66,7 +70,7 @@ def test_served_step_loop_gives_the_instants_simulate_gives(settings: dict[str, 
 def test_idle_engine_starts_its_next_step_at_the_arrival() -> None:
     engine = ServedEngine(ReferenceConfig(model="llama-3.1-8b"), clock=lambda: 0.0)
     assert engine.step() is None
-    s = engine.submit(100, 2, arrival_s=5.0)
+    s = engine.submit(100, 2, received_s=5.0)
     assert isinstance(s, TokenStream)
     out = engine.step()
     assert out is not None and out.start_s == 5.0 and out.token_request_ids == (s.request_id,)

@@ -165,6 +165,8 @@ def test_health_models_version_info(client: httpx.Client) -> None:
     info = client.get("/info").json()
     assert info["model_id"] == "qwen2.5-0.5b" and info["max_total_tokens"] == 512
     assert info["reference"]["model"] == "qwen2.5-0.5b"
+    assert version["reference"] == info["reference"]
+    assert info["reference"]["frontend_latency_s"] == 0.0  # the built-in defaults have none
     # every timing it serves is a prediction: both identity routes say of what, how accurate
     assert version["prediction"] == info["prediction"] == prediction_record(SMALL)
     assert version["prediction"]["kind"] == "catalog"
