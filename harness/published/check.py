@@ -87,8 +87,11 @@ SOURCE_NOTES = {
         "Cannot be fitted, and is kept to show it: the figures are wall-clock durations of "
         "k6 runs (non-streaming chat requests, a chat template, outputs that may stop before "
         "50 tokens), dominated for the small scenario by client and HTTP time the reference "
-        "does not model. There is no TGI training data: the TGI profile borrows vLLM's "
-        "coefficients, so these rows test TGI's scheduling defaults only."),
+        "does not model. Their error is that of the throughput a duration implies (a "
+        "duration predicted at 27% of the published one is a throughput 3.7 times too "
+        "high, +269%): the worst held-out rows, and all four predicted high. There is no "
+        "TGI training data: the TGI profile borrows vLLM's coefficients, so these rows test "
+        "TGI's scheduling defaults only."),
 }
 
 
