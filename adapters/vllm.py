@@ -116,22 +116,36 @@ def _max_model_len(k: Knobs) -> Setting:
     return Setting(("--max-model-len", str(k.max_model_len)))
 
 
+# batchlab's pinned token budget when none is given (Knobs' fallback): vLLM's own on an
+# H100-class GPU for `vllm serve` (engines.md 2.1, "Token budget per iteration")
+PINNED_TOKEN_BUDGET = 8192
+
+
 def _token_budget_without_chunking(k: Knobs) -> Derived | None:
     """An unset token budget with chunked prefill off: batchlab's GPU-independent 8192 would
     fail at start-up (or cap prompts) when the context is longer. vLLM requires
-    max_num_batched_tokens >= max_model_len without chunking and then defaults it to
-    max_model_len (engines.md 2.1 "Token budget per iteration" and 2.2:
-    vllm/engine/arg_utils.py, SchedulerConfig.verify_max_model_len)."""
+    max_num_batched_tokens >= max_model_len without chunking, and an unset budget becomes
+    max(max_model_len, its usual default) (vllm-project/vllm vllm/engine/arg_utils.py
+    ``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`` and
+    vllm/config/scheduler.py ``SchedulerConfig.verify_max_model_len``, commit
+    01230b40128e570a58e54e75f7e55c4d5cd9246d, read 2026-12-01). batchlab passes
+    max(max_model_len, its own 8192), vLLM's usual default on an H100."""
     if k.chunked_prefill:
         return None
     if k.max_model_len is None:
         return Derived(UNKNOWN, "with chunked prefill off vLLM's own default applies: "
-                       "max_model_len (here the model's context length), the least it accepts")
+                       "max(the model's context length, its usual default), the least it "
+                       "accepts")
+    length = k.max_model_len
+    # a number, or a symbol where the mapping table is written out for the docs
+    tokens: int | str = (max(length, PINNED_TOKEN_BUDGET) if isinstance(length, int)
+                         else f"max({length}, {PINNED_TOKEN_BUDGET})")
     return Derived(
-        k.max_model_len,
-        "with chunked prefill off vLLM needs at least max_model_len, and defaults to it: "
-        "batchlab passes max_model_len",
-        Setting(("--max-num-batched-tokens", str(k.max_model_len))),
+        tokens,
+        "with chunked prefill off vLLM needs at least max_model_len, and defaults to "
+        "max(max_model_len, its usual budget): batchlab passes "
+        f"max({length}, {PINNED_TOKEN_BUDGET})",
+        Setting(("--max-num-batched-tokens", str(tokens))),
     )
 
 
@@ -223,8 +237,22 @@ def check(knobs: Knobs) -> None:
         )
 
 
+def plan_notes(knobs: Knobs) -> tuple[str, ...]:
+    """What the plan cannot check: a token budget given with chunked prefill off, against a
+    context length batchlab does not know (no max_model_len: the model's own)."""
+    if (not knobs.chunked_prefill and knobs.is_given("max_num_batched_tokens")
+            and knobs.max_model_len is None):
+        return (f"chunked prefill off with max_num_batched_tokens "
+                f"{knobs.max_num_batched_tokens} and no max_model_len: vLLM refuses to start "
+                "unless the model's context length is at most "
+                f"{knobs.max_num_batched_tokens} (SchedulerConfig.verify_max_model_len); set "
+                "max_model_len to be sure",)
+    return ()
+
+
 def token_budget(knobs: Knobs) -> int | None:
-    """The max_num_batched_tokens vLLM runs with; None: its own default (max_model_len)."""
+    """The max_num_batched_tokens vLLM runs with; None: its own default (at least the
+    model's context length)."""
     if knobs.is_given("max_num_batched_tokens"):
         return knobs.max_num_batched_tokens
     derived = _token_budget_without_chunking(knobs)
@@ -297,7 +325,8 @@ class VllmAdapter:
         env.update(dict(setting.env))
         env.update(self.env)
         return WIRE.launched(NAME, argv=argv, env=env, mapping=mapping, host=self.host,
-                             port=port, model=served, launcher=chosen.describe())
+                             port=port, model=served, launcher=chosen.describe(),
+                             notes=plan_notes(knobs))
 
     def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
         return WIRE.attached(NAME, base_url, knobs, model=self.served_model_name or self.model)

@@ -157,15 +157,26 @@ def test_vllm_cross_knob_checks(knobs: Knobs, match: str) -> None:
 
 
 def test_vllm_unset_token_budget_with_chunking_off_is_not_batchlabs_8192() -> None:
-    """Chunking off, vLLM needs max_num_batched_tokens >= max_model_len and defaults to it."""
+    """Chunking off, vLLM needs max_num_batched_tokens >= max_model_len; unset, it uses
+    max(max_model_len, its usual budget)."""
     plan = vllm_plan(Knobs.from_mapping({"chunked_prefill": False}))
-    assert "--max-num-batched-tokens" not in plan.argv  # vLLM's own: max_model_len
+    assert "--max-num-batched-tokens" not in plan.argv  # vLLM's own: at least the context
     m = by_knob(plan)["max_num_batched_tokens"]
-    assert m.status == "default" and m.value is None and "max_model_len" in m.note
+    assert m.status == "default" and m.value is None and "context length" in m.note
     plan = vllm_plan(Knobs.from_mapping({"chunked_prefill": False, "max_model_len": 32768}))
     assert flag_value(plan.argv, "--max-num-batched-tokens") == "32768"
     m = by_knob(plan)["max_num_batched_tokens"]
     assert m.status == "applied" and m.value == 32768 and "max_model_len" in m.note
+    # a short context: the usual budget, not one below max_num_seqs (vLLM would start)
+    plan = vllm_plan(Knobs.from_mapping({"chunked_prefill": False, "max_model_len": 128}))
+    assert flag_value(plan.argv, "--max-num-batched-tokens") == "8192"
+    assert not plan.notes
+    # a budget given without a context length batchlab could check it against: said so
+    plan = vllm_plan(Knobs.from_mapping({"chunked_prefill": False,
+                                         "max_num_batched_tokens": 4096}))
+    assert flag_value(plan.argv, "--max-num-batched-tokens") == "4096"
+    assert any("vLLM refuses to start unless the model's context length is at most 4096"
+               in n for n in plan.notes)
     with pytest.raises(KnobError, match="max_model_len"):  # given below it: still refused
         vllm_plan(Knobs.from_mapping({"chunked_prefill": False, "max_model_len": 32768,
                                       "max_num_batched_tokens": 8192}))
@@ -770,7 +781,7 @@ def test_mapping_text_says_what_an_unset_token_budget_follows() -> None:
     assert ("max_num_batched_tokens unset (chunked_prefill=false, max_model_len=unset) -> "
             "(no flag)") in vllm_text
     assert ("max_num_batched_tokens unset (chunked_prefill=false, max_model_len=L) -> "
-            "--max-num-batched-tokens L") in vllm_text
+            "--max-num-batched-tokens 'max(L, 8192)'") in vllm_text
     assert ("max_num_batched_tokens unset (chunked_prefill=false, max_model_len=L) -> "
             "--max-batch-prefill-tokens L-1") in section(text, "tgi")
     trt = section(text, "trtllm")
