@@ -211,7 +211,7 @@ class Pair:
 
     @property
     def compared(self) -> bool:
-        return self.before.ok and self.after.ok
+        return finished(self.before) and finished(self.after)
 
     def as_json(self) -> dict[str, Any]:
         return {"cell": self.name, "compared": self.compared,
@@ -220,7 +220,28 @@ class Pair:
 
 
 def _side_json(c: CellResult) -> dict[str, Any]:
-    return {"dir": str(c.run_dir), "state": c.state, "reason": c.reason or None}
+    return {"dir": str(c.run_dir), "state": state_of(c), "reason": reason_of(c) or None}
+
+
+def finished(c: CellResult) -> bool:
+    """A run that ran to its end: done, with a summary, and not one that was interrupted,
+    failed or killed part way (a single run folder has no status.json to say so: its
+    manifest and summary do). An interrupted run's figures cover the requests it sent, and
+    a regression test must not take them for a whole night's."""
+    if not c.ok or c.ended_early is not None:
+        return False
+    return get(c.summary, "status") in (None, "finished", "stopped")
+
+
+def state_of(c: CellResult) -> str:
+    """The cell's state, "ended early" for a run with results that did not run to its end."""
+    return c.state if not c.ok or finished(c) else "ended early"
+
+
+def reason_of(c: CellResult) -> str:
+    if c.ok and not finished(c):
+        return c.ended_early or f"its summary says {get(c.summary, 'status')}"
+    return c.reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,7 +333,9 @@ def compare(before: Path, after: Path, *, checks: Sequence[Check] = (),
     return Comparison(
         before=Path(before), after=Path(after), same_within_pct=same_within_pct,
         checks=tuple(checks), pairs=pairs, added=added, removed=removed,
-        differences=tuple(d for p in pairs for d in differences(p.name, p.before, p.after)),
+        # only where figures were set side by side: a pair not compared says why already
+        differences=tuple(d for p in pairs if p.compared
+                          for d in differences(p.name, p.before, p.after)),
         failed_checks=tuple(f for p in pairs for f in run_checks(p, checks)),
     )
 
@@ -320,7 +343,8 @@ def compare(before: Path, after: Path, *, checks: Sequence[Check] = (),
 def pair(name: str, before: CellResult, after: CellResult, same_within_pct: float) -> Pair:
     """Every headline metric of two cells side by side; none unless both finished."""
     changes = tuple(change_of(m, get(before.summary, m.name), get(after.summary, m.name),
-                              same_within_pct) for m in METRICS) if before.ok and after.ok else ()
+                              same_within_pct) for m in METRICS
+                    ) if finished(before) and finished(after) else ()
     return Pair(name, before, after, changes)
 
 
@@ -332,11 +356,12 @@ def run_checks(pair: Pair, checks: Sequence[Check]) -> list[FailedCheck]:
     """The checks ``pair`` fails. An after side that did not finish fails every check (its
     metrics cannot be checked); a before side that did not finish leaves nothing to regress
     from, and fails none."""
-    if not checks or not pair.before.ok:
+    if not checks or not finished(pair.before):
         return []
-    if not pair.after.ok:
-        return [FailedCheck(pair.name, c, f"cannot be checked: after {pair.after.state}"
-                            + (f" ({pair.after.reason})" if pair.after.reason else ""))
+    if not finished(pair.after):
+        reason = reason_of(pair.after)
+        return [FailedCheck(pair.name, c, f"cannot be checked: after {state_of(pair.after)}"
+                            + (f" ({reason})" if reason else ""))
                 for c in checks]
     by_metric = {ch.metric.name: ch for ch in pair.changes}
     failed = []
@@ -429,8 +454,16 @@ def _kind(predicted: bool) -> str:
 
 
 def _engine_config(c: CellResult) -> Mapping[str, Any]:
+    """The engine's configuration as the run recorded it: a simulated run's, or what a served
+    reference published at /version (a live run's manifest keeps the answer)."""
     engine = c.manifest.get("engine")
-    config = engine.get("config") if isinstance(engine, Mapping) else None
+    if not isinstance(engine, Mapping):
+        return {}
+    config = engine.get("config")
+    if not isinstance(config, Mapping):
+        probe = engine.get("version_probe")
+        body = probe.get("body") if isinstance(probe, Mapping) else None
+        config = body.get("reference") if isinstance(body, Mapping) else None
     return config if isinstance(config, Mapping) else {}
 
 
@@ -494,8 +527,8 @@ def render_text(comparison: Comparison) -> str:
     if not_compared or comparison.added or comparison.removed:
         lines.append("")
     for p in not_compared:
-        sides = [f"{side} {c.state}" + (f" ({c.reason})" if c.reason else "")
-                 for side, c in (("before", p.before), ("after", p.after)) if not c.ok]
+        sides = [f"{side} {state_of(c)}" + (f" ({reason_of(c)})" if reason_of(c) else "")
+                 for side, c in (("before", p.before), ("after", p.after)) if not finished(c)]
         lines.append(f"not compared: {p.name}: {'; '.join(sides)}")
     if comparison.removed:
         lines.append("removed (before only): " + ", ".join(c.name for c in comparison.removed))

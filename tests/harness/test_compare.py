@@ -285,6 +285,27 @@ def test_two_run_folders_pair_with_each_other(nights: dict[str, Path], tmp_path:
     assert by_metric(result.pairs[0])["ttft_s.p90"].judgement == "worse"
 
 
+def test_an_interrupted_run_folder_is_not_compared_and_fails_its_checks(
+        nights: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A single run folder has no status.json: its manifest and summary say it was
+    interrupted, and its figures (of the requests it sent) must not pass a night's gate."""
+    cut = tmp_path / "cut"
+    shutil.copytree(nights["n1"] / "continuous", cut)
+    (cut / "status.json").unlink(missing_ok=True)
+    for name, extra in (("summary.json", {"status": "interrupted", "num_not_sent": 30}),
+                        ("manifest.json", {"status": "interrupted"})):
+        doc = json.loads((cut / name).read_text())
+        (cut / name).write_text(json.dumps({**doc, **extra}))
+    code = main(["compare", str(nights["n1"] / "continuous"), str(cut),
+                 "--fail-if", "throughput.requests_per_s=5"])
+    out = capsys.readouterr()
+    assert code == 1
+    assert "not compared: continuous vs cut: after ended early" in out.out
+    assert "check failed: continuous vs cut: throughput.requests_per_s cannot be checked" \
+        in out.out
+    assert "different" not in out.err  # no warnings about a pair that was not compared
+
+
 def test_only_restricts_the_cells(nights: dict[str, Path]) -> None:
     result = compare(nights["n1"], nights["slow"], only=["stat*"])
     assert [p.name for p in result.pairs] == ["static"]
