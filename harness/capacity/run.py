@@ -261,6 +261,15 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
     chosen = {s.name for s in settings}
     others = [s for s in every if s.name not in chosen]
     kept = [r for r in (recorded_result(s, out_dir) for s in others) if r is not None]
+    kept_names = {r.setting.name for r in kept}
+    # an earlier search of a setting whose definition has changed since answers another
+    # question: not listed as this one's, and said so rather than dropped without a word
+    left_out = {s.name: "its definition changed since its search in this folder (run it "
+                "with --only, or without, to search it again)"
+                for s in others if s.name not in kept_names
+                and (out_dir / s.name / SEARCH_FILE).exists()}
+    if left_out and log is not None:
+        log(f"not listed: {', '.join(left_out)}: {next(iter(left_out.values()))}")
     order: dict[str, int] = {}
     for s in (*every, *settings):
         order.setdefault(s.name, len(order))
@@ -277,7 +286,7 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
             results.append(SettingResult(setting, None, "interrupted", interrupted=done))
             results.sort(key=lambda r: order[r.setting.name])
             _write_summary(results, spec, out_dir, name=name, baseline=baseline,
-                           command=command)
+                           command=command, left_out=left_out)
             raise
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
@@ -285,7 +294,8 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
                 log(f"{setting.name}: search failed: {reason}")
             results.append(SettingResult(setting, None, reason))
     results.sort(key=lambda r: order[r.setting.name])
-    _write_summary(results, spec, out_dir, name=name, baseline=baseline, command=command)
+    _write_summary(results, spec, out_dir, name=name, baseline=baseline, command=command,
+                   left_out=left_out)
     if write_report:
         from harness.report import render_scenario_report
 
@@ -294,7 +304,8 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
 
 
 def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: Path, *,
-                   name: str, baseline: str | None, command: Sequence[str] | None) -> None:
+                   name: str, baseline: str | None, command: Sequence[str] | None,
+                   left_out: Mapping[str, str] | None = None) -> None:
     rows = []
     cells: list[str] = []
     for r in results:
@@ -318,7 +329,10 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
     slo = results[0].setting.plan.slo.as_dict() if results else None
     target = results[0].setting.plan.target if results else spec.target
     write_json_atomic({"kind": spec.kind, "unit": LOAD_UNITS[spec.kind], "slo": slo,
-                       "target_attainment": target, "spec": spec.as_dict(), "settings": rows},
+                       "target_attainment": target, "spec": spec.as_dict(), "settings": rows,
+                       # settings of the scenario whose earlier search here is not listed
+                       "left_out": [{"setting": k, "why": v}
+                                    for k, v in (left_out or {}).items()]},
                       out_dir / CAPACITY_FILE)
     base = next((c for c in cells if baseline and c.startswith(baseline + "/")),
                 cells[0] if cells else None)

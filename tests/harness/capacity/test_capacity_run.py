@@ -296,9 +296,14 @@ def test_a_search_of_some_settings_keeps_the_others_earlier_results(
     # the same scenario with another SLO: the earlier search of the other setting no longer
     # answers this question, and is left out
     scenario.write_text(text.replace("ttft_s: 0.1,", "ttft_s: 0.2,"))
+    capsys.readouterr()
     assert cli_main([*args, "--only", "*-8"]) == 0
-    rows = json.loads((out / "capacity.json").read_text())["settings"]
-    assert [r["setting"] for r in rows] == ["fcfs__max_num_seqs-8"]
+    summary = json.loads((out / "capacity.json").read_text())
+    assert [r["setting"] for r in summary["settings"]] == ["fcfs__max_num_seqs-8"]
+    # ... and said so, not dropped without a word
+    assert [r["setting"] for r in summary["left_out"]] == ["fcfs__max_num_seqs-4"]
+    assert "its definition changed since its search" in summary["left_out"][0]["why"]
+    assert "not listed: fcfs__max_num_seqs-4: its definition changed" in capsys.readouterr().err
 
 
 def test_an_interrupted_capacity_run_keeps_its_probes_listed_and_reportable(
