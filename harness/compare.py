@@ -422,7 +422,14 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
             out.append(Difference(cell, aspect, b, a,
                                   f"different {what} ({_short(b)} -> {_short(a)})"))
 
-    differ("trace", "trace digest", trace_digest(before), trace_digest(after))
+    b_scheme, a_scheme = (_digest_scheme(c) for c in (before, after))
+    if b_scheme != a_scheme:  # digests made two ways: equal traces need not have equal ones
+        out.append(Difference(cell, "trace", b_scheme, a_scheme,
+                              f"trace digests made two ways (scheme {b_scheme} -> {a_scheme}, "
+                              "a batchlab upgrade): whether the traces are the same is not "
+                              "known"))
+    else:
+        differ("trace", "trace digest", trace_digest(before), trace_digest(after))
     b_pred, a_pred = is_prediction(before.manifest), is_prediction(after.manifest)
     if b_pred != a_pred:
         out.append(Difference(cell, "kind", _kind(b_pred), _kind(a_pred),
@@ -447,6 +454,14 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
     differ("slo", "SLO", _slo(before), _slo(after))
     differ("load", "load", before.load, after.load)
     return out
+
+
+def _digest_scheme(c: CellResult) -> int:
+    """How the run's trace digest was made: 1 (the source bytes and options) in manifests
+    written before the scheme was recorded, 2 (the requests) since."""
+    trace = c.manifest.get("trace")
+    scheme = trace.get("digest_scheme") if isinstance(trace, Mapping) else None
+    return scheme if isinstance(scheme, int) and not isinstance(scheme, bool) else 1
 
 
 def _kind(predicted: bool) -> str:

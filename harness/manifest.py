@@ -25,7 +25,7 @@ from typing import Any
 
 from harness.redact import redact_tree
 from harness.results import write_json_atomic
-from harness.traces import Trace, describe
+from harness.traces import DIGEST_SCHEME, Trace, describe
 
 MANIFEST_FILE = "manifest.json"
 
@@ -45,6 +45,7 @@ def trace_manifest(trace: Trace) -> dict[str, Any]:
         "format": trace.format,
         "options": dict(trace.options),
         "digest": trace.digest,
+        "digest_scheme": DIGEST_SCHEME,  # how the digest was made (harness.traces.records)
         "num_requests": len(trace.requests),
         "notes": list(trace.notes),
         "counts": dict(trace.counts),

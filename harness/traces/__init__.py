@@ -42,12 +42,13 @@ from harness.traces.formats import MOONCAKE_BLOCK_TOKENS
 from harness.traces.info import describe
 from harness.traces.load import load_trace
 from harness.traces.options import ARRIVALS, FORMATS, ON_TOO_LONG, TraceOptions
-from harness.traces.records import Trace, TraceError, TraceRequest
+from harness.traces.records import DIGEST_SCHEME, Trace, TraceError, TraceRequest
 from harness.traces.synthetic import synthetic_arrivals_s
 
 __all__ = [
     "ARRIVALS",
     "DATA_DIR",
+    "DIGEST_SCHEME",
     "FORMATS",
     "MAX_RATE_PER_S",
     "MAX_REQUESTS_PER_TRACE",

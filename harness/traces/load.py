@@ -24,7 +24,14 @@ from harness.traces.options import (
     apply_priorities,
     apply_window,
 )
-from harness.traces.records import Parsed, Report, Trace, TraceError, TraceRequest, new_digest
+from harness.traces.records import (
+    Parsed,
+    Report,
+    Trace,
+    TraceError,
+    TraceRequest,
+    requests_digest,
+)
 from harness.traces.synthetic import fixed_length_rows, sampled_length_rows
 
 
@@ -93,10 +100,6 @@ def load_trace(path: str | Path | None, options: TraceOptions | None = None) -> 
     # the seed matters where something was drawn: arrivals, sampled lengths, priorities
     seeded = (arrival is not None or options.lengths_from is not None
               or (not drawn and options.priority_fraction is not None))
-    hasher = new_digest()
-    hasher.update(data)
-    hasher.update(b"\0" + fmt.encode() + b"\0"
-                  + options.canonical(seeded=seeded).encode())
 
     requests = tuple(
         TraceRequest(r.request_id, r.arrival_s, r.num_prompt_tokens, r.num_output_tokens,
@@ -107,7 +110,7 @@ def load_trace(path: str | Path | None, options: TraceOptions | None = None) -> 
         requests=requests,
         source=source,
         format=fmt,
-        digest=hasher.hexdigest(),
+        digest=requests_digest(requests),
         notes=tuple(report.notes),
         counts=report.counts,
         timing=report.timing,

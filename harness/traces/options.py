@@ -14,7 +14,6 @@ Each step takes the rows and returns the rows it keeps, adding to the ``Report``
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 
@@ -137,18 +136,6 @@ class TraceOptions:
         else:
             record.pop("seed", None)
         return record
-
-    def canonical(self, *, seeded: bool = True) -> str:
-        """A stable text form of what the options do to a source (part of ``Trace.digest``):
-        not how the format was named (the format found is hashed beside it), nor the path of
-        ``lengths_from`` (its bytes are hashed instead), nor the seed when nothing was drawn
-        with it (``seeded``), so the same requests from the same bytes get the same digest."""
-        values = dataclasses.asdict(self)
-        values["format"] = None
-        values["lengths_from"] = None
-        if not seeded:
-            values["seed"] = None
-        return json.dumps(values, sort_keys=True, default=repr)
 
 
 # ---------------------------------------------------------------- the steps, in order

@@ -4,9 +4,13 @@ and the plain rows that carry a source's requests through the options on their w
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+import numpy as np
 
 # ---------------------------------------------------------------- records (the contract)
 
@@ -30,7 +34,7 @@ class Trace:
     requests: tuple[TraceRequest, ...]
     source: str  # path or "synthetic:poisson" ...
     format: str
-    digest: str  # sha256 of the source bytes plus the options applied
+    digest: str  # sha256 of the requests themselves (``requests_digest``)
     notes: tuple[str, ...] = ()  # e.g. "dropped 3 requests longer than max_model_len 4096"
     counts: dict[str, int] = field(default_factory=dict)  # dropped/clipped/skipped counts
     # how its arrivals were timed, as a load: {"kind": "rate", "value": 4.0} (rescaled to, or
@@ -95,12 +99,30 @@ MOONCAKE_BLOCK_TOKENS = 512  # tokens per Mooncake ``hash_ids`` entry (FAST'25 r
 
 # ---------------------------------------------------------------- digest
 
-_DIGEST_VERSION = b"batchlab-trace-v1"
+DIGEST_SCHEME = 2  # 1: source bytes and options (before 2026-12-01); 2: the requests
+_DIGEST_VERSION = b"batchlab-trace-v2"
 
 
-def new_digest() -> hashlib._Hash:
-    """The hash behind ``Trace.digest``: fed the source bytes, then the format and options."""
-    return hashlib.sha256(_DIGEST_VERSION)
+def requests_digest(requests: Sequence[TraceRequest]) -> str:
+    """``Trace.digest``: a sha256 of the requests themselves (ids, arrivals, lengths,
+    priorities, prefix ids), so that the same requests share it however they were loaded:
+    from which file, with which spelling of the options, or with options that change nothing
+    (``--time-scale 1``, a ``--limit`` above the trace's length)."""
+    n = len(requests)
+    h = hashlib.sha256(_DIGEST_VERSION)
+    h.update(np.fromiter((r.arrival_s for r in requests), np.float64, n).tobytes())
+    h.update(np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n).tobytes())
+    h.update(np.fromiter((r.num_output_tokens for r in requests), np.int64, n).tobytes())
+    h.update(np.fromiter((-1 if r.priority is None else r.priority for r in requests),
+                         np.int64, n).tobytes())
+    h.update("\0".join(r.request_id for r in requests).encode())
+    lengths = np.fromiter((len(r.prefix_hash_ids) for r in requests), np.int64, n)
+    h.update(lengths.tobytes())
+    total = int(lengths.sum())
+    if total:
+        h.update(np.fromiter(itertools.chain.from_iterable(r.prefix_hash_ids for r in requests),
+                             np.int64, total).tobytes())
+    return h.hexdigest()
 
 
 # ---------------------------------------------------------------- rows on their way

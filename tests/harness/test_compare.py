@@ -248,6 +248,23 @@ def test_a_different_trace_warns_and_still_compares(nights: dict[str, Path], tmp
     assert trace[1]["before"] == manifest["trace"]["digest"] != trace[1]["after"]
 
 
+def test_digests_made_two_ways_say_so_rather_than_differ(
+        nights: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A night written before the digest was of the requests (no digest_scheme in its
+    manifests): its digest differs for the same trace, and the warning says why."""
+    old = tmp_path / "old"
+    shutil.copytree(nights["n1"], old)
+    for manifest in old.glob("*/manifest.json"):
+        doc = json.loads(manifest.read_text())
+        del doc["trace"]["digest_scheme"]
+        doc["trace"]["digest"] = "a" * 64
+        manifest.write_text(json.dumps(doc))
+    assert main(["compare", str(old), str(nights["n1"])]) == 0
+    err = capsys.readouterr().err
+    assert "trace digests made two ways (scheme 1 -> 2, a batchlab upgrade)" in err
+    assert "different trace digest" not in err
+
+
 def test_a_cell_that_failed_is_listed_with_its_state(nights: dict[str, Path], tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     after = tmp_path / "nightly"

@@ -695,7 +695,7 @@ def test_synthetic_needs_its_options() -> None:
 # ---------------------------------------------------------------- digest and describe
 
 
-def test_digest_depends_on_bytes_and_options_not_path(tmp_path: Path) -> None:
+def test_digest_is_of_the_requests_not_of_the_path_or_the_spelling(tmp_path: Path) -> None:
     copy = tmp_path / "copy.csv"
     copy.write_bytes(AZURE_CONV.read_bytes())
     assert loaded(AZURE_CONV).digest == loaded(copy).digest
@@ -705,6 +705,9 @@ def test_digest_depends_on_bytes_and_options_not_path(tmp_path: Path) -> None:
     # what does not change a request does not change the digest: naming the format found,
     # the spelling of a --lengths-from path, a seed nothing was drawn with
     assert loaded(AZURE_CONV, format="azure").digest == loaded(AZURE_CONV).digest
+    for no_op in ({"time_scale": 1.0}, {"limit": 5000}, {"start_s": 0.0}, {"skip_bad_rows": True}):
+        assert loaded(AZURE_CONV, **no_op).digest == loaded(AZURE_CONV).digest, no_op
+    assert loaded(AZURE_CONV, time_scale=2.0).digest != loaded(AZURE_CONV).digest
     assert loaded(AZURE_CONV, rate=4.0, seed=1).digest == loaded(AZURE_CONV, rate=4.0).digest
     assert (loaded(AZURE_CONV, rate=4.0, arrival="poisson", seed=1).digest
             != loaded(AZURE_CONV, rate=4.0, arrival="poisson").digest)
