@@ -42,6 +42,10 @@ DEFAULT_CLIENT_LAG_THRESHOLD_S = 0.010
 # SHORTEST_STEADY_E2ES times its decode time p90 (its E2E p90 without first tokens;
 # docs/metrics.md, "Capacity probes"; checked by ``pace``). A run report says when a run at a
 # load of its own fell behind: its waits then grow with the trace's length.
+# a run too short to show a steady state is still said to have fallen behind when the wait for
+# a first token grew, from the first quarter of its arrivals to the last, by more than this
+# share of its arrivals' span (Pace.swamped): a queue growing at that pace is no edge effect
+QUEUE_GROWTH_SHARE = 0.1
 PACE_TOLERANCE = 0.05
 PACE_SIGMAS = 2.0
 SHORTEST_STEADY_E2ES = 4
@@ -61,12 +65,28 @@ class Pace:
     # token to finish, which waiting in a queue does not lengthen): long enough that the
     # windows' edges alone cannot make the counts differ (None: not known)
     settled: bool | None = None
+    # how much longer the requests arriving in the last quarter of the arrivals waited for
+    # their first token than those of the first quarter (medians; None: not known), and how
+    # long the arrivals lasted
+    queue_growth_s: float | None = None
+    span_s: float | None = None
+
+    @property
+    def swamped(self) -> bool:
+        """Fell behind over arrivals too short to tell a backlog from the edges, yet the queue
+        grew plainly: the last quarter's requests waited longer for their first token than the
+        first quarter's by more than QUEUE_GROWTH_SHARE of the arrivals' span. Edges do not do
+        that; a backlog that grew for the whole run does."""
+        return (self.fell_behind and self.settled is False and self.queue_growth_s is not None
+                and self.span_s is not None
+                and self.queue_growth_s > QUEUE_GROWTH_SHARE * self.span_s)
 
     @property
     def overloaded(self) -> bool:
         """Fell behind over arrivals long enough to tell a growing backlog from the edges of a
-        short run: what a run report says of a run (a capacity probe fails on either)."""
-        return self.fell_behind and bool(self.settled)
+        short run, or too short yet ``swamped``: what a run report says of a run (a capacity
+        probe fails on either)."""
+        return self.fell_behind and (bool(self.settled) or self.swamped)
 
 
 def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
@@ -120,12 +140,30 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
         return Pace(arrived, completed, False,
                     f"too short to show a steady state: its arrivals last {end - start:.3g} s, "
                     f"under {SHORTEST_STEADY_E2ES} times its {what} p90 ({p90:.3g} s)",
-                    fell_behind=behind, settled=False)
+                    fell_behind=behind, settled=False,
+                    queue_growth_s=_queue_growth(arrival, first_token_s, ok, start, end),
+                    span_s=end - start)
     if behind:
         return Pace(arrived, completed, False,
                     f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} arriving "
                     "over the second half of its arrivals", fell_behind=True, settled=True)
     return Pace(arrived, completed, True, settled=True)
+
+
+def _queue_growth(arrival: np.ndarray, first_token_s: np.ndarray | None, ok: np.ndarray,
+                  start: float, end: float) -> float | None:
+    """Median wait for a first token of the requests arriving in the last quarter of the
+    arrivals, less that of the first quarter (completed requests); None when not known."""
+    if first_token_s is None:
+        return None
+    wait = np.asarray(first_token_s, dtype=float) - arrival
+    quarter = (end - start) / 4
+    known = ok & np.isfinite(wait)
+    first = wait[known & (arrival <= start + quarter)]
+    last = wait[known & (arrival >= end - quarter)]
+    if not first.size or not last.size:
+        return None
+    return float(np.median(last) - np.median(first))
 
 
 SLO_KEYS = ("ttft_s", "tpot_s", "e2e_s")

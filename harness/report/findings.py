@@ -187,8 +187,11 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
             and p.completed_per_s < (1 - PACE_TOLERANCE) * p.arrived_per_s]
 
     def rates(pace: Pace) -> str:
+        grew = (f"; too short to show a steady state, yet those arriving last waited "
+                f"{fmt_seconds(pace.queue_growth_s)} longer for a first token than the first"
+                if pace.swamped else "")
         return (f"completed {fmt_number(pace.completed_per_s, 'req/s')} while "
-                f"{fmt_number(pace.arrived_per_s, 'req/s')} arrived")
+                f"{fmt_number(pace.arrived_per_s, 'req/s')} arrived{grew}")
 
     consequence = ("TTFT and E2E are those of this trace's length (a longer trace would wait "
                    "longer), not of a steady state; `batchlab capacity` finds the highest "

@@ -388,3 +388,19 @@ def test_a_cell_whose_engine_would_reject_requests_as_too_long_is_refused_first(
     result = sc.run_scenario(sc.load_scenario(path), tmp_path, only="static*",
                              progress=quiet())
     assert all(o.state in ("done", "not_run") for o in result.outcomes)
+
+
+def test_a_sweep_warns_of_each_cell_that_fell_behind(tmp_path: Path) -> None:
+    """As simulate warns of its run, a sweep warns of each cell whose engine fell behind its
+    arrivals, as it finishes; the report's key findings say the same."""
+    stream = io.StringIO()
+    sc.run_scenario(sc.load_scenario(SMALL), tmp_path,
+                    progress=sc.SweepProgress(4, stream=stream, tty=False))
+    warned = [ln for ln in stream.getvalue().splitlines() if ln.startswith("warning: ")]
+    findings = (tmp_path / "small" / "report.md").read_text().split("## Key findings")[1]
+    behind = [c.name for c in sc.load_scenario(SMALL).cells()
+              if f"`{c.name}` (completed" in findings.split("fell behind their arrivals")[1]
+              .split("Their TTFT")[0]]
+    assert behind  # the static cells of this scenario cannot keep up
+    assert [ln.split(":")[1].strip() for ln in warned] == behind
+    assert all("the engine fell behind its arrivals (completed" in ln for ln in warned)

@@ -200,3 +200,29 @@ def test_a_minimum_load_of_zero_is_refused_for_what_it_is(
                      "--limit", "20", "--min-load", "0", "--slo", "ttft_s=1",
                      "--out", str(tmp_path / "cap")]) == 2
     assert "--min-load: must be a positive load, got 0" in capsys.readouterr().err
+
+
+def test_a_short_run_whose_queue_plainly_grew_is_said_to_have_fallen_behind() -> None:
+    """Too short to show a steady state (requests decode for 30 s, arrivals last 20 s), yet
+    served one at a time at a fifth of the arrival rate: the wait for a first token grows by
+    far more than a tenth of the span, which the edges of a short run cannot do."""
+    from harness.metrics import pace
+
+    arrival = np.arange(200) * 0.1  # 10 req/s for 20 s
+    decode_s = 30.0
+    first = np.empty_like(arrival)
+    free = 0.0
+    for i, t in enumerate(arrival):  # a first token every 0.5 s: 2 req/s
+        first[i] = free = max(free, t) + 0.5
+    finished = first + decode_s
+    swamped = pace(arrival, finished, finished - arrival, np.ones(200, bool), first)
+    assert swamped is not None and swamped.settled is False and swamped.fell_behind
+    assert swamped.queue_growth_s is not None and swamped.queue_growth_s > 0.1 * 19.9
+    assert swamped.swamped and swamped.overloaded
+    # the same short run keeping up: every first token 0.5 s after its arrival, no growth
+    first = arrival + 0.5
+    finished = first + decode_s
+    kept = pace(arrival, finished, finished - arrival, np.ones(200, bool), first)
+    assert kept is not None and kept.settled is False
+    assert kept.queue_growth_s == pytest.approx(0.0)
+    assert not kept.swamped and not kept.overloaded
