@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from harness.metrics import PACE_TOLERANCE, SHORTEST_STEADY_E2ES
 from harness.redact import redact_argv
@@ -619,11 +620,18 @@ def batch_size_section(series: Mapping[str, Sequence[BatchRow]]) -> list[str]:
     return lines
 
 
+def _largest_batch(roof: Mapping[str, Any]) -> int:
+    batch = roof.get("max_batch", roof.get("max_batch_in_kv"))
+    return batch if isinstance(batch, int) and not isinstance(batch, bool) else 0
+
+
 def _roofline_text(series: Mapping[str, Sequence[BatchRow]]) -> str:
-    roof = next((rf for rows in series.values() for r in rows
-                 if (rf := roofline_of(r.cell)) is not None), None)
-    if roof is None:
+    roofs = [rf for rows in series.values() for r in rows
+             if (rf := roofline_of(r.cell)) is not None]
+    if not roofs:
         return ""
+    # the cell that runs the largest batch: the others' caps stop short of what it shows
+    roof = max(roofs, key=lambda rf: _largest_batch(rf))
     ctx, ridge = roof.get("context_len"), roof.get("ridge_flop_per_byte")
     datasheet = roof.get("datasheet_ridge_flop_per_byte")
     where = (f"ridge {fmt_number(ridge)} FLOP/byte at the model's efficiencies, where its "

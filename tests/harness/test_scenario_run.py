@@ -404,3 +404,24 @@ def test_a_sweep_warns_of_each_cell_that_fell_behind(tmp_path: Path) -> None:
     assert behind  # the static cells of this scenario cannot keep up
     assert [ln.split(":")[1].strip() for ln in warned] == behind
     assert all("the engine fell behind its arrivals (completed" in ln for ln in warned)
+
+
+def test_the_roofline_is_said_of_the_cell_that_runs_the_largest_batch(tmp_path: Path) -> None:
+    """A batch-size sweep: the roofline paragraph speaks of the largest batch any cap runs,
+    not of the first cell's (a cap of 1 is no roofline's limit)."""
+    path = tmp_path / "caps.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: caps
+        question: How does the batch cap change throughput?
+        trace: {path: azure_conv_excerpt.csv, limit: 40, time_scale: 0.25}
+        model: llama-3.1-8b
+        gpu: h100-sxm
+        engines:
+          - {name: fcfs, engine: reference, knobs: {policy: fcfs}}
+        grid:
+          max_num_seqs: [1, 4, 16]
+        """))
+    sc.run_scenario(sc.load_scenario(path), tmp_path, progress=quiet())
+    roofline = next(ln for ln in (tmp_path / "caps" / "report.md").read_text().splitlines()
+                    if ln.startswith("Roofline"))
+    assert "the largest batch it runs, 16 (its max_num_seqs; the KV cache holds" in roofline
