@@ -71,6 +71,8 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         out += behind
     elif ok and base is not None:
         out += behind  # before the comparisons it qualifies
+        if not any(r.source == "search" for r in capacity):
+            out += _offered_load_finding(ok)
         bases = bases or Baselines.of(ok, base)
         scored = []
         for c in ok:
@@ -213,6 +215,30 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
         text += (f" Short of its arrivals too, by more than {fmt_pct(PACE_TOLERANCE)} but by no "
                  f"more than chance explains: {names}.")
     return [text]
+
+
+def _offered_load_finding(ok: Sequence[CellResult]) -> list[str]:
+    """Cells that kept pace with their arrivals served the load offered to them: their output
+    throughput is that load's, not what they could serve. Said when every cell kept pace
+    (throughput then tells the engines apart in nothing), or when some kept pace while others
+    fell behind (the ratios between them are lower bounds)."""
+    paces = [(c, c.pace) for c in ok]
+    if len(ok) < 2 or any(p is None for _, p in paces):
+        return []
+    kept = [c for c, p in paces if p is not None and p.kept]
+    behind = [c for c, p in paces if p is not None and p.overloaded]
+    capacity = "`batchlab capacity` finds the highest load each keeps pace with."
+    if len(kept) == len(ok):
+        return ["Every cell kept pace with its arrivals: each served the load offered to it, "
+                "so their output throughputs are the offered load's, not what each could "
+                "serve, and do not tell them apart; " + capacity]
+    if kept and behind:
+        names = ", ".join(code(c.name) for c in kept)
+        return [f"{names} kept pace with {'its' if len(kept) == 1 else 'their'} arrivals, "
+                "serving all the load offered: a throughput ratio between "
+                f"{'it' if len(kept) == 1 else 'them'} and a cell that fell behind is a lower "
+                "bound on the difference in what they can serve; " + capacity]
+    return []
 
 
 def _ratio(a: Any, b: Any) -> float | None:

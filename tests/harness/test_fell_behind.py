@@ -72,6 +72,9 @@ def test_a_comparison_names_each_cell_that_fell_behind(tmp_path: Path) -> None:
     findings = out.read_text().split("## Key findings")[1].split("\n## ")[0]
     assert "`r10` fell behind its arrivals: over the second half of them it completed" in findings
     assert "`r2`" not in findings.split("fell behind")[0].splitlines()[-1]
+    # the one that kept pace served all it was offered: its throughput ratio is a lower bound
+    assert ("- `r2` kept pace with its arrivals, serving all the load offered: a throughput "
+            "ratio between it and a cell that fell behind is a lower bound") in findings
 
 
 def _cell(name: str, pace: Pace) -> CellResult:
