@@ -555,8 +555,12 @@ def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
               "requests may show a higher capacity)"
               + ("" if waits else " (this SLO bounds no waiting time, so an over-saturated load "
                  "could meet it: being stopped early or falling behind is what fails it)")
-              + ". *search*: found by `batchlab capacity` (its `search.json`: "
-              "the bracket, to the stated precision); *interpolated*: between this report's "
+              + ". A kept pace allows a shortfall that chance explains, so a capacity may "
+              "exceed the rate the engine sustains by up to about max(5%, 2/√n), n about half "
+              "the probe's requests (6% with 2,000, 20% with 200): more than a search's "
+              "precision on a short trace. *search*: found by `batchlab capacity` (its "
+              "`search.json`: the bracket, to the stated precision); *interpolated*: between "
+              "this report's "
               "load points, linear in SLO attainment (a rough figure; a search states its "
               "precision). ≥: a lower bound (no load tried failed, the search was cut short, or "
               "the trace was too short to test more); <: every load tried failed.", ""]
