@@ -229,9 +229,15 @@ TELEMETRY = TelemetrySpec(
 JSON_TELEMETRY = TelemetrySpec(path="/metrics", format="trtllm_json")
 
 
-def render_config(config: tuple[tuple[str, object], ...]) -> str:
-    """The YAML for ``--extra_llm_api_options``: mapped keys first, then the fixed ones."""
-    return yaml.safe_dump(config_tree((*config, *FIXED_CONFIG)), sort_keys=False)
+def render_config(config: tuple[tuple[str, object], ...], *, json_telemetry: bool = False
+                  ) -> str:
+    """The YAML for ``--extra_llm_api_options``: mapped keys first, then the fixed ones. Read
+    from the JSON ``/metrics``, ``return_perf_metrics`` stays off: with it on, recent servers'
+    Prometheus collector drains the same stats queue and the JSON endpoint stays ``[]``
+    (engines.md, TRT-LLM quirk 1: vllm-project/aibrix#2004)."""
+    fixed = tuple((k, False if json_telemetry and k == "return_perf_metrics" else v)
+                  for k, v in FIXED_CONFIG)
+    return yaml.safe_dump(config_tree((*config, *fixed)), sort_keys=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +266,9 @@ class TrtllmAdapter:
         )
         return self._wire().launched(
             NAME, argv=argv, env={**dict(setting.env), **self.env},
-            config_files={CONFIG_FILE: render_config(setting.config)}, mapping=mapping,
+            config_files={CONFIG_FILE: render_config(setting.config,
+                                                     json_telemetry=self.json_telemetry)},
+            mapping=mapping,
             host=self.host, port=port, model=self.served_model_name or self.model)
 
     def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:

@@ -250,7 +250,8 @@ def trtllm_iterations_reading(entries: Sequence[Mapping[str, Any]]) -> Reading:
     """
     values: dict[str, float | None] = dict.fromkeys(COLUMNS[1:])
     if not entries:
-        return Reading(values, ("num_running", "num_waiting", "kv_usage", "num_preemptions"))
+        return Reading(values, ("num_running", "num_waiting", "kv_usage", "num_preemptions",
+                                "batch_tokens"))
     last = entries[-1]
     missing: list[str] = []
     for column, key in (("num_running", "numActiveRequests"), ("num_waiting", "numQueuedRequests")):

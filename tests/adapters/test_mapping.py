@@ -596,6 +596,11 @@ def test_trtllm_swap_is_approximated_as_max_utilization() -> None:
 def test_trtllm_json_telemetry_option() -> None:
     plan = trtllm.TrtllmAdapter("m", port=1, json_telemetry=True).plan(trt_knobs())
     assert plan.telemetry.format == "trtllm_json" and plan.telemetry.path == "/metrics"
+    # with return_perf_metrics on, the Prometheus collector drains the JSON endpoint's queue
+    config = trt_yaml(plan)
+    assert config["enable_iter_perf_stats"] is True and config["return_perf_metrics"] is False
+    prometheus = trtllm.TrtllmAdapter("m", port=1).plan(trt_knobs())
+    assert trt_yaml(prometheus)["return_perf_metrics"] is True
 
 
 def test_trtllm_refuses_prompts_longer_than_its_token_budget_without_chunking() -> None:

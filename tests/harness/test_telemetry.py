@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from adapters import tgi, trtllm, vllm
-from adapters.base import MetricSource, TelemetrySpec
+from adapters.base import CANONICAL_SIGNALS, MetricSource, TelemetrySpec
 from harness.live.telemetry import (
     COLUMNS,
     CanonicalReader,
@@ -138,6 +138,9 @@ def test_trtllm_json_iterations() -> None:
     assert reading.values["num_steps"] == 2 and reading.values["num_batched_tokens"] == 36
     idle = trtllm_iterations_reading([])
     assert idle.values["num_running"] is None and "num_running" in idle.missing
+    # no iterations: nothing of any signal, every one said missing (the batch's too)
+    assert all(v is None for v in idle.values.values())
+    assert set(idle.missing) == set(CANONICAL_SIGNALS)
 
 
 def test_source_for_picks_the_format() -> None:
