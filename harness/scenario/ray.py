@@ -16,6 +16,7 @@ from harness.scenario.schema import Scenario, ScenarioError
 from harness.scenario.status import (
     ERROR_FILE,
     CellOutcome,
+    fell_behind_warning,
     finish_status,
     prepare_cell_dir,
     read_status,
@@ -101,6 +102,9 @@ def run_ray(scenario: Scenario, scenario_dir: Path, jobs: Sequence[CellJob],
                 (cell_dir / ERROR_FILE).write_text(result["traceback"])
             finish_status(cell_dir, result["state"], result["reason"], status)
             progress.finish_cell(job.cell.name, result["state"], result["reason"])
+            behind = fell_behind_warning(cell_dir) if result["state"] == "done" else ""
+            if behind:
+                progress.message(f"warning: {job.cell.name}: {behind}")
             outcomes[job.cell.name] = CellOutcome(job.cell.name, result["state"],
                                                   result["reason"], cell_dir)
     return outcomes

@@ -21,6 +21,7 @@ from harness.scenario.status import (
     ERROR_FILE,
     CellOutcome,
     check_done_cell,
+    fell_behind_warning,
     finish_status,
     interrupted_reason,
     prepare_cell_dir,
@@ -314,25 +315,10 @@ def _run_local(scenario: Scenario, scenario_dir: Path, job: CellJob, runner: Cel
         return CellOutcome(cell.name, "failed", reason, cell_dir)
     finish_status(cell_dir, "done", "", status)
     progress.finish_cell(cell.name, "done")
-    behind = _fell_behind(cell_dir)
+    behind = fell_behind_warning(cell_dir)
     if behind:
         progress.message(f"warning: {cell.name}: {behind}")
     return CellOutcome(cell.name, "done", "", cell_dir)
-
-
-def _fell_behind(cell_dir: Path) -> str:
-    """What a finished cell's engine did when it fell behind its arrivals, as ``simulate``
-    warns of it ('' when it kept pace, or the check cannot be made)."""
-    from harness.manifest import read_manifest
-    from harness.results import SUMMARY_FILE, read_json_object, run_pace
-
-    pace = run_pace(cell_dir, read_json_object(cell_dir / SUMMARY_FILE),
-                    read_manifest(cell_dir))
-    if pace is None or not pace.overloaded:
-        return ""
-    return (f"the engine fell behind its arrivals (completed {pace.completed_per_s:.3g} req/s "
-            f"while {pace.arrived_per_s:.3g} arrived over their second half): its TTFT and "
-            "E2E are those of this trace's length, not of a steady state")
 
 
 def write_scenario_report(scenario_dir: Path) -> Path:

@@ -154,3 +154,18 @@ def _parse_problem(path: Path) -> str:
 def _sha256(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def fell_behind_warning(cell_dir: Path) -> str:
+    """What a finished cell's engine did when it fell behind its arrivals, as ``simulate``
+    warns of it ('' when it kept pace, or the check cannot be made)."""
+    from harness.manifest import read_manifest
+    from harness.results import SUMMARY_FILE, read_json_object, run_pace
+
+    pace = run_pace(cell_dir, read_json_object(cell_dir / SUMMARY_FILE),
+                    read_manifest(cell_dir))
+    if pace is None or not pace.overloaded:
+        return ""
+    return (f"the engine fell behind its arrivals (completed {pace.completed_per_s:.3g} req/s "
+            f"while {pace.arrived_per_s:.3g} arrived over their second half): its TTFT and "
+            "E2E are those of this trace's length, not of a steady state")
