@@ -12,7 +12,7 @@ import dataclasses
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from adapters.knobs import REFERENCE, UNIFORM, KnobError, Knobs, KnobSpec, ReferenceKnobs
@@ -456,3 +456,30 @@ def first_error_line(run_dir: str) -> str | None:
     from harness.results import first_error
 
     return first_error(Path(run_dir))
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a fraction in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
+    return value
+
+
+MAX_FAILED_HELP = ("exit with status 1 when more than this fraction of the requests sent "
+                   "failed, e.g. 0.01 for a nightly job (default: only when none succeeded); "
+                   "the results are kept either way")
+
+
+def too_many_failed(summary: Mapping[str, Any], max_failed: float | None) -> str | None:
+    """Why a run failed ``--max-failed`` (more than that fraction of the requests it sent
+    failed), in words; None when it did not, or no limit was given."""
+    sent = summary.get("num_requests") or 0
+    failed = summary.get("num_failed") or 0
+    if max_failed is None or not sent or failed / sent <= max_failed:
+        return None
+    return (f"{failed} of {sent} requests failed ({failed / sent:.1%}), more than "
+            f"--max-failed {max_failed:g} (failures: {summary.get('failures') or {}})")

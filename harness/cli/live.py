@@ -14,6 +14,7 @@ from adapters.knobs import UNIFORM, KnobError
 from harness.cli.common import (
     EXIT_FAILURE,
     GPU_HELP,
+    MAX_FAILED_HELP,
     OVERWRITE_HELP,
     PROMPT_SALT_HELP,
     UserError,
@@ -22,12 +23,14 @@ from harness.cli.common import (
     add_subparser,
     add_trace_options,
     command_line,
+    fraction,
     knobs_from_args,
     load_trace,
     parse_slo,
     print_live_headline,
     progress_bar,
     refuse_cell,
+    too_many_failed,
 )
 from harness.target import RunOptions, TargetSpec
 from harness.targets import LiveTarget
@@ -92,10 +95,8 @@ def add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "callback (default; several times the capacity); httpx: the httpx library")
     g.add_argument("--prompt-salt", default="none", metavar="auto|TEXT|none",
                    help=PROMPT_SALT_HELP)
-    g.add_argument("--max-failed", type=_fraction, default=None, metavar="F",
-                   help="exit with status 1 when more than this fraction of the requests sent "
-                   "failed, e.g. 0.01 for a nightly job (default: only when none succeeded); "
-                   "the results are kept either way")
+    g.add_argument("--max-failed", type=fraction, default=None, metavar="F",
+                   help=MAX_FAILED_HELP)
     g.add_argument("--out", default="reports/replay", help="run folder (reports/replay)")
     g.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     g.add_argument("--workers", type=int, default=1, metavar="N",
@@ -204,16 +205,6 @@ def _who_answers(url: str) -> dict[str, Any] | None:
             "base_url": url, "version": probe.get("version"), "version_probe": probe}
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
-    return value
-
-
 def no_request_served(summary: dict[str, Any], url: str | None,
                       max_failed: float | None = None) -> int:
     """EXIT_FAILURE, said on stderr, when the run sent requests and none succeeded (nothing
@@ -228,10 +219,9 @@ def no_request_served(summary: dict[str, Any], url: str | None,
         print(f"error: none of the {sent} requests succeeded "
               f"(failures: {failures}); {why}", file=sys.stderr)
         return EXIT_FAILURE
-    failed = summary.get("num_failed") or 0
-    if max_failed is not None and sent and failed / sent > max_failed:
-        print(f"error: {failed} of {sent} requests failed ({failed / sent:.1%}), more than "
-              f"--max-failed {max_failed:g} (failures: {failures})", file=sys.stderr)
+    too_many = too_many_failed(summary, max_failed)
+    if too_many:
+        print(f"error: {too_many}", file=sys.stderr)
         return EXIT_FAILURE
     return 0
 

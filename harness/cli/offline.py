@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from harness.cli.common import (
     EXIT_FAILURE,
+    MAX_FAILED_HELP,
     OVERWRITE_HELP,
     Parser,
     UserError,
@@ -18,6 +19,7 @@ from harness.cli.common import (
     add_subparser,
     add_trace_options,
     command_line,
+    fraction,
     knobs_from_args,
     load_trace,
     parse_slo,
@@ -28,6 +30,7 @@ from harness.cli.common import (
     progress_bar,
     reference_knobs_from_args,
     refuse_cell,
+    too_many_failed,
 )
 from harness.results import nothing_served
 from harness.sim.target import SimulatedTarget  # not harness.targets: no live client to load
@@ -164,6 +167,8 @@ def add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     add_load_mode_options(p)
     p.add_argument("--out", default="reports/simulate", help="run folder (reports/simulate)")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    p.add_argument("--max-failed", type=fraction, default=None, metavar="F",
+                   help=MAX_FAILED_HELP)
     p.add_argument("--no-report", action="store_true",
                    help="skip report.md and its plots (about a second; `batchlab report DIR` "
                    "writes them later from the folder)")
@@ -223,7 +228,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     report = (f"no report: `batchlab report {out}` writes it" if args.no_report
               else f"report: {out / 'report.md'}")
     print(f"results: {out}/ ({report})")
-    why = nothing_served(summary, out)
+    why = nothing_served(summary, out) or too_many_failed(summary, args.max_failed)
     if why is not None:  # its files are kept; a script must not take it for a measurement
         print(f"error: {why}", file=sys.stderr)
         return EXIT_FAILURE

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.cli.common import EXIT_FAILURE, UserError, add_subparser
+from harness.cli.common import EXIT_FAILURE, UserError, add_subparser, fraction, too_many_failed
+from harness.results import SUMMARY_FILE, read_json_object
 
 
 def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,6 +37,10 @@ def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="run cells as Ray tasks (live cells ask for their tensor_parallel_size "
                    "GPUs); without ADDRESS, start or join a local Ray")
     p.add_argument("--list", action="store_true", help="print the cells and exit")
+    p.add_argument("--max-failed", type=fraction, default=None, metavar="F",
+                   help="exit with status 1 when, in any cell, more than this fraction of the "
+                   "requests sent failed, e.g. 0.01 for a nightly job (default: only when a "
+                   "cell failed or served nothing); every cell runs and is kept either way")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -61,11 +66,18 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "them, and the same command with --resume runs the others") from None
     except (ScenarioError, RunDirError) as exc:
         raise UserError(str(exc)) from None
+    too_many = []
     for outcome in result.outcomes:
         if outcome.state == "failed":
             print(f"cell {outcome.name} failed: {outcome.reason}", file=sys.stderr)
+        elif outcome.state in ("done", "skipped") and outcome.run_dir is not None:
+            why = too_many_failed(read_json_object(outcome.run_dir / SUMMARY_FILE),
+                                  args.max_failed)
+            if why:
+                too_many.append(outcome.name)
+                print(f"cell {outcome.name}: {why}", file=sys.stderr)
     print(f"report: {result.report}")
-    return EXIT_FAILURE if result.num_failed else 0
+    return EXIT_FAILURE if result.num_failed or too_many else 0
 
 
 def add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -425,3 +425,36 @@ def test_the_roofline_is_said_of_the_cell_that_runs_the_largest_batch(tmp_path: 
     roofline = next(ln for ln in (tmp_path / "caps" / "report.md").read_text().splitlines()
                     if ln.startswith("Roofline"))
     assert "the largest batch it runs, 16 (its max_num_seqs; the KV cache holds" in roofline
+
+
+def test_max_failed_fails_a_run_that_served_some_and_failed_more(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A nightly gate on failures: --max-failed on simulate and run exits 1 when more than the
+    fraction failed (the run is kept), 0 within it, as replay --max-failed does."""
+    excerpt = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
+    args = ["simulate", "--trace", str(excerpt), "--limit", "50", "--num-gpu-blocks", "60",
+            "--no-report"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0  # some served: no gate asked
+    assert main([*args, "--max-failed", "0.05", "--out", str(tmp_path / "b")]) == 1
+    assert "error: 10 of 50 requests failed (20.0%), more than --max-failed 0.05" \
+        in capsys.readouterr().err
+    assert (tmp_path / "b" / "summary.json").exists()
+    assert main([*args, "--max-failed", "0.5", "--out", str(tmp_path / "c")]) == 0
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(textwrap.dedent(f"""\
+        name: tight
+        question: Does a tiny KV cache reject long prompts?
+        trace: {{path: {excerpt}, limit: 50}}
+        model: llama-3.1-8b
+        gpu: h100-sxm
+        engines:
+          - {{name: tiny, engine: reference, num_gpu_blocks: 60}}
+          - {{name: roomy, engine: reference}}
+        """))
+    run = ["run", str(scenario), "--out", str(tmp_path / "sweep")]
+    assert main(run) == 0
+    capsys.readouterr()
+    assert main([*run, "--resume", "--max-failed", "0.05"]) == 1
+    err = capsys.readouterr().err
+    assert "cell tiny: 10 of 50 requests failed (20.0%), more than --max-failed 0.05" in err
+    assert "cell roomy" not in err
