@@ -69,7 +69,6 @@ from harness.results import (
     CHUNKS_FILE,
     REQUESTS_FILE,
     SUMMARY_FILE,
-    write_json_atomic,
 )
 from harness.runfolder import RunIdentity, RunWriteError, claim_run_dir
 from harness.target import EarlyStop
@@ -458,19 +457,16 @@ async def replay(
     finally:
         sync_task.cancel()
         writer.close()
-        summary, stopped = finish_run_folder(
-            out_dir, run.timelines, config, run_id=run_id, error=run.write_error or writer.error,
-            stopped_at_s=run.stopped_at_s, num_on_disk=writer.num_written)
-        if run.stop_reason is not None and stopped is None:
-            summary["stopped_early"] = run.stop_reason
-        if stopped is not None:
-            status = "failed"
         # how the run ended and how much of the trace it sent, in the summary too: a job that
         # reads only summary.json must not take an interrupted run's figures for a whole run
-        summary.update(status=status, num_planned=len(requests),
-                       num_not_sent=len(requests) - len(run.timelines))
-        with contextlib.suppress(OSError):
-            write_json_atomic(summary, out_dir / SUMMARY_FILE)
+        ended = {"status": status, "num_planned": len(requests),
+                 "num_not_sent": len(requests) - len(run.timelines),
+                 **({"stopped_early": run.stop_reason} if run.stop_reason is not None else {})}
+        summary, stopped = finish_run_folder(
+            out_dir, run.timelines, config, run_id=run_id, error=run.write_error or writer.error,
+            stopped_at_s=run.stopped_at_s, num_on_disk=writer.num_written, fields=ended)
+        if stopped is not None:
+            status = "failed"
         stats = builder.stats
         update_manifest_quietly(out_dir, {
             **(stopped or {}),

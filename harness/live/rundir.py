@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,13 +70,16 @@ def replay_manifest(trace: Trace, config: ReplayConfig, builder: PromptBuilder,
 
 
 def consolidate(out_dir: Path, timelines: Sequence[RequestTimeline], *, slo: Slo | None,
-                 client_lag_threshold_s: float, run_id: str | None = None) -> dict[str, Any]:
-    """Write the parquet files and ``summary.json`` (all stamped with ``run_id``)."""
+                 client_lag_threshold_s: float, run_id: str | None = None,
+                 fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Write the parquet files and ``summary.json`` (all stamped with ``run_id``); ``fields``:
+    what the summary says besides the metrics (how the run ended)."""
     ordered = sorted(timelines, key=lambda tl: tl.arrival_s)
     summary = with_engine_counters(
         summarize(ordered, slo=slo, client_lag_threshold_s=client_lag_threshold_s), out_dir)
     if run_id is not None:
         summary["run_id"] = run_id
+    summary.update(fields or {})
     write_timelines(out_dir, ordered, live=True, run_id=run_id)
     write_json_atomic(summary, out_dir / SUMMARY_FILE)
     return summary
@@ -105,19 +108,22 @@ def with_engine_counters(summary: dict[str, Any], out_dir: Path) -> dict[str, An
 
 def finish_run_folder(out_dir: Path, timelines: Sequence[RequestTimeline], config: ReplayConfig,
                       *, run_id: str, error: OSError | None, stopped_at_s: float | None,
-                      num_on_disk: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Consolidate the run folder. After a write the disk refused (``error``, or one here),
-    also what the manifest records of where the run stopped; the summary is then computed
-    in memory if even it cannot be written."""
+                      num_on_disk: int, fields: Mapping[str, Any] | None = None,
+                      ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Consolidate the run folder, ``fields`` in its summary (``consolidate``). After a write
+    the disk refused (``error``, or one here), also what the manifest records of where the run
+    stopped, and the summary says it failed; it is then computed in memory if even it cannot
+    be written."""
     try:
         summary = consolidate(out_dir, timelines, slo=config.slo,
                               client_lag_threshold_s=config.client_lag_threshold_s,
-                              run_id=run_id)
+                              run_id=run_id, fields=fields)
     except OSError as exc:
         error = error or exc
         summary = summarize(timelines, slo=config.slo,
                             client_lag_threshold_s=config.client_lag_threshold_s)
         summary["run_id"] = run_id
+        summary.update(fields or {})
     if error is None:
         return summary, None
     where = getattr(error, "filename", None) or str(out_dir / RECORDS_FILE)
@@ -129,6 +135,7 @@ def finish_run_folder(out_dir: Path, timelines: Sequence[RequestTimeline], confi
         "t_s": stopped_at_s, "num_recorded_on_disk": num_on_disk,
         "num_recorded": len(timelines), "file": where}}
     summary["stopped_early"] = reason
+    summary["status"] = "failed"
     with contextlib.suppress(OSError):
         write_json_atomic(summary, out_dir / SUMMARY_FILE)
     return summary, stopped

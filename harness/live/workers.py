@@ -187,10 +187,7 @@ def replay_workers(
             proc.join(timeout=60)
             if proc.is_alive():
                 proc.terminate()
-        summary = _merge(out_dir, trace, config, dirs, run_id, reports)
-        summary.update(status=status, num_planned=len(trace.requests),
-                       num_not_sent=len(trace.requests) - summary["num_requests"])
-        write_json_atomic(summary, out_dir / SUMMARY_FILE)
+        summary = _merge(out_dir, trace, config, dirs, run_id, reports, status)
         update_manifest(out_dir, {
             "status": status, "t0_perf_counter_ns": t0_ns, "errors": errors,
             "num_sent": sum(int(read_manifest(d).get("num_sent") or 0) for d in dirs),
@@ -276,7 +273,7 @@ def merge_timelines(parts: Sequence[Sequence[RequestTimeline]]) -> list[RequestT
 
 
 def _merge(out_dir: Path, trace: Trace, config: ReplayConfig, dirs: Sequence[Path],
-           run_id: str, reports: dict[int, dict[str, Any]]) -> dict[str, Any]:
+           run_id: str, reports: dict[int, dict[str, Any]], status: str) -> dict[str, Any]:
     parts = [read_records(d / RECORDS_FILE) if (d / RECORDS_FILE).exists() else []
              for d in dirs]
     timelines = merge_timelines(parts)
@@ -295,5 +292,8 @@ def _merge(out_dir: Path, trace: Trace, config: ReplayConfig, dirs: Sequence[Pat
     summary["workers"] = per_worker
     if any(w["client_limited"] for w in per_worker):
         summary["client_limited"] = True
+    # how the run ended and how much of the trace it sent (as replay's summary says)
+    summary.update(status=status, num_planned=len(trace.requests),
+                   num_not_sent=len(trace.requests) - summary["num_requests"])
     write_json_atomic(summary, out_dir / SUMMARY_FILE)
     return summary

@@ -276,11 +276,8 @@ def expand(scenario: Scenario) -> tuple[Cell, ...]:
 
 @functools.lru_cache(maxsize=64)
 def _sha256_of(path: str, mtime_ns: int, size: int) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def file_sha256(path: Path) -> str | None:

@@ -320,7 +320,7 @@ def _parse_mooncake(path: str, text: str, fields: _Fields, *, skip_bad_rows: boo
     rows, num_source_rows, skipped = _parse_rows(items(), parse_one, skip_bad_rows=skip_bad_rows)
     if num_source_rows == 0:
         raise TraceError("empty file (no JSON lines)", path=path)
-    return Parsed(rows, True, num_source_rows, skipped, hash_block_tokens=MOONCAKE_BLOCK_TOKENS)
+    return Parsed(rows, True, num_source_rows, skipped)
 
 
 # ---------------------------------------------------------------- reading and detection

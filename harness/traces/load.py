@@ -95,11 +95,12 @@ def load_trace(path: str | Path | None, options: TraceOptions | None = None) -> 
         raise TraceError(f"no requests left after applying the options, of "
                          f"{report.counts['num_source_rows']} rows: {why}", path=label)
     rows = apply_arrivals(rows, options, arrival, parsed.timed, label, report)
-    drawn = any(r.priority is not None for r in rows)
+    priority_column = any(r.priority is not None for r in rows)
     rows = apply_priorities(rows, options, report)
-    # the seed matters where something was drawn: arrivals, sampled lengths, priorities
+    # the seed matters where something was drawn: arrivals, sampled lengths, priorities (not
+    # when the trace's own column gave them)
     seeded = (arrival is not None or options.lengths_from is not None
-              or (not drawn and options.priority_fraction is not None))
+              or (not priority_column and options.priority_fraction is not None))
 
     requests = tuple(
         TraceRequest(r.request_id, r.arrival_s, r.num_prompt_tokens, r.num_output_tokens,

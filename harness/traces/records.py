@@ -150,7 +150,6 @@ class Parsed:
     skipped: list[TraceError]
     num_failed: int = 0  # BurstGPT rows of failed requests (0 response tokens)
     models: Counter[str] = field(default_factory=Counter)  # BurstGPT "Model" column
-    hash_block_tokens: int | None = None
     num_reordered: int = 0  # rows that arrived before the row above them
 
 
