@@ -88,6 +88,24 @@ class Pace:
         probe fails on either)."""
         return self.fell_behind and (bool(self.settled) or self.swamped)
 
+    def behind_warning(self) -> str:
+        """What the command line says of an ``overloaded`` run, after ``simulate``, ``replay``
+        and each scenario cell ('' when it kept pace): one wording for all of them."""
+        if not self.overloaded:
+            return ""
+        grew = (f" (too short to show a steady state, yet those arriving last waited "
+                f"{_seconds(self.queue_growth_s or 0.0)} longer for a first token than the "
+                "first)" if self.swamped else "")
+        return (f"the engine fell behind its arrivals: over the second half of them it "
+                f"completed {self.completed_per_s:.3g} req/s while {self.arrived_per_s:.3g} "
+                f"arrived{grew}, so its queue grew for the whole run: TTFT and E2E are those "
+                "of this trace's length, not of a steady state (`batchlab capacity` finds the "
+                "load it keeps pace with)")
+
+
+def _seconds(value_s: float) -> str:
+    return f"{value_s * 1000:.1f} ms" if value_s < 1 else f"{value_s:.2f} s"
+
 
 def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
          ok: np.ndarray, first_token_s: np.ndarray | None = None) -> Pace | None:

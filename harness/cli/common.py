@@ -400,14 +400,7 @@ def print_behind(summary: dict[str, Any], run_dir: str) -> None:
     folder = Path(run_dir)
     pace = run_pace(folder, summary, read_manifest(folder))
     if pace is not None and pace.overloaded:
-        grew = (f" (too short to show a steady state, yet those arriving last waited "
-                f"{fmt_s(pace.queue_growth_s)} longer for a first token than the first)"
-                if pace.swamped else "")
-        print(f"warning: the engine fell behind its arrivals: over the second half of them it "
-              f"completed {pace.completed_per_s:.3g} req/s while {pace.arrived_per_s:.3g} "
-              f"arrived{grew}, so its queue grew for the whole run: TTFT and E2E are those of "
-              "this trace's length, not of a steady state (`batchlab capacity` finds the load "
-              "it keeps pace with)", file=sys.stderr)
+        print(f"warning: {pace.behind_warning()}", file=sys.stderr)
 
 
 def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> None:

@@ -164,8 +164,4 @@ def fell_behind_warning(cell_dir: Path) -> str:
 
     pace = run_pace(cell_dir, read_json_object(cell_dir / SUMMARY_FILE),
                     read_manifest(cell_dir))
-    if pace is None or not pace.overloaded:
-        return ""
-    return (f"the engine fell behind its arrivals (completed {pace.completed_per_s:.3g} req/s "
-            f"while {pace.arrived_per_s:.3g} arrived over their second half): its TTFT and "
-            "E2E are those of this trace's length, not of a steady state")
+    return "" if pace is None else pace.behind_warning()

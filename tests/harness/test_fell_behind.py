@@ -13,6 +13,7 @@ from harness.metrics import Pace
 from harness.report import render_run_report
 from harness.report.findings import _behind_finding
 from harness.report.runs import CellResult, load_run
+from harness.scenario.status import fell_behind_warning
 
 REPO = Path(__file__).resolve().parents[2]
 EXCERPT = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
@@ -33,6 +34,8 @@ def test_an_overloaded_run_says_it_fell_behind(tmp_path: Path,
     assert f"warning: the engine {BEHIND}" in err
     pace = load_run(tmp_path / "over").pace
     assert pace is not None and pace.fell_behind and not pace.kept
+    # a scenario cell's warning is the same words as the command's
+    assert f"warning: {fell_behind_warning(tmp_path / 'over')}\n" in err
     assert pace.completed_per_s < pace.arrived_per_s
     render_run_report(tmp_path / "over")
     report = (tmp_path / "over" / "report.md").read_text()
