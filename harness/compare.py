@@ -93,6 +93,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("num_failed", "lower", "requests"),
 )
 _BY_NAME = {m.name: m for m in METRICS}
+# computed under the run's SLO: not comparable between runs whose SLOs differ
+SLO_METRICS = frozenset({"goodput.requests_per_s", "goodput.slo_attainment"})
 # ``failures`` in summary.json counts failed requests by error kind; its total is num_failed
 ALIASES = {"failures": "num_failed"}
 
@@ -137,7 +139,7 @@ class Change:
     @property
     def change_text(self) -> str:
         if self.judgement == "n/a":
-            return "–"
+            return "–"  # a side without a value, or goodput under two SLOs
         if self.change_pct is None:
             return "from 0"
         return "0.0%" if self.change_pct == 0 else f"{self.change_pct:+.1f}%"
@@ -341,11 +343,19 @@ def compare(before: Path, after: Path, *, checks: Sequence[Check] = (),
 
 
 def pair(name: str, before: CellResult, after: CellResult, same_within_pct: float) -> Pair:
-    """Every headline metric of two cells side by side; none unless both finished."""
-    changes = tuple(change_of(m, get(before.summary, m.name), get(after.summary, m.name),
-                              same_within_pct) for m in METRICS
-                    ) if finished(before) and finished(after) else ()
-    return Pair(name, before, after, changes)
+    """Every headline metric of two cells side by side; none unless both finished. Goodput
+    computed under two different SLOs is set side by side but not judged ("n/a")."""
+    if not (finished(before) and finished(after)):
+        return Pair(name, before, after, ())
+    other_slo = _slo(before) != _slo(after)
+    changes = []
+    for m in METRICS:
+        ch = change_of(m, get(before.summary, m.name), get(after.summary, m.name),
+                       same_within_pct)
+        if other_slo and m.name in SLO_METRICS:
+            ch = Change(m, ch.before, ch.after, ch.change_pct, "n/a")
+        changes.append(ch)
+    return Pair(name, before, after, tuple(changes))
 
 
 def _names(cells: Sequence[CellResult]) -> str:
@@ -382,6 +392,8 @@ def _check_failure(check: Check, ch: Change) -> str:
         return ""  # nothing to regress from
     if ch.after is None:
         return f"has no value after (before: {m.text(ch.before)})"
+    if ch.judgement == "n/a":
+        return "cannot be checked: the two runs' goodput was computed under different SLOs"
     if not ch.moved_worse:
         return ""
     span = f"{m.text(ch.before)} -> {m.text(ch.after)}"
@@ -483,7 +495,12 @@ def _engine_config(c: CellResult) -> Mapping[str, Any]:
 
 
 def _slo(c: CellResult) -> Any:
-    return c.manifest.get("slo") or get(c.summary, "slo") or None
+    """The SLO the run's goodput was computed under: its summary's (``batchlab summarize
+    --slo`` may have changed it since the run, which the manifest does not follow), else the
+    manifest's."""
+    if isinstance(c.summary, Mapping) and "slo" in c.summary:
+        return c.summary["slo"] or None
+    return c.manifest.get("slo") or None
 
 
 def _changed(before: Mapping[str, Any], after: Mapping[str, Any]

@@ -97,6 +97,16 @@ def difference_notes(cells: Sequence[CellResult]) -> list[str]:
             "reasons too, not for the engine and knobs alone."]
 
 
+def same_slo(a: CellResult, b: CellResult) -> bool:
+    """Whether two cells' goodput was computed under the same SLO (their summaries')."""
+    return bool(get(a.summary, "slo") == get(b.summary, "slo"))
+
+
+def one_slo(cells: Sequence[CellResult]) -> bool:
+    """Whether every cell's goodput was computed under the same SLO."""
+    return all(same_slo(c, cells[0]) for c in cells[1:])
+
+
 def slo_notes(cells: Sequence[CellResult]) -> list[str]:
     """A sentence when the cells' goodput was computed under different SLOs."""
     by_slo: dict[str, tuple[Mapping[str, float], list[str]]] = {}

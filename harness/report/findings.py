@@ -7,7 +7,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from harness.metrics import PACE_TOLERANCE, Pace
-from harness.report.context import ReportContext, class_name, priority_sort_key, slo_notes
+from harness.report.context import (
+    ReportContext,
+    class_name,
+    one_slo,
+    priority_sort_key,
+    same_slo,
+    slo_notes,
+)
 from harness.report.curves import (
     DEFAULT_TARGET,
     MIN_SWEEP_CAPS,
@@ -289,8 +296,8 @@ def _latency_phrase(label: str, cv: Any, bv: Any) -> tuple[str, float | None]:
 def _attainment_phrase(c: CellResult, b: CellResult) -> str:
     cv = get(c.summary, "goodput.slo_attainment")
     bv = get(b.summary, "goodput.slo_attainment")
-    if missing(cv) or missing(bv) or not _attainments_differ(c, b):
-        return ""
+    if missing(cv) or missing(bv) or not same_slo(c, b) or not _attainments_differ(c, b):
+        return ""  # under two SLOs, attainments differ for the SLOs' sake (slo_notes)
     verb = "rose" if cv > bv else "fell"
     return f"SLO attainment {verb} from {fmt_pct(bv)} to {fmt_pct(cv)}"
 
@@ -466,7 +473,8 @@ def _leaders(cells: Sequence[CellResult]) -> str:
                   lambda v: fmt_number(v, "tok/s")),
              best("ttft_s.p90", min, "lowest TTFT p90", fmt_seconds),
              best("tpot_s.p90", min, "lowest TPOT p90", fmt_seconds),
-             best("goodput.slo_attainment", max, "best SLO attainment", fmt_pct)]
+             best("goodput.slo_attainment", max, "best SLO attainment", fmt_pct)
+             if one_slo(cells) else None]
     return "; ".join(p for p in parts if p)
 
 

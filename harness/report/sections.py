@@ -9,7 +9,14 @@ from typing import Any
 
 from harness.metrics import PACE_TOLERANCE, SHORTEST_STEADY_E2ES
 from harness.redact import redact_argv
-from harness.report.context import ReportContext, class_name, metrics_link, priority_sort_key
+from harness.report.context import (
+    ReportContext,
+    class_name,
+    metrics_link,
+    one_slo,
+    priority_sort_key,
+    same_slo,
+)
 from harness.report.curves import (
     Baselines,
     BatchRow,
@@ -331,26 +338,36 @@ def goodput_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportConte
     lines = ["## Goodput and SLO attainment", ""]
     if not any(get(c.summary, "goodput") for c in ok):
         return [*lines, "No SLO was set, so goodput is not computed.", ""]
-    if ctx.slo:
+    several = not one_slo(ok)  # `batchlab summarize --slo` recomputed some: each row's own
+    if several:
+        lines += ["A request is good when it succeeded and met every SLO of its own cell (the SLO "
+                  "column: these cells' goodput was computed under different SLOs, so it is not "
+                  "compared between them); attainment divides by requests sent.", ""]
+    elif ctx.slo:
         lines += [f"A request is good when it succeeded and met every SLO ({slo_text(ctx.slo)});"
                   " attainment divides by requests sent.", ""]
     rows = []
     for c in ok:
         b = bases.of_cell(c)
+        if b is not None and not same_slo(c, b):
+            b = None  # no change against a baseline measured by another SLO
         att = get(c.summary, "goodput.slo_attainment")
         batt = get(b.summary, "goodput.slo_attainment") if b else None
         att_text = fmt_pct(att)
-        if c is not b and not missing(att) and not missing(batt):
+        if b is not None and c is not b and not missing(att) and not missing(batt):
             att_text += f" ({(att - batt) * 100:+.1f} pts)"
         gp = get(c.summary, "goodput.requests_per_s")
-        rows.append([code(c.name), fmt_int(get(c.summary, "goodput.num_good")),
-                     fmt_int(get(c.summary, "num_requests")),
-                     with_delta(fmt_number(gp), gp,
-                                 get(b.summary, "goodput.requests_per_s") if b else None,
-                                 c is b),
-                     att_text])
-    lines += [table(["cell", "good requests", "requests", "goodput req/s", "SLO attainment"],
-                    rows), ""]
+        row = [code(c.name), fmt_int(get(c.summary, "goodput.num_good")),
+               fmt_int(get(c.summary, "num_requests")),
+               with_delta(fmt_number(gp), gp,
+                          get(b.summary, "goodput.requests_per_s") if b else None, c is b),
+               att_text]
+        if several:
+            slo = get(c.summary, "slo")
+            row.append(slo_text(slo) if slo else "none")
+        rows.append(row)
+    headers = ["cell", "good requests", "requests", "goodput req/s", "SLO attainment"]
+    lines += [table(headers + (["SLO"] if several else []), rows), ""]
     return lines + derived_note(ok, "Goodput and SLO attainment")
 
 

@@ -375,3 +375,30 @@ def test_the_help_lists_every_metric_and_the_exit_codes() -> None:
     for code in ("0  every --fail-if check passed", "1  a --fail-if check failed",
                  "2  bad input"):
         assert code in EPILOG
+
+
+def test_goodput_under_another_slo_warns_and_is_not_judged(
+        nights: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``batchlab summarize --slo`` recomputes goodput under another SLO and leaves the
+    manifest's as it was: the summary's SLO is the one compared, and goodput under two SLOs is
+    shown, not judged, nor gated."""
+    strict = tmp_path / "strict"
+    shutil.copytree(nights["n1"] / "continuous", strict)
+    assert main(["summarize", str(strict), "--slo", "ttft_s=0.02,tpot_s=0.05"]) == 0
+    capsys.readouterr()
+    result = compare(nights["n1"] / "continuous", strict)
+    assert [d.aspect for d in result.differences] == ["slo"]
+    changes = by_metric(result.pairs[0])
+    attainment = changes["goodput.slo_attainment"]
+    assert attainment.before is not None and attainment.after is not None
+    assert attainment.after < attainment.before  # it did move
+    assert changes["goodput.slo_attainment"].judgement == "n/a"
+    assert changes["goodput.requests_per_s"].judgement == "n/a"
+    assert changes["ttft_s.p90"].judgement == "same"  # the latencies themselves are the same
+    code = main(["compare", str(nights["n1"] / "continuous"), str(strict),
+                 "--fail-if", "goodput.slo_attainment=1"])
+    out = capsys.readouterr()
+    assert code == 1
+    assert "goodput.slo_attainment cannot be checked: the two runs' goodput was computed " \
+        "under different SLOs" in out.out
+    assert "not comparable as a regression test: different SLO" in out.err

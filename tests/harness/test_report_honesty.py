@@ -36,6 +36,15 @@ def test_the_slo_shown_is_the_one_goodput_was_computed_under(tmp_path: Path) -> 
     compared = (tmp_path / "cmp" / "report.md").read_text()
     assert ("Goodput and SLO attainment were computed under different SLOs: `run` under TTFT "
             "≤ 1 s, TPOT ≤ 100 ms; `other` under TTFT ≤ 500 ms, TPOT ≤ 50 ms") in compared
+    # each row's goodput says under which SLO, and no change is read into the difference
+    goodput = compared.split("## Goodput and SLO attainment")[1].split("\n## ")[0]
+    assert "| cell | good requests | requests | goodput req/s | SLO attainment | SLO |" in goodput
+    assert "| TTFT ≤ 1 s, TPOT ≤ 100 ms |" in goodput
+    assert "| TTFT ≤ 500 ms, TPOT ≤ 50 ms |" in goodput
+    assert " pts)" not in goodput
+    findings = compared.split("## Key findings")[1].split("\n## ")[0]
+    assert "SLO attainment rose" not in findings and "SLO attainment fell" not in findings
+    assert "best SLO attainment" not in findings
 
 
 def test_a_comparison_of_runs_on_other_models_says_so(tmp_path: Path) -> None:
