@@ -100,6 +100,9 @@ def with_engine_counters(summary: dict[str, Any], out_dir: Path) -> dict[str, An
     ``preemptions_from`` saying which."""
     n = engine_preemptions(out_dir)
     summary["num_preemptions"] = n
+    for figures in (summary.get("by_priority") or {}).values():
+        if isinstance(figures, dict):  # the engine's counter does not say whose requests
+            figures["num_preemptions"] = None
     summary["preemptions_from"] = (
         PREEMPTIONS_FROM_ENGINE if n is not None else PREEMPTIONS_UNKNOWN
         if (out_dir / TELEMETRY_FILE).exists() else PREEMPTIONS_UNSCRAPED)

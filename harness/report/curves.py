@@ -24,7 +24,7 @@ import numpy as np
 
 from harness.manifest import read_manifest
 from harness.report.format import sig, value_text
-from harness.report.runs import CellResult, get, knob, read_engine_state
+from harness.report.runs import CellResult, get, knob, read_engine_samples
 
 SEARCH_FILE = "search.json"
 DEFAULT_TARGET = 0.99  # SLO attainment a capacity keeps, when no search says otherwise
@@ -387,7 +387,8 @@ def interpolated_capacity(s: Series, target: float) -> CapacityRow:
 
 @dataclass(frozen=True)
 class EngineUse:
-    """How full the engine ran, from its steps or telemetry (time-weighted samples)."""
+    """How full the engine ran (``engine_use``): means weighted by time, over the time it
+    was busy (at least one request running); peaks over every sample."""
 
     running_mean: float | None
     running_peak: float | None
@@ -397,24 +398,36 @@ class EngineUse:
 
 
 def engine_use(run_dir: Path) -> EngineUse | None:
-    state = read_engine_state(run_dir)
-    if state is None:
+    """The run's running batch and KV use over busy time, from every step of a simulated run
+    (each weighted by its duration) or every telemetry scrape of a live one (each until the
+    next), not from a plot's down-sampled points."""
+    samples = read_engine_samples(run_dir)
+    if samples is None:
         return None
-
-    def stats(values: np.ndarray | None, busy: np.ndarray | None) -> tuple[float | None, ...]:
-        if values is None:
-            return None, None
-        v = np.asarray(values, dtype=np.float64)
-        v = v[busy] if busy is not None and busy.size == v.size and busy.any() else v
-        v = v[np.isfinite(v)]
-        return (float(v.mean()), float(v.max())) if v.size else (None, None)
-
+    state, held = samples.state, samples.held_s
     running = state.num_running
-    busy = None if running is None else np.asarray(running, dtype=np.float64) > 0
-    r_mean, r_peak = stats(running, busy)
-    kv_mean, kv_peak = stats(state.kv_usage, busy)
-    _, w_peak = stats(state.num_waiting, None)
-    return EngineUse(r_mean, r_peak, w_peak, kv_mean, kv_peak)
+    busy = (np.ones(held.size, dtype=bool) if running is None
+            else np.nan_to_num(running, nan=0.0) > 0)
+
+    def mean(values: np.ndarray | None) -> float | None:
+        if values is None:
+            return None
+        keep = busy & np.isfinite(values)
+        weights = held[keep]
+        if not keep.any():
+            return None
+        if weights.sum() <= 0:  # a single scrape: nothing to weigh by
+            return float(values[keep].mean())
+        return float(np.average(values[keep], weights=weights))
+
+    def peak(values: np.ndarray | None) -> float | None:
+        if values is None:
+            return None
+        finite = values[np.isfinite(values)]
+        return float(finite.max()) if finite.size else None
+
+    return EngineUse(mean(running), peak(running), peak(state.num_waiting),
+                     mean(state.kv_usage), peak(state.kv_usage))
 
 
 @dataclass(frozen=True)

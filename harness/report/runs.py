@@ -324,11 +324,21 @@ def _first(cols: Mapping[str, np.ndarray], names: Sequence[str]) -> np.ndarray |
     return None
 
 
-def read_engine_state(run_dir: Path) -> EngineState | None:
-    """Running / waiting / KV usage over time from ``steps.parquet`` (simulation) or
-    ``telemetry.parquet`` (live), down-sampled to a fixed number of points."""
-    steps = read_columns(run_dir / STEPS_FILE, ("t_s", "num_running", "num_waiting",
-                                                "num_kv_blocks_used", "num_kv_blocks_total"))
+@dataclass(frozen=True, slots=True)
+class EngineSamples:
+    """Every sample of a run's engine state, in time order, with how long each held: a
+    simulated step its duration, a telemetry scrape until the next scrape (the last: 0)."""
+
+    state: EngineState
+    held_s: np.ndarray
+
+
+def read_engine_samples(run_dir: Path) -> EngineSamples | None:
+    """Running / waiting / KV usage at every step of ``steps.parquet`` (simulation) or every
+    scrape of ``telemetry.parquet`` (live); None when the folder has neither."""
+    steps = read_columns(run_dir / STEPS_FILE, ("t_s", "duration_s", "num_running",
+                                                "num_waiting", "num_kv_blocks_used",
+                                                "num_kv_blocks_total"))
     if steps and "t_s" in steps:
         t = np.asarray(steps["t_s"], dtype=np.float64)
         kv = None
@@ -336,9 +346,11 @@ def read_engine_state(run_dir: Path) -> EngineState | None:
             total = np.asarray(steps["num_kv_blocks_total"], dtype=np.float64)
             with np.errstate(divide="ignore", invalid="ignore"):
                 kv = np.where(total > 0, steps["num_kv_blocks_used"] / total, np.nan)
-        state = EngineState(t_s=t, num_running=_first(steps, ("num_running",)),
-                            num_waiting=_first(steps, ("num_waiting",)), kv_usage=kv)
-        return _downsample(state)
+        held = _first(steps, ("duration_s",))
+        return _in_time_order(
+            EngineState(t_s=t, num_running=_first(steps, ("num_running",)),
+                        num_waiting=_first(steps, ("num_waiting",)), kv_usage=kv),
+            held if held is not None else _until_next(t))
     tele = read_columns(run_dir / TELEMETRY_FILE, (
         "t_s", "time_s", "num_running", "running", "num_waiting", "waiting",
         "kv_usage", "kv_cache_usage", "kv_usage_frac", "kv_cache_usage_perc",
@@ -351,9 +363,36 @@ def read_engine_state(run_dir: Path) -> EngineState | None:
     kv = _first(tele, ("kv_usage", "kv_cache_usage", "kv_usage_frac", "kv_cache_usage_perc"))
     if kv is not None and np.nanmax(kv, initial=0) > 1.0:  # a percentage
         kv = kv / 100.0
-    return _downsample(EngineState(
+    state = _in_time_order(EngineState(
         t_s=t_raw, num_running=_first(tele, ("num_running", "running")),
-        num_waiting=_first(tele, ("num_waiting", "waiting")), kv_usage=kv))
+        num_waiting=_first(tele, ("num_waiting", "waiting")), kv_usage=kv),
+        np.zeros(t_raw.size)).state
+    return EngineSamples(state, _until_next(state.t_s))
+
+
+def _until_next(t: np.ndarray) -> np.ndarray:
+    """How long each sample of sorted instants ``t`` held: until the next (the last: 0)."""
+    return np.append(np.diff(t), 0.0) if t.size else t
+
+
+def _in_time_order(state: EngineState, held_s: np.ndarray) -> EngineSamples:
+    order = np.argsort(state.t_s, kind="stable")
+
+    def ordered(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else np.asarray(a, dtype=np.float64)[order]
+
+    return EngineSamples(
+        EngineState(t_s=np.asarray(state.t_s, dtype=np.float64)[order],
+                    num_running=ordered(state.num_running),
+                    num_waiting=ordered(state.num_waiting), kv_usage=ordered(state.kv_usage)),
+        np.asarray(held_s, dtype=np.float64)[order])
+
+
+def read_engine_state(run_dir: Path) -> EngineState | None:
+    """Running / waiting / KV usage over time (``read_engine_samples``), down-sampled to a
+    fixed number of points for a plot."""
+    samples = read_engine_samples(run_dir)
+    return None if samples is None else _downsample(samples.state)
 
 
 def _downsample(state: EngineState) -> EngineState:

@@ -238,3 +238,29 @@ def test_mixed_finding_names_the_pair_with_the_best_goodput() -> None:
                      "SLO)."]
     # (a series of two caps is too short for the batch-size advice)
     assert not any(line.startswith(("Latency-sensitive", "Throughput-first")) for line in lines)
+
+
+def test_engine_use_weighs_each_step_by_its_duration_over_busy_time(tmp_path: Path) -> None:
+    """"Mean over busy time" in the batch-size table: a step counts for as long as it lasted,
+    idle steps not at all, and every step counts (not the plot's down-sampled points)."""
+    from harness.report.curves import engine_use
+
+    n = 5000  # more steps than the plot keeps points
+    running = np.where(np.arange(n) % 2 == 0, 100, 10).astype(np.int64)
+    duration = np.where(running == 100, 0.03, 0.01)  # a big batch's step takes longer
+    running[:10] = 0  # idle at first
+    t = np.concatenate([[0.0], np.cumsum(duration)[:-1]])
+    used = running * 2
+    write_parquet_atomic(pa.table({
+        "t_s": t, "duration_s": duration, "num_running": running,
+        "num_waiting": np.zeros(n, dtype=np.int64),
+        "num_kv_blocks_used": used, "num_kv_blocks_total": np.full(n, 400, dtype=np.int64),
+    }), tmp_path / STEPS_FILE)
+    use = engine_use(tmp_path)
+    assert use is not None
+    busy = running > 0
+    expected = float((running * duration)[busy].sum() / duration[busy].sum())
+    assert use.running_mean == pytest.approx(expected)
+    assert use.running_mean == pytest.approx(77.5, abs=0.1)  # not the plain mean, 55
+    assert use.kv_mean == pytest.approx(expected * 2 / 400)
+    assert use.running_peak == 100 and use.kv_peak == pytest.approx(0.5)

@@ -264,3 +264,19 @@ def test_summarize_says_when_the_run_never_said_how_it_ended(
     (out / "manifest.json").write_text(json.dumps(manifest))
     assert cli_main(["summarize", str(out)]) == 0
     assert "killed outright" not in capsys.readouterr().err
+
+
+def test_a_live_runs_preemptions_per_class_are_not_known_either(tmp_path: Path,
+                                                                 loopback: str) -> None:
+    """A client cannot see preemptions: a live run's total is the engine's counter, or null,
+    and no priority class claims the requests' zero (the counter does not say whose)."""
+    out = tmp_path / "run"
+    assert cli_main(["replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
+                     "6", "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "4",
+                     "--priority-fraction", "0.5", "--out", str(out)]) == 0
+    for _ in range(2):  # as written by the run, then rebuilt
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["num_preemptions"] is None
+        assert set(summary["by_priority"]) == {"0", "1"}
+        assert all(cls["num_preemptions"] is None for cls in summary["by_priority"].values())
+        assert cli_main(["summarize", str(out)]) == 0
