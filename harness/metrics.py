@@ -187,6 +187,21 @@ def _queue_growth(arrival: np.ndarray, first_token_s: np.ndarray | None, ok: np.
 SLO_KEYS = ("ttft_s", "tpot_s", "e2e_s")
 
 
+def attainment_text(fraction: float) -> str:
+    """An SLO attainment as a percentage, cut (never rounded up) to what it shows: 98.95%
+    reads 98.9%, not 99.0% beside a 99% target it missed; never 100% unless every request
+    was good (99.97%), never 0% unless none was (0.04%)."""
+    pct = fraction * 100
+    if pct in (0, 100):
+        return f"{pct:.0f}%"
+    if 0 < pct < 0.05:
+        return f"{pct:.2g}%"
+    digits = 2 if pct >= 99.95 else 1
+    scale = 10 ** digits
+    # the epsilon: 0.99 * 100 is 98.99999999999999, which is 99.0%
+    return f"{math.floor(pct * scale + 1e-9) / scale:.{digits}f}%"
+
+
 def slo_problem(value: object) -> str:
     """Why ``value`` cannot be an SLO ('' when it can): a finite number of seconds above 0.
 

@@ -31,6 +31,7 @@ from harness.capacity.search import (
     search,
 )
 from harness.manifest import jsonable
+from harness.metrics import attainment_text
 from harness.redact import redact_argv, redact_tree
 from harness.results import read_json_object, write_json_atomic
 from harness.scenario.status import CELL_FILE
@@ -126,7 +127,7 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
         write("running")
         if log is not None:
             verdict = "passed" if outcome.passed else "failed"
-            att = "–" if outcome.attainment is None else f"{outcome.attainment:.1%}"
+            att = "–" if outcome.attainment is None else attainment_text(outcome.attainment)
             extra = (f"; stopped early: {outcome.stopped}" if outcome.stopped
                      else f"; {outcome.behind}" if outcome.behind else "")
             how = " (resumed)" if outcome.resumed else ""

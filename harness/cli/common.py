@@ -364,10 +364,12 @@ def print_headline(summary: dict[str, Any]) -> None:
     )
     goodput = summary.get("goodput") or {}
     if goodput.get("slo_attainment") is not None:
+        from harness.metrics import attainment_text
+
         slo = ", ".join(f"{k.removesuffix('_s').upper()} <= {fmt_s(v)}"
                         for k, v in (summary.get("slo") or {}).items() if v is not None)
-        print(f"SLO ({slo}): {goodput['slo_attainment']:.1%} of requests met it; goodput "
-              f"{goodput.get('requests_per_s') or 0:.3g} req/s")
+        print(f"SLO ({slo}): {attainment_text(goodput['slo_attainment'])} of requests met "
+              f"it; goodput {goodput.get('requests_per_s') or 0:.3g} req/s")
 
 
 def print_predicted(config: ReferenceConfig, *, names: Sequence[str] = ()) -> None:

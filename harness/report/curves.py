@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from harness.manifest import read_manifest
+from harness.metrics import attainment_text
 from harness.report.format import sig, value_text
 from harness.report.runs import CellResult, get, knob, read_engine_samples
 
@@ -378,8 +379,8 @@ def interpolated_capacity(s: Series, target: float) -> CapacityRow:
     frac = (a.attainment - target) / (a.attainment - b.attainment)
     value = a.load + frac * (b.load - a.load)
     return CapacityRow(s.key, s.kind, value, "=", "interpolated",
-                       f"between {a.load:g} ({a.attainment:.1%}) and {b.load:g} "
-                       f"({b.attainment:.1%})", (a.cell, b.cell))
+                       f"between {a.load:g} ({attainment_text(a.attainment)}) and {b.load:g} "
+                       f"({attainment_text(b.attainment)})", (a.cell, b.cell))
 
 
 # ---------------------------------------------------------------- batch size

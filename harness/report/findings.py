@@ -28,6 +28,7 @@ from harness.report.curves import (
 )
 from harness.report.format import (
     code,
+    fmt_attainment,
     fmt_int,
     fmt_number,
     fmt_pct,
@@ -179,7 +180,7 @@ def _single_run_sentence(c: CellResult) -> str:
             f"E2E p90 {fmt_seconds(get(s, 'e2e_s.p90'))}")
     attainment = get(s, "goodput.slo_attainment")
     if not missing(attainment):
-        text += f"; {fmt_pct(attainment)} of requests met the SLO"
+        text += f"; {fmt_attainment(attainment)} of requests met the SLO"
     return text + "."
 
 
@@ -299,7 +300,7 @@ def _attainment_phrase(c: CellResult, b: CellResult) -> str:
     if missing(cv) or missing(bv) or not same_slo(c, b) or not _attainments_differ(c, b):
         return ""  # under two SLOs, attainments differ for the SLOs' sake (slo_notes)
     verb = "rose" if cv > bv else "fell"
-    return f"SLO attainment {verb} from {fmt_pct(bv)} to {fmt_pct(cv)}"
+    return f"SLO attainment {verb} from {fmt_attainment(bv)} to {fmt_attainment(cv)}"
 
 
 def _attainments_differ(c: CellResult, b: CellResult) -> bool:
@@ -473,7 +474,7 @@ def _leaders(cells: Sequence[CellResult]) -> str:
                   lambda v: fmt_number(v, "tok/s")),
              best("ttft_s.p90", min, "lowest TTFT p90", fmt_seconds),
              best("tpot_s.p90", min, "lowest TPOT p90", fmt_seconds),
-             best("goodput.slo_attainment", max, "best SLO attainment", fmt_pct)
+             best("goodput.slo_attainment", max, "best SLO attainment", fmt_attainment)
              if one_slo(cells) else None]
     return "; ".join(p for p in parts if p)
 
@@ -698,8 +699,8 @@ def _mixed_finding(cells: Sequence[CellResult]) -> list[str]:
         def pair(c: CellResult) -> str:
             return (f"{knob(c, 'max_num_seqs')} / {knob(c, 'max_num_batched_tokens'):,} "
                     f"({code(c.name)}: {fmt_number(get(c.summary, 'goodput.requests_per_s'))} "
-                    f"good req/s, {fmt_pct(get(c.summary, 'goodput.slo_attainment'))} within "
-                    "SLO)")
+                    f"good req/s, {fmt_attainment(get(c.summary, 'goodput.slo_attainment'))} "
+                    "within SLO)")
 
         at = f" at {load}" if len(by_load) > 1 else ""
         out.append(f"Mixed traffic{at}: the max_num_seqs / max_num_batched_tokens pair with the "

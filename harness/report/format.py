@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.metrics import attainment_text
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -65,6 +67,11 @@ def fmt_pct(fraction: float | None) -> str:
     if 99.95 <= pct < 100 or 0 < pct < 0.05:
         return f"{pct:.2g}%" if pct < 0.05 else f"{math.floor(pct * 100) / 100:.2f}%"
     return f"{pct:.1f}%"
+
+
+def fmt_attainment(fraction: float | None) -> str:
+    """An SLO attainment, cut rather than rounded (``harness.metrics.attainment_text``)."""
+    return "–" if missing(fraction) or fraction is None else attainment_text(fraction)
 
 
 def fmt_ratio(ratio: float) -> str:

@@ -29,6 +29,7 @@ from harness.report.curves import (
 from harness.report.format import (
     code,
     display_path,
+    fmt_attainment,
     fmt_int,
     fmt_number,
     fmt_pct,
@@ -353,7 +354,7 @@ def goodput_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportConte
             b = None  # no change against a baseline measured by another SLO
         att = get(c.summary, "goodput.slo_attainment")
         batt = get(b.summary, "goodput.slo_attainment") if b else None
-        att_text = fmt_pct(att)
+        att_text = fmt_attainment(att)
         if b is not None and c is not b and not missing(att) and not missing(batt):
             att_text += f" ({(att - batt) * 100:+.1f} pts)"
         gp = get(c.summary, "goodput.requests_per_s")
@@ -491,7 +492,7 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
                 v = get(cls, metric)
                 row.append(with_delta(fmt_seconds(v), v, get(base_cls, metric), c is b))
             if has_slo:
-                row.append(fmt_pct(get(cls, "goodput.slo_attainment")))
+                row.append(fmt_attainment(get(cls, "goodput.slo_attainment")))
             rows.append(row)
         headers = ["cell", "requests", "TTFT p50", "TTFT p90", "TPOT p90", "ITL p99",
                    "ITL max", "E2E p90"]
@@ -540,7 +541,7 @@ def curves_section(series: Sequence[Series], has_plot: bool) -> list[str]:
     for s in series:
         rows = []
         for p in s.points:
-            att = fmt_pct(p.attainment) + (" (stopped early)" if p.stopped else "")
+            att = fmt_attainment(p.attainment) + (" (stopped early)" if p.stopped else "")
             rows.append([load_text({"kind": s.kind, "value": p.load}), code(p.cell),
                          fmt_number(p.output_tokens_per_s), fmt_seconds(p.tpot_p50_s),
                          fmt_seconds(p.tpot_p90_s), fmt_seconds(p.ttft_p90_s), att])

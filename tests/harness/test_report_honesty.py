@@ -131,3 +131,27 @@ def test_a_percentage_is_never_rounded_onto_all_or_none() -> None:
 
     assert [fmt_pct(x) for x in (1.0, 2999 / 3000, 0.99949, 0.5, 0.0004, 0.0)] == [
         "100%", "99.96%", "99.9%", "50.0%", "0.04%", "0%"]
+
+
+@pytest.mark.parametrize(("fraction", "shown"), [
+    (0.98951, "98.9%"),  # rounded, it would read 99.0% beside a 99% target it missed
+    (0.99, "99.0%"),  # 0.99 * 100 is 98.99999999999999
+    (0.99967, "99.96%"),  # 2,999 of 3,000: never 100%
+    (1.0, "100%"), (0.0, "0%"), (0.0004, "0.04%"), (0.625, "62.5%"),
+])
+def test_an_attainment_is_cut_never_rounded_up(fraction: float, shown: str) -> None:
+    from harness.metrics import attainment_text
+    from harness.report.format import fmt_attainment
+
+    assert attainment_text(fraction) == shown == fmt_attainment(fraction)
+
+
+def test_the_headline_does_not_round_an_attainment_up(capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.cli.common import print_headline
+
+    latency = {"p50": 0.01, "p99": 0.02}
+    print_headline({"num_requests": 3000, "num_completed": 3000, "duration_s": 10.0,
+                    "throughput": {"output_tokens_per_s": 100.0}, "ttft_s": latency,
+                    "tpot_s": latency, "num_preemptions": 0, "slo": {"ttft_s": 0.5},
+                    "goodput": {"slo_attainment": 2999 / 3000, "requests_per_s": 299.9}})
+    assert "99.96% of requests met it" in capsys.readouterr().out
