@@ -34,6 +34,7 @@ from harness.report.format import (
     fmt_pct,
     fmt_ratio,
     fmt_seconds,
+    fmt_seconds_against,
     missing,
     short,
     slo_text,
@@ -520,7 +521,7 @@ def _batch_size_findings(cells: Sequence[CellResult], slo: Mapping[str, float] |
             )
         else:
             out.append(f"No max_num_seqs tried kept TPOT p90 within the "
-                       f"{fmt_seconds(tpot_slo)} TPOT SLO.")
+                       f"{fmt_seconds(tpot_slo)} TPOT SLO{_closest(pts, tpot_slo)}.")
     return out
 
 
@@ -626,12 +627,24 @@ def tuning_findings(cells: Sequence[CellResult], slo: Mapping[str, float] | None
     return out
 
 
+def _closest(cells: Sequence[CellResult], tpot_slo: float) -> str:
+    """Which cell came closest to a TPOT SLO none met, with its TPOT p90 written so that it
+    does not read as the SLO itself ('' when no cell has one)."""
+    known = [c for c in cells if not missing(get(c.summary, "tpot_s.p90"))]
+    if not known:
+        return ""
+    best = min(known, key=lambda c: float(get(c.summary, "tpot_s.p90")))
+    tpot = float(get(best.summary, "tpot_s.p90"))
+    return (f" (the closest: {code(best.name)}, max_num_seqs {knob(best, 'max_num_seqs')}, "
+            f"at {fmt_seconds_against(tpot, tpot_slo)})")
+
+
 def _latency_sensitive(group: Sequence[CellResult], tpot_slo: float, where: str) -> str:
     meeting = [c for c in group if not missing(get(c.summary, "tpot_s.p90"))
                and get(c.summary, "tpot_s.p90") <= tpot_slo]
     if not meeting:
         return (f"Latency-sensitive{where}: no max_num_seqs tried kept TPOT p90 within the "
-                f"{fmt_seconds(tpot_slo)} TPOT SLO.")
+                f"{fmt_seconds(tpot_slo)} TPOT SLO{_closest(group, tpot_slo)}.")
     best = max(meeting, key=lambda c: int(knob(c, "max_num_seqs")))
     tpot = get(best.summary, "tpot_s.p90")
     return (f"Latency-sensitive{where}: the largest max_num_seqs whose TPOT p90 meets the "

@@ -44,6 +44,29 @@ def fmt_seconds(value: float | None) -> str:
     return f"{sig(value)} s"
 
 
+def fmt_seconds_against(value: float, limit: float) -> str:
+    """``value`` as ``fmt_seconds`` writes it, with as many more significant digits (up to 6)
+    as it takes not to read the same as ``limit`` when it differs from it: a TPOT p90 of
+    12.02 ms beside a 12 ms SLO reads 12.02 ms, not 12 ms."""
+    text = fmt_seconds(value)
+    if value == limit:
+        return text
+    for digits in range(4, 7):
+        if text != fmt_seconds(limit):
+            break
+        text = _seconds_with(value, digits)
+    return text
+
+
+def _seconds_with(value: float, digits: int) -> str:
+    a = abs(value)
+    if a < 1e-3:
+        return f"{sig(value * 1e6, digits)} µs"
+    if a < 1:
+        return f"{sig(value * 1e3, digits)} ms"
+    return f"{sig(value, digits)} s"
+
+
 def fmt_number(value: float | None, unit: str = "") -> str:
     if missing(value):
         return "–"

@@ -264,3 +264,17 @@ def test_engine_use_weighs_each_step_by_its_duration_over_busy_time(tmp_path: Pa
     assert use.running_mean == pytest.approx(77.5, abs=0.1)  # not the plain mean, 55
     assert use.kv_mean == pytest.approx(expected * 2 / 400)
     assert use.running_peak == 100 and use.kv_peak == pytest.approx(0.5)
+
+
+def test_no_cap_within_the_tpot_slo_names_the_closest_without_rounding_onto_it() -> None:
+    """A TPOT p90 of 12.02 ms reads "12 ms" in a table; beside a 12 ms SLO none met, the
+    finding writes it so that it does not read as the SLO."""
+    cells = [report.CellResult(
+        name=f"s{seqs}", run_dir=Path("."), state="done",
+        summary={"tpot_s": {"p90": tpot}, "throughput": {"output_tokens_per_s": 100.0}},
+        cell={"knobs": {"max_num_seqs": seqs, "max_num_batched_tokens": 8192}})
+        for seqs, tpot in ((8, 0.0120223), (32, 0.0131), (128, 0.0158))]
+    lines = [line for line in tuning_findings(cells, {"tpot_s": 0.012})
+             if line.startswith("Latency-sensitive")]
+    assert lines == ["Latency-sensitive: no max_num_seqs tried kept TPOT p90 within the 12 ms "
+                     "TPOT SLO (the closest: `s8`, max_num_seqs 8, at 12.02 ms)."]
