@@ -63,10 +63,11 @@ class ProbePlan:
     early_stop: bool = True
 
 
-def probe_label(kind: LoadKind, load: float) -> str:
-    """The probe's folder name, e.g. ``rate-4.5`` or ``conc-16`` (as scenario load points)."""
+def probe_label(kind: LoadKind, load: float, *, full: bool = False) -> str:
+    """The probe's folder name, e.g. ``rate-4.5`` or ``conc-16`` (as scenario load points);
+    ``rate-4.5-full`` for the run that confirms a probe stopped early (``search``)."""
     text = f"{load:g}" if kind == "rate" else f"{int(load)}"
-    return f"rate-{text}" if kind == "rate" else f"conc-{text}"
+    return (f"rate-{text}" if kind == "rate" else f"conc-{text}") + ("-full" if full else "")
 
 
 def trace_file_at(path: str, options: Mapping[str, Any]) -> Callable[[LoadKind, float], Trace]:
@@ -83,8 +84,10 @@ def trace_file_at(path: str, options: Mapping[str, Any]) -> Callable[[LoadKind, 
     return at
 
 
-def run_probe(plan: ProbePlan, load: float, out_dir: Path) -> ProbeOutcome:
+def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
+              ) -> ProbeOutcome:
     """Run one probe into ``out_dir``; its outcome (also written to ``probe.json``).
+    ``full``: to its end, without the early stop (it confirms a probe that was stopped).
 
     Exceptions of the run (an engine that does not start) propagate: a probe that could not
     run says nothing about the SLO."""
@@ -106,7 +109,7 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path) -> ProbeOutcome:
         write_report=False,
         closed_loop=ClosedLoop(int(load), plan.think_time_s) if closed and plan.spec.simulated
         else None,
-        early_stop=monitor if plan.early_stop else None,
+        early_stop=monitor if plan.early_stop and not full else None,
     )
     try:
         summary = make_target(plan.spec).run(trace, out_dir, options)
@@ -125,7 +128,8 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path) -> ProbeOutcome:
         raise NothingServed(f"{why}: the engine refuses these requests at any load")
     # a stopped probe failed already; its requests cut off say nothing of the pace
     pace = None if closed or summary.get("stopped_early") else pace_of(out_dir)
-    outcome = outcome_from_summary(load, summary, plan.target, run_dir=out_dir.name, pace=pace)
+    outcome = replace(outcome_from_summary(load, summary, plan.target, run_dir=out_dir.name,
+                                           pace=pace), full=full)
     write_json_atomic({"kind": plan.kind, "unit": LOAD_UNITS[plan.kind], "digest": plan.digest,
                        "target": plan.target, **outcome.as_dict()}, out_dir / PROBE_FILE)
     write_json_atomic({"state": "done"}, out_dir / STATUS_FILE)

@@ -73,9 +73,11 @@ def digest_of(payload: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def known_probes(search_dir: Path, digest: str) -> dict[float, ProbeOutcome]:
-    """Finished probes of this search (same digest) in ``search_dir``, by load. Refuses a
-    ``search.json`` made with other settings rather than mixing two searches."""
+def known_probes(search_dir: Path, digest: str, *, full: bool = False
+                 ) -> dict[float, ProbeOutcome]:
+    """Finished probes of this search (same digest) in ``search_dir``, by load (``full``:
+    the runs that confirmed a probe stopped early, instead). Refuses a ``search.json`` made
+    with other settings rather than mixing two searches."""
     recorded = read_json_object(search_dir / SEARCH_FILE)
     if recorded and recorded.get("digest") != digest:
         raise ValueError(f"{search_dir / SEARCH_FILE}: made with other settings (engine, knobs, "
@@ -87,7 +89,7 @@ def known_probes(search_dir: Path, digest: str) -> dict[float, ProbeOutcome]:
         return known
     for sub in sorted(search_dir.iterdir()):
         outcome = read_probe(sub, digest) if sub.is_dir() else None
-        if outcome is not None:
+        if outcome is not None and outcome.full == full:
             known[outcome.load] = outcome
     return known
 
@@ -108,6 +110,7 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
             load_cap = f"one user per request of the trace ({num_requests})"
     out_dir.mkdir(parents=True, exist_ok=True)
     known = known_probes(out_dir, plan.digest) if resume else {}
+    known_full = known_probes(out_dir, plan.digest, full=True) if resume else {}
     if not resume:
         _clear_earlier_probes(out_dir, setting.name, log)
     done: list[ProbeOutcome] = []
@@ -122,6 +125,13 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
             log(f"{setting.name}: probe {load:g} {LOAD_UNITS[spec.kind]}")
         return run_probe(plan, load, out_dir / probe_label(spec.kind, load))
 
+    def confirm(load: float) -> ProbeOutcome:
+        if log is not None:
+            log(f"{setting.name}: probe {load:g} {LOAD_UNITS[spec.kind]} again, to its end: it "
+                "was stopped early as over-saturated, and the answer must not rest on that")
+        return run_probe(plan, load, out_dir / probe_label(spec.kind, load, full=True),
+                         full=True)
+
     def recorded(outcome: ProbeOutcome) -> None:
         done.append(outcome)
         write("running")
@@ -130,13 +140,15 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
             att = "–" if outcome.attainment is None else attainment_text(outcome.attainment)
             extra = (f"; stopped early: {outcome.stopped}" if outcome.stopped
                      else f"; {outcome.behind}" if outcome.behind else "")
-            how = " (resumed)" if outcome.resumed else ""
+            how = ((" (run to its end)" if outcome.full else "")
+                   + (" (resumed)" if outcome.resumed else ""))
             log(f"{setting.name}: {outcome.load:g} {LOAD_UNITS[spec.kind]}: SLO attainment "
                 f"{att}, {verdict}{how}{extra}")
 
     write("running")
     try:
-        result = search(spec, probe, known=known, on_probe=recorded)
+        result = search(spec, probe, known=known, on_probe=recorded,
+                        confirm=confirm if plan.early_stop else None, known_full=known_full)
     except KeyboardInterrupt:
         write("interrupted")
         raise SearchInterrupted(tuple(done)) from None
@@ -167,7 +179,8 @@ def _trace_bound(result: SearchResult, target: float) -> SearchResult:
     capacity: status ``trace_too_short`` (a lower bound)."""
     if result.status != "found" or result.failing is None:
         return result
-    failing = next((p for p in result.probes if p.load == result.failing), None)
+    at = [p for p in result.probes if p.load == result.failing]
+    failing = next((p for p in at if p.full), at[-1] if at else None)  # the deciding run
     if (failing is not None and failing.attainment is not None and failing.attainment >= target
             and not failing.stopped and (failing.behind or "").startswith("too short")):
         return replace(result, status="trace_too_short")
@@ -197,7 +210,8 @@ def _search_record(setting: Setting, spec: SearchSpec, status: str,
         "capacity": result.capacity if result is not None else None,
         "bracket": ({"passing": result.passing, "failing": result.failing}
                     if result is not None else _bracket_so_far(probes)),
-        "probes": [{**p.as_dict(), "label": probe_label(spec.kind, p.load)} for p in probes],
+        "probes": [{**p.as_dict(), "label": probe_label(spec.kind, p.load, full=p.full)}
+                   for p in probes],
         "command": redact_argv(plan.command) if plan.command else None,
         **({"load_cap": load_cap} if load_cap is not None else {}),
     }
@@ -226,9 +240,11 @@ def recorded_result(setting: Setting, out_dir: Path) -> SettingResult | None:
     record = read_json_object(search_dir / SEARCH_FILE)
     if not record or record.get("digest") != setting.plan.digest:
         return None
-    by_load = known_probes(search_dir, setting.plan.digest)
-    order = [p.get("load") for p in record.get("probes") or [] if isinstance(p, dict)]
-    probes = tuple(by_load[load] for load in order if load in by_load)
+    by_load = {False: known_probes(search_dir, setting.plan.digest),
+               True: known_probes(search_dir, setting.plan.digest, full=True)}
+    order = [(p.get("load"), bool(p.get("full"))) for p in record.get("probes") or []
+             if isinstance(p, dict)]
+    probes = tuple(by_load[full][load] for load, full in order if load in by_load[full])
     status = record.get("status")
     if status in get_args(Status):
         bracket = record.get("bracket") or {}
@@ -324,8 +340,12 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
         else:
             row["status"] = "failed"
             probes = ()
-        loads = sorted({p.load for p in probes})
-        cells += [f"{r.setting.name}/{probe_label(spec.kind, load)}" for load in loads]
+        # one cell per load: the run that decided it (a confirming run over the probe it
+        # confirmed), so that a load's curve has one point
+        deciding = {p.load: p for p in probes if not p.full}
+        deciding.update({p.load: p for p in probes if p.full})
+        cells += [f"{r.setting.name}/{probe_label(spec.kind, load, full=deciding[load].full)}"
+                  for load in sorted(deciding)]
         rows.append(row)
     slo = results[0].setting.plan.slo.as_dict() if results else None
     target = results[0].setting.plan.target if results else spec.target

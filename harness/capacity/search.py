@@ -13,6 +13,13 @@ closed-loop users. Attainment is assumed to fall as load rises::
 
 Probes already done (``known``, from a resumed search) are reused, never re-run: the sequence
 of loads depends only on the outcomes, so a resumed search walks the same path.
+
+A probe stopped early (``harness.capacity.saturation``: its backlog rose at every check of a
+window) failed on evidence a burst in the trace can also give. The answer's bracket must not
+rest on it: when the lowest failing load was stopped early, it is run again to its end
+(``confirm``). If that run passes, the load passed, and the search goes on above it::
+
+    6.107 stopped early ─► 6.107 run to its end: passed ─► bisect 6.107 .. next failing load
 """
 
 from __future__ import annotations
@@ -102,6 +109,7 @@ class ProbeOutcome:
     ttft_p90_s: float | None = None
     tpot_p90_s: float | None = None
     resumed: bool = False  # taken from an earlier run of the search
+    full: bool = False  # run to its end without the early stop, to confirm a stopped probe
     # rate probes: whether the engine kept pace with the arrivals, the rates compared and why
     # not (``harness.metrics.pace``)
     arrived_per_s: float | None = None
@@ -173,21 +181,32 @@ def search(
     *,
     known: Mapping[float, ProbeOutcome] | None = None,
     on_probe: Callable[[ProbeOutcome], None] | None = None,
+    confirm: Callable[[float], ProbeOutcome] | None = None,
+    known_full: Mapping[float, ProbeOutcome] | None = None,
 ) -> SearchResult:
     """Find the highest load whose probe meets the target, to ``spec.precision``.
 
-    ``known`` maps loads (``normal_load``) to outcomes of an earlier run of the same search;
-    ``on_probe`` is called after each probe (to record progress).
+    ``known`` maps loads (``normal_load``) to outcomes of an earlier run of the same search,
+    ``known_full`` those of its confirming runs; ``on_probe`` is called after each probe (to
+    record progress). ``confirm`` runs a load to its end without the early stop: the lowest
+    failing load, when its probe was stopped early, is confirmed by it (module doc).
     """
     spec.validate()
     known = dict(known or {})
+    known_full = dict(known_full or {})
     probes: list[ProbeOutcome] = []
+    deciding: dict[float, ProbeOutcome] = {}  # per load: the confirming run's, else the probe's
 
-    def run(load: float) -> bool:
+    def run(load: float, *, full: bool = False) -> bool:
         load = normal_load(spec.kind, load)
-        outcome = known.get(load)
-        outcome = probe(load) if outcome is None else _as_resumed(outcome)
+        outcome = (known_full if full else known).get(load)
+        if outcome is None:
+            outcome = confirm(load) if full and confirm is not None else probe(load)
+        else:
+            outcome = _as_resumed(outcome)
         probes.append(outcome)
+        if full or not deciding.get(load, outcome).full:
+            deciding[load] = outcome
         if on_probe is not None:
             on_probe(outcome)
         return outcome.passed
@@ -213,17 +232,37 @@ def search(
                 if load <= spec.lowest:
                     return result("below_min", lo, hi)
                 load = _shrink(spec, load)
-    while not converged(spec, lo, hi):  # bisect
-        mid = _midpoint(spec, lo, hi)
-        if mid in (lo, hi):
-            break  # the loads cannot be told apart more finely
+    while True:
+        while not converged(spec, lo, hi):  # bisect
+            mid = _midpoint(spec, lo, hi)
+            if mid in (lo, hi):
+                break  # the loads cannot be told apart more finely
+            if len(probes) >= spec.max_probes:
+                return result("max_probes", lo, hi)
+            if run(mid):
+                lo = mid
+            else:
+                hi = mid
+        failing = deciding[hi]
+        if confirm is None or not failing.stopped or failing.full:
+            return result("found", lo, hi)
         if len(probes) >= spec.max_probes:
             return result("max_probes", lo, hi)
-        if run(mid):
-            lo = mid
-        else:
-            hi = mid
-    return result("found", lo, hi)
+        if not run(hi, full=True):
+            return result("found", lo, hi)  # it fails run to its end too
+        lo = hi  # a burst stopped it, not a backlog: the search goes on above
+        above = [x for x, o in deciding.items() if x > lo and not o.passed]
+        hi = min(above) if above else None
+        while hi is None:  # nothing failed above it yet: bracket upwards again
+            if lo >= spec.highest:
+                return result("at_least_max", lo, hi)
+            if len(probes) >= spec.max_probes:
+                return result("max_probes", lo, hi)
+            load = _grow(spec, lo)
+            if run(load):
+                lo = load
+            else:
+                hi = load
 
 
 def _as_resumed(outcome: ProbeOutcome) -> ProbeOutcome:

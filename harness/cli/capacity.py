@@ -36,7 +36,7 @@ def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "sent) stays at or above --target. The search brackets the answer (doubling or halving "
         "the load), then bisects to --precision. Every probe is a recorded run folder; a probe "
         "stops early once the engine is clearly over-saturated (its waiting queue, or the "
-        "client's send lag, grows at every check) and counts as failing; a rate probe also "
+        "client's send lag, grows at every check) and counts as failing (the lowest failing load, if it was stopped early, is run again to its end, so that a burst in the trace cannot set the answer); a rate probe also "
         "fails when the engine fell behind its arrivals, or when the trace is too short to "
         "show a steady state at that rate (docs/metrics.md, 'Capacity probes'). OUT/<setting>/"
         "search.json lists the probes, bracket, result and precision; OUT/report.md draws the "

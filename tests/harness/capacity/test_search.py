@@ -55,6 +55,47 @@ def test_search_at_the_edges_of_its_range() -> None:
     assert capped.status == "max_probes" and len(capped.probes) == 3
 
 
+def stopped_by_a_burst(capacity: float, burst: tuple[float, float]
+                       ) -> tuple[Callable[[float], ProbeOutcome], Callable[[float], ProbeOutcome]]:
+    """A fake engine of ``capacity`` whose early stop also fires, wrongly, on loads within
+    ``burst`` (a burst in the trace); run to its end, such a load passes. (probe, confirm)."""
+    def probe(load: float) -> ProbeOutcome:
+        if burst[0] <= load <= burst[1] or load > capacity:
+            return ProbeOutcome(load=load, attainment=0.8, passed=False,
+                                stopped="over-saturated: ...")
+        return ProbeOutcome(load=load, attainment=1.0, passed=True)
+
+    def confirm(load: float) -> ProbeOutcome:
+        ok = load <= capacity
+        return ProbeOutcome(load=load, attainment=1.0 if ok else 0.5, passed=ok, full=True)
+    return probe, confirm
+
+
+@pytest.mark.parametrize("start", [0.7, 1.0, 3.0, 6.107])
+def test_an_early_stop_never_sets_the_answer(start: float) -> None:
+    """The search's answer must not depend on where it started because an early stop fired
+    on a load that passes (review case: 6.107 req/s stopped, 6.266 passed)."""
+    probe, confirm = stopped_by_a_burst(7.3, (5.9, 6.2))
+    result = search(SearchSpec(kind="rate", start=start, precision=0.05), probe,
+                    confirm=confirm)
+    assert result.status == "found"
+    assert result.passing is not None and result.failing is not None
+    assert result.passing <= 7.3 < result.failing
+    assert result.failing / result.passing - 1 <= 0.05
+    # the failing end of the bracket was run to its end, or failed without an early stop
+    deciding = [p for p in result.probes if p.load == result.failing]
+    assert deciding[-1].full or not deciding[-1].stopped
+
+
+def test_a_confirmed_failure_ends_the_search() -> None:
+    """An early stop on a load that fails run to its end too: one more run, same answer."""
+    probe, confirm = stopped_by_a_burst(7.3, (0.0, 0.0))
+    plain = search(SearchSpec(start=1.0), probe)
+    confirmed = search(SearchSpec(start=1.0), probe, confirm=confirm)
+    assert (confirmed.passing, confirmed.failing) == (plain.passing, plain.failing)
+    assert [p.full for p in confirmed.probes] == [False] * len(plain.probes) + [True]
+
+
 def test_known_probes_are_reused_not_rerun() -> None:
     """A resumed search walks the same loads and runs only those not done before."""
     first_calls: list[float] = []
