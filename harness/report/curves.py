@@ -151,7 +151,11 @@ class SearchRecord:
     num_stopped: int
     num_behind: int = 0  # rate probes that met the SLO and failed only as falling behind
     num_short: int = 0  # ... or only as too short a trace to show a steady state
-    behind: str | None = None  # why the bracket's failing probe failed, when it met the SLO
+    # The bracket's failing probe, when it was not stopped: why it failed the pace check
+    # (``harness.metrics.pace``), whatever its attainment, and its attainment, so that the
+    # report says "met the SLO" only of a probe that did.
+    behind: str | None = None
+    failing_attainment: float | None = None
     load_cap: str | None = None  # why the highest load tried was that (search.json)
     precision: float | None = None  # rate: relative; concurrency: users
     probe_labels: Mapping[float, str] = field(default_factory=dict)  # load -> probe folder
@@ -219,6 +223,8 @@ def _read_search(path: Path) -> SearchRecord | None:
         engine = d.get("engine") or {}
         bracket = d.get("bracket") or {}
         probes = d.get("probes") or []
+        failing = next((p for p in probes if p.get("load") == bracket.get("failing")
+                        and not p.get("stopped")), None)
         return SearchRecord(
             path=path, key=setting_key(engine.get("name") or d.get("setting"), d.get("grid")),
             kind=str(d.get("kind")), unit=str(d.get("unit") or ""), status=str(d.get("status")),
@@ -231,9 +237,8 @@ def _read_search(path: Path) -> SearchRecord | None:
             num_short=sum(1 for p in probes if _only_pace(p, d, "too short")),
             load_cap=str(d["load_cap"]) if d.get("load_cap") else None,
             precision=float(d["precision"]) if d.get("precision") is not None else None,
-            behind=next((str(p["behind"]) for p in probes
-                         if p.get("load") == bracket.get("failing") and p.get("behind")
-                         and not p.get("stopped")), None),
+            behind=str(failing["behind"]) if failing and failing.get("behind") else None,
+            failing_attainment=_attainment(failing),
             probe_labels={float(p["load"]): str(p.get("label") or p.get("run_dir"))
                           for p in probes if p.get("load") is not None},
             slo=dict(d.get("slo") or {}), knobs=dict(d.get("knobs") or {}),
@@ -241,6 +246,11 @@ def _read_search(path: Path) -> SearchRecord | None:
                              if p.get("run_dir")))
     except (OSError, ValueError, TypeError, AttributeError):
         return None
+
+
+def _attainment(probe: Mapping[str, Any] | None) -> float | None:
+    value = probe.get("attainment") if probe else None
+    return None if value is None else float(value)
 
 
 def _only_pace(probe: Mapping[str, Any], search: Mapping[str, Any], why: str) -> bool:
@@ -332,7 +342,7 @@ def _search_row(r: SearchRecord) -> CapacityRow:
     evidence = (f"search ({r.status}): {passing} passed, {failing} failed ({precision}); "
                 f"{r.num_probes} probes{stopped}{behind}")
     if r.behind:
-        evidence += f"; {failing} met the SLO but {r.behind}"
+        evidence += f"; {failing} {_failed_text(r)}"
     bracket = tuple(f"{r.path.parent.name}/{r.probe_labels[load]}"
                     for load in (r.passing, r.failing)
                     if load is not None and load in r.probe_labels)
@@ -344,6 +354,22 @@ def _search_row(r: SearchRecord) -> CapacityRow:
         note = f"no load tried failed, up to {r.load_cap}"
     return CapacityRow(r.key, r.kind, value, bound, "search", evidence, bracket, note,
                        r.precision)
+
+
+def _failed_text(r: SearchRecord) -> str:
+    """Why the bracket's failing probe failed, when it failed the pace check: "met the SLO
+    but fell behind: ..." only when its attainment reached the target; else the attainment
+    it missed by, and the pace as well."""
+    assert r.behind is not None
+    attained = r.failing_attainment
+    if attained is not None and attained >= r.target:
+        return f"met the SLO but {r.behind}"
+    # pace.why reads "fell behind: ..." or "too short to show a steady state: ..."
+    pace = r.behind if r.behind.startswith("fell behind") else f"was {r.behind}"
+    if attained is None:
+        return pace
+    return (f"failed on SLO attainment ({attainment_text(attained)}, under the "
+            f"{attainment_text(r.target)} target) and {pace}")
 
 
 def within_precision(row: CapacityRow, base: CapacityRow) -> bool:

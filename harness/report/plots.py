@@ -94,9 +94,12 @@ def _save(fig: Figure, path: Path, note: str | None = None) -> Path:
 # The run figures (latency CDFs, engine state, throughput) have fixed margins, in inches: a
 # layout solver ("constrained") measured every text box several times per save and cost more
 # than drawing the figures themselves. Room for tick labels of up to six digits and one axis
-# label; LEGEND_ROW_IN per row of a legend below the axes.
+# label; LEGEND_ROW_IN per row of a legend below the axes. A figure's height leaves room for
+# LEGEND_ROWS_IN_HEIGHT rows; each row more makes it taller (``_legend_room``), so that a
+# legend of any length leaves the axes their height.
 LEGEND_ROW_IN = 0.3
 LEGEND_NCOLS = 4
+LEGEND_ROWS_IN_HEIGHT = 2
 NOTE_STRIP_IN = 0.15  # above the axes, for a figure's note (_save)
 
 
@@ -119,6 +122,20 @@ def _legend_below(fig: Figure, handles: list, labels: list[str]) -> None:
 
 def _legend_rows(num_labels: int) -> int:
     return -(-num_labels // LEGEND_NCOLS)
+
+
+def _legend_room(fig: Figure, num_labels: int, bottom: float = 0.55) -> float:
+    """The bottom margin (inches) for ``_fixed_margins`` that leaves a legend of
+    ``num_labels`` below the axes its rows. The figure grows by the rows its height has no
+    room for: without that, a legend of a few dozen cells (the probes of a capacity search)
+    took all of a fixed height and left the axes none. Up to LEGEND_ROWS_IN_HEIGHT rows
+    (8 cells) the figure keeps its size."""
+    rows = _legend_rows(num_labels)
+    extra = LEGEND_ROW_IN * max(0, rows - LEGEND_ROWS_IN_HEIGHT)
+    if extra:
+        width, height = fig.get_size_inches()
+        fig.set_size_inches(width, height + extra)
+    return bottom + LEGEND_ROW_IN * rows
 
 
 def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path, *,
@@ -151,7 +168,7 @@ def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path, *,
     axes[0].set_ylabel("fraction of requests")
     handles, labels = axes[0].get_legend_handles_labels()
     _fixed_margins(fig, 1, len(LATENCY_PANELS), left=0.65, top=0.35, wgap=0.45,
-                   bottom=0.55 + LEGEND_ROW_IN * _legend_rows(len(labels)))
+                   bottom=_legend_room(fig, len(labels)))
     if handles:
         _legend_below(fig, handles, labels)
     return _save(fig, path, note)
@@ -184,8 +201,7 @@ def engine_state(series: Mapping[str, EngineState], path: Path, *,
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("time since the first arrival (s)")
     handles, labels = axes[0].get_legend_handles_labels()
-    _fixed_margins(fig, len(present), 1, hgap=0.15,
-                   bottom=0.55 + LEGEND_ROW_IN * _legend_rows(len(labels)))
+    _fixed_margins(fig, len(present), 1, hgap=0.15, bottom=_legend_room(fig, len(labels)))
     if handles:
         _legend_below(fig, handles, labels)
     return _save(fig, path, note)
