@@ -61,6 +61,7 @@ class ProbePlan:
     replay: Mapping[str, Any] = field(default_factory=dict)  # live: ReplayConfig fields
     command: Sequence[str] | None = None
     early_stop: bool = True
+    made_from: Mapping[str, Any] = field(default_factory=dict)  # what ``digest`` digests
 
 
 def probe_label(kind: LoadKind, load: float, *, full: bool = False) -> str:

@@ -73,17 +73,43 @@ def digest_of(payload: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def known_probes(search_dir: Path, digest: str, *, full: bool = False
-                 ) -> dict[float, ProbeOutcome]:
+def _what_changed(before: Any, now: Mapping[str, Any] | None) -> str:
+    """Which of a search's settings differ from those ``search.json`` was made with, in
+    words; the usual suspects when the file does not say (an older batchlab)."""
+    if not isinstance(before, Mapping) or not now:
+        return ("engine, knobs, trace, SLO, target or early stop changed, or an older "
+                "batchlab judged its probes")
+    names = {"cell": "the scenario cell (engine, knobs, trace or the files it reads)",
+             "spec": "engine or knobs", "files": "the bytes of the trace, lengths or "
+             "profile file", "batchlab": "the batchlab version", "options": "trace options",
+             "think_time_s": "think time", "target": "target attainment",
+             "kind": "search kind (rate or concurrency)", "slo": "SLO"}
+    changed = [k for k in sorted(set(before) | set(now))
+               if json.dumps(jsonable(before.get(k)), sort_keys=True, default=str)
+               != json.dumps(jsonable(now.get(k)), sort_keys=True, default=str)]
+    parts = []
+    for k in changed:
+        what = names.get(k, k.replace("_", " "))
+        old, new = before.get(k), now.get(k)
+        if k == "files" and isinstance(old, Mapping) and isinstance(new, Mapping):
+            paths = sorted(p for p in set(old) | set(new) if old.get(p) != new.get(p))
+            what = "the bytes of " + ", ".join(paths) if paths else what
+        if k in ("target", "kind", "slo", "early_stop", "think_time_s", "trace"):
+            what += f": {before.get(k)!r} then, {now.get(k)!r} now"
+        parts.append(what)
+    return "changed: " + "; ".join(parts) if parts else "an older batchlab judged its probes"
+
+
+def known_probes(search_dir: Path, digest: str, *, full: bool = False,
+                 made_from: Mapping[str, Any] | None = None) -> dict[float, ProbeOutcome]:
     """Finished probes of this search (same digest) in ``search_dir``, by load (``full``:
     the runs that confirmed a probe stopped early, instead). Refuses a ``search.json`` made
     with other settings rather than mixing two searches."""
     recorded = read_json_object(search_dir / SEARCH_FILE)
     if recorded and recorded.get("digest") != digest:
-        raise ValueError(f"{search_dir / SEARCH_FILE}: made with other settings (engine, knobs, "
-                         "trace, SLO, target or early stop changed, or an older batchlab "
-                         "judged its probes); drop --resume to start over, or "
-                         "choose another --out")
+        raise ValueError(f"{search_dir / SEARCH_FILE}: made with other settings ("
+                         f"{_what_changed(recorded.get('made_from'), made_from)}); drop "
+                         "--resume to start over, or choose another --out")
     known: dict[float, ProbeOutcome] = {}
     if not search_dir.is_dir():
         return known
@@ -109,7 +135,7 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
                            start=min(spec.start, float(num_requests)))
             load_cap = f"one user per request of the trace ({num_requests})"
     out_dir.mkdir(parents=True, exist_ok=True)
-    known = known_probes(out_dir, plan.digest) if resume else {}
+    known = known_probes(out_dir, plan.digest, made_from=plan.made_from) if resume else {}
     known_full = known_probes(out_dir, plan.digest, full=True) if resume else {}
     if not resume:
         _clear_earlier_probes(out_dir, setting.name, log)
@@ -205,6 +231,7 @@ def _search_record(setting: Setting, spec: SearchSpec, status: str,
         "precision": spec.precision,
         "precision_text": spec.precision_text(),
         "digest": plan.digest,
+        "made_from": jsonable(dict(plan.made_from)),
         "status": status,
         "error": error,
         "capacity": result.capacity if result is not None else None,
@@ -221,7 +248,8 @@ def check_resumable(settings: Sequence[Setting], out_dir: Path) -> None:
     """Raises ValueError (``known_probes``) when a search in ``out_dir`` was made with other
     settings: checked before anything is written, so a refused --resume changes nothing."""
     for setting in settings:
-        known_probes(out_dir / setting.name, setting.plan.digest)
+        known_probes(out_dir / setting.name, setting.plan.digest,
+                     made_from=setting.plan.made_from)
 
 
 def _bracket_so_far(probes: Sequence[ProbeOutcome]) -> dict[str, float | None]:

@@ -6,18 +6,21 @@ priority classes, model, GPU, engines, grid, SLO) is the scenario's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from harness.capacity.probe import ProbePlan, trace_file_at
 from harness.capacity.run import Setting, digest_of
 from harness.capacity.search import LoadKind
+from harness.manifest import batchlab_version
 from harness.metrics import PACE_SIGMAS, PACE_TOLERANCE, SHORTEST_STEADY_E2ES, Slo
 from harness.scenario import Scenario, ScenarioError, select
 from harness.scenario.cell import target_spec
 from harness.scenario.expand import load_cell_trace
-from harness.scenario.schema import Cell, LoadPoint
+from harness.scenario.schema import Cell, LoadPoint, file_sha256
 from harness.target import TargetSpec
 from harness.traces import Trace
 
@@ -53,6 +56,7 @@ def scenario_settings(scenario: Scenario, *, kind: LoadKind, target: float, slo:
         settings.append(Setting(cell.name, ProbePlan(
             spec=spec, trace_at=_scenario_trace(scenario), slo=slo, kind=kind,
             target=target, cell=_cell_record(cell, scenario.name), digest=digest_of(payload),
+            made_from=payload,
             think_time_s=think_time_s, replay=dict(cell.engine.replay), command=command,
             early_stop=early_stop,
         )))
@@ -93,11 +97,29 @@ def single_setting(spec: TargetSpec, *, name: str, trace_path: str,
     payload = {"spec": repr(spec), "trace": trace_path, "options": dict(trace_options),
                "kind": kind, "target": target, "slo": slo.as_dict(),
                "think_time_s": think_time_s, "replay": dict(replay or {}),
-               **_rules(early_stop)}
+               "files": _files_read(spec, trace_path, trace_options),
+               "batchlab": batchlab_version(), **_rules(early_stop)}
     cell = {"name": name, "engine": {"name": name, "engine": spec.engine, "mode": mode},
             "knobs": dict(knobs), "grid": {}}
     return Setting(name, ProbePlan(
         spec=spec, trace_at=trace_file_at(trace_path, trace_options), slo=slo, kind=kind,
-        target=target, cell=cell, digest=digest_of(payload), think_time_s=think_time_s,
+        target=target, cell=cell, digest=digest_of(payload), made_from=payload,
+        think_time_s=think_time_s,
         replay=dict(replay or {}), command=command, early_stop=early_stop,
     ))
+
+
+def _files_read(spec: TargetSpec, trace_path: str, options: Mapping[str, Any]
+                ) -> dict[str, str | None]:
+    """The bytes of every file the probes read (the trace, a lengths file, a profile), by
+    path: a trace rewritten in place or a recalibrated profile is searched again, not served
+    from the last search, as a scenario cell's digest (``Scenario.cell_digest``)."""
+    paths = [] if str(trace_path).startswith("synthetic") else [Path(trace_path)]
+    if options.get("lengths_from"):
+        paths.append(Path(str(options["lengths_from"])))
+    if spec.profile:
+        from adapters.reference.cost_model import ProfileError, resolve_profile
+
+        with contextlib.suppress(ProfileError):  # refused where it is read, and why
+            paths.append(resolve_profile(spec.profile))
+    return {str(p.resolve()): file_sha256(p) for p in paths}

@@ -219,6 +219,41 @@ def test_cli_capacity_with_a_profile_is_filed_under_the_profile(
                                           "reference engine with profile `trtllm-h100-sxm`")
 
 
+def test_resume_refuses_probes_of_a_profile_or_trace_since_rewritten(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A recalibrated profile (or a trace rewritten in place) answers another question: its
+    earlier probes are not reused, and the refusal names what changed."""
+    from adapters.reference.cost_model import resolve_profile
+
+    profile = tmp_path / "mine.json"
+    profile.write_text(resolve_profile("vllm-h100-sxm").read_text())
+    trace = tmp_path / "trace.csv"
+    trace.write_text((Path(__file__).resolve().parents[3] / "harness" / "data"
+                      / "azure_conv_excerpt.csv").read_text())
+    args = ["capacity", "--trace", str(trace), "--limit", "60", "--profile", str(profile),
+            "--start", "4", "--max-probes", "2", "--slo", "ttft_s=0.5", "--out",
+            str(tmp_path / "cap")]
+    assert cli_main(args) == 0
+    capsys.readouterr()
+    assert cli_main([*args, "--resume"]) == 0  # nothing changed: resumed
+    said = capsys.readouterr()
+    assert "(resumed)" in said.out + said.err
+    doc = json.loads(profile.read_text())
+    doc["memory_efficiency"] *= 0.3
+    profile.write_text(json.dumps(doc))
+    assert cli_main([*args, "--resume"]) == 2
+    assert f"changed: the bytes of {profile.resolve()}" in capsys.readouterr().err
+    profile.write_text(resolve_profile("vllm-h100-sxm").read_text())  # as it was
+    with trace.open("a") as f:
+        f.write("2023-11-16 18:15:46.6805900,4808,10\n")
+    assert cli_main([*args, "--resume"]) == 2
+    assert f"changed: the bytes of {trace.resolve()}" in capsys.readouterr().err
+    trace.write_text(trace.read_text().rsplit("2023-11-16 18:15:46.6805900", 1)[0])
+    assert cli_main([*args[:-2], "--target", "0.95", "--out", str(tmp_path / "cap"),
+                     "--resume"]) == 2
+    assert "target attainment: 0.99 then, 0.95 now" in capsys.readouterr().err
+
+
 def test_a_capacity_search_shows_only_in_reports_of_its_setting_and_slo(tmp_path: Path) -> None:
     """A run folder beside a capacity folder (the README's reports/sim and reports/capacity)
     must not borrow its capacity: another SLO, or another setting, is another question."""
