@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import re
 import sys
 from pathlib import Path
@@ -158,9 +159,14 @@ def _search_spec(args: argparse.Namespace) -> SearchSpec:
     from harness.capacity import SearchSpec
 
     rate = args.search == "rate"
+    start = args.start
+    if start is None:  # the default start, within the range asked for
+        default = SearchSpec(kind=args.search, min_load=args.min_load, max_load=args.max_load)
+        start = min(max(1.0 if rate else 4.0, default.lowest), default.highest)
+        if not rate:
+            start = float(math.ceil(start))
     spec = SearchSpec(
-        kind=args.search, target=args.target,
-        start=args.start if args.start is not None else (1.0 if rate else 4.0),
+        kind=args.search, target=args.target, start=start,
         precision=args.precision if args.precision is not None else (0.05 if rate else 1.0),
         min_load=args.min_load, max_load=args.max_load, max_probes=args.max_probes)
     try:
@@ -182,6 +188,9 @@ def _settings(args: argparse.Namespace, spec: SearchSpec
     from harness.scenario import ScenarioError, load_scenario
 
     slo = parse_slo(args.slo)
+    if args.only is not None and not args.only.strip(" ,"):
+        raise UserError("--only: give a pattern (a setting or engine name, shell patterns "
+                        "allowed); without --only every setting is searched")
     if args.scenario:
         _refuse_setting_options(args)
         try:

@@ -378,3 +378,21 @@ def test_an_interrupted_capacity_run_keeps_its_probes_listed_and_reportable(
         assert f"| ≥ {max(passed):.4g} req/s |" in row_text
     assert "interrupted, `--resume` goes on" in row_text
     assert report.startswith("# Capacity at SLO: reference-capacity")
+
+
+def test_a_load_range_alone_moves_the_default_start_into_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--min-load / --max-load without --start: the search starts within them, rather than
+    refusing a start of 1 req/s nobody typed; an empty --only is refused."""
+    base = ["capacity", "--trace", "synthetic", "--num-requests", "40", "--prompt-tokens",
+            "512", "--output-tokens", "16", "--slo", "ttft_s=0.1", "--max-probes", "2"]
+    assert cli_main([*base, "--min-load", "5", "--max-load", "50",
+                     "--out", str(tmp_path / "a")]) == 0
+    probes = json.loads((tmp_path / "a" / "reference" / SEARCH_FILE).read_text())["probes"]
+    assert probes[0]["load"] == 5
+    assert cli_main([*base, "--max-load", "0.5", "--out", str(tmp_path / "b")]) == 0
+    probes = json.loads((tmp_path / "b" / "reference" / SEARCH_FILE).read_text())["probes"]
+    assert probes[0]["load"] == 0.5
+    capsys.readouterr()
+    assert cli_main([*base, "--only", "", "--out", str(tmp_path / "c")]) == 2
+    assert "--only: give a pattern" in capsys.readouterr().err
