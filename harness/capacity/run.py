@@ -13,6 +13,7 @@ engine, knobs, trace, SLO and target) and runs only the rest.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -58,6 +59,7 @@ class SettingResult:
     error: str | None = None
     interrupted: tuple[ProbeOutcome, ...] | None = None  # probes done before Ctrl-C
     earlier: bool = False  # read back from an earlier search (not searched this time)
+    running: bool = False  # being searched, or waiting its turn (``interrupted``: done so far)
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -121,7 +123,9 @@ def known_probes(search_dir: Path, digest: str, *, full: bool = False,
 
 
 def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: bool = False,
-               log: Log | None = None) -> SearchResult:
+               log: Log | None = None,
+               on_probe: Callable[[tuple[ProbeOutcome, ...]], None] | None = None
+               ) -> SearchResult:
     """Search one setting's capacity into ``out_dir`` (its probes are subfolders). A
     concurrency search stops at as many users as the trace has requests: more users than
     requests send nothing more."""
@@ -161,6 +165,8 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
     def recorded(outcome: ProbeOutcome) -> None:
         done.append(outcome)
         write("running")
+        if on_probe is not None:
+            on_probe(tuple(done))
         if log is not None:
             verdict = "passed" if outcome.passed else "failed"
             att = "–" if outcome.attainment is None else attainment_text(outcome.attainment)
@@ -322,16 +328,29 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
         log(f"kept from an earlier search (not selected by --only): "
             f"{', '.join(r.setting.name for r in kept)}")
     results: list[SettingResult] = list(kept)
+
+    def so_far(current: Setting | None = None, done: tuple[ProbeOutcome, ...] = ()) -> None:
+        """capacity.json and scenario.json as the search stands: a search killed outright
+        leaves them saying so, never an earlier search's answer as this one's."""
+        searched = {r.setting.name for r in results}
+        pending = [SettingResult(s, None, "running", interrupted=done if s is current else (),
+                                 running=True) for s in settings if s.name not in searched]
+        _write_summary(sorted([*results, *pending], key=lambda r: order[r.setting.name]), spec,
+                       out_dir, name=name, baseline=baseline, command=command,
+                       left_out=left_out, status="running")
+
+    so_far()
     for setting in settings:
         try:
-            result = run_search(setting, spec, out_dir / setting.name, resume=resume, log=log)
+            result = run_search(setting, spec, out_dir / setting.name, resume=resume, log=log,
+                                on_probe=functools.partial(so_far, setting))
             results.append(SettingResult(setting, result))
         except KeyboardInterrupt as exc:  # what was measured stays listed, and reportable
             done = exc.probes if isinstance(exc, SearchInterrupted) else ()
             results.append(SettingResult(setting, None, "interrupted", interrupted=done))
             results.sort(key=lambda r: order[r.setting.name])
             _write_summary(results, spec, out_dir, name=name, baseline=baseline,
-                           command=command, left_out=left_out)
+                           command=command, left_out=left_out, status="interrupted")
             raise
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
@@ -350,7 +369,10 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
 
 def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: Path, *,
                    name: str, baseline: str | None, command: Sequence[str] | None,
-                   left_out: Mapping[str, str] | None = None) -> None:
+                   left_out: Mapping[str, str] | None = None,
+                   status: str = "finished") -> None:
+    """``capacity.json`` and ``scenario.json``; ``status``: running (rewritten after every
+    probe), interrupted or finished."""
     rows = []
     cells: list[str] = []
     for r in results:
@@ -362,8 +384,8 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
                        num_probes=len(r.result.probes))
             probes: tuple[ProbeOutcome, ...] = r.result.probes
         elif r.interrupted is not None:
-            row.update(status="interrupted", num_probes=len(r.interrupted),
-                       bracket=_bracket_so_far(r.interrupted))
+            row.update(status="running" if r.running else "interrupted",
+                       num_probes=len(r.interrupted), bracket=_bracket_so_far(r.interrupted))
             probes = r.interrupted
         else:
             row["status"] = "failed"
@@ -377,7 +399,8 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
         rows.append(row)
     slo = results[0].setting.plan.slo.as_dict() if results else None
     target = results[0].setting.plan.target if results else spec.target
-    write_json_atomic({"kind": spec.kind, "unit": LOAD_UNITS[spec.kind], "slo": slo,
+    write_json_atomic({"status": status, "kind": spec.kind, "unit": LOAD_UNITS[spec.kind],
+                       "slo": slo,
                        "target_attainment": target, "spec": spec.as_dict(), "settings": rows,
                        # settings of the scenario whose earlier search here is not listed
                        "left_out": [{"setting": k, "why": v}

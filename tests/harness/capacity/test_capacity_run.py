@@ -396,3 +396,38 @@ def test_a_load_range_alone_moves_the_default_start_into_it(
     capsys.readouterr()
     assert cli_main([*base, "--only", "", "--out", str(tmp_path / "c")]) == 2
     assert "--only: give a pattern" in capsys.readouterr().err
+
+
+class _Killed(BaseException):
+    """What a run killed outright leaves behind: nothing after the point it died at."""
+
+
+def test_a_search_killed_outright_leaves_capacity_json_saying_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rerun into the same --out with other settings and killed after a probe: capacity.json
+    says the search is running, with the new SLO, not the earlier search's answer."""
+    out = tmp_path / "cap"
+    base = ["capacity", "--trace", "synthetic", "--num-requests", "40", "--prompt-tokens",
+            "512", "--output-tokens", "16", "--start", "4", "--max-probes", "3",
+            "--out", str(out)]
+    assert cli_main([*base, "--slo", "ttft_s=0.1"]) == 0
+    first = json.loads((out / "capacity.json").read_text())
+    assert first["status"] == "finished" and first["settings"][0]["capacity"] is not None
+    real_probe = capacity_run.run_probe
+    ran: list[float] = []
+
+    def killed_after_one(plan: object, load: float, out_dir: Path, **kw: object) -> ProbeOutcome:
+        if ran:
+            raise _Killed
+        ran.append(load)
+        return real_probe(plan, load, out_dir, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(capacity_run, "run_probe", killed_after_one)
+    with pytest.raises(_Killed):
+        cli_main([*base, "--slo", "ttft_s=0.5"])
+    left = json.loads((out / "capacity.json").read_text())
+    assert left["status"] == "running" and left["slo"] == {"ttft_s": 0.5}
+    row = left["settings"][0]
+    assert row["status"] == "running" and row["num_probes"] == 1 and "capacity" not in row
+    cells = json.loads((out / "scenario.json").read_text())["cells"]
+    assert cells == [f"reference/rate-{ran[0]:g}"]  # the probe this search made, no other
