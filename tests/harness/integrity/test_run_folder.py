@@ -280,3 +280,19 @@ def test_a_live_runs_preemptions_per_class_are_not_known_either(tmp_path: Path,
         assert set(summary["by_priority"]) == {"0", "1"}
         assert all(cls["num_preemptions"] is None for cls in summary["by_priority"].values())
         assert cli_main(["summarize", str(out)]) == 0
+
+
+def test_a_rerun_refused_for_bad_input_leaves_the_earlier_run_as_it_was(
+        tmp_path: Path, loopback: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing --tokenizer is refused before the folder is claimed: the finished run in it
+    keeps every file, byte for byte."""
+    out = tmp_path / "run"
+    small = ["--trace", "synthetic", "--num-requests", "3", "--rate", "20", "--prompt-tokens",
+             "8", "--output-tokens", "4", "--out", str(out)]
+    assert cli_main(["replay", "--target", loopback, *small]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert cli_main(["replay", "--target", loopback, *small, "--num-requests", "5",
+                     "--overwrite", "--tokenizer", str(tmp_path / "nonexistent")]) == 2
+    assert "--tokenizer" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
