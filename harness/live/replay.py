@@ -394,26 +394,35 @@ async def replay(
                                overwrite=overwrite)
     for stale in (RECORDS_FILE, REQUESTS_FILE, CHUNKS_FILE, SUMMARY_FILE):
         (out_dir / stale).unlink(missing_ok=True)
-    tokenizer = load_tokenizer(config.tokenizer_path) if config.tokenizer_path else None
-    builder = PromptBuilder(config.protocol, tokenizer, seed=config.seed,
-                            block_num_tokens=config.prefix_block_num_tokens,
-                            salt=config.prompt_salt)
     requests = trace.requests
-    bodies = _Bodies(requests, config, builder)
-    prebuilt = bodies.prebuild()
-    update_manifest(out_dir, replay_manifest(trace, config, builder, command))
-
-    cap = config.max_concurrency if config.mode == "open" else config.concurrency
-    if wire is None:  # tests hand in harness.live.wire.MemoryWire
-        wire = (LeanWire(config, cap) if config.http_client == "lean"
-                else HttpxWire(config, cap))
-    try:
-        await _warm_up(wire, config)
-        prepare = getattr(telemetry, "prepare", None)
-        if prepare is not None:  # its HTTP client built now, not at t0 beside the first sends
-            prepare()
-    except BaseException:
-        await wire.aclose()
+    try:  # before t0: stopped here, nothing was sent, and the manifest must say so
+        tokenizer = load_tokenizer(config.tokenizer_path) if config.tokenizer_path else None
+        builder = PromptBuilder(config.protocol, tokenizer, seed=config.seed,
+                                block_num_tokens=config.prefix_block_num_tokens,
+                                salt=config.prompt_salt)
+        bodies = _Bodies(requests, config, builder)
+        prebuilt = bodies.prebuild()
+        update_manifest(out_dir, replay_manifest(trace, config, builder, command))
+        cap = config.max_concurrency if config.mode == "open" else config.concurrency
+        if wire is None:  # tests hand in harness.live.wire.MemoryWire
+            wire = (LeanWire(config, cap) if config.http_client == "lean"
+                    else HttpxWire(config, cap))
+        try:
+            await _warm_up(wire, config)
+            prepare = getattr(telemetry, "prepare", None)
+            if prepare is not None:  # its HTTP client built now, not at t0 beside the sends
+                prepare()
+        except BaseException:
+            await wire.aclose()
+            raise
+    except BaseException as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt | asyncio.CancelledError)
+        said = ("interrupted before the first request was sent" if interrupted else
+                f"failed before the first request was sent: {type(exc).__name__}: {exc}")
+        update_manifest_quietly(out_dir, {
+            "status": "interrupted" if interrupted else "failed",
+            "error": f"{said}: nothing was measured", "num_sent": 0, "num_recorded": 0,
+            "num_planned": len(requests), "num_not_sent": len(requests)})
         raise
     writer = RecordWriter(out_dir / RECORDS_FILE, fsync_interval_s=config.fsync_interval_s,
                           run_id=run_id)

@@ -296,3 +296,32 @@ def test_a_rerun_refused_for_bad_input_leaves_the_earlier_run_as_it_was(
                      "--overwrite", "--tokenizer", str(tmp_path / "nonexistent")]) == 2
     assert "--tokenizer" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_a_replay_stopped_before_its_first_request_says_so(
+        tmp_path: Path, loopback: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during the warm-up (a slow or hung server), or a tokenizer that will not load:
+    nothing was sent, and the manifest says how the run ended instead of "running"."""
+    import harness.live.replay as live_replay
+
+    async def hung(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(live_replay, "_warm_up", hung)
+    out = tmp_path / "early"
+    small = ["--trace", "synthetic", "--num-requests", "3", "--rate", "20", "--prompt-tokens",
+             "8", "--output-tokens", "4"]
+    assert cli_main(["replay", "--target", loopback, *small, "--out", str(out)]) == 130
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert manifest["error"] == ("interrupted before the first request was sent: nothing was "
+                                 "measured")
+    assert (manifest["num_sent"], manifest["num_not_sent"]) == (0, 3)
+    monkeypatch.undo()
+    (tmp_path / "tok").mkdir()  # a folder, but no tokenizer in it
+    bad = tmp_path / "bad"
+    assert cli_main(["replay", "--target", loopback, *small, "--tokenizer",
+                     str(tmp_path / "tok"), "--out", str(bad)]) != 0
+    manifest = json.loads((bad / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert manifest["error"].startswith("failed before the first request was sent: ")
