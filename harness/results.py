@@ -26,6 +26,7 @@ CHUNKS_FILE = "chunks.parquet"
 STEPS_FILE = "steps.parquet"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"  # a run's or a scenario's report (harness.report writes it)
+RECORDS_FILE = "records.jsonl"  # a live run's requests as they end (harness.live.recorder)
 RUN_ID_KEY = b"batchlab.run_id"  # parquet schema metadata: the run that wrote the file
 
 

@@ -22,9 +22,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from harness.results import RECORDS_FILE as RECORDS_FILE  # the file this module writes
 from harness.timeline import RequestTimeline
 
-RECORDS_FILE = "records.jsonl"
 HEADER_KEY = "batchlab_records"
 
 _FIELDS = tuple(f.name for f in fields(RequestTimeline) if f.name != "extra")

@@ -18,6 +18,7 @@ from harness.metrics import Pace
 from harness.report.format import load_text, value_text
 from harness.report.plots import EngineState, envelope
 from harness.results import (
+    RECORDS_FILE,
     REQUESTS_FILE,
     STEPS_FILE,
     SUMMARY_FILE,
@@ -186,6 +187,13 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
         # a run that ended before it measured anything (an engine that did not start)
         state = str(manifest["status"])
         reason = str(manifest.get("error") or "")
+    elif state == "not_run" and manifest.get("status") in ("running", "starting"):
+        # killed outright (SIGKILL, a power cut): its manifest never said how it ended
+        state = "running"
+        if (run_dir / RECORDS_FILE).exists():
+            reason = (f"killed while it ran: its manifest still says {manifest['status']}; "
+                      f"`batchlab summarize {run_dir}` rebuilds its summary from the requests "
+                      f"{RECORDS_FILE} recorded")
     if state == "running":  # nothing said how it ended
         reason = reason or ("still running, or killed before it could say so (--resume runs it "
                             "again)")

@@ -325,3 +325,21 @@ def test_a_replay_stopped_before_its_first_request_says_so(
     manifest = json.loads((bad / "manifest.json").read_text())
     assert manifest["status"] == "failed"
     assert manifest["error"].startswith("failed before the first request was sent: ")
+
+
+def test_a_replay_killed_outright_is_reported_as_such_not_as_not_run(
+        tmp_path: Path, loopback: str) -> None:
+    """SIGKILL leaves records.jsonl and a manifest that says running: the report says the
+    run was killed and how to rebuild it, not "not run"."""
+    out = tmp_path / "killed"
+    assert cli_main(["replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
+                     "3", "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "4",
+                     "--out", str(out)]) == 0
+    for name in ("summary.json", "requests.parquet", "chunks.parquet", "report.md"):
+        (out / name).unlink(missing_ok=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
+    assert cli_main(["report", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert "not run" not in report
+    assert "killed while it ran: its manifest still says running; `batchlab summarize" in report
