@@ -216,6 +216,11 @@ def run_live(
         exited = str(summary.get("stopped_early") or "")
         if exited.startswith(ENGINE_EXITED):
             not_sent = int(read_manifest(out_path).get("num_not_sent") or 0)
+            # not stopped by an early-stop check: the run failed, and says so in its summary
+            # as in its manifest (a job that reads only summary.json must see it)
+            summary["status"] = "failed"
+            with contextlib.suppress(OSError):  # a full disk must not hide the engine's exit
+                write_json_atomic(summary, out_path / SUMMARY_FILE)
             raise EngineExited(f"{exited}: {summary.get('num_completed', 0)} of "
                                f"{summary.get('num_requests', 0)} requests sent completed, "
                                f"{not_sent} never sent (the results are in {out_path}; the "

@@ -191,6 +191,8 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     if old_path.exists():
         with contextlib.suppress(ValueError, OSError):
             old = json.loads(old_path.read_text())
+            if old.get("run_id") not in (None, run_id):
+                old = {}  # another run's summary (two runs into one folder): none of its keys
             derived = {"slo", "goodput", "send_lag_s", "client_limited", "client_lag_threshold_s",
                        "gate_wait_s", "by_priority"}
             for key, value in old.items():

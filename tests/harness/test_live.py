@@ -68,6 +68,7 @@ def test_an_engine_that_dies_mid_run_ends_the_replay_and_the_run_says_so(
     assert summary["stopped_early"].startswith("the engine exited (code -9)")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["engine"]["status"] == "failed"
+    assert summary["status"] == "failed"  # as the manifest says: not an early-stop check's stop
     assert manifest["num_not_sent"] > 20  # it stopped sending within about 0.1 s
     rows = pq.read_table(out / "requests.parquet").to_pylist()
     assert len(rows) == manifest["num_recorded"] == 80 - manifest["num_not_sent"]

@@ -343,3 +343,22 @@ def test_a_replay_killed_outright_is_reported_as_such_not_as_not_run(
     report = (out / "report.md").read_text()
     assert "not run" not in report
     assert "killed while it ran: its manifest still says running; `batchlab summarize" in report
+
+
+def test_summarize_takes_nothing_from_another_runs_summary(tmp_path: Path,
+                                                           loopback: str) -> None:
+    """A summary.json another run left in the folder (two runs into one --out) lends the
+    rebuilt summary none of its keys: not its status, not its counts."""
+    out = tmp_path / "run"
+    assert cli_main(["replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
+                     "3", "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "4",
+                     "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    other = {**summary, "run_id": "another-run", "num_not_sent": 37, "workers": ["w"]}
+    del other["status"]
+    (out / "summary.json").write_text(json.dumps(other))
+    assert cli_main(["summarize", str(out)]) == 0
+    rebuilt = json.loads((out / "summary.json").read_text())
+    assert rebuilt["run_id"] == summary["run_id"]
+    assert rebuilt["num_not_sent"] == 0 and "workers" not in rebuilt
+    assert rebuilt["status"] == "finished"  # from this run's manifest
