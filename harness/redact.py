@@ -198,11 +198,21 @@ def _scrubbable(value: str) -> bool:
             and v.lower() not in _PLAIN_VALUES)
 
 
+MIN_CUT_SECRET = 4  # characters of a secret cut off at a text's end that are masked too
+
+
 def scrub_text(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret value replaced by ``***`` (longest first)."""
-    for secret in sorted(secrets, key=len, reverse=True):
+    """``text`` with every secret value replaced by ``***`` (longest first), and a secret's
+    beginning where the text ends: an error body is kept only so long (a server that echoes
+    the key may have had it cut in two), and half a key is still half a key."""
+    ordered = sorted(secrets, key=len, reverse=True)
+    for secret in ordered:
         if secret in text:
             text = text.replace(secret, MASK)
+    for secret in ordered:
+        for k in range(len(secret) - 1, MIN_CUT_SECRET - 1, -1):
+            if text.endswith(secret[:k]):
+                return text[:-k] + MASK
     return text
 
 

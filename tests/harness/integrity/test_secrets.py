@@ -13,6 +13,7 @@ from harness.redact import (
     redact_env,
     redact_tree,
     scrub_files,
+    scrub_text,
     secret_values,
 )
 
@@ -126,3 +127,15 @@ def test_scenario_env_never_reaches_the_scenario_folder(tmp_path: Path, bl: type
     assert (folder / "report.md").exists() and (folder / "served" / "manifest.json").exists()
     assert _files_holding(folder, SECRETS) == []
     assert bl.read_json(folder / "served" / "cell.json")["engine"]["env"]["MY_AUTH"] == MASK
+
+
+def test_a_key_cut_in_two_by_a_kept_length_is_masked_too() -> None:
+    """An error body is kept only so long: a server echoing the key may have it cut at the
+    end, and the part left is masked as the whole key would be."""
+    key = "sk-LEAKTEST-0123456789abcdef"
+    body = "x" * 250 + " invalid credentials: Bearer " + key
+    for kept in (284, 295, len(body)):  # 5 and 16 characters of the key, and all of it
+        text = scrub_text(body[:kept], [key])
+        assert "sk-LEAK" not in text and text.endswith(MASK)
+    assert scrub_text("no key here: sk-", [key]) == "no key here: sk-"  # 3 characters: too few
+    assert scrub_text("token sk-L", [key]) == f"token {MASK}"
