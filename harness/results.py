@@ -154,8 +154,12 @@ def write_json_atomic(obj: Any, path: Path) -> None:
     """Write ``obj`` as strict JSON (non-finite floats as null, see ``finite_json``) to a
     temporary file, then rename."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(dumps_json(obj) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(dumps_json(obj) + "\n")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written file left beside the run's own
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def dumps_json(obj: Any, *, indent: int | None = 2) -> str:

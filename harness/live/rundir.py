@@ -133,7 +133,8 @@ def finish_run_folder(out_dir: Path, timelines: Sequence[RequestTimeline], confi
     at = "" if stopped_at_s is None else f" at t={stopped_at_s:.2f} s"
     reason = (f"{where}: {error.strerror or error}: the run stopped{at} with {num_on_disk} of "
               f"{len(timelines)} requests written to {RECORDS_FILE}; those rows are on disk "
-              "(summary and manifest.json say where it stopped)")
+              f"(`batchlab summarize {out_dir}` rebuilds the summary from them once there is "
+              "room)")
     stopped = {"error": reason, "stopped_at": {
         "t_s": stopped_at_s, "num_recorded_on_disk": num_on_disk,
         "num_recorded": len(timelines), "file": where}}

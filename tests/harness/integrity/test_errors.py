@@ -162,3 +162,26 @@ def test_a_closed_stdout_ends_quietly(bl: type) -> None:
     proc.wait(timeout=60)
     assert err == ""
     assert proc.returncode == 141  # 128 + SIGPIPE, like any tool whose reader left
+
+
+def test_a_json_file_the_disk_refused_leaves_no_tmp_file(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A summary or manifest that does not fit leaves the file as it was and nothing beside
+    it (a summary.json.tmp would read as the run's)."""
+    from harness.results import write_json_atomic
+
+    target = tmp_path / "summary.json"
+    target.write_text('{"before": 1}\n')
+
+    real_write = Path.write_text
+
+    def full(self: Path, data: str, *args: Any, **kwargs: Any) -> int:
+        real_write(self, data[:5])  # what fitted
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError, match="No space left"):
+        write_json_atomic({"after": 2}, target)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+    assert json.loads(target.read_text()) == {"before": 1}
