@@ -249,6 +249,7 @@ def _read_search(path: Path) -> SearchRecord | None:
 
 
 def _attainment(probe: Mapping[str, Any] | None) -> float | None:
+    """A probe's SLO attainment in search.json (None: no probe, or nothing measured)."""
     value = probe.get("attainment") if probe else None
     return None if value is None else float(value)
 
@@ -342,7 +343,7 @@ def _search_row(r: SearchRecord) -> CapacityRow:
     evidence = (f"search ({r.status}): {passing} passed, {failing} failed ({precision}); "
                 f"{r.num_probes} probes{stopped}{behind}")
     if r.behind:
-        evidence += f"; {failing} {_failed_text(r)}"
+        evidence += f"; {failing} {_failed_text(r, r.behind)}"
     bracket = tuple(f"{r.path.parent.name}/{r.probe_labels[load]}"
                     for load in (r.passing, r.failing)
                     if load is not None and load in r.probe_labels)
@@ -356,16 +357,15 @@ def _search_row(r: SearchRecord) -> CapacityRow:
                        r.precision)
 
 
-def _failed_text(r: SearchRecord) -> str:
-    """Why the bracket's failing probe failed, when it failed the pace check: "met the SLO
-    but fell behind: ..." only when its attainment reached the target; else the attainment
-    it missed by, and the pace as well."""
-    assert r.behind is not None
+def _failed_text(r: SearchRecord, behind: str) -> str:
+    """Why the bracket's failing probe failed, when it failed the pace check (``behind``):
+    "met the SLO but fell behind: ..." only when its attainment reached the target; else the
+    attainment, under the target, and the pace as well."""
     attained = r.failing_attainment
     if attained is not None and attained >= r.target:
-        return f"met the SLO but {r.behind}"
+        return f"met the SLO but {behind}"
     # pace.why reads "fell behind: ..." or "too short to show a steady state: ..."
-    pace = r.behind if r.behind.startswith("fell behind") else f"was {r.behind}"
+    pace = behind if behind.startswith("fell behind") else f"was {behind}"
     if attained is None:
         return pace
     return (f"failed on SLO attainment ({attainment_text(attained)}, under the "

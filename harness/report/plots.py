@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib import ticker
 from matplotlib.axis import Axis
+from matplotlib.backends.backend_agg import RendererAgg
 from matplotlib.figure import Figure
 
 DPI = 100
@@ -94,12 +95,11 @@ def _save(fig: Figure, path: Path, note: str | None = None) -> Path:
 # The run figures (latency CDFs, engine state, throughput) have fixed margins, in inches: a
 # layout solver ("constrained") measured every text box several times per save and cost more
 # than drawing the figures themselves. Room for tick labels of up to six digits and one axis
-# label; LEGEND_ROW_IN per row of a legend below the axes. A figure's height leaves room for
-# LEGEND_ROWS_IN_HEIGHT rows; each row more makes it taller (``_legend_room``), so that a
-# legend of any length leaves the axes their height.
-LEGEND_ROW_IN = 0.3
+# label; below them, a legend of all cells (``_legend_below``).
+LEGEND_ROWS_IN_HEIGHT = 2  # legend rows a figure's height has room for: up to 8 cells
+LEGEND_ROW_IN = 0.3  # the room for each of them
 LEGEND_NCOLS = 4
-LEGEND_ROWS_IN_HEIGHT = 2
+LEGEND_PAD_IN = 0.05  # between a longer legend, as measured, and the axis labels above it
 NOTE_STRIP_IN = 0.15  # above the axes, for a figure's note (_save)
 
 
@@ -114,28 +114,36 @@ def _fixed_margins(fig: Figure, nrows: int, ncols: int, *, left: float = 0.8,
                         top=1 - top / height, wspace=wgap / axes_w, hspace=hgap / axes_h)
 
 
-def _legend_below(fig: Figure, handles: list, labels: list[str]) -> None:
-    """One legend for all panels, centred under them (``_fixed_margins`` left it room)."""
-    fig.legend(handles, labels, loc="lower center", ncols=min(len(labels), LEGEND_NCOLS),
-               bbox_to_anchor=(0.5, 0.0), borderaxespad=0.2)
+def _legend_below(fig: Figure, handles: list, labels: list[str], *, bottom: float = 0.55,
+                  rows_in_height: int = LEGEND_ROWS_IN_HEIGHT) -> float:
+    """One legend for all panels, centred at the bottom of the figure, in as many columns (up
+    to LEGEND_NCOLS) as its width holds; returns the bottom margin for ``_fixed_margins``:
+    ``bottom`` (inches, for the tick and axis labels) plus the legend's room.
 
-
-def _legend_rows(num_labels: int) -> int:
-    return -(-num_labels // LEGEND_NCOLS)
-
-
-def _legend_room(fig: Figure, num_labels: int, bottom: float = 0.55) -> float:
-    """The bottom margin (inches) for ``_fixed_margins`` that leaves a legend of
-    ``num_labels`` below the axes its rows. The figure grows by the rows its height has no
-    room for: without that, a legend of a few dozen cells (the probes of a capacity search)
-    took all of a fixed height and left the axes none. Up to LEGEND_ROWS_IN_HEIGHT rows
-    (8 cells) the figure keeps its size."""
-    rows = _legend_rows(num_labels)
-    extra = LEGEND_ROW_IN * max(0, rows - LEGEND_ROWS_IN_HEIGHT)
-    if extra:
-        width, height = fig.get_size_inches()
-        fig.set_size_inches(width, height + extra)
-    return bottom + LEGEND_ROW_IN * rows
+    Up to ``rows_in_height`` rows, the room is LEGEND_ROW_IN a row within the figure's
+    height. A longer legend (a few dozen cells: every probe of a capacity search is one) is
+    measured, and the figure grows by what it takes beyond that, so that the axes keep their
+    height: in a fixed height such a legend left the axes none."""
+    if not handles:
+        return bottom
+    renderer = RendererAgg(1, 1, fig.dpi)  # measures the legend's text; draws nothing
+    width_in = fig.get_size_inches()[0]
+    ncols = min(len(labels), LEGEND_NCOLS)
+    while True:
+        legend = fig.legend(handles, labels, loc="lower center", ncols=ncols,
+                            bbox_to_anchor=(0.5, 0.0), borderaxespad=0.2)
+        box = legend.get_window_extent(renderer)
+        if ncols == 1 or box.width / fig.dpi <= width_in:
+            break
+        legend.remove()  # wider than the figure: its outer columns would be cut off
+        ncols -= 1
+    rows = -(-len(labels) // ncols)
+    if rows <= rows_in_height:
+        return bottom + LEGEND_ROW_IN * rows
+    room = max(box.height / fig.dpi + LEGEND_PAD_IN, LEGEND_ROW_IN * rows_in_height)
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width, height + room - LEGEND_ROW_IN * rows_in_height)
+    return bottom + room
 
 
 def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path, *,
@@ -166,11 +174,8 @@ def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path, *,
             ax.set_xscale("log")
             _log_labels(ax.xaxis, seconds_label)
     axes[0].set_ylabel("fraction of requests")
-    handles, labels = axes[0].get_legend_handles_labels()
-    _fixed_margins(fig, 1, len(LATENCY_PANELS), left=0.65, top=0.35, wgap=0.45,
-                   bottom=_legend_room(fig, len(labels)))
-    if handles:
-        _legend_below(fig, handles, labels)
+    bottom = _legend_below(fig, *axes[0].get_legend_handles_labels())
+    _fixed_margins(fig, 1, len(LATENCY_PANELS), left=0.65, top=0.35, wgap=0.45, bottom=bottom)
     return _save(fig, path, note)
 
 
@@ -200,10 +205,8 @@ def engine_state(series: Mapping[str, EngineState], path: Path, *,
             ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("time since the first arrival (s)")
-    handles, labels = axes[0].get_legend_handles_labels()
-    _fixed_margins(fig, len(present), 1, hgap=0.15, bottom=_legend_room(fig, len(labels)))
-    if handles:
-        _legend_below(fig, handles, labels)
+    bottom = _legend_below(fig, *axes[0].get_legend_handles_labels())
+    _fixed_margins(fig, len(present), 1, hgap=0.15, bottom=bottom)
     return _save(fig, path, note)
 
 
@@ -240,7 +243,6 @@ def throughput_over_time(series: Mapping[str, tuple[np.ndarray, np.ndarray]], pa
     width = edges[1] - edges[0]
     fig = Figure(figsize=(11, 3.6))
     ax = fig.subplots()
-    _fixed_margins(fig, 1, 1)
     for name, (t, tokens) in series.items():
         if not np.size(t):
             continue
@@ -254,7 +256,12 @@ def throughput_over_time(series: Mapping[str, tuple[np.ndarray, np.ndarray]], pa
     ax.set_xlabel("time since the first arrival (s)")
     ax.set_ylabel("output tokens/s")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
+    handles, labels = ax.get_legend_handles_labels()
+    if len(labels) <= LEGEND_NCOLS * LEGEND_ROWS_IN_HEIGHT:
+        ax.legend(loc="best", fontsize="small")
+        _fixed_margins(fig, 1, 1)
+    else:  # inside the axes, a legend this long would hide the lines; below, it adds height
+        _fixed_margins(fig, 1, 1, bottom=_legend_below(fig, handles, labels, rows_in_height=0))
     return _save(fig, path, note)
 
 
