@@ -34,7 +34,7 @@ from harness.results import (
 from harness.scenario.status import CELL_FILE, STATUS_FILE, interrupted_reason
 from harness.target import ClosedLoop, RunOptions, TargetSpec
 from harness.targets import make_target
-from harness.traces import Trace, TraceOptions, load_trace
+from harness.traces import Trace, TraceError, TraceOptions, load_trace
 
 PROBE_FILE = "probe.json"
 # A rate probe passes only if the engine kept pace with the arrivals. In a steady state
@@ -81,6 +81,14 @@ def trace_file_at(path: str, options: Mapping[str, Any]) -> Callable[[LoadKind, 
             fields["rate"] = load
         elif fields.get("rate") is None and str(path).startswith("synthetic"):
             fields["rate"] = math.inf  # users send as they free up: arrival times unused
+        elif fields.get("rate") is None:
+            try:
+                return load_trace(path, TraceOptions(**fields))
+            except TraceError as exc:
+                if "has no timestamps" not in str(exc):
+                    raise
+                # lengths only (ShareGPT): users need no arrival times, nor a rate for them
+                fields["rate"] = math.inf
         return load_trace(path, TraceOptions(**fields))
     return at
 
@@ -153,8 +161,12 @@ def outcome_from_summary(load: float, summary: Mapping[str, Any], target: float,
     throughput = summary.get("throughput") or {}
     passed = (attainment is not None and attainment >= target and not stopped
               and (pace is None or pace.kept))
+    num_failed = summary.get("num_failed")
+    num_requests = summary.get("num_requests")
     return ProbeOutcome(
         load=load, attainment=attainment, passed=bool(passed),
+        num_failed=int(num_failed) if isinstance(num_failed, int | float) else None,
+        num_requests=int(num_requests) if isinstance(num_requests, int | float) else None,
         stopped=str(stopped) if stopped else None, run_dir=run_dir,
         output_tokens_per_s=throughput.get("output_tokens_per_s"),
         ttft_p90_s=(summary.get("ttft_s") or {}).get("p90"),

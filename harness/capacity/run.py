@@ -170,6 +170,8 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
         if log is not None:
             verdict = "passed" if outcome.passed else "failed"
             att = "–" if outcome.attainment is None else attainment_text(outcome.attainment)
+            if outcome.num_failed and outcome.num_requests:  # refused or errors: say so
+                att += f" ({outcome.num_failed} of {outcome.num_requests} requests failed)"
             extra = (f"; stopped early: {outcome.stopped}" if outcome.stopped
                      else f"; {outcome.behind}" if outcome.behind else "")
             how = ((" (run to its end)" if outcome.full else "")
@@ -367,6 +369,26 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
     return results
 
 
+def _what_answers(setting: Setting) -> dict[str, Any]:
+    """Whose capacity a row gives: the engine, simulated (a prediction, with its model, GPU
+    and profile) or live (measured)."""
+    spec = setting.plan.spec
+    return {"engine": spec.engine, "mode": "simulated" if spec.simulated else "live",
+            # the served reference engine predicts too, over the wire
+            "predicted": spec.simulated or spec.engine == "reference",
+            "model": spec.model, "gpu": spec.gpu,
+            "profile": spec.profile}
+
+
+def _precision_text(r: SettingResult, spec: SearchSpec, out_dir: Path) -> str | None:
+    """The precision a row's search was made to: this search's, or, for a search kept from
+    an earlier run, the one its search.json records."""
+    if not r.earlier:
+        return spec.precision_text()
+    text = read_json_object(out_dir / r.setting.name / SEARCH_FILE).get("precision_text")
+    return str(text) if text else None
+
+
 def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: Path, *,
                    name: str, baseline: str | None, command: Sequence[str] | None,
                    left_out: Mapping[str, str] | None = None,
@@ -377,7 +399,9 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
     cells: list[str] = []
     for r in results:
         row: dict[str, Any] = {"setting": r.setting.name, "search": f"{r.setting.name}/"
-                               f"{SEARCH_FILE}", "error": r.error}
+                               f"{SEARCH_FILE}", "error": r.error,
+                               **_what_answers(r.setting),
+                               "precision_text": _precision_text(r, spec, out_dir)}
         if r.result is not None:
             row.update(status=r.result.status, capacity=r.result.capacity,
                        bracket={"passing": r.result.passing, "failing": r.result.failing},

@@ -35,6 +35,7 @@ LoadKind = Literal["rate", "concurrency"]
 Status = Literal["found", "below_min", "at_least_max", "max_probes", "trace_too_short"]
 LOAD_UNITS = {"rate": "req/s", "concurrency": "users"}
 DEFAULT_TARGET = 0.99
+MIN_RATE_PRECISION = 0.002  # two steps of a rate named to 4 significant digits, at worst
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,10 @@ class SearchSpec:
             raise ValueError(f"start: must be a positive load, got {self.start!r}")
         if not (math.isfinite(self.precision) and self.precision > 0):
             raise ValueError(f"precision: must be positive, got {self.precision!r}")
+        if self.kind == "rate" and self.precision < MIN_RATE_PRECISION:
+            raise ValueError(f"precision: at least {MIN_RATE_PRECISION:g} ("
+                             f"{MIN_RATE_PRECISION:.1%}) for a rate search, whose loads are "
+                             f"named to 4 significant digits; got {self.precision:g}")
         if self.kind == "concurrency" and (self.precision != int(self.precision)
                                            or self.start != int(self.start)):
             raise ValueError("precision, start: whole numbers of users for a concurrency search")
@@ -103,6 +108,8 @@ class ProbeOutcome:
     load: float
     attainment: float | None  # None when nothing could be measured
     passed: bool
+    num_failed: int | None = None  # requests that failed (refused, errors), of those sent
+    num_requests: int | None = None  # requests sent
     stopped: str | None = None  # why the probe stopped early (over-saturated), if it did
     run_dir: str | None = None  # the probe's run folder, relative to the search folder
     output_tokens_per_s: float | None = None

@@ -120,20 +120,30 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             check_resumable(settings, out)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-    print(f"capacity search ({spec.kind}, SLO attainment >= {args.target:.1%}, "
-          f"{spec.precision_text()}): {len(settings)} setting(s) into {out}/", flush=True)
+    slo_text = ", ".join(f"{k.removesuffix('_s').upper()} <= {v:g} s"
+                         for k, v in settings[0].plan.slo.as_dict().items() if v is not None)
+    print(f"capacity search ({spec.kind}, SLO attainment >= {args.target:.1%} of requests "
+          f"within {slo_text}, {spec.precision_text()}): {len(settings)} setting(s) into "
+          f"{out}/", flush=True)
     try:
         results = run_capacity(settings, spec, out, name=name, resume=args.resume,
                                baseline=baseline, command=command_line(), log=_log,
-                               every=every)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+                               every=every, write_report=False)
     except KeyboardInterrupt:  # what to do next, said by the command line's interrupt line
         raise KeyboardInterrupt(f"the finished probes are listed in {out / 'capacity.json'}; "
                                 f"`batchlab report {out}` renders them, and the same command "
                                 "with --resume goes on") from None
     _print_table(results, spec)
     _print_predicted(results)
+    from harness.report import render_scenario_report
+
+    try:  # every search is on disk: a report that fails costs no result
+        render_scenario_report(out)
+    except Exception as exc:
+        print(f"batchlab capacity: error: the searches are recorded in "
+              f"{out / 'capacity.json'}, but report.md could not be written: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     print(f"report: {out / 'report.md'}")
     return 1 if any(r.result is None for r in results if not r.earlier) else 0
 
@@ -149,6 +159,10 @@ def _print_predicted(results: list[SettingResult]) -> None:
             by_config.setdefault(config, []).append(r.setting.name)
     for config, names in by_config.items():
         print_predicted(config, names=names)
+    if by_config:
+        print("a capacity at an SLO is itself a prediction, whose error no published figure "
+              "measures: the errors above are those of the throughput and latencies it is "
+              "made from")
 
 
 def _log(text: str) -> None:

@@ -431,3 +431,56 @@ def test_a_search_killed_outright_leaves_capacity_json_saying_so(
     assert row["status"] == "running" and row["num_probes"] == 1 and "capacity" not in row
     cells = json.loads((out / "scenario.json").read_text())["cells"]
     assert cells == [f"reference/rate-{ran[0]:g}"]  # the probe this search made, no other
+
+
+def test_capacity_json_says_whose_capacity_and_the_log_names_failures(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each row says which engine answered, whether it is a prediction, and to what precision
+    it was searched; a probe that failed requests (refused: too little KV space) says so."""
+    out = tmp_path / "cap"
+    assert cli_main(["capacity", "--trace", str(Path(__file__).resolve().parents[3] / "harness"
+                                                / "data" / "azure_conv_excerpt.csv"),
+                     "--limit", "60", "--num-gpu-blocks", "10", "--slo", "ttft_s=0.5",
+                     "--max-probes", "2", "--out", str(out)]) == 0
+    said = capsys.readouterr()
+    assert "requests failed), failed" in said.err
+    assert "a capacity at an SLO is itself a prediction" in said.out
+    assert "within TTFT <= 0.5 s" in said.out  # the SLO searched for, on the first line
+    row = json.loads((out / "capacity.json").read_text())["settings"][0]
+    assert (row["engine"], row["mode"], row["predicted"]) == ("reference", "simulated", True)
+    assert row["model"] == "llama-3.1-8b" and row["precision_text"] == "within 5%"
+
+
+def test_a_precision_finer_than_the_loads_can_be_named_is_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["capacity", "--trace", "synthetic", "--slo", "ttft_s=0.1",
+                     "--precision", "0.00001"]) == 2
+    assert "--precision: at least 0.002" in capsys.readouterr().err
+
+
+def test_a_concurrency_search_on_lengths_only_needs_no_rate(tmp_path: Path) -> None:
+    """Users send as they free up: a trace of lengths (ShareGPT) needs no --rate for them."""
+    out = tmp_path / "cap"
+    assert cli_main(["capacity", "--trace", str(Path(__file__).resolve().parents[3] / "harness"
+                                                / "data" / "sharegpt_lengths_excerpt.csv"),
+                     "--limit", "40", "--search", "concurrency", "--slo", "ttft_s=0.5",
+                     "--max-probes", "2", "--out", str(out)]) == 0
+    assert len(json.loads((out / "reference" / SEARCH_FILE).read_text())["probes"]) == 2
+
+
+def test_a_report_that_fails_keeps_the_searches_and_exits_1(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import harness.report as report_module
+
+    def broken(*args: object, **kwargs: object) -> Path:
+        raise ValueError("bottom cannot be >= top")
+
+    monkeypatch.setattr(report_module, "render_scenario_report", broken)
+    out = tmp_path / "cap"
+    assert cli_main(["capacity", "--trace", "synthetic", "--num-requests", "40",
+                     "--prompt-tokens", "512", "--output-tokens", "16", "--slo", "ttft_s=0.1",
+                     "--max-probes", "2", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "report.md could not be written: ValueError: bottom cannot be >= top" in err
+    assert json.loads((out / "capacity.json").read_text())["status"] == "finished"
