@@ -113,6 +113,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             setting.plan.trace_at(spec.kind, spec.start)
         except ValueError as exc:
             raise UserError(str(exc)) from None
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: a file is there, not a folder")
     if args.resume:
         from harness.capacity.run import check_resumable
 
