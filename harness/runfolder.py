@@ -4,13 +4,19 @@
 
 - The folder must be a folder batchlab can write (not a file, not read-only): otherwise a
   one-line ``RunDirError`` names the path.
+- One process writes it at a time: the claim takes an exclusive lock (``LOCK_FILE``, with
+  ``fcntl.flock``) that this process holds until ``release_run_dir`` or until it exits. A
+  folder another process holds is refused, naming that process; the holder may claim it again
+  (a rerun with ``--overwrite`` in the same process).
+- A folder holding anything batchlab did not write (``foreign_names``) is refused, with or
+  without a manifest, even with ``overwrite``: nothing but batchlab's own files is ever
+  deleted.
 - A folder holding another run (a different kind, trace digest, engine or target; read from its
   ``manifest.json``) is refused unless ``overwrite``; then it is emptied first. The same run
   again (same identity) replaces the old one: its files are removed first, so nothing of the
   old run (engine, knobs, telemetry, records.jsonl) survives into the new one.
-- A folder holding files batchlab did not write is refused, even with ``overwrite``.
-- A scenario cell's markers (``cell.json``, ``status.json``, ``error.txt``) belong to the sweep
-  that prepared the folder and are kept.
+- A scenario cell's or capacity probe's markers (``cell.json``, ``status.json``,
+  ``error.txt``, ``probe.json``) belong to the sweep that prepared the folder and are kept.
 
 The claim writes a first ``manifest.json`` with the run's ``run_id`` (uuid4 hex) and identity;
 ``summary.json``, the parquet files (schema metadata ``batchlab.run_id``) and ``records.jsonl``
@@ -19,22 +25,51 @@ The claim writes a first ``manifest.json`` with the run's ``run_id`` (uuid4 hex)
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import fcntl
 import os
+import re
 import shutil
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from harness.manifest import MANIFEST_FILE, read_manifest
-from harness.results import write_json_atomic
+from harness.results import (
+    CHUNKS_FILE,
+    RECORDS_FILE,
+    REPORT_FILE,
+    REQUESTS_FILE,
+    STEPS_FILE,
+    SUMMARY_FILE,
+    write_json_atomic,
+)
 
-# Sweep markers a cell folder holds before its run starts (harness.scenario.status).
-MARKERS = frozenset({"cell.json", "status.json", "error.txt"})
-# What a run writes: exact names, and suffixes of its tables, logs, plots and temporaries.
-RUN_FILES = frozenset({MANIFEST_FILE, "summary.json", "records.jsonl", "report.md"})
-RUN_SUFFIXES = (".parquet", ".log", ".png", ".tmp")
+# Sweep markers a folder holds before its run starts (harness.scenario.status) and a capacity
+# probe's outcome (harness.capacity.probe): the sweep's, kept by a claim.
+MARKERS = frozenset({"cell.json", "status.json", "error.txt", "probe.json"})
+# Every other name a run writes in its folder. Exact names: a user's own ``data.parquet`` or
+# ``notes.log`` is not batchlab's, and is never deleted.
+RUN_FILES = frozenset({
+    MANIFEST_FILE, SUMMARY_FILE, REQUESTS_FILE, CHUNKS_FILE, STEPS_FILE, RECORDS_FILE,
+    "telemetry.parquet",  # a live run's scrapes (harness.live.telemetry)
+    REPORT_FILE,  # and its plots (harness.report.render: a run's three, a sweep's two)
+    "latency_cdf.png", "engine_state.png", "throughput.png", "batch_size.png",
+    "throughput_latency.png",
+    "trtllm-serve.yaml",  # a launched engine's generated config (LaunchPlan.config_files)
+})
+# A launched engine's logs: adapters.process.ServerProcess named "<engine>-server".
+_ENGINE_LOG = re.compile(r"[A-Za-z0-9_.-]+-server\.std(?:out|err)\.log")
+# A file in the making: "<name>.tmp" (atomic writes), "<log>.scrub.tmp" (harness.redact).
+_TEMPORARY = (".scrub.tmp", ".tmp")
+WORKERS_DIR = "workers"  # replay --workers: workers/w<i>/, each worker's own run folder
+_WORKER = re.compile(r"w[0-9]+")
+# The lock (module doc). A temporary: it exists while a process holds it, and a sweep's file
+# digests leave temporaries out (harness.scenario.status.file_digests).
+LOCK_FILE = ".batchlab.lock.tmp"
+_WRITE_TEST = ".batchlab-write-test-"  # ensure_writable_dir's probe, gone as soon as written
 
 
 class RunDirError(ValueError):
@@ -93,15 +128,58 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
-def _run_file(path: Path) -> bool:
-    return path.is_file() and (path.name in RUN_FILES or path.name.endswith(RUN_SUFFIXES))
+def _run_file_name(name: str) -> bool:
+    """A name a run writes as a plain file (markers, lock and write probe aside)."""
+    for suffix in _TEMPORARY:
+        if name.endswith(suffix) and _run_file_name(name.removesuffix(suffix)):
+            return True
+    return name in RUN_FILES or _ENGINE_LOG.fullmatch(name) is not None
+
+
+def _transient(name: str) -> bool:
+    """The lock or a write probe: another process's for the moment, never an earlier run's."""
+    return name == LOCK_FILE or name.startswith(_WRITE_TEST)
+
+
+def foreign_names(folder: Path) -> list[str]:
+    """What in ``folder`` batchlab did not write, as ``name``, ``name/`` (a folder) or
+    ``workers/w0/name``; empty when everything there is batchlab's. Links are never batchlab's:
+    it writes none."""
+    return _foreign(folder, "", workers=True)
+
+
+def _foreign(folder: Path, prefix: str, *, workers: bool) -> list[str]:
+    out: list[str] = []
+    for path in sorted(folder.iterdir()):
+        shown = prefix + path.name
+        if path.is_symlink():
+            out.append(shown)
+        elif path.is_dir():
+            if workers and path.name == WORKERS_DIR:
+                out += _foreign_workers(path, shown + "/")
+            else:
+                out.append(shown + "/")
+        elif not (path.is_file() and (path.name in MARKERS or _transient(path.name)
+                                      or _run_file_name(path.name))):
+            out.append(shown)
+    return out
+
+
+def _foreign_workers(folder: Path, prefix: str) -> list[str]:
+    out: list[str] = []
+    for path in sorted(folder.iterdir()):
+        if _WORKER.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
+            out += _foreign(path, f"{prefix}{path.name}/", workers=False)
+        else:
+            out.append(prefix + path.name + ("/" if path.is_dir() else ""))
+    return out
 
 
 def _unwritable(folder: Path) -> str | None:
     """Why ``folder`` cannot be created or written, or None (it exists now)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".batchlab-write-test-{os.getpid()}"
+        probe = folder / f"{_WRITE_TEST}{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
@@ -158,45 +236,152 @@ def refuse_cell_folder(out_dir: Path | str, what: str = "--out") -> None:
 
 def claim_run_dir(out_dir: Path | str, identity: RunIdentity, *, overwrite: bool = False,
                   what: str = "--out") -> str:
-    """Make ``out_dir`` this run's folder (module doc); returns the new run id."""
+    """Make ``out_dir`` this run's folder (module doc); returns the new run id.
+
+    The folder's lock is held from here on (``release_run_dir``); a claim that is refused lets
+    go of a lock it took."""
     out = Path(out_dir)
     ensure_writable_dir(out, what)
-    entries = [p for p in out.iterdir() if p.name not in MARKERS]
-    manifest = read_manifest(out) if (out / MANIFEST_FILE).exists() else {}
-    previous = RunIdentity.from_manifest(manifest) if manifest else None
-    if entries:
-        if previous is None:
-            foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in entries
-                             if not _run_file(p))
-            if foreign:
-                shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-                raise RunDirError(f"{what} {out}: holds files batchlab did not write ({shown}); "
-                                  "choose an empty or new folder")
-            if not overwrite:
+    took = _lock(out, what)
+    try:
+        foreign = foreign_names(out)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise RunDirError(f"{what} {out}: holds files batchlab did not write ({shown}); "
+                              "move them, or choose an empty or new folder")
+        earlier = [p for p in out.iterdir() if p.name not in MARKERS and not _transient(p.name)]
+        if earlier:
+            manifest = read_manifest(out) if (out / MANIFEST_FILE).exists() else {}
+            previous = RunIdentity.from_manifest(manifest) if manifest else None
+            if previous is None and not overwrite:
                 raise RunDirError(f"{what} {out}: holds files of an earlier run without a "
                                   "manifest; pass --overwrite to replace them, or choose "
                                   "another folder")
-        elif previous != identity and not overwrite:
-            raise RunDirError(
-                f"{what} {out}: holds another run ({previous.describe()}; this is "
-                f"{identity.describe()}); pass --overwrite to replace it, or choose another "
-                "folder")
-        _clear(out, everything=overwrite and previous != identity)
-    run_id = new_run_id()
-    write_json_atomic({"run_id": run_id, "identity": identity.as_dict(),
-                       "kind": identity.kind, "status": "starting"}, out / MANIFEST_FILE)
+            if previous is not None and previous != identity and not overwrite:
+                raise RunDirError(
+                    f"{what} {out}: holds another run ({previous.describe()}; this is "
+                    f"{identity.describe()}); pass --overwrite to replace it, or choose "
+                    "another folder")
+            _clear(out)
+        run_id = new_run_id()
+        write_json_atomic({"run_id": run_id, "identity": identity.as_dict(),
+                           "kind": identity.kind, "status": "starting"}, out / MANIFEST_FILE)
+    except BaseException:
+        if took:
+            release_run_dir(out)
+        raise
     return run_id
 
 
-def _clear(out: Path, *, everything: bool) -> None:
-    """Remove the earlier run's files (all but the sweep's markers with ``everything``)."""
+def _clear(out: Path) -> None:
+    """Remove the earlier run's files: batchlab's own (checked again, one by one), but the
+    sweep's markers, the lock and write probes."""
     for path in out.iterdir():
-        if path.name in MARKERS:
+        if path.name in MARKERS or _transient(path.name) or path.is_symlink():
             continue
-        if path.is_dir() and not path.is_symlink():
-            if everything:
+        if path.is_dir():
+            if path.name == WORKERS_DIR and not _foreign_workers(path, ""):
                 shutil.rmtree(path)
-        elif everything or _run_file(path) or path.is_symlink():
+        elif _run_file_name(path.name):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
+
+# ---------------------------------------------------------------- the lock
+#
+# flock locks an open file, not a name. The holder removes the lock file while it still holds
+# the lock, so a process that opened the file meanwhile and then gets the lock finds that its
+# file is no longer the one at the path (``_same_file``) and tries again with the new one.
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    file: IO[str]  # open and flock-ed while this process holds the folder
+    path: Path  # the lock file, resolved
+
+
+_HELD: dict[Path, _Held] = {}  # resolved folder -> its lock, for this process
+
+
+def _same_file(file: IO[str], path: Path) -> bool:
+    """Whether ``path`` is still the file ``file`` has open."""
+    try:
+        on_disk = os.stat(path)
+    except OSError:
+        return False
+    held = os.fstat(file.fileno())
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _lock(out: Path, what: str) -> bool:
+    """Hold ``out``'s lock for this process: True when this call took it, False when this
+    process held it already (or the file system has no locks). RunDirError naming the holder
+    when another process holds it."""
+    folder = out.resolve()
+    path = folder / LOCK_FILE
+    held = _HELD.get(folder)
+    if held is not None:
+        if _same_file(held.file, path):
+            return False
+        del _HELD[folder]  # the folder was emptied or made anew since (a sweep's cell)
+        held.file.close()
+    while True:
+        try:
+            file = path.open("a+", encoding="ascii")  # never truncates a holder's pid
+        except OSError as exc:
+            raise RunDirError(f"{what} {out}: cannot write there ({exc.strerror or exc})"
+                              ) from None
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            pid = file.read().strip()
+            file.close()
+            by = f"another batchlab process (pid {pid})" if pid.isdigit() else \
+                "another batchlab process"
+            raise RunDirError(f"{what} {out}: is being written by {by}; wait for it or choose "
+                              f"another {what}") from None
+        except OSError:  # no locks on this file system (some network mounts): go unlocked
+            file.close()
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return False
+        if _same_file(file, path):
+            break
+        file.close()  # its holder removed it while letting go: lock the new one
+    file.seek(0)
+    file.truncate()
+    file.write(f"{os.getpid()}\n")
+    file.flush()
+    _HELD[folder] = _Held(file, path)
+    return True
+
+
+def release_run_dir(out_dir: Path | str) -> None:
+    """Let go of ``out_dir``'s lock if this process holds it (its run has ended); the lock
+    file goes with it. Exiting does the same for every folder still held."""
+    held = _HELD.pop(Path(out_dir).resolve(), None)
+    if held is not None:
+        _let_go(held)
+
+
+def _let_go(held: _Held) -> None:
+    if _same_file(held.file, held.path):  # not when the folder went (or was made anew)
+        with contextlib.suppress(OSError):
+            held.path.unlink()  # still locked: see the note above ``_Held``
+    held.file.close()
+
+
+def _release_all() -> None:
+    while _HELD:
+        _let_go(_HELD.popitem()[1])
+
+
+def _forget_after_fork() -> None:
+    """A forked child shares its parent's locks but is another process: it holds nothing,
+    and must not remove the parent's lock files."""
+    _HELD.clear()
+
+
+atexit.register(_release_all)
+os.register_at_fork(after_in_child=_forget_after_fork)

@@ -7,7 +7,8 @@ timed source is sorted by arrival (stably) and re-zeroed so that its earliest ro
 
 A malformed row raises ``TraceError`` naming the file, the 1-based line and the field, unless
 ``skip_bad_rows`` is set; then it is kept in ``Parsed.skipped`` for the report. A count or a
-time past the bounds of ``bounds`` is malformed like any other.
+time past the bounds of ``bounds`` is malformed like any other. A CSV quote left open is an
+error even then (``_CsvReader``): the rows after it would be lost inside one field.
 """
 
 from __future__ import annotations
@@ -167,11 +168,22 @@ def _parse_rows(
 
 
 class _CsvReader:
-    """``csv.reader`` whose errors are TraceErrors naming the file and the line."""
+    """``csv.reader`` whose errors are TraceErrors naming the file and the line a row starts on.
+
+    A trace row is one line. A quote left open makes ``csv`` read every following line into
+    that field, up to the next quote or the end of the file: the row then "ends" many lines
+    later, and skipping it (``--skip-bad-rows``) would silently drop all those rows. So a row
+    that spans lines is refused, always, naming the line its quote opens on."""
 
     def __init__(self, path: str, lines: Iterable[str]) -> None:
         self._path = path
-        self._reader = csv.reader(lines)
+        self._source_done = False
+        self._reader = csv.reader(self._lines(lines))
+        self.row_line = 0  # the 1-based line the last row read starts on
+
+    def _lines(self, lines: Iterable[str]) -> Iterator[str]:
+        yield from lines
+        self._source_done = True  # csv asked past the last line: a quote ran to the end
 
     @property
     def line_num(self) -> int:
@@ -181,12 +193,37 @@ class _CsvReader:
         return self
 
     def __next__(self) -> list[str]:
+        start = self._reader.line_num + 1  # each row read takes one line at least
+        was_done = self._source_done
         try:
-            return next(self._reader)
+            row = next(self._reader)
         except csv.Error as exc:
+            if self._reader.line_num > start:
+                raise self._open_quote(start) from None
             raise TraceError(f"unreadable CSV ({exc}): a carriage return (\\r) inside a line, "
                              "or a quote left open, causes this", path=self._path,
-                             line=self._reader.line_num) from None
+                             line=start) from None
+        # csv reads past a row's last line only while a quote is open; a closed row on the
+        # last line ends there, and the final call (StopIteration) returns no row
+        if self._reader.line_num > start or (self._source_done and not was_done):
+            raise self._open_quote(start)
+        self.row_line = start
+        return row
+
+    def _open_quote(self, start: int) -> TraceError:
+        last = self._reader.line_num
+        if last == start:
+            what = "the file ends inside it"
+        elif self._source_done:
+            what = (f"lines {start + 1} to {last}, the end of the file, were all read into "
+                    "one field of this row")
+        else:
+            what = f"lines {start + 1} to {last} were read into one field of this row"
+        return TraceError(
+            f"an opening quote on this line is not closed ({what}); refused even with "
+            "--skip-bad-rows, because a quote left open swallows the lines after it and "
+            "skipping the row would drop them too: close or remove the quote",
+            path=self._path, line=start)
 
 
 def _parse_csv(path: str, text: str, spec: _CsvSpec, fields: _Fields, *, skip_bad_rows: bool
@@ -199,7 +236,7 @@ def _parse_csv(path: str, text: str, spec: _CsvSpec, fields: _Fields, *, skip_ba
             break
     if header is None:
         raise TraceError("empty file (no header row)", path=path)
-    header_line = reader.line_num
+    header_line = reader.row_line
     wanted = [c for c in (spec.time_col, spec.prompt_col, spec.output_col) if c is not None]
     missing = [c for c in wanted if c not in header]
     if missing:
@@ -223,7 +260,7 @@ def _parse_csv(path: str, text: str, spec: _CsvSpec, fields: _Fields, *, skip_ba
         for row in reader:
             # blank lines are not rows
             if row and (len(row) == num_columns or any(cell.strip() for cell in row)):
-                yield reader.line_num, row
+                yield reader.row_line, row
 
     def parse_one(line: int, row: list[str]) -> Row | None:
         nonlocal index, first_ns
