@@ -461,8 +461,9 @@ def test_a_precision_finer_than_the_loads_can_be_named_is_refused(
 def test_an_out_that_is_a_file_is_bad_input(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "afile").write_text("mine\n")
-    assert cli_main(["capacity", "--trace", "synthetic", "--num-requests", "10", "--slo",
-                     "ttft_s=0.1", "--out", str(tmp_path / "afile")]) == 2
+    assert cli_main(["capacity", "--trace", "synthetic", "--num-requests", "10",
+                     "--prompt-tokens", "8", "--output-tokens", "4", "--slo", "ttft_s=0.1",
+                     "--out", str(tmp_path / "afile")]) == 2
     said = capsys.readouterr()
     assert "a file is there, not a folder" in said.err and "capacity search (" not in said.out
     assert (tmp_path / "afile").read_text() == "mine\n"
