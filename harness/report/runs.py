@@ -384,7 +384,13 @@ def _until_next(t: np.ndarray) -> np.ndarray:
 
 
 def _in_time_order(state: EngineState, held_s: np.ndarray) -> EngineSamples:
-    order = np.argsort(state.t_s, kind="stable")
+    t = np.asarray(state.t_s, dtype=np.float64)
+    if t.size < 2 or bool(np.all(t[1:] >= t[:-1])):  # steps are written in order: no sort
+        return EngineSamples(EngineState(t_s=t, num_running=state.num_running,
+                                         num_waiting=state.num_waiting,
+                                         kv_usage=state.kv_usage),
+                             np.asarray(held_s, dtype=np.float64))
+    order = np.argsort(t, kind="stable")
 
     def ordered(a: np.ndarray | None) -> np.ndarray | None:
         return None if a is None else np.asarray(a, dtype=np.float64)[order]
@@ -404,23 +410,16 @@ def read_engine_state(run_dir: Path) -> EngineState | None:
 
 
 def _downsample(state: EngineState) -> EngineState:
-    """The points the plot needs (``plots.envelope``): a whole trace has hundreds of
-    thousands of steps, and a spike of one step must still show."""
-    order = np.argsort(state.t_s, kind="stable")
-    t = np.asarray(state.t_s, dtype=np.float64)[order]
-
-    def ordered(a: np.ndarray | None) -> np.ndarray | None:
-        return None if a is None else np.asarray(a, dtype=np.float64)[order]
-
-    running, waiting, kv = (ordered(a) for a in (state.num_running, state.num_waiting,
-                                                 state.kv_usage))
-    keep = envelope(t, (running, waiting, kv), ENGINE_STATE_COLUMNS)
+    """The points the plot needs (``plots.envelope``) of samples in time order: a whole
+    trace has hundreds of thousands of steps, and a spike of one step must still show."""
+    keep = envelope(state.t_s, (state.num_running, state.num_waiting, state.kv_usage),
+                    ENGINE_STATE_COLUMNS)
 
     def pick(a: np.ndarray | None) -> np.ndarray | None:
         return None if a is None else a[keep]
 
-    return EngineState(t_s=t[keep], num_running=pick(running), num_waiting=pick(waiting),
-                       kv_usage=pick(kv))
+    return EngineState(t_s=state.t_s[keep], num_running=pick(state.num_running),
+                       num_waiting=pick(state.num_waiting), kv_usage=pick(state.kv_usage))
 
 
 # ---------------------------------------------------------------- what tells cells apart
