@@ -32,7 +32,7 @@ from harness.capacity.search import (
     search,
 )
 from harness.manifest import jsonable
-from harness.metrics import attainment_text
+from harness.metrics import SHORTEST_STEADY_E2ES, attainment_text
 from harness.redact import redact_argv, redact_tree
 from harness.results import read_json_object, write_json_atomic
 from harness.scenario.status import CELL_FILE
@@ -127,17 +127,22 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
                on_probe: Callable[[tuple[ProbeOutcome, ...]], None] | None = None
                ) -> SearchResult:
     """Search one setting's capacity into ``out_dir`` (its probes are subfolders). A
-    concurrency search stops at as many users as the trace has requests: more users than
-    requests send nothing more."""
+    concurrency search stops at one user per SHORTEST_STEADY_E2ES requests of the trace:
+    with fewer each, the users' first requests, all sent at once, are most of the run, a
+    burst rather than the steady load of N users (as a rate probe too short to show a steady
+    state fails)."""
     spec.validate()
     plan = setting.plan
     load_cap = None
     if spec.kind == "concurrency":
         num_requests = len(plan.trace_at(spec.kind, spec.start).requests)
-        if 1 <= num_requests < spec.highest:
-            spec = replace(spec, max_load=float(num_requests),
-                           start=min(spec.start, float(num_requests)))
-            load_cap = f"one user per request of the trace ({num_requests})"
+        most = max(1, num_requests // SHORTEST_STEADY_E2ES)
+        if num_requests >= 1 and most < spec.highest:
+            spec = replace(spec, max_load=float(most), start=min(spec.start, float(most)),
+                           min_load=min(spec.lowest, float(most)))
+            load_cap = (f"one user per {SHORTEST_STEADY_E2ES} requests of the trace "
+                        f"({num_requests} requests: {most} users); with fewer requests each, "
+                        "the users' first requests, sent at once, are most of the run")
     out_dir.mkdir(parents=True, exist_ok=True)
     known = known_probes(out_dir, plan.digest, made_from=plan.made_from) if resume else {}
     known_full = known_probes(out_dir, plan.digest, full=True) if resume else {}

@@ -97,14 +97,20 @@ def test_a_short_trace_does_not_claim_a_burst_as_capacity(
     assert f"≥ {search['capacity']:g}" in printed and "trace_too_short" in printed
 
 
-def test_a_concurrency_search_stops_at_one_user_per_request(tmp_path: Path) -> None:
+def test_a_concurrency_search_stops_where_each_user_still_sends_4_requests(
+        tmp_path: Path) -> None:
+    """100 requests for 81 users is one burst of first requests, not the steady load of 81
+    users: the search stops at 4 requests a user (review case: 81 users found on 100
+    requests, 89 on 1,000) and says why."""
     out = tmp_path / "cap"
-    assert cli_main(["capacity", "--trace", "synthetic", "--num-requests", "12",
+    assert cli_main(["capacity", "--trace", "synthetic", "--num-requests", "48",
                      "--prompt-tokens", "64", "--output-tokens", "8", "--search",
                      "concurrency", "--slo", "ttft_s=30", "--out", str(out)]) == 0
     search = json.loads((out / "reference" / SEARCH_FILE).read_text())
     assert search["status"] == "at_least_max" and search["capacity"] == 12
     assert max(p["load"] for p in search["probes"]) == 12
+    assert search["load_cap"].startswith("one user per 4 requests of the trace (48 requests: "
+                                         "12 users)")
 
 
 def test_a_scenario_search_refuses_the_options_it_would_ignore(
