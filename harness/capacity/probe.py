@@ -135,6 +135,15 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
         # refused whatever the load (a prompt that cannot fit): no load would pass
         write_json_atomic({"state": "failed", "reason": why}, out_dir / STATUS_FILE)
         raise NothingServed(f"{why}: the engine refuses these requests at any load")
+    refused = int((summary.get("failures") or {}).get("rejected") or 0)
+    sent = int(summary.get("num_requests") or 0)
+    if plan.spec.simulated and sent and refused / sent > 1 - plan.target:
+        # the reference refuses only what can never fit, whatever the load: halving the load
+        # down to the lowest would find nothing (a live engine's refusals may be the load's)
+        why = (f"{refused} of {sent} requests are refused at any load (they can never fit the "
+               f"KV cache): SLO attainment cannot reach {plan.target:.1%}, whatever the load")
+        write_json_atomic({"state": "failed", "reason": why}, out_dir / STATUS_FILE)
+        raise NothingServed(why)
     # a stopped probe failed already; its requests cut off say nothing of the pace
     pace = None if closed or summary.get("stopped_early") else pace_of(out_dir)
     outcome = replace(outcome_from_summary(load, summary, plan.target, run_dir=out_dir.name,

@@ -440,15 +440,30 @@ def test_capacity_json_says_whose_capacity_and_the_log_names_failures(
     out = tmp_path / "cap"
     assert cli_main(["capacity", "--trace", str(Path(__file__).resolve().parents[3] / "harness"
                                                 / "data" / "azure_conv_excerpt.csv"),
-                     "--limit", "60", "--num-gpu-blocks", "10", "--slo", "ttft_s=0.5",
-                     "--max-probes", "2", "--out", str(out)]) == 0
+                     "--limit", "60", "--num-gpu-blocks", "120", "--slo", "ttft_s=0.5",
+                     "--target", "0.5", "--max-probes", "2", "--out", str(out)]) == 0
     said = capsys.readouterr()
-    assert "requests failed), failed" in said.err
+    assert "(7 of 60 requests failed)" in said.err
     assert "a capacity at an SLO is itself a prediction" in said.out
     assert "within TTFT <= 0.5 s" in said.out  # the SLO searched for, on the first line
     row = json.loads((out / "capacity.json").read_text())["settings"][0]
     assert (row["engine"], row["mode"], row["predicted"]) == ("reference", "simulated", True)
     assert row["model"] == "llama-3.1-8b" and row["precision_text"] == "within 5%"
+
+
+def test_requests_refused_at_any_load_end_the_search_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """54 of 60 prompts can never fit 10 KV blocks: no load reaches 99%, and the search says
+    so at its first probe rather than halving the load down to 0.01 req/s."""
+    out = tmp_path / "cap"
+    assert cli_main(["capacity", "--trace", str(Path(__file__).resolve().parents[3] / "harness"
+                                                / "data" / "azure_conv_excerpt.csv"),
+                     "--limit", "60", "--num-gpu-blocks", "10", "--slo", "ttft_s=0.5",
+                     "--out", str(out)]) == 1
+    assert ("54 of 60 requests are refused at any load (they can never fit the KV cache): SLO "
+            "attainment cannot reach 99.0%, whatever the load") in capsys.readouterr().out
+    search = json.loads((out / "reference" / SEARCH_FILE).read_text())
+    assert search["status"] == "failed" and len(search["probes"]) == 0
 
 
 def test_a_precision_finer_than_the_loads_can_be_named_is_refused(
