@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ from harness.results import (
     REQUESTS_FILE,
     SUMMARY_FILE,
 )
-from harness.runfolder import RunIdentity, RunWriteError, claim_run_dir
+from harness.runfolder import RunIdentity, RunWriteError, claim_run_dir, release_run_dir
 from harness.target import EarlyStop
 from harness.timeline import RequestTimeline
 from harness.traces import Trace, TraceRequest
@@ -389,9 +389,27 @@ async def replay(
     ``RunWriteError`` when the disk refused a row (module doc)."""
     config.validate()
     out_dir = Path(out_dir)
-    if run_id is None:
-        run_id = claim_run_dir(out_dir, RunIdentity("live", trace.digest, target=config.target_url),
-                               overwrite=overwrite)
+    def run(run_id: str) -> Coroutine[Any, Any, dict[str, Any]]:
+        return _replay(trace, config, out_dir, run_id, telemetry=telemetry, progress=progress,
+                       command=command, on_t0=on_t0, early_stop=early_stop, t0_ns=t0_ns,
+                       wire=wire)
+
+    if run_id is not None:  # claimed, and let go, by the caller
+        return await run(run_id)
+    run_id = claim_run_dir(out_dir, RunIdentity("live", trace.digest, target=config.target_url),
+                           overwrite=overwrite)
+    try:
+        return await run(run_id)
+    finally:
+        release_run_dir(out_dir)  # the run has ended: another process may write the folder
+
+
+async def _replay(trace: Trace, config: ReplayConfig, out_dir: Path, run_id: str, *,
+                  telemetry: TelemetrySource | None, progress: Callable[[int, int], None] | None,
+                  command: Sequence[str] | None, on_t0: Callable[[int], None] | None,
+                  early_stop: EarlyStop | None, t0_ns: int | None, wire: Wire | None
+                  ) -> dict[str, Any]:
+    """``replay`` into a folder claimed already."""
     for stale in (RECORDS_FILE, REQUESTS_FILE, CHUNKS_FILE, SUMMARY_FILE):
         (out_dir / stale).unlink(missing_ok=True)
     requests = trace.requests

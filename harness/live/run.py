@@ -53,7 +53,7 @@ from harness.redact import (
     secret_values,
 )
 from harness.results import SUMMARY_FILE, write_json_atomic
-from harness.runfolder import RunIdentity, claim_run_dir
+from harness.runfolder import RunIdentity, claim_run_dir, release_run_dir
 from harness.target import EarlyStop, LoadState, RunOptions, TargetSpec
 from harness.traces import Trace
 
@@ -248,6 +248,7 @@ def run_live(
         with contextlib.suppress(OSError):  # a full disk must not hide the run's outcome
             _finish_manifest(out_path, engine, scraper)
         scrub_files(out_path, secrets)  # server logs may print their argv or environment
+        release_run_dir(out_path)  # the run has ended: another process may write the folder
 
 
 ENGINE_EXITED = "the engine exited"

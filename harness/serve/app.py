@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import os
 import socket
 import threading
@@ -185,19 +186,62 @@ def socket_url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+# How long the streams still open when the graceful period ends get to send their ending (the
+# engine's error event, [DONE]); anything open after that is cancelled.
+ENDING_S = 3.0
+_log = logging.getLogger("uvicorn.error")  # uvicorn's own log: its level is --log-level
+
+
 class _UvicornServer(uvicorn.Server):
-    """uvicorn, ending the engine's requests when shutdown starts: uvicorn waits for open
-    connections (its graceful period), then cancels them, and only after that runs the
-    app's lifespan shutdown; a stream longer than that period would be cut mid-token, with a
-    traceback in the log, before the engine could say it stops."""
+    """uvicorn, shutting down as docs/reference-server.md says (SIGTERM, Ctrl-C, ``stop()``):
+
+    1. admit nothing new: the listening sockets close, idle connections close, and a busy
+       one closes once its response is complete;
+    2. the step loop keeps stepping for up to the graceful period, so open streams finish;
+    3. then the engine stops: each request still open ends with an error event saying the
+       server is shutting down (and ``[DONE]`` on the OpenAI routes), sent by its handler;
+    4. a request still open ``ENDING_S`` later is cancelled; then the app's lifespan ends.
+
+    uvicorn's own shutdown does (1) and (2), but then cancels the handlers of the streams
+    still open, cutting them mid-token with a traceback in the log, and stops the engine only
+    afterwards, in the lifespan. A second Ctrl-C skips the waits, as in uvicorn."""
 
     def __init__(self, config: uvicorn.Config, reference: ReferenceServer) -> None:
         super().__init__(config)
         self._reference = reference
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        _log.info("Shutting down")
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        grace_s = float(self.config.timeout_graceful_shutdown or 0)
+        if not await self._all_closed(grace_s):
+            _log.warning("%d stream(s) still open after the graceful period (%g s): ending "
+                         "them", len(self.server_state.connections), grace_s)
         await self._reference.stop_engine()
-        await super().shutdown(sockets)
+        if await self._all_closed(ENDING_S):
+            for server in self.servers:
+                await server.wait_closed()
+        else:
+            for task in self.server_state.tasks:
+                task.cancel(msg="the server is shutting down")
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+    async def _all_closed(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every connection and request task to end (not past a
+        second Ctrl-C); whether they did."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        state = self.server_state
+        while (state.connections or state.tasks) and not self.force_exit \
+                and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        return not (state.connections or state.tasks)
 
 
 def _uvicorn_server(server: ReferenceServer, options: ServerOptions) -> uvicorn.Server:

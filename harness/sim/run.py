@@ -36,7 +36,7 @@ from harness.results import (
     write_json_atomic,
     write_tables,
 )
-from harness.runfolder import RunIdentity, claim_run_dir
+from harness.runfolder import RunIdentity, claim_run_dir, release_run_dir
 from harness.sim.driver import SimulationResult, simulate
 from harness.sim.report_process import ReportProcess
 from harness.sim.roofline import decode_context_len, roofline_turn
@@ -93,6 +93,7 @@ def run_simulation(
     finally:
         if reporter is not None:
             reporter.close()
+        release_run_dir(out_dir)  # the run has ended: another process may write the folder
     return summary
 
 

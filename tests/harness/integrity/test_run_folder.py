@@ -11,7 +11,7 @@ import pytest
 
 from harness.cli import main as cli_main
 from harness.live.recorder import RECORDS_FILE, records_run_id
-from harness.runfolder import MARKERS, RunDirError, RunIdentity, claim_run_dir
+from harness.runfolder import LOCK_FILE, MARKERS, RunDirError, RunIdentity, claim_run_dir
 
 SIM = RunIdentity("simulated", "a" * 64, engine="reference")
 LIVE = RunIdentity("live", "a" * 64, target="http://127.0.0.1:1")
@@ -32,19 +32,25 @@ def test_another_runs_folder_is_refused_unless_overwrite(tmp_path: Path) -> None
         with pytest.raises(RunDirError, match=r"holds another run.*--overwrite"):
             claim_run_dir(tmp_path, other)
     assert (tmp_path / "requests.parquet").exists()  # nothing was touched
-    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "notes.txt").write_text("mine")  # the user's own: refused even with --overwrite
+    with pytest.raises(RunDirError, match=r"batchlab did not write \(notes.txt\)"):
+        claim_run_dir(tmp_path, LIVE, overwrite=True)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    (tmp_path / "notes.txt").unlink()
     claim_run_dir(tmp_path, LIVE, overwrite=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([LOCK_FILE, "manifest.json"])
 
 
 def test_the_same_run_again_replaces_the_old_files_only(tmp_path: Path) -> None:
     first = claim_run_dir(tmp_path, SIM)
-    for name in ("requests.parquet", "summary.json", "server.stdout.log", "records.jsonl"):
+    for name in ("requests.parquet", "summary.json", "vllm-server.stdout.log", "records.jsonl"):
         (tmp_path / name).write_text("old")
-    (tmp_path / "notes.txt").write_text("the user's own file")
     second = claim_run_dir(tmp_path, SIM)
     assert second != first
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([LOCK_FILE, "manifest.json"])
+    (tmp_path / "notes.txt").write_text("the user's own file")  # not batchlab's: refused
+    with pytest.raises(RunDirError, match=r"batchlab did not write \(notes.txt\)"):
+        claim_run_dir(tmp_path, SIM)
 
 
 def test_foreign_files_are_refused_even_with_overwrite(tmp_path: Path) -> None:
@@ -362,3 +368,15 @@ def test_summarize_takes_nothing_from_another_runs_summary(tmp_path: Path,
     assert rebuilt["run_id"] == summary["run_id"]
     assert rebuilt["num_not_sent"] == 0 and "workers" not in rebuilt
     assert rebuilt["status"] == "finished"  # from this run's manifest
+
+
+def test_a_finished_run_lets_go_of_its_folder(tmp_path: Path, loopback: str) -> None:
+    """The folder's lock lasts as long as the run: once simulate or replay returns, another
+    process may write there (no lock file is left)."""
+    small = ["--trace", "synthetic", "--num-requests", "3", "--rate", "20", "--prompt-tokens",
+             "8", "--output-tokens", "4"]
+    assert cli_main(["simulate", *small, "--no-report", "--out", str(tmp_path / "sim")]) == 0
+    assert cli_main(["replay", "--target", loopback, *small, "--out",
+                     str(tmp_path / "live")]) == 0
+    for name in ("sim", "live"):
+        assert not (tmp_path / name / LOCK_FILE).exists()
