@@ -150,6 +150,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     warn_prompt_cache(config.target_url, config.prompt_salt)
     server = _who_answers(config.target_url)
     bar = progress_bar(len(trace.requests), "replay")
+    failed: WorkerError | None = None
+    ended = False  # the replay returned: no error or interrupt is on its way out
     try:
         if args.workers != 1:
             summary = replay_workers(trace, config, out, num_workers=args.workers,
@@ -158,17 +160,39 @@ def cmd_replay(args: argparse.Namespace) -> int:
         else:
             summary = replay_sync(trace, config, out, progress=bar.update_to,
                                   command=command_line(), overwrite=args.overwrite)
-    except (ValueError, WorkerError) as exc:  # a tokenizer that cannot be loaded, ...
+        ended = True
+    except ValueError as exc:  # a tokenizer that cannot be loaded, ...
         raise UserError(str(exc)) from None
+    except WorkerError as exc:  # a worker failed or died: a failed run, what it measured kept
+        failed = exc
     finally:
         bar.close()
         if server is not None and (out / "manifest.json").is_file():
-            from harness.manifest import update_manifest
-
-            update_manifest(out, {"engine": server, **_served_reference_fields(server, out)})
+            _record_server(out, server, quiet=not ended)
+    if failed is not None:
+        if failed.summary:
+            print_live_headline(failed.summary, str(out))
+        print(f"error: {failed}", file=sys.stderr)
+        return EXIT_FAILURE
     print_live_headline(summary, str(out))
     print(f"results: {out}/")
     return no_request_served(summary, config.target_url, args.max_failed)
+
+
+def _record_server(out: Path, server: dict[str, Any], *, quiet: bool) -> None:
+    """Add what the server said of itself to the run's manifest. ``quiet``: the run is ending
+    on an error (a full disk, a dead worker) or an interrupt of its own, which a failure to
+    write the manifest here must not replace: that failure is then only said on stderr."""
+    from harness.manifest import update_manifest
+
+    try:
+        update_manifest(out, {"engine": server, **_served_reference_fields(server, out)})
+    except OSError as exc:
+        if not quiet:
+            raise
+        reason = exc.strerror or str(exc)
+        print(f"warning: {out / 'manifest.json'} could not be updated either ({reason}): it "
+              "lacks the server's record; how the run ended follows", file=sys.stderr)
 
 
 def _served_reference_fields(server: dict[str, Any], out: Path) -> dict[str, Any]:

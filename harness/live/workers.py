@@ -12,12 +12,24 @@ clock in every process of the machine)::
     parent ◄── done ×N ── merge: every timeline (one per request sent), in arrival order, into
                           OUT/ (requests.parquet, chunks.parquet, summary.json, manifest.json)
 
-The summary is that of one run over all requests, plus ``workers``: per worker its requests,
-send-lag p99, whether it was client-limited (the run is client-limited if any worker was) and
-the CPU seconds its replay took (near the run's duration: that worker was CPU-bound).
-A closed loop splits its users the same way (each worker's users take its part in order); an
-open loop's ``max_concurrency`` cap is split too. A request sent twice or recorded by two workers
-is an error; requests never sent (Ctrl-C) are counted in the manifest, as in one process.
+The summary is that of one run over all requests, plus ``workers``: per worker how it ended,
+its requests (and of them, how many it sent but never recorded), send-lag p99, whether it was
+client-limited (the run is client-limited if any worker was) and the CPU seconds its replay
+took (near the run's duration: that worker was CPU-bound). A closed loop splits its users the
+same way (each worker's users take its part in order); an open loop's ``max_concurrency`` cap
+is split too. A request sent twice or recorded by two workers is an error.
+
+Stopping. A worker stops as a plain replay does on Ctrl-C (its requests in flight recorded as
+``not_finished``, its folder written) on SIGINT, SIGTERM or SIGHUP to the process group
+(``timeout``, systemd), unless it was started with that signal ignored, as its parent then
+ignores it too. When the parent alone is stopped, it tells its workers over their pipes, not
+with a signal: a worker may have inherited SIGINT ignored (a run started with ``&`` from a
+script), and would go on replaying.
+
+A worker that dies (SIGKILL, the OOM killer) fails the run; the others replay to their end and
+everything is merged. Each worker notes in memory shared with the parent when it hands each
+request to the wire, so the requests a dead worker sent but never recorded are still rows, as
+``not_finished``: every request sent is a row, and num_planned = num_recorded + num_not_sent.
 """
 
 from __future__ import annotations
@@ -34,25 +46,44 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.live.config import ReplayConfig
 from harness.live.recorder import RECORDS_FILE, read_records
-from harness.live.rundir import consolidate
-from harness.manifest import read_manifest, run_fields, trace_manifest, update_manifest
-from harness.metrics import distribution
+from harness.live.rundir import consolidate, update_manifest_quietly
+from harness.live.wire import Attempt, HttpxWire, LeanWire, Wire
+from harness.manifest import run_fields, trace_manifest, update_manifest
+from harness.metrics import distribution, summarize
 from harness.results import SUMMARY_FILE, write_json_atomic
-from harness.runfolder import RunIdentity, claim_run_dir
+from harness.runfolder import RunIdentity, claim_run_dir, release_run_dir
 from harness.timeline import RequestTimeline
-from harness.traces import Trace
+from harness.traces import Trace, TraceRequest
 
 WORKERS_DIR = "workers"
 DEFAULT_START_MARGIN_S = 1.0  # between the last worker's "ready" and t0
 READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 60.0  # for a stopped worker to record what was in flight and exit
+STOP = "stop"  # the parent's word to a worker, in place of t0 or after it
 
 
 class WorkerError(RuntimeError):
-    """A worker process failed to start or to replay its part (the message says which)."""
+    """A worker process failed to start, failed, or died (the message says which).
+
+    ``summary``: what the run measured, merged from every worker's records (None when the
+    workers never started)."""
+
+    def __init__(self, message: str, summary: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerEnd:
+    """How one worker ended, as the parent saw it."""
+
+    # finished, interrupted, failed (it reported an error) or died (exited without a word)
+    status: str
+    detail: str = ""  # the error it reported, or how it exited
 
 
 def split_trace(trace: Trace, num_workers: int) -> list[Trace]:
@@ -81,30 +112,111 @@ def worker_configs(config: ReplayConfig, num_workers: int) -> list[ReplayConfig]
             for w in range(num_workers)]
 
 
-def _worker_main(index: int, trace: Trace, config: ReplayConfig, out_dir: str,
-                 to_parent: Any, t0_conn: Any, parent_pid: int) -> None:
-    """One worker process: say ready, wait for t0, replay its part, report."""
-    from harness.live.replay import replay
+# ---------------------------------------------------------------- in the worker
 
+
+def _worker_main(index: int, trace: Trace, config: ReplayConfig, out_dir: str,
+                 to_parent: Any, from_parent: Any, parent_pid: int, sent_log: Any) -> None:
+    """One worker process: say ready, wait for t0, replay its part, report."""
     _exit_with_parent(parent_pid)
+    # SIGTERM and SIGHUP are Ctrl-C here too, as in the parent (``harness.cli.main``); one
+    # the worker inherited ignored (``nohup``) stays ignored, as the parent ignores it.
+    stop_signals = [sig for sig in (signal.SIGTERM, signal.SIGHUP)
+                    if signal.getsignal(sig) == signal.SIG_DFL]
+    for sig in stop_signals:  # until the event loop takes them over
+        signal.signal(sig, _raise_interrupt)
 
     def progress(done: int, _total: int) -> None:
         to_parent.put(("progress", index, done))
 
     try:
         to_parent.put(("ready", index, None))
-        t0_ns = t0_conn.recv()
-        if t0_ns is None:
+        t0_ns = from_parent.recv()
+        if not isinstance(t0_ns, int):
             return  # the parent gave up before t0
         cpu_s = time.process_time()
-        summary = asyncio.run(replay(trace, config, Path(out_dir), progress=progress,
-                                     t0_ns=t0_ns, overwrite=True))
+        try:
+            summary = asyncio.run(_replay_part(trace, config, Path(out_dir), progress, t0_ns,
+                                               from_parent, stop_signals, sent_log))
+        finally:
+            for sig in stop_signals:  # the replay has ended: its report must get out
+                signal.signal(sig, signal.SIG_IGN)
         to_parent.put(("done", index, {"num_requests": summary.get("num_requests"),
                                        "cpu_s": time.process_time() - cpu_s}))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         to_parent.put(("interrupted", index, None))
     except BaseException as exc:
         to_parent.put(("error", index, f"{type(exc).__name__}: {exc}"))
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+async def _replay_part(trace: Trace, config: ReplayConfig, out_dir: Path,
+                       progress: Callable[[int, int], None], t0_ns: int, from_parent: Any,
+                       stop_signals: Sequence[signal.Signals], sent_log: Any) -> dict[str, Any]:
+    """``replay`` of this worker's part, cancelled (as Ctrl-C cancels a plain replay) by a stop
+    signal or by the parent's STOP."""
+    from harness.live.replay import replay
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def stop() -> None:
+        # Once: a second cancel would cut the recording of the requests in flight (a group
+        # signal and the parent's STOP both come). asyncio's own Ctrl-C counts as the first.
+        if not task.cancelling():
+            task.cancel()
+
+    def on_parent() -> None:
+        try:
+            message = from_parent.recv()
+        except (EOFError, OSError):  # the parent is gone: _exit_with_parent ends this process
+            loop.remove_reader(from_parent.fileno())
+            return
+        if message == STOP:
+            stop()
+
+    for sig in stop_signals:
+        loop.add_signal_handler(sig, stop)
+    loop.add_reader(from_parent.fileno(), on_parent)
+    cap = config.max_concurrency if config.mode == "open" else config.concurrency  # as replay
+    inner: Wire = (LeanWire(config, cap) if config.http_client == "lean"
+                   else HttpxWire(config, cap))
+    index_of = {req.request_id: j for j, req in enumerate(trace.requests)}
+    try:
+        return await replay(trace, config, out_dir, progress=progress, t0_ns=t0_ns,
+                            overwrite=True, wire=_LoggedWire(inner, sent_log, index_of))
+    finally:
+        loop.remove_reader(from_parent.fileno())
+
+
+class _LoggedWire:
+    """The replay's wire, noting the instant each request is handed to it in memory shared
+    with the parent (``sent_log[j]`` for the part's request j; 0: not sent). The worker's
+    records hold only finished requests: if it is killed, this is what still says which
+    requests it had in flight."""
+
+    def __init__(self, wire: Wire, sent_log: Any, index_of: dict[str, int]) -> None:
+        self._wire = wire
+        self._sent_log = sent_log
+        self._index_of = index_of
+
+    def prepare(self, req: TraceRequest, body: bytes) -> object:
+        return self._wire.prepare(req, body)
+
+    async def stream(self, att: Attempt, prepared: object) -> None:
+        self._sent_log[self._index_of[att.req.request_id]] = (att.sent_ns
+                                                              or time.perf_counter_ns())
+        await self._wire.stream(att, prepared)
+
+    async def warm_up(self) -> None:
+        await self._wire.warm_up()
+
+    async def aclose(self) -> None:
+        await self._wire.aclose()
 
 
 def _exit_with_parent(parent_pid: int, interval_s: float = 1.0) -> None:
@@ -117,6 +229,18 @@ def _exit_with_parent(parent_pid: int, interval_s: float = 1.0) -> None:
         os._exit(1)  # no normal exit: that would wait to flush the queue to the dead parent
 
     threading.Thread(target=watch, name="batchlab-parent-watch", daemon=True).start()
+
+
+# ---------------------------------------------------------------- in the parent
+
+
+class _Merged(NamedTuple):
+    """The merged run: its summary; per worker, the rows added for requests it sent but never
+    recorded; and why the merged files could not be written, if they could not."""
+
+    summary: dict[str, Any]
+    num_sent_unrecorded: list[int]
+    write_error: str | None
 
 
 def replay_workers(
@@ -134,7 +258,8 @@ def replay_workers(
     """Replay ``trace`` from ``num_workers`` processes into one run folder; the summary.
 
     ``on_t0`` gets the shared clock origin (``perf_counter_ns``, ``start_margin_s`` ahead)
-    once every worker has it."""
+    once every worker has it. Raises ``WorkerError``, after the run folder is written, when
+    a worker did not start, failed or died."""
     config.validate()
     if num_workers < 1:
         raise ValueError(f"workers: must be at least 1, got {num_workers}")
@@ -142,6 +267,20 @@ def replay_workers(
     out_dir = Path(out_dir)
     run_id = claim_run_dir(out_dir, RunIdentity("live", trace.digest, target=config.target_url),
                            overwrite=overwrite)
+    try:
+        return _replay_workers(trace, config, out_dir, run_id, configs,
+                               num_workers=num_workers, progress=progress, command=command,
+                               start_margin_s=start_margin_s, on_t0=on_t0)
+    finally:
+        release_run_dir(out_dir)  # the run has ended: another process may write the folder
+
+
+def _replay_workers(trace: Trace, config: ReplayConfig, out_dir: Path, run_id: str,
+                    configs: Sequence[ReplayConfig], *, num_workers: int,
+                    progress: Callable[[int, int], None] | None,
+                    command: Sequence[str] | None, start_margin_s: float,
+                    on_t0: Callable[[int], None] | None) -> dict[str, Any]:
+    """``replay_workers`` into a folder claimed already."""
     parts = split_trace(trace, num_workers)
     dirs = [out_dir / WORKERS_DIR / f"w{w}" for w in range(num_workers)]
     update_manifest(out_dir, {
@@ -154,14 +293,17 @@ def replay_workers(
                     "folders": [str(d.relative_to(out_dir)) for d in dirs]},
     })
     ctx = mp.get_context("spawn")  # a clean interpreter per worker: no inherited event loop
+    _start_resource_tracker()
     to_parent = ctx.Queue()
     pipes = [ctx.Pipe(duplex=False) for _ in range(num_workers)]
+    sent_logs = [ctx.RawArray("q", len(part.requests)) for part in parts]
     procs = [ctx.Process(target=_worker_main, name=f"batchlab-replay-w{w}", daemon=True,
                          args=(w, parts[w], configs[w], str(dirs[w]), to_parent, pipes[w][0],
-                               os.getpid()))
+                               os.getpid(), sent_logs[w]))
              for w in range(num_workers)]
     status, errors, t0_ns = "interrupted", [], None
     done: dict[int, int] = {}
+    ends: dict[int, WorkerEnd] = {}
     reports: dict[int, dict[str, Any]] = {}  # per worker: its CPU seconds in the replay
     try:
         for proc in procs:
@@ -172,49 +314,67 @@ def replay_workers(
             send.send(t0_ns)
         if on_t0 is not None:
             on_t0(t0_ns)
-        errors = _wait_done(to_parent, procs, done, len(trace.requests), progress, reports)
-        status = "failed" if errors else "finished"
+        _wait_done(to_parent, procs, ends, reports, done, len(trace.requests), progress)
+        status = "finished"
+    except WorkerError as exc:  # one did not start: the others are told to go
+        status = "failed"
+        errors.append(str(exc))
     finally:
-        if t0_ns is None:  # it never started: tell the workers waiting for t0 to go
-            for _, send in pipes:
-                with contextlib.suppress(OSError):
-                    send.send(None)
-        if status == "interrupted" and t0_ns is not None:
-            _stop_workers(procs)
-        for proc in procs:
-            if proc.pid is None:
-                continue  # never started
-            proc.join(timeout=60)
-            if proc.is_alive():
-                proc.terminate()
-        summary = _merge(out_dir, trace, config, dirs, run_id, reports, status)
-        update_manifest(out_dir, {
+        if status != "finished":
+            _stop_workers(pipes)
+        _join_workers(procs, to_parent, ends, reports, done)
+        if status == "finished" and any(e.status in ("failed", "died") for e in ends.values()):
+            status = "failed"
+        merged = _merge(out_dir, trace, config, parts, dirs, run_id, reports, ends, status,
+                        sent_logs, t0_ns)
+        errors += _worker_errors(parts, ends, merged)
+        if merged.write_error is not None:
+            errors.append(merged.write_error)
+            status = "failed" if status == "finished" else status
+        for w, end in ends.items():
+            if end.status == "died":  # its own manifest says "running": it never got to end it
+                update_manifest_quietly(dirs[w], {"status": "failed",
+                                                  "error": f"the worker {end.detail}"})
+        summary = merged.summary
+        update_manifest_quietly(out_dir, {
             "status": status, "t0_perf_counter_ns": t0_ns, "errors": errors,
-            "num_sent": sum(int(read_manifest(d).get("num_sent") or 0) for d in dirs),
+            "num_sent": summary["num_requests"],  # every request sent is a row, lost ones too
             "num_recorded": summary["num_requests"],
-            "num_not_sent": len(trace.requests) - summary["num_requests"],
+            "num_not_sent": summary["num_not_sent"],
             "num_planned": len(trace.requests),
             "client_limited": summary.get("client_limited"),
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         })
     if errors:
-        raise WorkerError("replay workers failed: " + "; ".join(errors))
-    return summary
+        raise WorkerError("replay --workers failed: " + "; ".join(errors),
+                          summary=merged.summary)
+    return merged.summary
 
 
-def _stop_workers(procs: Sequence[Any], grace_s: float = 2.0) -> None:
-    """Ctrl-C for the workers that did not get it: a signal sent to this process alone (kill,
-    a supervisor, ``timeout --foreground``) reaches no worker. Workers that did get it (a
-    terminal's Ctrl-C reaches the whole process group) have ``grace_s`` to finish first, so
-    that none is interrupted a second time while it records its requests in flight."""
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        if proc.pid is not None:
-            proc.join(max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        if proc.pid is not None and proc.is_alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGINT)
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (the process that cleans up the queue's
+    semaphores, in this process group) with SIGHUP blocked. It ignores SIGINT and SIGTERM
+    itself, but not SIGHUP: a SIGHUP to the group killed it, and the run ended in its
+    tracebacks. The tracker inherits the mask and never lifts it; here it is lifted at once,
+    so a SIGHUP meanwhile is delayed, not lost."""
+    from multiprocessing import resource_tracker
+
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _stop_workers(pipes: Sequence[tuple[Any, Any]]) -> None:
+    """Tell every worker to stop, over its pipe: before t0 the word comes instead of t0, after
+    it the worker stops as on Ctrl-C. Not a signal: a signal to this process alone (kill, a
+    supervisor, ``timeout --foreground``) reaches no worker, and a worker may have inherited
+    SIGINT ignored (``&`` in a script). A worker that was signalled with its group is already
+    stopping; the word changes nothing there."""
+    for _, send in pipes:
+        with contextlib.suppress(OSError):
+            send.send(STOP)
 
 
 def _wait_ready(to_parent: Any, procs: Sequence[Any]) -> None:
@@ -233,32 +393,120 @@ def _wait_ready(to_parent: Any, procs: Sequence[Any]) -> None:
             raise WorkerError(f"replay worker {index}: {payload}")
 
 
-def _wait_done(to_parent: Any, procs: Sequence[Any], done: dict[int, int], total: int,
-               progress: Callable[[int, int], None] | None,
-               reports: dict[int, dict[str, Any]]) -> list[str]:
-    finished: set[int] = set()
-    errors: list[str] = []
-    while len(finished) < len(procs):
+def _wait_done(to_parent: Any, procs: Sequence[Any], ends: dict[int, WorkerEnd],
+               reports: dict[int, dict[str, Any]], done: dict[int, int], total: int,
+               progress: Callable[[int, int], None] | None) -> None:
+    """Until every worker has ended: progress as it comes; KeyboardInterrupt when one was
+    interrupted (the others are then stopped too). One that dies leaves the others running."""
+    exited_clean: set[int] = set()
+    while len(ends) < len(procs):
         try:
-            kind, index, payload = to_parent.get(timeout=0.5)
+            message = to_parent.get(timeout=0.5)
         except queue_mod.Empty:
-            dead = [i for i, p in enumerate(procs) if not p.is_alive() and i not in finished]
-            for i in dead:  # died without a word (killed): what it recorded is still merged
-                finished.add(i)
-                errors.append(f"worker {i} exited with code {procs[i].exitcode}")
+            _note_dead(procs, ends, exited_clean)
             continue
-        if kind == "progress":
-            done[index] = payload
-            if progress is not None:
-                progress(sum(done.values()), total)
-        elif kind in ("done", "error", "interrupted"):
-            finished.add(index)
-            if kind == "done":
-                reports[index] = payload
-            if kind == "error":
-                errors.append(f"worker {index}: {payload}")
-            elif kind == "interrupted":
-                raise KeyboardInterrupt
+        kind = _take(message, ends, reports, done)
+        if kind == "progress" and progress is not None:
+            progress(sum(done.values()), total)
+        elif kind == "interrupted":
+            raise KeyboardInterrupt
+
+
+def _take(message: tuple[str, int, Any], ends: dict[int, WorkerEnd],
+          reports: dict[int, dict[str, Any]], done: dict[int, int]) -> str:
+    """Note one worker message; its kind."""
+    kind, index, payload = message
+    if kind == "progress":
+        done[index] = payload
+    elif kind == "done":
+        reports[index] = payload
+        ends[index] = WorkerEnd("finished")
+    elif kind == "interrupted":
+        ends[index] = WorkerEnd("interrupted")
+    elif kind == "error":
+        ends[index] = WorkerEnd("failed", str(payload))
+    return kind
+
+
+def _note_dead(procs: Sequence[Any], ends: dict[int, WorkerEnd], exited_clean: set[int]) -> None:
+    """Workers gone without their last word: killed (SIGKILL, the OOM killer) or crashed. One
+    that exited with status 0 gets one more poll: its word may still be in the queue."""
+    for i, proc in enumerate(procs):
+        if i in ends or proc.pid is None or proc.is_alive():
+            continue
+        if proc.exitcode == 0 and i not in exited_clean:
+            exited_clean.add(i)
+            continue
+        ends[i] = _silent_end(proc.exitcode)
+
+
+def _silent_end(code: int | None) -> WorkerEnd:
+    """The end of a worker whose last word never came, from its exit status."""
+    if code == 0:  # it returned (its word lost to a read a signal cut): not a failure
+        return WorkerEnd("ended", "exited normally without a last word")
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return WorkerEnd("died", f"was killed by {signal.Signals(-code).name}")
+    return WorkerEnd("died", f"exited with code {code}")
+
+
+def _join_workers(procs: Sequence[Any], to_parent: Any, ends: dict[int, WorkerEnd],
+                  reports: dict[int, dict[str, Any]], done: dict[int, int],
+                  timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Wait for the workers to exit, reading what they still say (a worker cannot exit while
+    its queue waits to be read); SIGKILL one still there after ``timeout_s`` (SIGTERM would
+    only ask again for the stop it is carrying out).
+
+    The queue is read no more after a read fails: a signal that interrupted a read here
+    before (KeyboardInterrupt) may have left it in the middle of a message."""
+    deadline = time.monotonic() + timeout_s
+    started = [(i, p) for i, p in enumerate(procs) if p.pid is not None]
+    readable = True
+    while readable and any(p.is_alive() for _, p in started) and time.monotonic() < deadline:
+        readable = _read_one(to_parent, 0.2, ends, reports, done)
+    for _, proc in started:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for i, proc in started:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
+            ends.setdefault(i, WorkerEnd("died", f"did not stop within {timeout_s:g} s and "
+                                         "was killed"))
+    while readable and _read_one(to_parent, 0.0, ends, reports, done, stop_when_empty=True):
+        pass  # their last words
+    for i, proc in started:
+        if i not in ends:
+            ends[i] = _silent_end(proc.exitcode)
+
+
+def _read_one(to_parent: Any, timeout_s: float, ends: dict[int, WorkerEnd],
+              reports: dict[int, dict[str, Any]], done: dict[int, int], *,
+              stop_when_empty: bool = False) -> bool:
+    """Take one message if one comes within ``timeout_s``; False when reading should stop
+    (the read failed, or the queue is empty and ``stop_when_empty``)."""
+    try:
+        message = to_parent.get(timeout=timeout_s) if timeout_s else to_parent.get_nowait()
+    except queue_mod.Empty:
+        return not stop_when_empty
+    except Exception:  # a message cut in half (see _join_workers): nothing more to read
+        return False
+    _take(message, ends, reports, done)
+    return True
+
+
+def _worker_errors(parts: Sequence[Trace], ends: dict[int, WorkerEnd],
+                   merged: _Merged) -> list[str]:
+    """What failed: each worker that reported an error or died, with what became of its part."""
+    errors = []
+    for w, end in sorted(ends.items()):
+        if end.status == "failed":
+            errors.append(f"worker {w}: {end.detail}")
+        elif end.status == "died":
+            num_part = len(parts[w].requests)
+            num_rows = merged.summary["workers"][w]["num_requests"]
+            errors.append(f"worker {w} {end.detail}: of its {num_part} requests, "
+                          f"{merged.num_sent_unrecorded[w]} were in flight (rows as "
+                          f"not_finished) and {num_part - num_rows} never sent")
     return errors
 
 
@@ -272,28 +520,87 @@ def merge_timelines(parts: Sequence[Sequence[RequestTimeline]]) -> list[RequestT
     return sorted(merged, key=lambda tl: (tl.arrival_s, tl.request_id))
 
 
-def _merge(out_dir: Path, trace: Trace, config: ReplayConfig, dirs: Sequence[Path],
-           run_id: str, reports: dict[int, dict[str, Any]], status: str) -> dict[str, Any]:
-    parts = [read_records(d / RECORDS_FILE) if (d / RECORDS_FILE).exists() else []
-             for d in dirs]
-    timelines = merge_timelines(parts)
-    summary = consolidate(out_dir, timelines, slo=config.slo,
-                          client_lag_threshold_s=config.client_lag_threshold_s, run_id=run_id)
+def unrecorded_sends(part: Trace, recorded: Sequence[RequestTimeline], sent_log: Sequence[int],
+                     *, t0_ns: int | None, mode: str, why: str) -> list[RequestTimeline]:
+    """Rows for the requests a worker sent (``sent_log``) but never recorded, because it died
+    or failed first: ``not_finished``, with no send instant (the wire's died with the worker)
+    and no chunks. A closed loop's request arrives when its user sends it."""
+    seen = {tl.request_id for tl in recorded}
+    rows = []
+    for req, sent_ns in zip(part.requests, sent_log, strict=True):
+        if not sent_ns or req.request_id in seen:
+            continue
+        arrival_s = (req.arrival_s if mode == "open" or t0_ns is None
+                     else (sent_ns - t0_ns) / 1e9)
+        rows.append(RequestTimeline(
+            request_id=req.request_id, arrival_s=arrival_s,
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_target_output_tokens=req.num_output_tokens, priority=req.priority,
+            error_kind="not_finished", token_count_source="chunks",
+            error_message=f"sent, then {why} before this request's row was written"))
+    return rows
+
+
+def _merge(out_dir: Path, trace: Trace, config: ReplayConfig, parts: Sequence[Trace],
+           dirs: Sequence[Path], run_id: str, reports: dict[int, dict[str, Any]],
+           ends: dict[int, WorkerEnd], status: str, sent_logs: Sequence[Any],
+           t0_ns: int | None) -> _Merged:
+    """Merge every worker's records (and the rows of what it sent but never recorded) into
+    the run folder. A disk that refuses the merged files does not lose the summary: it is
+    returned, computed in memory, with the reason."""
+    recorded = [read_records(d / RECORDS_FILE) if (d / RECORDS_FILE).exists() else []
+                for d in dirs]
+    lost = []
+    for w, rows in enumerate(recorded):
+        end = ends.get(w, WorkerEnd("ended"))
+        why = (f"worker {w} {end.detail}" if end.status == "died"
+               else f"worker {w} failed ({end.detail})" if end.status == "failed"
+               else f"worker {w} ended ({end.status})")
+        extra = unrecorded_sends(parts[w], rows, sent_logs[w], t0_ns=t0_ns, mode=config.mode,
+                                 why=why)
+        lost.append(len(extra))
+        recorded[w] = [*rows, *extra]
+    timelines = merge_timelines(recorded)
+    # how the run ended and how much of the trace it sent (as replay's summary says)
+    fields = {"status": status, "num_planned": len(trace.requests),
+              "num_not_sent": len(trace.requests) - len(timelines)}
     per_worker = []
-    for w, part in enumerate(parts):
+    for w, part in enumerate(recorded):
         lags = [tl.send_lag_s for tl in part if tl.sent_s is not None]
         p99 = distribution(lags)["p99"] if lags else None
         per_worker.append({
             "worker": w, "folder": str(dirs[w].relative_to(out_dir)),
-            "num_requests": len(part), "send_lag_s_p99": p99,
+            "status": ends[w].status if w in ends else None,
+            "num_requests": len(part),
+            "num_sent_unrecorded": lost[w],  # rows added for it: it died or failed first
+            "send_lag_s_p99": p99,
             "client_limited": bool(p99 is not None and p99 > config.client_lag_threshold_s),
             "cpu_s": (reports.get(w) or {}).get("cpu_s"),  # the worker's CPU in its replay
         })
+    write_error: str | None = None
+    try:
+        summary = consolidate(out_dir, timelines, slo=config.slo,
+                              client_lag_threshold_s=config.client_lag_threshold_s,
+                              run_id=run_id, fields=fields)
+    except OSError as exc:  # a full disk: the figures still get to the caller
+        write_error = _merge_write_error(exc, out_dir)
+        summary = summarize(timelines, slo=config.slo,
+                            client_lag_threshold_s=config.client_lag_threshold_s)
+        summary.update(run_id=run_id, **fields)
     summary["workers"] = per_worker
     if any(w["client_limited"] for w in per_worker):
         summary["client_limited"] = True
-    # how the run ended and how much of the trace it sent (as replay's summary says)
-    summary.update(status=status, num_planned=len(trace.requests),
-                   num_not_sent=len(trace.requests) - summary["num_requests"])
-    write_json_atomic(summary, out_dir / SUMMARY_FILE)
-    return summary
+    if write_error is None:
+        try:
+            write_json_atomic(summary, out_dir / SUMMARY_FILE)
+        except OSError as exc:
+            write_error = _merge_write_error(exc, out_dir)
+    if write_error is not None:
+        summary.update(status="failed", stopped_early=write_error)
+    return _Merged(summary, lost, write_error)
+
+
+def _merge_write_error(exc: OSError, out_dir: Path) -> str:
+    where = exc.filename or out_dir
+    return (f"{where}: {exc.strerror or exc}: the merged results could not be written (each "
+            f"worker's records.jsonl in {out_dir / WORKERS_DIR} holds what it measured)")
