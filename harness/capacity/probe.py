@@ -137,7 +137,8 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
         raise NothingServed(f"{why}: the engine refuses these requests at any load")
     refused = int((summary.get("failures") or {}).get("rejected") or 0)
     sent = int(summary.get("num_requests") or 0)
-    if plan.spec.simulated and sent and refused / sent > 1 - plan.target:
+    if (plan.spec.simulated and sent and not summary.get("stopped_early")
+            and refused / sent > 1 - plan.target):  # over the whole trace, not a stopped part
         # the reference refuses only what can never fit, whatever the load: halving the load
         # down to the lowest would find nothing (a live engine's refusals may be the load's)
         why = (f"{refused} of {sent} requests are refused at any load (they can never fit the "

@@ -237,7 +237,21 @@ def search(
             hi = load
             if lo is None:  # still going down
                 if load <= spec.lowest:
-                    return result("below_min", lo, hi)
+                    failing = deciding[load]
+                    if confirm is None or not failing.stopped or failing.full:
+                        return result("below_min", lo, hi)
+                    if len(probes) >= spec.max_probes:
+                        return result("max_probes", lo, hi)
+                    if not run(load, full=True):  # as below: never end on an early stop
+                        return result("below_min", lo, hi)
+                    lo = load
+                    above = [x for x, o in deciding.items() if x > lo and not o.passed]
+                    hi = min(above) if above else None
+                    if hi is None:  # nothing failed above it: bracket upwards
+                        if lo >= spec.highest:
+                            return result("at_least_max", lo, hi)
+                        load = _grow(spec, lo)
+                    continue
                 load = _shrink(spec, load)
     while True:
         while not converged(spec, lo, hi):  # bisect

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,10 @@ def single_setting(spec: TargetSpec, *, name: str, trace_path: str,
                    command: Sequence[str] | None = None, early_stop: bool = True) -> Setting:
     """The one target the command line describes (``batchlab capacity --trace ...``)."""
     mode = "simulated" if spec.simulated else "live"
-    payload = {"spec": repr(spec), "trace": trace_path, "options": dict(trace_options),
+    # the spec digested, never spelled out: it holds the engine's environment (tokens), and
+    # search.json records this payload (``made_from``)
+    spec_digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:16]
+    payload = {"spec": spec_digest, "trace": trace_path, "options": dict(trace_options),
                "kind": kind, "target": target, "slo": slo.as_dict(),
                "think_time_s": think_time_s, "replay": dict(replay or {}),
                "files": _files_read(spec, trace_path, trace_options),

@@ -87,6 +87,18 @@ def test_an_early_stop_never_sets_the_answer(start: float) -> None:
     assert deciding[-1].full or not deciding[-1].stopped
 
 
+def test_below_the_lowest_load_never_rests_on_an_early_stop() -> None:
+    """Halving down to --min-load, the lowest load stopped early by a burst is run to its
+    end too: it passes, and the search goes on above it (review case: "< 4" after a single
+    probe stopped early, where 4 req/s passes)."""
+    probe, confirm = stopped_by_a_burst(7.3, (3.9, 4.1))
+    result = search(SearchSpec(kind="rate", start=4, min_load=4), probe, confirm=confirm)
+    assert result.status == "found"
+    assert result.passing is not None and result.passing <= 7.3 < (result.failing or 0)
+    plain = search(SearchSpec(kind="rate", start=4, min_load=4), probe)
+    assert plain.status == "below_min"  # without a confirming run, what the stop said
+
+
 def test_a_confirmed_failure_ends_the_search() -> None:
     """An early stop on a load that fails run to its end too: one more run, same answer."""
     probe, confirm = stopped_by_a_burst(7.3, (0.0, 0.0))
