@@ -190,11 +190,11 @@ SLO_KEYS = ("ttft_s", "tpot_s", "e2e_s")
 def attainment_text(fraction: float) -> str:
     """An SLO attainment as a percentage, cut (never rounded up) to what it shows: 98.95%
     reads 98.9%, not 99.0% beside a 99% target it missed; never 100% unless every request
-    was good (99.97%), never 0% unless none was (0.04%)."""
+    was good (99.97%), never 0% unless none was (0.07%)."""
     pct = fraction * 100
     if pct in (0, 100):
         return f"{pct:.0f}%"
-    if 0 < pct < 0.05:
+    if 0 < pct < 0.1:  # cut to one decimal, it would read 0.0%
         return f"{pct:.2g}%"
     digits = 2 if pct >= 99.95 else 1
     scale = 10 ** digits

@@ -198,21 +198,23 @@ def _scrubbable(value: str) -> bool:
             and v.lower() not in _PLAIN_VALUES)
 
 
-MIN_CUT_SECRET = 4  # characters of a secret cut off at a text's end that are masked too
+MIN_CUT_SECRET = 6  # characters of a secret's beginning that are masked wherever they are
 
 
 def scrub_text(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret value replaced by ``***`` (longest first), and a secret's
-    beginning where the text ends: an error body is kept only so long (a server that echoes
-    the key may have had it cut in two), and half a key is still half a key."""
+    """``text`` with every secret value replaced by ``***`` (longest first), and then any
+    beginning of one, of ``MIN_CUT_SECRET`` characters or more: an error body is kept only so
+    long, and a server that echoes the key may have had it cut in two, the cut perhaps
+    quoted after (``'...sk-LEAK'``). Half a key is still half a key."""
     ordered = sorted(secrets, key=len, reverse=True)
     for secret in ordered:
         if secret in text:
             text = text.replace(secret, MASK)
     for secret in ordered:
         for k in range(len(secret) - 1, MIN_CUT_SECRET - 1, -1):
-            if text.endswith(secret[:k]):
-                return text[:-k] + MASK
+            if secret[:k] in text:
+                text = text.replace(secret[:k], MASK)
+                break
     return text
 
 

@@ -137,7 +137,8 @@ def test_a_percentage_is_never_rounded_onto_all_or_none() -> None:
     (0.98951, "98.9%"),  # rounded, it would read 99.0% beside a 99% target it missed
     (0.99, "99.0%"),  # 0.99 * 100 is 98.99999999999999
     (0.99967, "99.96%"),  # 2,999 of 3,000: never 100%
-    (1.0, "100%"), (0.0, "0%"), (0.0004, "0.04%"), (0.625, "62.5%"),
+    (1.0, "100%"), (0.0, "0%"), (0.0004, "0.04%"), (0.0007, "0.07%"), (0.00099, "0.099%"),
+    (0.625, "62.5%"),
 ])
 def test_an_attainment_is_cut_never_rounded_up(fraction: float, shown: str) -> None:
     from harness.metrics import attainment_text

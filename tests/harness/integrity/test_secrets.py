@@ -134,8 +134,11 @@ def test_a_key_cut_in_two_by_a_kept_length_is_masked_too() -> None:
     end, and the part left is masked as the whole key would be."""
     key = "sk-LEAKTEST-0123456789abcdef"
     body = "x" * 250 + " invalid credentials: Bearer " + key
-    for kept in (284, 295, len(body)):  # 5 and 16 characters of the key, and all of it
+    for kept in (285, 295, len(body)):  # 6 and 16 characters of the key, and all of it
         text = scrub_text(body[:kept], [key])
         assert "sk-LEAK" not in text and text.endswith(MASK)
-    assert scrub_text("no key here: sk-", [key]) == "no key here: sk-"  # 3 characters: too few
-    assert scrub_text("token sk-L", [key]) == f"token {MASK}"
+    assert scrub_text("no key here: sk-LE", [key]) == "no key here: sk-LE"  # 5: too few
+    assert scrub_text("token sk-LEA", [key]) == f"token {MASK}"
+    # a cut inside quotes, as a parse error quotes the chunk it could not read
+    assert scrub_text(f"chunk is not JSON: {('x' * 190 + key)[:200]!r}", [key]).endswith(
+        f"{MASK}'")
