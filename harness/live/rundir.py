@@ -123,8 +123,9 @@ def finish_run_folder(out_dir: Path, timelines: Sequence[RequestTimeline], confi
                               run_id=run_id, fields=fields)
     except OSError as exc:
         error = error or exc
-        summary = summarize(timelines, slo=config.slo,
-                            client_lag_threshold_s=config.client_lag_threshold_s)
+        summary = with_engine_counters(  # as consolidate would: never the requests' zero
+            summarize(timelines, slo=config.slo,
+                      client_lag_threshold_s=config.client_lag_threshold_s), out_dir)
         summary["run_id"] = run_id
         summary.update(fields or {})
     if error is None:

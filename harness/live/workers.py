@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 
 from harness.live.config import ReplayConfig
 from harness.live.recorder import RECORDS_FILE, read_records
-from harness.live.rundir import consolidate, update_manifest_quietly
+from harness.live.rundir import consolidate, update_manifest_quietly, with_engine_counters
 from harness.live.wire import Attempt, HttpxWire, LeanWire, Wire
 from harness.manifest import run_fields, trace_manifest, update_manifest
 from harness.metrics import distribution, summarize
@@ -584,8 +584,9 @@ def _merge(out_dir: Path, trace: Trace, config: ReplayConfig, parts: Sequence[Tr
                               run_id=run_id, fields=fields)
     except OSError as exc:  # a full disk: the figures still get to the caller
         write_error = _merge_write_error(exc, out_dir)
-        summary = summarize(timelines, slo=config.slo,
-                            client_lag_threshold_s=config.client_lag_threshold_s)
+        summary = with_engine_counters(  # as consolidate would: never the requests' zero
+            summarize(timelines, slo=config.slo,
+                      client_lag_threshold_s=config.client_lag_threshold_s), out_dir)
         summary.update(run_id=run_id, **fields)
     summary["workers"] = per_worker
     if any(w["client_limited"] for w in per_worker):

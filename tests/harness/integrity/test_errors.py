@@ -149,6 +149,25 @@ def test_a_full_disk_on_the_command_line(tmp_path: Path, loopback: str,
     assert len(read_records(out / RECORDS_FILE)) == 3
 
 
+def test_tables_the_disk_refused_leave_preemptions_unknown_not_zero(
+        tmp_path: Path, loopback: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tables do not fit: the summary is computed in memory, as a live run's always is,
+    with the engine's preemption count (none scraped here: unknown), never the requests'
+    zero."""
+    import harness.live.rundir as rundir
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "requests.parquet")
+
+    monkeypatch.setattr(rundir, "consolidate", full)
+    out = tmp_path / "run"
+    assert cli_main(["replay", "--target", loopback, "--trace", "synthetic",
+                     "--num-requests", "4", "--rate", "50", "--prompt-tokens", "8",
+                     "--output-tokens", "4", "--out", str(out)]) == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_preemptions"] is None and summary["preemptions_from"]
+
+
 # ---------------------------------------------------------------- a closed stdout
 
 
