@@ -6,13 +6,13 @@ import asyncio
 import math
 import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import httpx
 
 from harness.live.prompts import (
     DEFAULT_PREFIX_BLOCK_NUM_TOKENS,
+    load_tokenizer,
 )
 from harness.live.protocols import (
     LENGTH_CONTROLS,
@@ -112,10 +112,10 @@ class ReplayConfig:
                 raise ValueError(f"{name}: must be a positive number of seconds, got {value!r}")
         if self.api_key_env is not None and self.api_key_env not in os.environ:
             raise ValueError(f"api_key_env: environment variable {self.api_key_env} is not set")
-        if self.tokenizer_path and not Path(self.tokenizer_path).exists():
-            # refused here, before a run folder is claimed (and an earlier run's files cleared)
-            raise ValueError(f"--tokenizer: {self.tokenizer_path} does not exist (a local "
-                             "tokenizer folder is needed)")
+        if self.tokenizer_path:
+            # loaded here (once: it is kept), before a run folder is claimed and an earlier
+            # run's files cleared: a tokenizer that will not load is refused as bad input
+            load_tokenizer(self.tokenizer_path)
 
     @property
     def url(self) -> str:

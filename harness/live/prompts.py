@@ -32,6 +32,7 @@ The default (no salt) keeps today's reproducible prompts.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import secrets
@@ -108,8 +109,15 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
     """Load a local tokenizer: a Hugging Face model/tokenizer folder or a ``tokenizer.json``.
 
     Never touches the hub (``HF_HUB_OFFLINE=1``, ``local_files_only``). Uses ``transformers``
-    when installed, else the ``tokenizers`` library on the folder's ``tokenizer.json``.
+    when installed, else the ``tokenizers`` library on the folder's ``tokenizer.json``. Loaded
+    once per path and process (``ReplayConfig.validate`` loads it before a run folder is
+    claimed, so that a tokenizer that will not load never costs an earlier run's files).
     """
+    return _load_tokenizer(str(Path(path).resolve()))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(path: str) -> TextTokenizer:
     p = Path(path)
     if not p.exists():
         raise ValueError(f"--tokenizer: {p} does not exist (a local tokenizer folder is needed)")

@@ -302,6 +302,11 @@ def test_a_rerun_refused_for_bad_input_leaves_the_earlier_run_as_it_was(
                      "--overwrite", "--tokenizer", str(tmp_path / "nonexistent")]) == 2
     assert "--tokenizer" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    (tmp_path / "tok").mkdir()  # a folder with no tokenizer in it: refused as early
+    assert cli_main(["replay", "--target", loopback, *small, "--num-requests", "5",
+                     "--overwrite", "--tokenizer", str(tmp_path / "tok")]) == 2
+    assert "--tokenizer" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
 def test_a_replay_stopped_before_its_first_request_says_so(
@@ -324,13 +329,18 @@ def test_a_replay_stopped_before_its_first_request_says_so(
                                  "measured")
     assert (manifest["num_sent"], manifest["num_not_sent"]) == (0, 3)
     monkeypatch.undo()
-    (tmp_path / "tok").mkdir()  # a folder, but no tokenizer in it
+
+    def breaks(*args: object) -> None:
+        raise RuntimeError("the body builder broke")
+
+    monkeypatch.setattr(live_replay._Bodies, "prebuild", breaks)
     bad = tmp_path / "bad"
-    assert cli_main(["replay", "--target", loopback, *small, "--tokenizer",
-                     str(tmp_path / "tok"), "--out", str(bad)]) != 0
+    with pytest.raises(RuntimeError, match="the body builder broke"):
+        cli_main(["replay", "--target", loopback, *small, "--out", str(bad)])
     manifest = json.loads((bad / "manifest.json").read_text())
     assert manifest["status"] == "failed"
-    assert manifest["error"].startswith("failed before the first request was sent: ")
+    assert manifest["error"] == ("failed before the first request was sent: RuntimeError: the "
+                                 "body builder broke: nothing was measured")
 
 
 def test_a_replay_killed_outright_is_reported_as_such_not_as_not_run(
