@@ -172,8 +172,15 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     threshold = float(manifest.get("client_lag_threshold_s") or DEFAULT_CLIENT_LAG_THRESHOLD_S)
     records = out_dir / RECORDS_FILE
     run_id = manifest.get("run_id") if isinstance(manifest.get("run_id"), str) else None
+    worker_records = _workers_records(out_dir)
     if records.exists() and _records_belong(records, manifest, run_id):
         timelines = sorted(read_records(records), key=lambda tl: tl.arrival_s)
+        write_timelines(out_dir, timelines, live=True, run_id=run_id)
+    elif worker_records and not (out_dir / REQUESTS_FILE).exists():
+        # replay --workers killed before it merged (SIGKILL to the parent): each worker's
+        # records, as the merge would have taken them
+        timelines = sorted((tl for path in worker_records for tl in read_records(path)),
+                           key=lambda tl: tl.arrival_s)
         write_timelines(out_dir, timelines, live=True, run_id=run_id)
     elif (out_dir / REQUESTS_FILE).exists():
         _check_tables(out_dir, run_id)
@@ -228,6 +235,23 @@ def _check_tables(out_dir: Path, run_id: str | None) -> None:
         if run_id is not None and written_by is not None and written_by != run_id:
             raise ValueError(f"{path}: written by run {written_by}, not by this folder's run "
                              f"{run_id} (manifest.json); the summary is left as it was")
+
+
+def _workers_records(out_dir: Path) -> list[Path]:
+    """``replay --workers``: the records.jsonl of each worker's folder (``workers/w<i>/``)
+    that belongs to that worker's run."""
+    found = []
+    for folder in sorted((out_dir / "workers").glob("w*")):
+        records = folder / RECORDS_FILE
+        if not records.exists():
+            continue
+        manifest: dict[str, Any] = {}
+        with contextlib.suppress(ValueError, OSError):
+            manifest = json.loads((folder / MANIFEST_FILE).read_text())
+        run_id = manifest.get("run_id") if isinstance(manifest.get("run_id"), str) else None
+        if _records_belong(records, manifest, run_id):
+            found.append(records)
+    return found
 
 
 def _records_belong(records: Path, manifest: dict[str, Any], run_id: str | None) -> bool:

@@ -190,13 +190,14 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
     elif state == "not_run" and manifest.get("status") in ("running", "starting"):
         # killed outright (SIGKILL, a power cut): its manifest never said how it ended
         state = "running"
-        if (run_dir / RECORDS_FILE).exists():
+        if (run_dir / RECORDS_FILE).exists() or any(
+                (run_dir / "workers").glob(f"w*/{RECORDS_FILE}")):  # replay --workers
             reason = (f"killed while it ran: its manifest still says {manifest['status']}; "
                       f"`batchlab summarize {run_dir}` rebuilds its summary from the requests "
                       f"{RECORDS_FILE} recorded")
     if state == "running":  # nothing said how it ended
-        reason = reason or ("still running, or killed before it could say so (--resume runs it "
-                            "again)")
+        reason = reason or ("still running, or killed before it could say so"
+                            + (" (--resume runs it again)" if status else ""))  # a sweep's cell
     elif state == "interrupted":
         reason = f"{reason or 'stopped by Ctrl-C or SIGTERM'} (--resume runs it again)"
     return CellResult(

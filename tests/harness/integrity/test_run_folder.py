@@ -390,3 +390,24 @@ def test_a_finished_run_lets_go_of_its_folder(tmp_path: Path, loopback: str) -> 
                      str(tmp_path / "live")]) == 0
     for name in ("sim", "live"):
         assert not (tmp_path / name / LOCK_FILE).exists()
+
+
+def test_a_workers_replay_killed_before_its_merge_is_rebuilt_from_its_workers(
+        tmp_path: Path, loopback: str) -> None:
+    """replay --workers whose parent was killed outright: the workers' records are all there
+    is; summarize merges them as the run would have, and the report says it was killed."""
+    out = tmp_path / "w"
+    assert cli_main(["replay", "--target", loopback, "--trace", "synthetic", "--num-requests",
+                     "6", "--rate", "20", "--prompt-tokens", "8", "--output-tokens", "4",
+                     "--workers", "2", "--out", str(out)]) == 0
+    merged = json.loads((out / "summary.json").read_text())
+    for name in ("summary.json", "requests.parquet", "chunks.parquet", "report.md"):
+        (out / name).unlink(missing_ok=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
+    assert cli_main(["report", str(out)]) == 0
+    assert "killed while it ran" in (out / "report.md").read_text()
+    assert cli_main(["summarize", str(out)]) == 0
+    rebuilt = json.loads((out / "summary.json").read_text())
+    assert rebuilt["num_requests"] == merged["num_requests"] == 6
+    assert rebuilt["num_completed"] == merged["num_completed"]
