@@ -75,9 +75,13 @@ class SearchSpec:
             raise ValueError(f"precision: at least {MIN_RATE_PRECISION:g} ("
                              f"{MIN_RATE_PRECISION:.1%}) for a rate search, whose loads are "
                              f"named to 4 significant digits; got {self.precision:g}")
-        if self.kind == "concurrency" and (self.precision != int(self.precision)
-                                           or self.start != int(self.start)):
-            raise ValueError("precision, start: whole numbers of users for a concurrency search")
+        if self.kind == "concurrency":
+            loads = {"precision": self.precision, "start": self.start,
+                     "min_load": self.min_load, "max_load": self.max_load}
+            fractional = [k for k, v in loads.items() if v is not None and v != int(v)]
+            if fractional:
+                raise ValueError(f"{', '.join(fractional)}: whole numbers of users for a "
+                                 "concurrency search")
         if not (math.isfinite(self.lowest) and self.lowest > 0):
             raise ValueError(f"min_load: must be a positive load, got {self.lowest:g}")
         if not self.lowest <= self.start <= self.highest:

@@ -67,7 +67,8 @@ def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     g.add_argument("--slo", help="SLOs a request must meet, e.g. ttft_s=0.5,tpot_s=0.05 "
                    "(default: the scenario's)")
     g.add_argument("--start", type=float, metavar="LOAD",
-                   help="the first probe's load (rate 1 req/s, concurrency 4 users)")
+                   help="the first probe's load (rate 1 req/s, concurrency 4 users, or the "
+                   "nearest load within --min-load/--max-load)")
     g.add_argument("--precision", type=float, metavar="P",
                    help="stop when the passing and failing loads are this close: rate, relative "
                    "(0.05 = 5%%); concurrency, users (1)")
@@ -90,7 +91,8 @@ def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "reports/capacity)")
     g.add_argument("--resume", action="store_true",
                    help="reuse the probes already done in --out (same engine, knobs, trace, SLO "
-                   "and target); run only the rest")
+                   "and target, the same bytes of the trace, lengths and profile files, and "
+                   "the same batchlab version); run only the rest")
     add_trace_options(p)
     add_engine_options(p)
     r = p.add_argument_group("reference engine (without --engine)")
@@ -113,8 +115,18 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             setting.plan.trace_at(spec.kind, spec.start)
         except ValueError as exc:
             raise UserError(str(exc)) from None
+    from harness.runfolder import RunDirError, ensure_creatable_dir
+
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: a file is there, not a folder")
+    try:
+        ensure_creatable_dir(out)
+    except RunDirError as exc:
+        raise UserError(str(exc)) from None
+    for setting in settings:  # each setting's search is a folder of its own
+        if (out / setting.name).exists() and not (out / setting.name).is_dir():
+            raise UserError(f"--out {out}: {setting.name} is a file there, where the search "
+                            f"of setting {setting.name} goes; move it, or choose another --out")
     if args.resume:
         from harness.capacity.run import check_resumable
 
@@ -176,11 +188,14 @@ def _search_spec(args: argparse.Namespace) -> SearchSpec:
 
     rate = args.search == "rate"
     start = args.start
+    if (args.min_load is not None and args.max_load is not None
+            and args.min_load > args.max_load):
+        raise UserError(f"--min-load {args.min_load:g} is above --max-load {args.max_load:g}")
     if start is None:  # the default start, within the range asked for
         default = SearchSpec(kind=args.search, min_load=args.min_load, max_load=args.max_load)
         start = min(max(1.0 if rate else 4.0, default.lowest), default.highest)
-        if not rate:
-            start = float(math.ceil(start))
+        if not rate:  # whole users, within the range
+            start = float(max(1, min(math.ceil(start), math.floor(default.highest))))
     spec = SearchSpec(
         kind=args.search, target=args.target, start=start,
         precision=args.precision if args.precision is not None else (0.05 if rate else 1.0),

@@ -551,3 +551,33 @@ def test_what_a_search_records_it_was_made_from_holds_no_secret() -> None:
                            name="fcfs", trace_path="synthetic", trace_options=TRACE,
                            kind="rate", target=0.99, slo=SLO, knobs=KNOBS).plan
     assert other.digest != made.digest  # still part of what decides reuse
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--min-load", "50", "--max-load", "5"], "--min-load 50 is above --max-load 5"),
+    (["--search", "concurrency", "--max-load", "2.5"],
+     "--max-load: whole numbers of users for a concurrency search"),
+])
+def test_a_load_range_that_cannot_be_searched_names_its_own_flags(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str],
+        said: str) -> None:
+    assert cli_main(["capacity", "--trace", "synthetic", "--num-requests", "10",
+                     "--prompt-tokens", "8", "--output-tokens", "4", "--slo", "ttft_s=0.1",
+                     *extra, "--out", str(tmp_path / "cap")]) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "cap").exists()
+
+
+def test_an_out_that_cannot_be_made_is_refused_before_the_search(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "afile").write_text("mine\n")
+    base = ["capacity", "--trace", "synthetic", "--num-requests", "10", "--prompt-tokens", "8",
+            "--output-tokens", "4", "--slo", "ttft_s=0.1"]
+    assert cli_main([*base, "--out", str(tmp_path / "afile" / "sub")]) == 2
+    said = capsys.readouterr()
+    assert "is a file, not a folder" in said.err and "capacity search (" not in said.out
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "reference").write_text("mine\n")  # where setting reference's goes
+    assert cli_main([*base, "--out", str(tmp_path / "k")]) == 2
+    assert "reference is a file there" in capsys.readouterr().err
+    assert (tmp_path / "k" / "reference").read_text() == "mine\n"
