@@ -75,7 +75,7 @@ def _rules(early_stop: bool) -> dict[str, Any]:
 
 def _scenario_trace(scenario: Scenario) -> Any:
     def at(kind: LoadKind, load: float) -> Trace:
-        point = LoadPoint("rate", load) if kind == "rate" else LoadPoint()
+        point = LoadPoint("rate", load) if kind == "rate" else LoadPoint("concurrency", load)
         trace: Trace = load_cell_trace(scenario, point)
         return trace
     return at

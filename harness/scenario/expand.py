@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import hashlib
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,16 @@ def load_cell_trace(scenario: Scenario, load: LoadPoint) -> Any:
     parts = []
     for i, spec in enumerate(scenario.trace.components()):
         try:
-            options = traces.TraceOptions(**trace_options(scenario, load, spec))
-            trace = traces.load_trace(spec.path, options)
+            fields = trace_options(scenario, load, spec)
+            try:
+                trace = traces.load_trace(spec.path, traces.TraceOptions(**fields))
+            except traces.TraceError as exc:
+                if (load.kind != "concurrency" or fields.get("rate") is not None
+                        or "has no timestamps" not in str(exc)):
+                    raise
+                # lengths only (ShareGPT): N users need no arrival times, nor a rate for them
+                trace = traces.load_trace(spec.path,
+                                          traces.TraceOptions(**{**fields, "rate": math.inf}))
         except (ValueError, OSError, TypeError) as exc:
             key = "trace" if i == 0 else f"trace.mix[{i - 1}]"
             raise ScenarioError(scenario.source, spec.line, key, as_keys(str(exc))) from None
