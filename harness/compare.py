@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.report.format import fmt_int, fmt_number, fmt_pct, fmt_seconds, missing, value_text
+from harness.report.format import (
+    fmt_attainment,
+    fmt_int,
+    fmt_number,
+    fmt_pct,
+    fmt_seconds,
+    missing,
+    value_text,
+)
 from harness.report.predictions import is_prediction
 from harness.report.runs import (
     SCENARIO_FILE,
@@ -71,6 +79,8 @@ class Metric:
             return fmt_number(value, "tok/s")
         if self.unit == "requests/s":
             return fmt_number(value, "req/s")
+        if self.name == "goodput.slo_attainment":  # cut, as everywhere: 98.95% is not 99.0%
+            return fmt_attainment(value)
         if self.unit == "fraction":
             return fmt_pct(value)
         return fmt_int(value)

@@ -96,7 +96,8 @@ def add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="the cell the others are compared with (default: the scenario's, "
                    "else the first)")
     p.add_argument("-o", "--output", metavar="FILE",
-                   help="report file (default: DIR/report.md for one folder, "
+                   help="report file, not in a run's folder (the report's figures would "
+                   "replace the run's own) (default: DIR/report.md for one folder, "
                    "reports/comparison/report.md for several)")
 
 
@@ -113,7 +114,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             out = report.render_scenario_report(
                 dirs[0], out_file=Path(args.output) if args.output else None,
                 baseline=args.baseline)
-        elif len(dirs) == 1 and not args.output and not args.baseline:
+        elif len(dirs) == 1 and (not args.output or _own_run_report(args, dirs)) \
+                and not args.baseline:
             marks = ("summary.json", report.STATUS_FILE, "manifest.json")
             if not any((dirs[0] / name).exists() for name in marks):
                 raise UserError(f"{dirs[0]}: not a run folder or scenario folder (no "
@@ -130,22 +132,73 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _check_report_output(args: argparse.Namespace, dirs: list[Path]) -> None:
-    """The report's file must be writable, and not land in another run's folder (its plots
-    would replace that run's own)."""
-    from harness.manifest import MANIFEST_FILE
+    """The report's file must be writable, and not land in a run's folder, or under one: its
+    figures (latency_cdf.png, ...) would replace that run's own, and a later run into the
+    folder would refuse the report as a file batchlab did not write there. The one exception
+    is a run folder's own report (``batchlab report RUN_DIR -o RUN_DIR/report.md``), written
+    as ``batchlab report RUN_DIR`` writes it."""
     from harness.runfolder import RunDirError, ensure_writable_dir, ensure_writable_file
 
     try:
         if args.output:
             out = Path(args.output)
+            if not _own_run_report(args, dirs):
+                _refuse_run_folder(out, dirs)  # before anything is made under it
             ensure_writable_file(out)
-            if (out.parent / MANIFEST_FILE).exists() and \
-                    out.parent.resolve() not in {d.resolve() for d in dirs}:
-                raise RunDirError(f"-o {out}: {out.parent} is another run's folder; choose "
-                                  "another place for the report")
         elif len(dirs) == 1:
             ensure_writable_dir(dirs[0], what="report folder")
         else:
             ensure_writable_dir(Path("reports/comparison"), what="report folder")
     except RunDirError as exc:
         raise UserError(str(exc)) from None
+
+
+def _run_marker(folder: Path) -> str | None:
+    """The file that makes ``folder`` a run's (its ``manifest.json`` or ``summary.json``)."""
+    from harness.manifest import MANIFEST_FILE
+
+    return next((name for name in (MANIFEST_FILE, SUMMARY_FILE) if (folder / name).is_file()),
+                None)
+
+
+def _own_run_report(args: argparse.Namespace, dirs: list[Path]) -> bool:
+    """``-o`` names the one run folder's own report.md, where ``batchlab report RUN_DIR``
+    writes it."""
+    from harness.report import REPORT_FILE
+
+    return (len(dirs) == 1 and bool(args.output) and not args.baseline
+            and _run_marker(dirs[0]) is not None
+            and Path(args.output).resolve() == (dirs[0] / REPORT_FILE).resolve())
+
+
+def _refuse_run_folder(out: Path, dirs: list[Path]) -> None:
+    """RunDirError when ``out`` is in a run folder, or under one."""
+    from harness.runfolder import RunDirError
+
+    parent = out.resolve().parent
+    found = next(((f, m) for f in (parent, *parent.parents)
+                  if (m := _run_marker(f)) is not None), None)
+    if found is None:
+        return
+    folder, marker = found
+    whose = ("a run folder this report compares" if folder in {d.resolve() for d in dirs}
+             else "another run's folder")
+    if folder == parent:
+        what = (f"{out.parent} is {whose} (its {marker}): the report's figures "
+                "(latency_cdf.png, engine_state.png, throughput.png) would replace that run's "
+                "own")
+    else:
+        what = (f"{out.parent} is inside {_shown(folder)}, {whose} (its {marker}): the "
+                "report would leave files batchlab did not write in that run's folder, which "
+                "a later run into it refuses")
+    raise RunDirError(f"-o {out}: {what}; write the report to a folder of its own, e.g. "
+                      "-o reports/comparison/report.md")
+
+
+def _shown(folder: Path) -> str:
+    """A resolved folder as the user likely wrote it: relative to the working folder when
+    inside it."""
+    try:
+        return str(folder.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(folder)

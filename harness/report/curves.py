@@ -13,6 +13,7 @@ setting at several loads, and the probes of its capacity search, fall together.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -24,7 +25,7 @@ import numpy as np
 
 from harness.manifest import read_manifest
 from harness.metrics import attainment_text
-from harness.report.format import sig, value_text
+from harness.report.format import sig, slo_text, value_text
 from harness.report.runs import CellResult, get, knob, read_engine_samples
 
 SEARCH_FILE = "search.json"
@@ -100,6 +101,7 @@ class CurvePoint:
     ttft_p90_s: float | None
     attainment: float | None
     stopped: str | None = None
+    slo: Mapping[str, float] | None = None  # the SLO its attainment was computed under
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ def load_series(ok: Sequence[CellResult]) -> list[Series]:
             output_tokens_per_s=get(s, "throughput.output_tokens_per_s"),
             tpot_p50_s=get(s, "tpot_s.p50"), tpot_p90_s=get(s, "tpot_s.p90"),
             ttft_p90_s=get(s, "ttft_s.p90"), attainment=get(s, "goodput.slo_attainment"),
-            stopped=get(s, "stopped_early")))
+            stopped=get(s, "stopped_early"), slo=get(s, "slo") or None))
     return [Series(key, kind, tuple(sorted(points, key=lambda p: p.load)))
             for (key, kind), points in groups.items() if len(points) >= 2]
 
@@ -275,6 +277,7 @@ class CapacityRow:
     cells: tuple[str, ...] = field(default_factory=tuple)
     note: str = ""  # why a capacity is only a bound, in a few words (for the key finding)
     precision: float | None = None  # a search's (rate: relative; concurrency: users)
+    slo: Mapping[str, float] | None = None  # the SLO the capacity was judged under
 
 
 LOAD_UNITS = {"rate": "req/s", "concurrency": "users", "time_scale": "× time"}
@@ -292,22 +295,28 @@ def capacity_text(row: CapacityRow) -> str:
 
 def capacity_ratio(row: CapacityRow, base: CapacityRow) -> str | None:
     """``1.42×`` (``≥ 1.42×`` for a lower bound) of ``base``'s capacity; None when the two do
-    not compare (either unknown, the base only a bound, or another kind of load)."""
+    not compare (either unknown, the base only a bound, another kind of load or SLO)."""
     if (row.capacity is None or base.capacity is None or base.bound != "="
-            or base.capacity <= 0 or row.kind != base.kind):
-        return None
+            or base.capacity <= 0 or row.kind != base.kind or row.slo != base.slo):
+        return None  # (capacities under two SLOs answer two questions)
     return ("" if row.bound == "=" else f"{row.bound} ") + f"{row.capacity / base.capacity:.2f}×"
 
 
 def capacity_rows(series: Sequence[Series], searches: Sequence[SearchRecord],
                   target: float) -> list[CapacityRow]:
-    """A row per setting: from its capacity search when present, else interpolated."""
+    """A row per setting: from its capacity search when present, else interpolated. When the
+    rows' capacities were judged under different SLOs (``batchlab summarize --slo`` recomputed
+    some cells' goodput), each interpolated row's evidence names its SLO."""
     rows: dict[str, CapacityRow] = {}
     for s in series:
         if s.kind in ("rate", "concurrency"):
             rows[s.key] = interpolated_capacity(s, target)
     for r in searches:
         rows[r.key] = _search_row(r)
+    slos = [r.slo for r in rows.values() if r.slo is not None]
+    if any(slo != slos[0] for slo in slos[1:]):
+        rows = {k: dataclasses.replace(r, evidence=f"{r.evidence}; under {slo_text(r.slo)}")
+                if r.source != "search" and r.slo is not None else r for k, r in rows.items()}
     return list(rows.values())
 
 
@@ -354,7 +363,7 @@ def _search_row(r: SearchRecord) -> CapacityRow:
     if r.status == "at_least_max" and r.load_cap:
         note = f"no load tried failed, up to {r.load_cap}"
     return CapacityRow(r.key, r.kind, value, bound, "search", evidence, bracket, note,
-                       r.precision)
+                       r.precision, dict(r.slo) or None)
 
 
 def _failed_text(r: SearchRecord, behind: str) -> str:
@@ -376,7 +385,8 @@ def within_precision(row: CapacityRow, base: CapacityRow) -> bool:
     """Two searched capacities closer than the searches' precision: no difference shown."""
     if (row.source != "search" or base.source != "search" or row.bound != "="
             or base.bound != "=" or row.capacity is None or base.capacity is None
-            or row.precision is None or base.precision is None or row.kind != base.kind):
+            or row.precision is None or base.precision is None or row.kind != base.kind
+            or row.slo != base.slo):
         return False
     precision = max(row.precision, base.precision)
     if row.kind == "concurrency":
@@ -387,26 +397,50 @@ def within_precision(row: CapacityRow, base: CapacityRow) -> bool:
 
 def interpolated_capacity(s: Series, target: float) -> CapacityRow:
     """Linear in attainment between the last load that met ``target`` and the first that did
-    not (points with no attainment are skipped)."""
+    not (points with no attainment are skipped). Not when the points' attainments were
+    computed under different SLOs: which load met the SLO would then depend on whose SLO."""
     pts = [p for p in s.points if p.attainment is not None]
     if not pts:
         return CapacityRow(s.key, s.kind, None, "=", "interpolated", "no SLO attainment")
+    slo = pts[0].slo
+    if any(p.slo != slo for p in pts[1:]):
+        return _mixed_slo_row(s, pts)
     first_fail = next((i for i, p in enumerate(pts) if (p.attainment or 0.0) < target), None)
     if first_fail is None:
         top = pts[-1]
         return CapacityRow(s.key, s.kind, top.load, "≥", "interpolated",
-                           f"every load point met it (highest {top.load:g})", (top.cell,))
+                           f"every load point met it (highest {top.load:g})", (top.cell,),
+                           slo=slo)
     if first_fail == 0:
         low = pts[0]
         return CapacityRow(s.key, s.kind, low.load, "<", "interpolated",
-                           f"even the lowest load point ({low.load:g}) missed it", (low.cell,))
+                           f"even the lowest load point ({low.load:g}) missed it", (low.cell,),
+                           slo=slo)
     a, b = pts[first_fail - 1], pts[first_fail]
     assert a.attainment is not None and b.attainment is not None
     frac = (a.attainment - target) / (a.attainment - b.attainment)
     value = a.load + frac * (b.load - a.load)
     return CapacityRow(s.key, s.kind, value, "=", "interpolated",
                        f"between {a.load:g} ({attainment_text(a.attainment)}) and {b.load:g} "
-                       f"({attainment_text(b.attainment)})", (a.cell, b.cell))
+                       f"({attainment_text(b.attainment)})", (a.cell, b.cell), slo=slo)
+
+
+def _mixed_slo_row(s: Series, pts: Sequence[CurvePoint]) -> CapacityRow:
+    """A setting whose load points' goodput was computed under different SLOs (``batchlab
+    summarize --slo`` recomputed some): no capacity, and the loads under each SLO named."""
+    by_slo: list[tuple[Mapping[str, float] | None, list[str]]] = []
+    for p in pts:
+        loads = next((loads for slo, loads in by_slo if slo == p.slo), None)
+        if loads is None:
+            by_slo.append((p.slo, loads := []))
+        loads.append(f"{p.load:g}")
+    parts = "; ".join(f"{slo_text(slo) if slo else 'no SLO recorded'} at {', '.join(loads)}"
+                      for slo, loads in by_slo)
+    return CapacityRow(s.key, s.kind, None, "=", "interpolated",
+                       f"not interpolated: its load points' goodput was computed under "
+                       f"different SLOs ({parts}); `batchlab summarize DIR --slo ...` "
+                       "recomputes one", tuple(p.cell for p in pts),
+                       note="its load points' goodput computed under different SLOs")
 
 
 # ---------------------------------------------------------------- batch size

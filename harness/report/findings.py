@@ -333,6 +333,8 @@ def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
             notes.append("interpolated")
         if r.note:
             notes.append(r.note)
+        if r.slo is not None and r.slo != slo:  # summarize --slo recomputed its cells' goodput
+            notes.append(f"its goodput computed under {slo_text(r.slo)}")
         if len(rows) > 1:
             ratio = "baseline" if r is b else capacity_ratio(r, b)
             if r is not b and within_precision(r, b):
@@ -623,7 +625,7 @@ def tuning_findings(cells: Sequence[CellResult], slo: Mapping[str, float] | None
         text = _throughput_first(group, series)
         if text:
             out.append(text)
-    out += _mixed_finding(cells)
+    out += _mixed_finding(cells, slo)
     return out
 
 
@@ -694,7 +696,10 @@ def _throughput_first(group: Sequence[CellResult], where: str) -> str:
     return text + "."
 
 
-def _mixed_finding(cells: Sequence[CellResult]) -> list[str]:
+def _mixed_finding(cells: Sequence[CellResult], slo: Mapping[str, float] | None) -> list[str]:
+    """The max_num_seqs / max_num_batched_tokens pair with the best goodput, at each load where
+    both knobs, and nothing else, were varied. Goodput is ranked only among cells computed
+    under one SLO (``_under_one_slo``): the others are named as left out."""
     by_load: dict[str, list[CellResult]] = {}
     for c in cells:
         if (isinstance(knob(c, "max_num_seqs"), int)
@@ -706,7 +711,10 @@ def _mixed_finding(cells: Sequence[CellResult]) -> list[str]:
         varied = set(varying_knobs(group))
         if varied != {"max_num_seqs", "max_num_batched_tokens"}:
             continue  # a pair only when both knobs, and nothing else, were varied
-        ranked = sorted(group, key=lambda c: -get(c.summary, "goodput.requests_per_s"))
+        kept, left_out = _under_one_slo(group, slo)
+        if len(kept) < 2:
+            continue  # nothing to rank under one SLO (slo_notes says which SLO is whose)
+        ranked = sorted(kept, key=lambda c: -get(c.summary, "goodput.requests_per_s"))
         best, second = ranked[0], ranked[1]
 
         def pair(c: CellResult) -> str:
@@ -716,6 +724,31 @@ def _mixed_finding(cells: Sequence[CellResult]) -> list[str]:
                     "within SLO)")
 
         at = f" at {load}" if len(by_load) > 1 else ""
-        out.append(f"Mixed traffic{at}: the max_num_seqs / max_num_batched_tokens pair with the "
-                   f"best goodput is {pair(best)}; next best {pair(second)}.")
+        kept_slo = get(kept[0].summary, "slo")
+        under = f" under {slo_text(kept_slo)}" if left_out and kept_slo else ""
+        text = (f"Mixed traffic{at}: the max_num_seqs / max_num_batched_tokens pair with the "
+                f"best goodput{under} is {pair(best)}; next best {pair(second)}.")
+        if left_out:
+            names = ", ".join(f"{code(c.name)} ({_slo_of(c)})" for c in left_out)
+            text += (f" Left out, {'their' if len(left_out) > 1 else 'its'} goodput computed "
+                     f"under another SLO: {names}; `batchlab summarize DIR --slo ...` "
+                     f"recomputes {'each' if len(left_out) > 1 else 'it'}.")
+        out.append(text)
     return out[:2]
+
+
+def _slo_of(c: CellResult) -> str:
+    slo = get(c.summary, "slo")
+    return slo_text(slo) if slo else "no SLO recorded"
+
+
+def _under_one_slo(cells: Sequence[CellResult], slo: Mapping[str, float] | None
+                   ) -> tuple[list[CellResult], list[CellResult]]:
+    """The cells whose goodput was computed under one SLO, and the others: goodput under two
+    SLOs does not rank (``batchlab summarize --slo`` recomputes a run's under another). The
+    SLO kept is the report's (``slo``) when a cell's is that one, else the first cell's."""
+    if not cells or one_slo(cells):
+        return list(cells), []
+    ref = next((c for c in cells if slo and get(c.summary, "slo") == slo), cells[0])
+    kept = [c for c in cells if same_slo(c, ref)]
+    return kept, [c for c in cells if not same_slo(c, ref)]
