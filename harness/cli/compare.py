@@ -17,7 +17,8 @@ EPILOG = """\
 exit status:
   0  every --fail-if check passed (or none was given)
   1  a --fail-if check failed: a paired cell's metric got worse by more than allowed, lost
-     its value, or the AFTER cell did not finish
+     its value, or the AFTER cell did not finish; or the metric is goodput computed under
+     different SLOs on the two sides (`batchlab summarize --slo` changed one)
   2  bad input: a folder that is not a run or scenario folder, nothing to pair, an unknown
      metric or a malformed --fail-if
 
