@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -540,8 +541,12 @@ def curves_section(series: Sequence[Series], has_plot: bool) -> list[str]:
                 else "."), ""]
     for s in series:
         rows = []
+        # a point whose goodput `batchlab summarize --slo` recomputed says under which SLO
+        several = len({json.dumps(p.slo, sort_keys=True) for p in s.points}) > 1
         for p in s.points:
             att = fmt_attainment(p.attainment) + (" (stopped early)" if p.stopped else "")
+            if several:
+                att += f" under {slo_text(p.slo)}" if p.slo else " (no SLO)"
             rows.append([load_text({"kind": s.kind, "value": p.load}), code(p.cell),
                          fmt_number(p.output_tokens_per_s), fmt_seconds(p.tpot_p50_s),
                          fmt_seconds(p.tpot_p90_s), fmt_seconds(p.ttft_p90_s), att])

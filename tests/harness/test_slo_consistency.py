@@ -221,6 +221,9 @@ def test_a_report_says_why_a_capacity_was_not_interpolated(
             "`small__rate-1`, `small__rate-20` |") in table
     assert ("`small` not known (its load points' goodput computed under different SLOs; "
             "baseline)") in findings(copy / "report.md")
+    curves = text.split("## Throughput–latency curves")[1].split("\n## ")[0]
+    assert "under TTFT ≤ 100 s, TPOT ≤ 1 s |" in curves  # each point's own SLO
+    assert "under TTFT ≤ 300 ms, TPOT ≤ 20 ms |" in curves
 
 
 # ---------------------------------------------------------------- compare: attainment is cut
