@@ -17,6 +17,13 @@
   old run (engine, knobs, telemetry, records.jsonl) survives into the new one.
 - A scenario cell's or capacity probe's markers (``cell.json``, ``status.json``,
   ``error.txt``, ``probe.json``) belong to the sweep that prepared the folder and are kept.
+- A sweep or search that runs a cell or probe again removes its whole folder first
+  (``remove_run_dir``) under the same two rules: only a folder whose every file is
+  batchlab's, and that no other process holds.
+- A sweep's or search's own folder (``<out>/<scenario>``, a capacity ``--out``: cell and
+  setting folders, ``scenario.json``, ``capacity.json``, ``report.md``, figures) is held
+  with the same lock while it runs (``hold_dir``, ``holding_dir``), without a manifest and
+  without looking at its files: a second sweep or search into it is refused at once.
 
 The claim writes a first ``manifest.json`` with the run's ``run_id`` (uuid4 hex) and identity;
 ``summary.json``, the parquet files (schema metadata ``batchlab.run_id``) and ``records.jsonl``
@@ -32,6 +39,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -159,10 +167,16 @@ def _foreign(folder: Path, prefix: str, *, workers: bool) -> list[str]:
                 out += _foreign_workers(path, shown + "/")
             else:
                 out.append(shown + "/")
-        elif not (path.is_file() and (path.name in MARKERS or _transient(path.name)
+        elif not (path.is_file() and (_marker_name(path.name) or _transient(path.name)
                                       or _run_file_name(path.name))):
             out.append(shown)
     return out
+
+
+def _marker_name(name: str) -> bool:
+    """A sweep's marker, or one in the making (``write_json_atomic``'s ``<name>.tmp``, left
+    by a process killed while it wrote it)."""
+    return name in MARKERS or name.removesuffix(".tmp") in MARKERS
 
 
 def _foreign_workers(folder: Path, prefix: str) -> list[str]:
@@ -244,12 +258,9 @@ def claim_run_dir(out_dir: Path | str, identity: RunIdentity, *, overwrite: bool
     ensure_writable_dir(out, what)
     took = _lock(out, what)
     try:
-        foreign = foreign_names(out)
-        if foreign:
-            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-            raise RunDirError(f"{what} {out}: holds files batchlab did not write ({shown}); "
-                              "move them, or choose an empty or new folder")
-        earlier = [p for p in out.iterdir() if p.name not in MARKERS and not _transient(p.name)]
+        _refuse_foreign(out, what, "choose an empty or new folder")
+        earlier = [p for p in out.iterdir() if not _marker_name(p.name)
+                   and not _transient(p.name)]
         if earlier:
             manifest = read_manifest(out) if (out / MANIFEST_FILE).exists() else {}
             previous = RunIdentity.from_manifest(manifest) if manifest else None
@@ -273,11 +284,68 @@ def claim_run_dir(out_dir: Path | str, identity: RunIdentity, *, overwrite: bool
     return run_id
 
 
+def _refuse_foreign(out: Path, what: str, instead: str) -> None:
+    """RunDirError naming what in ``out`` batchlab did not write, if anything."""
+    foreign = foreign_names(out)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise RunDirError(f"{what} {out}: holds files batchlab did not write ({shown}); "
+                          f"move them, or {instead}")
+
+
+def _existing_folder(out: Path, what: str) -> bool:
+    """Whether ``out`` is there (a folder); RunDirError when it is a link or a file, which no
+    sweep made."""
+    if out.is_symlink():
+        raise RunDirError(f"{what} {out}: is a link, not a folder batchlab made; remove it or "
+                          "choose another --out")
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise RunDirError(f"{what} {out}: is a file, not a folder; remove it or choose another "
+                          "--out")
+    return True
+
+
+def check_removable(folder: Path | str, what: str = "folder") -> None:
+    """RunDirError, naming ``folder`` and what is in the way, unless ``remove_run_dir`` may
+    remove it now: a sweep checks every folder it will redo before it writes anything."""
+    out = Path(folder)
+    if not _existing_folder(out, what):
+        return
+    took = _lock(out, what, "choose another --out")
+    try:
+        _refuse_foreign(out, what, "choose another --out")
+    finally:
+        if took:
+            release_run_dir(out)
+
+
+def remove_run_dir(folder: Path | str, what: str = "folder") -> None:
+    """Delete ``folder`` (a cell's or probe's run folder a sweep or search made, run again)
+    with everything in it, only when every file there is batchlab's (``foreign_names``) and
+    no other process holds it (its lock, taken here for the removal); otherwise RunDirError
+    naming the folder and the names or the holder's pid, and nothing is deleted. A folder
+    that is not there is left so."""
+    out = Path(folder)
+    if not _existing_folder(out, what):
+        return
+    took = _lock(out, what, "choose another --out")
+    removed = False
+    try:
+        _refuse_foreign(out, what, "choose another --out")
+        shutil.rmtree(out)  # the lock file with it, still held: see the note above ``_Held``
+        removed = True
+    finally:
+        if took or removed:  # a hold of this process's own went with the folder
+            release_run_dir(out)
+
+
 def _clear(out: Path) -> None:
     """Remove the earlier run's files: batchlab's own (checked again, one by one), but the
     sweep's markers, the lock and write probes."""
     for path in out.iterdir():
-        if path.name in MARKERS or _transient(path.name) or path.is_symlink():
+        if _marker_name(path.name) or _transient(path.name) or path.is_symlink():
             continue
         if path.is_dir():
             if path.name == WORKERS_DIR and not _foreign_workers(path, ""):
@@ -313,10 +381,11 @@ def _same_file(file: IO[str], path: Path) -> bool:
     return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
 
 
-def _lock(out: Path, what: str) -> bool:
+def _lock(out: Path, what: str, instead: str | None = None) -> bool:
     """Hold ``out``'s lock for this process: True when this call took it, False when this
     process held it already (or the file system has no locks). RunDirError naming the holder
-    when another process holds it."""
+    when another process holds it (``instead``: what to do other than wait; another
+    ``what``)."""
     folder = out.resolve()
     path = folder / LOCK_FILE
     held = _HELD.get(folder)
@@ -339,8 +408,8 @@ def _lock(out: Path, what: str) -> bool:
             file.close()
             by = f"another batchlab process (pid {pid})" if pid.isdigit() else \
                 "another batchlab process"
-            raise RunDirError(f"{what} {out}: is being written by {by}; wait for it or choose "
-                              f"another {what}") from None
+            raise RunDirError(f"{what} {out}: is being written by {by}; wait for it or "
+                              f"{instead or f'choose another {what}'}") from None
         except OSError:  # no locks on this file system (some network mounts): go unlocked
             file.close()
             with contextlib.suppress(OSError):
@@ -355,6 +424,30 @@ def _lock(out: Path, what: str) -> bool:
     file.flush()
     _HELD[folder] = _Held(file, path)
     return True
+
+
+def hold_dir(folder: Path | str, what: str = "--out") -> bool:
+    """Hold ``folder``'s lock for this process, as a claim does, but without a manifest and
+    without looking at what is there: a sweep's or a capacity search's own folder, which
+    holds its cell or setting folders, ``scenario.json``, ``capacity.json``, ``report.md`` and
+    figures. Creates the folder. True when this call took the lock (``release_run_dir`` lets
+    go), False when this process held it already; RunDirError naming the other process that
+    holds it ("is being written by another batchlab process (pid N)")."""
+    out = Path(folder)
+    ensure_writable_dir(out, what)
+    return _lock(out, what)
+
+
+@contextlib.contextmanager
+def holding_dir(folder: Path | str, what: str = "--out") -> Iterator[None]:
+    """``hold_dir`` for the duration of a ``with`` block; a hold this process had already is
+    kept after it."""
+    took = hold_dir(folder, what)
+    try:
+        yield
+    finally:
+        if took:
+            release_run_dir(folder)
 
 
 def release_run_dir(out_dir: Path | str) -> None:

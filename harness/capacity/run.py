@@ -13,10 +13,10 @@ engine, knobs, trace, SLO and target) and runs only the rest.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,7 +34,8 @@ from harness.capacity.search import (
 from harness.manifest import jsonable
 from harness.metrics import SHORTEST_STEADY_E2ES, attainment_text
 from harness.redact import redact_argv, redact_tree
-from harness.results import read_json_object, write_json_atomic
+from harness.results import REPORT_FILE, read_json_object, write_json_atomic
+from harness.runfolder import check_removable, holding_dir, remove_run_dir
 from harness.scenario.status import CELL_FILE
 
 SEARCH_FILE = "search.json"
@@ -199,14 +200,26 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
     return result
 
 
+def _earlier_probes(search_dir: Path) -> list[Path]:
+    """The probe folders (``rate-*``, ``conc-*``, with their ``cell.json``; confirming runs
+    ``*-full`` too) an earlier search left in ``search_dir``."""
+    if not search_dir.is_dir():
+        return []
+    return [sub for sub in sorted(search_dir.iterdir())
+            if sub.is_dir() and sub.name.startswith(("rate-", "conc-"))
+            and (sub / CELL_FILE).exists()]
+
+
 def _clear_earlier_probes(out_dir: Path, name: str, log: Log | None) -> None:
     """A search started over (no --resume) removes the probe folders an earlier search left
-    in ``out_dir``: kept, they would sit beside the new ones as if this search had run them."""
-    earlier = [sub for sub in sorted(out_dir.iterdir())
-               if sub.is_dir() and sub.name.startswith(("rate-", "conc-"))
-               and (sub / CELL_FILE).exists()]
+    in ``out_dir``: kept, they would sit beside the new ones as if this search had run them.
+    Only folders of batchlab's files that no other process writes (``remove_run_dir``:
+    RunDirError naming the folder otherwise)."""
+    earlier = _earlier_probes(out_dir)
+    for sub in earlier:  # every one first: a refusal leaves them all as they were
+        check_removable(sub, "probe folder")
     for sub in earlier:
-        shutil.rmtree(sub)
+        remove_run_dir(sub, "probe folder")
     if earlier and log is not None:
         log(f"{name}: started over: removed {len(earlier)} probe folder(s) of an earlier search "
             "(--resume reuses them)")
@@ -313,9 +326,31 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
     listed and reported, in the scenario's order, as ``batchlab run --only`` keeps the cells
     it did not run."""
     spec.validate()
-    if resume:
-        check_resumable(settings, out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # one search writes ``out_dir`` at a time (harness.runfolder.holding_dir): one there is
+    # held before anything in it is read, a new one as soon as it is made
+    with contextlib.ExitStack() as holding:
+        if out_dir.is_dir():
+            holding.enter_context(holding_dir(out_dir))
+        if resume:
+            check_resumable(settings, out_dir)
+        else:  # probe folders it will remove hold nothing but batchlab's: refused now
+            for setting in settings:
+                for sub in _earlier_probes(out_dir / setting.name):
+                    check_removable(sub, "probe folder")
+        holding.enter_context(holding_dir(out_dir))
+        # the last search's report no longer describes the folder (its SLO, answers and
+        # probes): gone until this one's is written, as a scenario sweep does
+        (out_dir / REPORT_FILE).unlink(missing_ok=True)
+        return _search_settings(settings, spec, out_dir, name=name, resume=resume,
+                                baseline=baseline, command=command, log=log,
+                                write_report=write_report, every=every)
+
+
+def _search_settings(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *,
+                     name: str, resume: bool, baseline: str | None,
+                     command: Sequence[str] | None, log: Log | None, write_report: bool,
+                     every: Sequence[Setting]) -> list[SettingResult]:
+    """``run_capacity``'s searches and summary, its folder held and checked."""
     chosen = {s.name for s in settings}
     others = [s for s in every if s.name not in chosen]
     kept = [r for r in (recorded_result(s, out_dir) for s in others) if r is not None]

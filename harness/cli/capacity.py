@@ -104,7 +104,7 @@ def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from harness.capacity import run_capacity
+    from harness.runfolder import RunDirError, ensure_creatable_dir, holding_dir
 
     spec = _search_spec(args)
     settings, name, out, baseline, every = _settings(args, spec)
@@ -115,8 +115,6 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             setting.plan.trace_at(spec.kind, spec.start)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-    from harness.runfolder import RunDirError, ensure_creatable_dir
-
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: a file is there, not a folder")
     try:
@@ -134,6 +132,20 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             check_resumable(settings, out)
         except ValueError as exc:
             raise UserError(str(exc)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    try:  # one search at a time in --out, its report included (a second is refused at once)
+        with holding_dir(out):
+            return _search_and_report(args, settings, spec, out, name, baseline, every)
+    except RunDirError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _search_and_report(args: argparse.Namespace, settings: list[Setting], spec: SearchSpec,
+                       out: Path, name: str, baseline: str | None,
+                       every: list[Setting]) -> int:
+    """The search of every setting, its table and its report; the exit status."""
+    from harness.capacity import run_capacity
+
     slo_text = ", ".join(f"{k.removesuffix('_s').upper()} <= {v:g} s"
                          for k, v in settings[0].plan.slo.as_dict().items() if v is not None)
     print(f"capacity search ({spec.kind}, SLO attainment >= {args.target:.1%} of requests "

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.results import REPORT_FILE, write_json_atomic
+from harness.runfolder import holding_dir
 from harness.scenario._text import REPO_ROOT, display_path, exception_reason
 from harness.scenario.cell import CellJob, CellRunner, run_cell
 from harness.scenario.expand import load_cell_trace, select
@@ -20,6 +21,7 @@ from harness.scenario.schema import Cell, LoadPoint, Scenario, ScenarioError
 from harness.scenario.status import (
     ERROR_FILE,
     CellOutcome,
+    check_cell_dir,
     check_done_cell,
     fell_behind_warning,
     finish_status,
@@ -185,9 +187,45 @@ def run_scenario(
     # made from an earlier definition (one --only or --resume left as it was)
     meta["digests"] = {c.name: scenario.cell_digest(c) for c in all_cells}
 
+    progress = progress or SweepProgress(len(chosen))
+    # one sweep writes the folder at a time (harness.runfolder.holding_dir): one already there
+    # is held before its cells are read (resume), a new one as soon as it is made
+    with contextlib.ExitStack() as holding:
+        if scenario_dir.is_dir():
+            holding.enter_context(holding_dir(scenario_dir))
+        todo, outcomes = _cells_to_run(scenario, scenario_dir, chosen, resume, progress)
+        _refuse_unplannable(scenario, todo)
+        traces: dict[LoadPoint, Any] = {}
+        for cell in todo:
+            if cell.load not in traces:
+                traces[cell.load] = load_cell_trace(scenario, cell.load)
+        _refuse_rejected(scenario, todo, traces)
+        for cell in todo:  # a folder of the user's files, or one being written: refused now
+            check_cell_dir(scenario_dir / cell.name)
+        # only now, with every check passed and every trace read: a run refused above leaves
+        # the folder (and the definition of results already in it) as it was
+        holding.enter_context(holding_dir(scenario_dir))
+        write_json_atomic(meta, scenario_dir / SCENARIO_FILE)
+        # the last sweep's report no longer describes the folder: gone until this sweep's is
+        # written (also when it is interrupted), so that no report outlives what it says
+        (scenario_dir / REPORT_FILE).unlink(missing_ok=True)
+        outcomes.update(_run_cells(scenario, scenario_dir, out_root, todo, traces,
+                                   use_ray=use_ray, ray_address=ray_address,
+                                   runner=runner or run_cell, progress=progress,
+                                   write_report=write_report))
+        report = write_scenario_report(scenario_dir) if write_report else None
+    ordered = tuple(
+        outcomes.get(c.name, CellOutcome(c.name, "not_run", "not selected by --only"))
+        for c in all_cells
+    )
+    return SweepResult(scenario_dir=scenario_dir, report=report, outcomes=ordered)
+
+
+def _cells_to_run(scenario: Scenario, scenario_dir: Path, chosen: Sequence[Cell], resume: bool,
+                  progress: SweepProgress) -> tuple[list[Cell], dict[str, CellOutcome]]:
+    """The chosen cells to run, and those kept (``resume``: finished earlier, intact)."""
     todo: list[Cell] = []
     outcomes: dict[str, CellOutcome] = {}
-    progress = progress or SweepProgress(len(chosen))
     for cell in chosen:
         cell_dir = scenario_dir / cell.name
         status = read_status(cell_dir)
@@ -201,21 +239,15 @@ def run_scenario(
                 continue
             progress.message(f"{cell.name}: finished earlier, but {damage}: running it again")
         todo.append(cell)
+    return todo, outcomes
 
-    _refuse_unplannable(scenario, todo)
-    traces: dict[LoadPoint, Any] = {}
-    for cell in todo:
-        if cell.load not in traces:
-            traces[cell.load] = load_cell_trace(scenario, cell.load)
-    _refuse_rejected(scenario, todo, traces)
-    # only now, with every check passed and every trace read: a run refused above leaves the
-    # folder (and the definition of results already in it) as it was
-    scenario_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(meta, scenario_dir / SCENARIO_FILE)
-    # the last sweep's report no longer describes the folder: gone until this sweep's is
-    # written (also when it is interrupted), so that no report outlives what it says
-    (scenario_dir / REPORT_FILE).unlink(missing_ok=True)
 
+def _run_cells(scenario: Scenario, scenario_dir: Path, out_root: Path, todo: Sequence[Cell],
+               traces: Mapping[LoadPoint, Any], *, use_ray: bool, ray_address: str | None,
+               runner: CellRunner, progress: SweepProgress,
+               write_report: bool) -> dict[str, CellOutcome]:
+    """Run ``todo`` here or on Ray. Ctrl-C stops the sweep: the report of what finished is
+    written first (``write_report``; a second Ctrl-C skips it)."""
     def job_for(cell: Cell) -> CellJob:
         return CellJob(
             cell=cell, trace=traces[cell.load], model=scenario.model, gpu=scenario.gpu,
@@ -223,6 +255,7 @@ def run_scenario(
             command=tuple(scenario_command(scenario, out_root, cell.name)),
         )
 
+    outcomes: dict[str, CellOutcome] = {}
     try:
         if use_ray:
             outcomes.update(run_ray(scenario, scenario_dir, [job_for(c) for c in todo],
@@ -230,7 +263,7 @@ def run_scenario(
         else:
             for cell in todo:
                 outcomes[cell.name] = _run_local(scenario, scenario_dir, job_for(cell),
-                                                 runner or run_cell, progress)
+                                                 runner, progress)
     except KeyboardInterrupt:
         progress.close()
         if write_report:  # what finished, and which cells did not; a second Ctrl-C skips it
@@ -239,15 +272,7 @@ def run_scenario(
         raise
     finally:
         progress.close()
-
-    report = None
-    if write_report:
-        report = write_scenario_report(scenario_dir)
-    ordered = tuple(
-        outcomes.get(c.name, CellOutcome(c.name, "not_run", "not selected by --only"))
-        for c in all_cells
-    )
-    return SweepResult(scenario_dir=scenario_dir, report=report, outcomes=ordered)
+    return outcomes
 
 
 def _refuse_rejected(scenario: Scenario, cells: Sequence[Cell],

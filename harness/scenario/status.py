@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,8 @@ import pyarrow.parquet as pq
 
 from harness.redact import redact_tree
 from harness.results import write_json_atomic
-from harness.scenario.schema import Cell, Scenario, ScenarioError
+from harness.runfolder import LOCK_FILE, RunDirError, check_removable, remove_run_dir
+from harness.scenario.schema import Cell, Scenario
 
 # ``status.json`` is a cell's completion marker, written last and atomically::
 #
@@ -62,14 +62,26 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
+def check_cell_dir(cell_dir: Path) -> None:
+    """RunDirError naming ``cell_dir`` unless ``prepare_cell_dir`` may empty it: it holds
+    nothing but batchlab's files, no other process is writing it, and what is there is a cell
+    of a sweep (its markers), not a run of its own (``batchlab simulate --out`` there)."""
+    what = "cell folder"
+    check_removable(cell_dir, what)
+    if not cell_dir.is_dir() or (cell_dir / CELL_FILE).exists() or (
+            cell_dir / STATUS_FILE).exists():
+        return
+    if any(p.name != LOCK_FILE for p in cell_dir.iterdir()):
+        raise RunDirError(f"{what} {cell_dir}: holds a run that is no cell of a sweep (it has "
+                          f"no {CELL_FILE}); move it, or choose another --out")
+
+
 def prepare_cell_dir(cell_dir: Path, scenario: Scenario, cell: Cell, attempt: int) -> None:
-    """Empty the cell's folder (refusing one batchlab did not write), then mark it running."""
-    if cell_dir.exists() and any(cell_dir.iterdir()):
-        if not ((cell_dir / CELL_FILE).exists() or (cell_dir / STATUS_FILE).exists()):
-            raise ScenarioError(scenario.source, None, "",
-                                f"{cell_dir} holds files batchlab did not write; "
-                                "move them or choose another --out")
-        shutil.rmtree(cell_dir)
+    """Empty the cell's folder (``check_cell_dir``, then ``runfolder.remove_run_dir``: never
+    a file batchlab did not write, nor a folder another process writes), then mark it
+    running."""
+    check_cell_dir(cell_dir)
+    remove_run_dir(cell_dir, "cell folder")
     cell_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(redact_tree({**cell.as_dict(), "scenario": scenario.name,  # env: ***
                                    "digest": scenario.cell_digest(cell)}), cell_dir / CELL_FILE)
