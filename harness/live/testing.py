@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -426,3 +428,21 @@ def server_process(*args: str) -> Iterator[ServerProcess]:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+class FullAfter:
+    """A file whose disk fills after ``num_writes`` writes: then every write is ENOSPC (the
+    full-disk tests wrap a run's records file in it)."""
+
+    def __init__(self, file: Any, num_writes: int) -> None:
+        self._file = file
+        self._left = num_writes
+
+    def write(self, data: Any) -> int:
+        if self._left <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._file.name)
+        self._left -= 1
+        return int(self._file.write(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)

@@ -25,7 +25,7 @@ import harness.manifest
 from harness.cli import main as cli_main
 from harness.live.config import ReplayConfig
 from harness.live.recorder import RECORDS_FILE, RecordWriter, read_records
-from harness.live.testing import ScheduledStreamServer
+from harness.live.testing import FullAfter, ScheduledStreamServer
 from harness.traces import Trace, TraceRequest
 
 WAIT_S = 90.0  # generous: the machine is shared; no assertion depends on speed
@@ -132,21 +132,6 @@ def test_a_worker_that_dies_is_a_failed_run_on_the_command_line(
 # ---------------------------------------------------------------- a full disk
 
 
-class _FullAfter:
-    """A file whose disk fills after ``num_writes`` writes: then every write is ENOSPC."""
-
-    def __init__(self, file: Any, num_writes: int) -> None:
-        self._file = file
-        self._left = num_writes
-
-    def write(self, data: Any) -> int:
-        if self._left <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._file.name)
-        self._left -= 1
-        return int(self._file.write(data))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._file, name)
 
 
 def _manifest_refused(run_dir: Path, fields: Any) -> None:
@@ -162,7 +147,7 @@ def full_disk_at_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def init(self: RecordWriter, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self._file = _FullAfter(self._file, 3)  # after the header: 3 rows
+        self._file = FullAfter(self._file, 3)  # after the header: 3 rows
 
     monkeypatch.setattr(RecordWriter, "__init__", init)
     monkeypatch.setattr(cli_live, "_who_answers", lambda url: {"name": "x", "base_url": url})

@@ -17,7 +17,7 @@ import pytest
 from harness.cli import main as cli_main
 from harness.live.recorder import RECORDS_FILE, RecordWriter, read_records
 from harness.live.replay import ReplayConfig, replay
-from harness.live.testing import ScheduledStreamServer
+from harness.live.testing import FullAfter, ScheduledStreamServer
 from harness.runfolder import RunWriteError
 from harness.traces import Trace, TraceRequest
 
@@ -79,21 +79,6 @@ def test_run_and_report_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[st
 # ---------------------------------------------------------------- a full disk
 
 
-class _FullAfter:
-    """A file whose disk fills after ``num_writes`` writes: then every write is ENOSPC."""
-
-    def __init__(self, file: Any, num_writes: int) -> None:
-        self._file = file
-        self._left = num_writes
-
-    def write(self, data: Any) -> int:
-        if self._left <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._file.name)
-        self._left -= 1
-        return int(self._file.write(data))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._file, name)
 
 
 @pytest.fixture
@@ -102,7 +87,7 @@ def disk_fills_after_3_rows(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def init(self: RecordWriter, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self._file = _FullAfter(self._file, 3)  # after the header: 3 rows
+        self._file = FullAfter(self._file, 3)  # after the header: 3 rows
 
     monkeypatch.setattr(RecordWriter, "__init__", init)
 
