@@ -27,6 +27,9 @@ STEPS_FILE = "steps.parquet"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"  # a run's or a scenario's report (harness.report writes it)
 RECORDS_FILE = "records.jsonl"  # a live run's requests as they end (harness.live.recorder)
+# the figures harness.report draws beside a report.md: a run's three, a sweep's two more
+REPORT_PLOTS = ("latency_cdf.png", "engine_state.png", "throughput.png", "batch_size.png",
+                "throughput_latency.png")
 RUN_ID_KEY = b"batchlab.run_id"  # parquet schema metadata: the run that wrote the file
 
 

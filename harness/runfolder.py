@@ -49,6 +49,7 @@ from harness.results import (
     CHUNKS_FILE,
     RECORDS_FILE,
     REPORT_FILE,
+    REPORT_PLOTS,
     REQUESTS_FILE,
     STEPS_FILE,
     SUMMARY_FILE,
@@ -63,9 +64,7 @@ MARKERS = frozenset({"cell.json", "status.json", "error.txt", "probe.json"})
 RUN_FILES = frozenset({
     MANIFEST_FILE, SUMMARY_FILE, REQUESTS_FILE, CHUNKS_FILE, STEPS_FILE, RECORDS_FILE,
     "telemetry.parquet",  # a live run's scrapes (harness.live.telemetry)
-    REPORT_FILE,  # and its plots (harness.report.render: a run's three, a sweep's two)
-    "latency_cdf.png", "engine_state.png", "throughput.png", "batch_size.png",
-    "throughput_latency.png",
+    REPORT_FILE, *REPORT_PLOTS,  # and its plots (harness.report.render)
     "trtllm-serve.yaml",  # a launched engine's generated config (LaunchPlan.config_files)
 })
 # A launched engine's logs: adapters.process.ServerProcess named "<engine>-server".

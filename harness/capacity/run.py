@@ -34,7 +34,7 @@ from harness.capacity.search import (
 from harness.manifest import jsonable
 from harness.metrics import SHORTEST_STEADY_E2ES, attainment_text
 from harness.redact import redact_argv, redact_tree
-from harness.results import REPORT_FILE, read_json_object, write_json_atomic
+from harness.results import REPORT_FILE, REPORT_PLOTS, read_json_object, write_json_atomic
 from harness.runfolder import check_removable, holding_dir, remove_run_dir
 from harness.scenario.status import CELL_FILE
 
@@ -340,7 +340,8 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
         holding.enter_context(holding_dir(out_dir))
         # the last search's report no longer describes the folder (its SLO, answers and
         # probes): gone until this one's is written, as a scenario sweep does
-        (out_dir / REPORT_FILE).unlink(missing_ok=True)
+        for left in (REPORT_FILE, *REPORT_PLOTS):  # and its figures
+            (out_dir / left).unlink(missing_ok=True)
         return _search_settings(settings, spec, out_dir, name=name, resume=resume,
                                 baseline=baseline, command=command, log=log,
                                 write_report=write_report, every=every)

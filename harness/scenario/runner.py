@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from harness.results import REPORT_FILE, write_json_atomic
+from harness.results import REPORT_FILE, REPORT_PLOTS, write_json_atomic
 from harness.runfolder import holding_dir
 from harness.scenario._text import REPO_ROOT, display_path, exception_reason
 from harness.scenario.cell import CellJob, CellRunner, run_cell
@@ -26,6 +26,7 @@ from harness.scenario.status import (
     fell_behind_warning,
     finish_status,
     interrupted_reason,
+    mark_pending,
     prepare_cell_dir,
     read_status,
 )
@@ -207,8 +208,14 @@ def run_scenario(
         holding.enter_context(holding_dir(scenario_dir))
         write_json_atomic(meta, scenario_dir / SCENARIO_FILE)
         # the last sweep's report no longer describes the folder: gone until this sweep's is
-        # written (also when it is interrupted), so that no report outlives what it says
-        (scenario_dir / REPORT_FILE).unlink(missing_ok=True)
+        # written (also when it is interrupted), so that no report outlives what it says; its
+        # figures with it
+        for left in (REPORT_FILE, *REPORT_PLOTS):
+            (scenario_dir / left).unlink(missing_ok=True)
+        # and the cells to run again are pending: a sweep stopped before it reached one leaves
+        # it not run, not an earlier sweep's figures read as this one's (they stay on disk)
+        for cell in todo:
+            mark_pending(scenario_dir / cell.name)
         outcomes.update(_run_cells(scenario, scenario_dir, out_root, todo, traces,
                                    use_ray=use_ray, ray_address=ray_address,
                                    runner=runner or run_cell, progress=progress,

@@ -96,6 +96,20 @@ def interrupted_reason(exc: BaseException) -> str:
     return said or "stopped by Ctrl-C or SIGTERM before it finished"
 
 
+def mark_pending(cell_dir: Path) -> None:
+    """A cell the sweep starting now will run again: ``pending`` until it does, so that a
+    sweep stopped before it reaches the cell leaves no earlier sweep's results read as its
+    own (they stay on disk, and the attempt count goes on)."""
+    status = read_status(cell_dir)
+    if not status:
+        return  # it never ran: nothing on disk to be mistaken
+    kept = {k: status[k] for k in ("attempt", "digest") if k in status}
+    write_json_atomic({**kept, "state": "pending",
+                       "reason": "not run again yet by the sweep started at " + _now()
+                                 + " (what is on disk is an earlier sweep's)"},
+                      cell_dir / STATUS_FILE)
+
+
 def finish_status(cell_dir: Path, state: str, reason: str, status: dict[str, Any]) -> None:
     """Mark the cell done (with the sha256 of every file it wrote) or failed (with the
     reason): the last file written."""

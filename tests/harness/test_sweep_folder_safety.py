@@ -399,3 +399,27 @@ def test_the_command_line_refuses_the_second_search_in_one_line(
         assert said.err.strip().count("\n") == 0 and f"(pid {pid})" in said.err
         assert "capacity search (" not in said.out
         assert [p.name for p in out.iterdir()] == [LOCK_FILE]
+
+
+def test_a_sweep_stopped_early_leaves_no_cell_of_the_last_one_as_its_own(
+        tmp_path: Path) -> None:
+    """A full rerun (no --resume) interrupted at its first cell: the cells it did not reach
+    are not run, not last night's results read as tonight's; no figure of the last report
+    outlives it."""
+    sc.run_scenario(sc.load_scenario(SMALL), tmp_path, progress=quiet())
+    scenario_dir = tmp_path / "small"
+    assert (scenario_dir / "latency_cdf.png").exists()
+
+    def stopped(job: sc.CellJob, out_dir: Path, progress: Any) -> Mapping[str, Any]:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sc.run_scenario(sc.load_scenario(SMALL), tmp_path, progress=quiet(), runner=stopped,
+                        write_report=False)
+    from harness.report.runs import load_scenario_dir
+
+    _, cells = load_scenario_dir(scenario_dir)
+    assert cells and not any(c.state == "done" for c in cells)
+    assert not any((scenario_dir / name).exists()
+                   for name in ("report.md", "latency_cdf.png", "engine_state.png",
+                                "throughput.png", "batch_size.png"))
