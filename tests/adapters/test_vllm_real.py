@@ -111,8 +111,9 @@ def check_run(max_num_seqs: int, out: Path) -> list[Row]:
 def test_vllm_honours_max_num_seqs(engine_ready: None, tmp_path: Path) -> None:
     capped = check_run(2, tmp_path / "seqs2")
     assert max(r["num_running"] for r in capped if r["num_running"] is not None) <= 2
-    # with 16 requests arriving at once and room for 2, the rest wait
-    assert max(r["num_waiting"] or 0 for r in capped) > 0
+    # With 16 requests arriving at once and room for 2, the rest wait: shown below by vLLM's
+    # step counter (the same tokens in more than twice the steps of cap 8), not by its waiting
+    # gauge, which a run ending between two scrapes never shows above 0 (CI, once).
 
     wide = check_run(8, tmp_path / "seqs8")
     # More than 2 at once at cap 8: the same 16 x (32 + 64) tokens in well under half the
