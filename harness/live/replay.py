@@ -62,7 +62,7 @@ from harness.live.protocols import (
 )
 from harness.live.recorder import RECORDS_FILE, RecordWriter
 from harness.live.rundir import finish_run_folder, replay_manifest, update_manifest_quietly
-from harness.live.wire import Attempt, HttpxWire, LeanWire, Wire
+from harness.live.wire import Attempt, Wire, wire_for
 from harness.manifest import update_manifest
 from harness.redact import scrub_text, secret_values
 from harness.results import (
@@ -421,10 +421,8 @@ async def _replay(trace: Trace, config: ReplayConfig, out_dir: Path, run_id: str
         bodies = _Bodies(requests, config, builder)
         prebuilt = bodies.prebuild()
         update_manifest(out_dir, replay_manifest(trace, config, builder, command))
-        cap = config.max_concurrency if config.mode == "open" else config.concurrency
         if wire is None:  # tests hand in harness.live.wire.MemoryWire
-            wire = (LeanWire(config, cap) if config.http_client == "lean"
-                    else HttpxWire(config, cap))
+            wire = wire_for(config)
         try:
             await _warm_up(wire, config)
             prepare = getattr(telemetry, "prepare", None)

@@ -33,6 +33,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -446,3 +447,20 @@ class FullAfter:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._file, name)
+
+
+@contextlib.contextmanager
+def server_in_thread(**kwargs: Any) -> Iterator[ScheduledStreamServer]:
+    """A ``ScheduledStreamServer`` (``kwargs``) on an event loop of its own thread, so that
+    other processes (replay workers) reach it over TCP while the caller blocks."""
+    loop = asyncio.new_event_loop()
+    srv = ScheduledStreamServer(**kwargs)
+    loop.run_until_complete(srv.start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        asyncio.run_coroutine_threadsafe(srv.stop(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)

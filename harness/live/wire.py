@@ -270,6 +270,13 @@ class HttpxWire:
         await self._client.aclose()
 
 
+def wire_for(config: ReplayConfig) -> Wire:
+    """The replay's HTTP client as ``config`` chooses it, capped at its concurrency (the open
+    loop's ``max_concurrency``, the closed loop's users)."""
+    cap = config.max_concurrency if config.mode == "open" else config.concurrency
+    return LeanWire(config, cap) if config.http_client == "lean" else HttpxWire(config, cap)
+
+
 def not_event_stream_message(status: int | None, content_type: str, head: bytes) -> str:
     text = head[:300].decode("utf-8", errors="replace")
     return f"HTTP {status} with Content-Type {content_type!r}, not an event stream: {text}"

@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 from harness.live.config import ReplayConfig
 from harness.live.recorder import RECORDS_FILE, read_records
 from harness.live.rundir import consolidate, update_manifest_quietly, with_engine_counters
-from harness.live.wire import Attempt, HttpxWire, LeanWire, Wire
+from harness.live.wire import Attempt, Wire, wire_for
 from harness.manifest import run_fields, trace_manifest, update_manifest
 from harness.metrics import distribution, summarize
 from harness.results import SUMMARY_FILE, write_json_atomic
@@ -182,9 +182,7 @@ async def _replay_part(trace: Trace, config: ReplayConfig, out_dir: Path,
     for sig in stop_signals:
         loop.add_signal_handler(sig, stop)
     loop.add_reader(from_parent.fileno(), on_parent)
-    cap = config.max_concurrency if config.mode == "open" else config.concurrency  # as replay
-    inner: Wire = (LeanWire(config, cap) if config.http_client == "lean"
-                   else HttpxWire(config, cap))
+    inner = wire_for(config)  # the client replay would choose, counted as it sends
     index_of = {req.request_id: j for j, req in enumerate(trace.requests)}
     try:
         return await replay(trace, config, out_dir, progress=progress, t0_ns=t0_ns,

@@ -4,7 +4,6 @@ be written at the end never hides the error that stopped the run."""
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import json
 import multiprocessing as mp
@@ -25,7 +24,7 @@ import harness.manifest
 from harness.cli import main as cli_main
 from harness.live.config import ReplayConfig
 from harness.live.recorder import RECORDS_FILE, RecordWriter, read_records
-from harness.live.testing import FullAfter, ScheduledStreamServer
+from harness.live.testing import FullAfter, ScheduledStreamServer, server_in_thread
 from harness.traces import Trace, TraceRequest
 
 WAIT_S = 90.0  # generous: the machine is shared; no assertion depends on speed
@@ -35,17 +34,8 @@ WAIT_S = 90.0  # generous: the machine is shared; no assertion depends on speed
 def server() -> Iterator[ScheduledStreamServer]:
     """The loopback server on its own event loop thread (worker processes reach it over TCP),
     streams of 1.5 s: a worker has requests in flight at any time."""
-    loop = asyncio.new_event_loop()
-    srv = ScheduledStreamServer(ttft_s=0.01, itl_s=0.05)
-    loop.run_until_complete(srv.start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
+    with server_in_thread(ttft_s=0.01, itl_s=0.05) as srv:
         yield srv
-    finally:
-        asyncio.run_coroutine_threadsafe(srv.stop(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
 
 
 def _trace(n: int) -> Trace:

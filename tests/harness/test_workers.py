@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 
 from harness.cli import main as cli_main
 from harness.live.config import ReplayConfig
-from harness.live.testing import ScheduledStreamServer
+from harness.live.testing import ScheduledStreamServer, server_in_thread
 from harness.live.workers import merge_timelines, replay_workers, split_trace, worker_configs
 from harness.timeline import RequestTimeline
 from harness.traces import Trace, TraceRequest
@@ -29,17 +27,8 @@ def _trace(n: int, gap_s: float = 0.004) -> Trace:
 @pytest.fixture()
 def server() -> Iterator[ScheduledStreamServer]:
     """The loopback server on its own event loop thread: worker processes reach it over TCP."""
-    loop = asyncio.new_event_loop()
-    srv = ScheduledStreamServer(ttft_s=TTFT_S, itl_s=0.004)
-    loop.run_until_complete(srv.start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
+    with server_in_thread(ttft_s=TTFT_S, itl_s=0.004) as srv:
         yield srv
-    finally:
-        asyncio.run_coroutine_threadsafe(srv.stop(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
 
 
 def test_split_is_round_robin_and_keeps_the_schedule() -> None:
