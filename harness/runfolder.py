@@ -24,6 +24,8 @@
   setting folders, ``scenario.json``, ``capacity.json``, ``report.md``, figures) is held
   with the same lock while it runs (``hold_dir``, ``holding_dir``), without a manifest and
   without looking at its files: a second sweep or search into it is refused at once.
+- ``batchlab report`` holds a folder it writes its report into the same way, and refuses to
+  read a folder another process holds (``writer_of``): its files are from two moments then.
 
 The claim writes a first ``manifest.json`` with the run's ``run_id`` (uuid4 hex) and identity;
 ``summary.json``, the parquet files (schema metadata ``batchlab.run_id``) and ``records.jsonl``
@@ -425,23 +427,50 @@ def _lock(out: Path, what: str, instead: str | None = None) -> bool:
     return True
 
 
-def hold_dir(folder: Path | str, what: str = "--out") -> bool:
+def writer_of(folder: Path | str) -> str | None:
+    """Who is writing ``folder`` now: "another batchlab process (pid N)" when another process
+    holds its lock (a run, sweep or search into it), None when none does. Only looks: makes
+    no lock file, takes nothing; a reader of the folder asks before it reads."""
+    path = Path(folder).resolve() / LOCK_FILE
+    held = _HELD.get(path.parent)
+    if held is not None and _same_file(held.file, path):
+        return None  # this process's own
+    try:
+        file = path.open("r", encoding="ascii")
+    except OSError:  # no lock file: nobody holds it
+        return None
+    with file:
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = file.read().strip()
+            return f"another batchlab process (pid {pid})" if pid.isdigit() else \
+                "another batchlab process"
+        except OSError:  # no locks on this file system
+            return None
+        fcntl.flock(file.fileno(), fcntl.LOCK_UN)
+    return None
+
+
+def hold_dir(folder: Path | str, what: str = "--out", instead: str | None = None) -> bool:
     """Hold ``folder``'s lock for this process, as a claim does, but without a manifest and
     without looking at what is there: a sweep's or a capacity search's own folder, which
     holds its cell or setting folders, ``scenario.json``, ``capacity.json``, ``report.md`` and
     figures. Creates the folder. True when this call took the lock (``release_run_dir`` lets
     go), False when this process held it already; RunDirError naming the other process that
-    holds it ("is being written by another batchlab process (pid N)")."""
+    holds it ("is being written by another batchlab process (pid N)"; ``instead``: what to
+    do other than wait, as in ``claim_run_dir``)."""
     out = Path(folder)
     ensure_writable_dir(out, what)
-    return _lock(out, what)
+    return _lock(out, what, instead)
 
 
 @contextlib.contextmanager
-def holding_dir(folder: Path | str, what: str = "--out") -> Iterator[None]:
+def holding_dir(folder: Path | str, what: str = "--out", instead: str | None = None
+                ) -> Iterator[None]:
     """``hold_dir`` for the duration of a ``with`` block; a hold this process had already is
     kept after it."""
-    took = hold_dir(folder, what)
+    took = hold_dir(folder, what, instead)
     try:
         yield
     finally:

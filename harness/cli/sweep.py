@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from harness.cli.common import EXIT_FAILURE, UserError, add_subparser, fraction, too_many_failed
@@ -102,13 +104,22 @@ def add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness import report
-
     dirs = [Path(d) for d in args.dirs]
     for d in dirs:
         if not d.is_dir():
             raise UserError(f"{d}: no such folder")
+    _refuse_folders_in_writing(dirs)
     _check_report_output(args, dirs)
+    # a report written into the folder holds it as a run does: no run or sweep starts
+    # writing it halfway through the report
+    into = len(dirs) == 1 and (not args.output or _own_run_report(args, dirs))
+    with _holding(dirs[0]) if into else contextlib.nullcontext():
+        return _render_report(args, dirs)
+
+
+def _render_report(args: argparse.Namespace, dirs: list[Path]) -> int:
+    from harness import report
+
     try:
         if len(dirs) == 1 and (dirs[0] / report.SCENARIO_FILE).exists():
             out = report.render_scenario_report(
@@ -129,6 +140,36 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     print(f"report: {out}")
     return 0
+
+
+def _refuse_folders_in_writing(dirs: list[Path]) -> None:
+    """A folder a run, sweep or search is writing now is read halfway: its summary, tables
+    and figures from different moments, or last night's beside tonight's. Refused, naming the
+    process."""
+    from harness.runfolder import writer_of
+
+    for d in dirs:
+        who = writer_of(d)
+        if who is not None:
+            raise UserError(f"{d}: is being written by {who}; a report of it now would mix "
+                            "its old and new results: wait for it to end (it writes its own "
+                            "report.md)")
+
+
+@contextlib.contextmanager
+def _holding(folder: Path) -> Iterator[None]:
+    from harness.runfolder import RunDirError, hold_dir, release_run_dir
+
+    try:
+        took = hold_dir(folder, what="report folder",
+                        instead="run the report again once it has ended")
+    except RunDirError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        yield
+    finally:
+        if took:
+            release_run_dir(folder)
 
 
 def _check_report_output(args: argparse.Namespace, dirs: list[Path]) -> None:

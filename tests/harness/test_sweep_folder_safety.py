@@ -423,3 +423,59 @@ def test_a_sweep_stopped_early_leaves_no_cell_of_the_last_one_as_its_own(
     assert not any((scenario_dir / name).exists()
                    for name in ("report.md", "latency_cdf.png", "engine_state.png",
                                 "throughput.png", "batch_size.png"))
+
+
+# ---------------------------------------------------------------- batchlab report
+
+
+def _simulated_run(folder: Path) -> None:
+    assert cli_main(["simulate", "--trace", "synthetic", "--rate", "4", "--num-requests", "12",
+                     "--prompt-tokens", "16", "--output-tokens", "4", "--out", str(folder),
+                     "--no-report"]) == 0
+
+
+def test_a_report_of_a_folder_another_process_writes_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`batchlab report` of a run (or sweep) folder while a run or sweep writes it read last
+    night's summary beside tonight's tables, and wrote report.md into the folder mid-run:
+    refused in one line naming the process, exit 2, nothing written; into another -o as well
+    (it would read the folder halfway). Once the writer has ended, the report is made."""
+    run = tmp_path / "run"
+    _simulated_run(run)
+    capsys.readouterr()
+    before = _files(run)
+    with held_elsewhere(run) as pid:
+        for argv in (["report", str(run)],
+                     ["report", str(run), "-o", str(tmp_path / "elsewhere" / "report.md")]):
+            assert cli_main(argv) == 2
+            said = capsys.readouterr()
+            assert said.err.strip().count("\n") == 0
+            assert f"is being written by another batchlab process (pid {pid})" in said.err
+            assert "wait for it to end" in said.err
+        assert not (tmp_path / "elsewhere").exists()
+        assert {k: v for k, v in _files(run).items() if k != LOCK_FILE} == before
+    assert cli_main(["report", str(run)]) == 0
+    assert (run / "report.md").exists() and not (run / LOCK_FILE).exists()
+
+
+def test_a_report_written_into_a_folder_holds_it_while_it_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While `batchlab report RUN_DIR` writes the folder's report.md and figures, a run into
+    the folder is refused as a second writer is; the report lets go when it is done."""
+    import harness.report as report
+
+    run = tmp_path / "run"
+    _simulated_run(run)
+    told: list[str] = []
+    render = report.render_run_report
+
+    def render_and_try(run_dir: Path, **kwargs: Any) -> Path:
+        told.append(_another_process_tries(run_dir))
+        return render(run_dir, **kwargs)
+
+    monkeypatch.setattr(report, "render_run_report", render_and_try)
+    assert cli_main(["report", str(run)]) == 0
+    assert told == [f"--out {run}: is being written by another batchlab process "
+                    f"(pid {os.getpid()}); wait for it or choose another --out"]
+    assert not (run / LOCK_FILE).exists()
+    assert _another_process_tries(run) == "held"
