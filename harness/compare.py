@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.prediction import prediction_words
 from harness.report.format import (
     fmt_attainment,
     fmt_int,
@@ -45,7 +46,9 @@ from harness.report.runs import (
 from harness.results import REQUESTS_FILE, SUMMARY_FILE
 
 FORMAT = "batchlab-compare"
-VERSION = 1  # of the JSON below (``Comparison.as_json``); a change of its shape bumps it
+# of the JSON below (``Comparison.as_json``); a change of its shape bumps it. 2: each side of a
+# pair says whether its figures are predicted, and how accurate such predictions were measured
+VERSION = 2
 DEFAULT_SAME_WITHIN_PCT = 1.0
 
 Better = Literal["lower", "higher"]
@@ -232,7 +235,9 @@ class Pair:
 
 
 def _side_json(c: CellResult) -> dict[str, Any]:
-    return {"dir": str(c.run_dir), "state": state_of(c), "reason": reason_of(c) or None}
+    words = prediction_words(c.manifest)
+    return {"dir": str(c.run_dir), "state": state_of(c), "reason": reason_of(c) or None,
+            "predicted": words is not None, "prediction": words}
 
 
 def finished(c: CellResult) -> bool:
@@ -576,6 +581,9 @@ def render_text(comparison: Comparison) -> str:
         lines.append("removed (before only): " + ", ".join(c.name for c in comparison.removed))
     if comparison.added:
         lines.append("added (after only): " + ", ".join(c.name for c in comparison.added))
+    predicted = prediction_lines(comparison)
+    if predicted:
+        lines += ["", *predicted]
     if comparison.checks:
         lines.append("")
         lines += [f"check failed: {f.text()}" for f in comparison.failed_checks]
@@ -584,6 +592,29 @@ def render_text(comparison: Comparison) -> str:
         lines.append(f"checks: {len(comparison.failed_checks)} failed ({asked})"
                      if comparison.failed_checks else f"checks: passed ({asked})")
     return "\n".join(lines)
+
+
+def prediction_lines(comparison: Comparison) -> list[str]:
+    """Which compared figures are predictions, and how accurate that kind of prediction was
+    measured to be (``simulate``'s words for its run): one line per prediction, naming the
+    side and cells it concerns ("every cell" when it concerns all that were compared)."""
+    by_words: dict[str, dict[str, list[str]]] = {}
+    compared = [p for p in comparison.pairs if p.compared]
+    for p in compared:
+        for side, cell in (("before", p.before), ("after", p.after)):
+            words = prediction_words(cell.manifest)
+            if words is not None:
+                by_words.setdefault(words, {}).setdefault(side, []).append(p.name)
+    return [f"{_whose(sides, len(compared))}: {words}" for words, sides in by_words.items()]
+
+
+def _whose(sides: Mapping[str, Sequence[str]], num_compared: int) -> str:
+    """"both sides, every cell", "before", "after fcfs, static": the cells of each side."""
+    if len(sides) == 2 and all(len(names) == num_compared for names in sides.values()):
+        return "both sides" + (", every cell" if num_compared > 1 else "")
+    return "; ".join(side if num_compared == 1 else
+                     f"{side}, every cell" if len(names) == num_compared else
+                     f"{side} {', '.join(names)}" for side, names in sides.items())
 
 
 def warning_lines(comparison: Comparison) -> list[str]:

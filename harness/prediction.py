@@ -101,10 +101,14 @@ class Accuracy:
 
     held_out: bool
     overall: Errors
-    # the same over the held-out figures whose workload is fully published (None: none are)
+    # the same over the held-out figures whose workload is fully published (None: none are,
+    # or the record predates that count: ``published_counted``)
     published: Errors | None
     by_kind: dict[str, Errors]  # KINDS order, the kinds there are figures of
     doc: str  # where the figures are: docs/fidelity.md or docs/published.md
+    # the record says how many held-out figures have a fully published workload, none
+    # included (False: the catalog, or a record written before that was counted)
+    published_counted: bool = False
 
     @property
     def unmeasured_kinds(self) -> list[str]:
@@ -123,7 +127,8 @@ class Accuracy:
 
 def accuracy(prediction: object) -> Accuracy | None:
     """The measured accuracy a prediction record quotes; None when it quotes none (no
-    record, or a profile never measured against published figures)."""
+    record, a profile never measured against published figures, or one changed since its
+    accuracy was measured: the record's ``accuracy_note`` says so)."""
     if not isinstance(prediction, Mapping) or not isinstance(prediction.get("accuracy"),
                                                             Mapping):
         return None
@@ -134,11 +139,14 @@ def accuracy(prediction: object) -> Accuracy | None:
     if overall is None:
         return None
     published = Errors.of(acc, "held_out_published_") if held else None
+    # a record written since they were counted has the key, None when there are none
+    # (adapters.reference.cost_model.profile_accuracy); an older one lacks it
+    counted = held and "held_out_published_num_rows" in acc
     raw = acc.get("held_out_by_kind" if held else "by_kind")
     kinds = raw if isinstance(raw, Mapping) else {}
     by_kind = {kind: e for kind in KINDS if (e := Errors.of(kinds.get(kind))) is not None}
     return Accuracy(held, overall, published, by_kind,
-                    "docs/fidelity.md" if held else "docs/published.md")
+                    "docs/fidelity.md" if held else "docs/published.md", counted)
 
 
 def predictor_text(prediction: object, *, by: str = SIMULATED,
@@ -174,10 +182,52 @@ def prediction_text(prediction: object, *, by: str = SIMULATED,
     comma = "," if acc.held_out else ""
     text = (head + f"; on {acc.figures_text()}{comma} it missed by a median "
             f"{_pct(acc.overall.median)} (worst {_pct(acc.overall.worst)}")
-    if acc.published is not None and acc.published.num_rows != acc.overall.num_rows:
-        text += (f"; {acc.published.text()} on the {acc.published.num_rows} whose workload is "
-                 "fully published")
-    return text + f", {acc.doc})" + _by_kind(acc)
+    return text + _published(acc) + f", {acc.doc})" + _by_kind(acc)
+
+
+def recorded_prediction(engine: object) -> tuple[Mapping[str, Any] | None, str] | None:
+    """A run's prediction record from its manifest's ``engine`` (None: a simulated run that
+    recorded none) and by what it was made (``SIMULATED``, or ``SERVED``: a live run whose
+    server was the reference engine served over HTTP, its ``/version`` answer kept in
+    ``engine.version_probe``); None for a measurement of a real engine."""
+    if not isinstance(engine, Mapping):
+        return None
+    if engine.get("mode") == "simulated":
+        record = engine.get("prediction")
+        return (record if isinstance(record, Mapping) else None), SIMULATED
+    probe = engine.get("version_probe")
+    body = probe.get("body") if isinstance(probe, Mapping) else None
+    if isinstance(body, Mapping) and isinstance(body.get("prediction"), Mapping):
+        return body["prediction"], SERVED
+    return None
+
+
+def headline_caveat(prediction: object) -> str | None:
+    """Under a headline of predicted figures (p99s, a preemption count, SLO attainment): the
+    accuracy quoted is that of the statistics published figures give, not of those. None
+    when the record quotes no accuracy (its text says so already)."""
+    if accuracy(prediction) is None:
+        return None
+    return (f"that accuracy was measured on {MEASURED_STATISTICS}: no predicted p99, "
+            "preemption count or SLO attainment was ever compared with a published figure")
+
+
+def prediction_words(manifest: Mapping[str, Any]) -> str | None:
+    """What a run's figures are, in ``prediction_text``'s words (the line ``simulate`` prints
+    under its figures), from its manifest; None for a run measured on a real engine."""
+    found = recorded_prediction(manifest.get("engine"))
+    return None if found is None else prediction_text(found[0], by=found[1])
+
+
+def _published(acc: Accuracy) -> str:
+    """"; 9.1% (worst 84.8%) on the 42 whose workload is fully published", "; none of them
+    with a fully published workload", or '' when that is all of them or was not counted."""
+    if acc.published is None:
+        return "; none of them with a fully published workload" if acc.published_counted else ""
+    if acc.published.num_rows == acc.overall.num_rows:
+        return ""
+    return (f"; {acc.published.text()} on the {acc.published.num_rows} whose workload is "
+            "fully published")
 
 
 def _by_kind(acc: Accuracy) -> str:

@@ -372,15 +372,27 @@ def print_headline(summary: dict[str, Any]) -> None:
               f"it; goodput {goodput.get('requests_per_s') or 0:.3g} req/s")
 
 
-def print_predicted(config: ReferenceConfig, *, names: Sequence[str] = ()) -> None:
+def print_predicted(config: ReferenceConfig, *, names: Sequence[str] = (),
+                    headline: bool = False) -> None:
     """Say that the figures printed are predictions, by which engine model, and how accurate
     that kind of prediction was measured to be (the report's "Predicted" row, in plain text).
-    ``names``: the settings it applies to, when not all."""
+    ``names``: the settings it applies to, when not all. ``headline``: under
+    ``print_headline``'s figures, whose tails, preemptions and SLO attainment no published
+    figure measured (``headline_caveat``)."""
     from adapters.reference.prediction import prediction_record
-    from harness.prediction import prediction_text
+    from harness.prediction import SIMULATED
 
     whose = f"{', '.join(names)}: " if names else "figures above: "
-    print(whose + prediction_text(prediction_record(config)), flush=True)
+    _print_prediction(whose, prediction_record(config), SIMULATED, headline=headline)
+
+
+def _print_prediction(whose: str, record: object, by: str, *, headline: bool) -> None:
+    from harness.prediction import headline_caveat, prediction_text
+
+    print(whose + prediction_text(record, by=by), flush=True)
+    caveat = headline_caveat(record) if headline else None
+    if caveat is not None:
+        print(caveat, flush=True)
 
 
 def print_failures(summary: dict[str, Any], run_dir: str | None = None) -> None:
@@ -422,24 +434,21 @@ def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> 
               "may have set these figures", file=sys.stderr)
     if run_dir is not None:
         print_behind(summary, run_dir)
-        print_served_prediction(run_dir)
+        print_run_prediction(run_dir)
 
 
-def print_served_prediction(run_dir: str) -> None:
-    """A live run whose server was the reference engine served over HTTP (its ``/version``
-    answer, kept in the manifest, carries a prediction record): its figures are predictions,
-    said as ``simulate`` says them."""
+def print_run_prediction(run_dir: str) -> None:
+    """A run folder whose figures are predictions (simulated, or the reference engine served
+    over HTTP: its ``/version`` answer, kept in the manifest, carries a prediction record),
+    said as ``simulate`` says them; nothing for a run measured on a real engine."""
     from pathlib import Path
 
     from harness.manifest import read_manifest
-    from harness.prediction import SERVED, prediction_text
+    from harness.prediction import recorded_prediction
 
-    engine = read_manifest(Path(run_dir)).get("engine")
-    probe = engine.get("version_probe") if isinstance(engine, dict) else None
-    body = probe.get("body") if isinstance(probe, dict) else None
-    record = body.get("prediction") if isinstance(body, dict) else None
-    if isinstance(record, dict):
-        print("figures above: " + prediction_text(record, by=SERVED), flush=True)
+    found = recorded_prediction(read_manifest(Path(run_dir)).get("engine"))
+    if found is not None:
+        _print_prediction("figures above: ", found[0], found[1], headline=True)
 
 
 

@@ -62,7 +62,7 @@ def add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    "throughput.output_tokens_per_s=5; failures=0: any increase); repeatable")
     p.add_argument("--json", metavar="FILE",
                    help="also write the comparison as JSON (format batchlab-compare, "
-                   "version 1; SI units, as summary.json)")
+                   "version 2; SI units, as summary.json)")
     p.add_argument("--only", metavar="PATTERN",
                    help="compare only cells whose name (or engine name) matches a shell "
                    "pattern; several patterns separated by commas")

@@ -14,12 +14,12 @@ from harness.prediction import (
     KINDS,
     MEASURED_STATISTICS,
     SERVED,
-    SIMULATED,
     UNMEASURED_KINDS,
     Accuracy,
     accuracy,
     prediction_text,
     predictor_text,
+    recorded_prediction,
 )
 from harness.report.format import code, fmt_pct, table
 from harness.report.runs import CellResult
@@ -38,7 +38,7 @@ def prediction_row(cells: Sequence[CellResult]) -> str:
     groups: dict[str, list[str]] = {}
     linked = False
     for c in cells:
-        found = _prediction_of(c.manifest.get("engine"))
+        found = recorded_prediction(c.manifest.get("engine"))
         if found is None:
             continue
         record, by = found
@@ -61,36 +61,22 @@ def prediction_row(cells: Sequence[CellResult]) -> str:
 def is_prediction(manifest: Mapping[str, Any]) -> bool:
     """A run whose timings are predictions (simulated, or the reference engine served over
     HTTP), from its manifest."""
-    return _prediction_of(manifest.get("engine")) is not None
+    return recorded_prediction(manifest.get("engine")) is not None
 
 
 def is_served_prediction(c: CellResult) -> bool:
     """A live cell whose server was the reference engine served over HTTP (its ``/version``
     answered with a prediction record): its timings are predictions too."""
-    found = _prediction_of(c.manifest.get("engine"))
+    found = recorded_prediction(c.manifest.get("engine"))
     return found is not None and found[1] == SERVED
-
-
-def _prediction_of(engine: object) -> tuple[Mapping[str, Any] | None, str] | None:
-    """The cell's prediction record (None: a simulated run that recorded none) and by what
-    it was made (``SIMULATED`` or ``SERVED``); None for a measurement of a real engine."""
-    if not isinstance(engine, Mapping):
-        return None
-    if engine.get("mode") == "simulated":
-        record = engine.get("prediction")
-        return (record if isinstance(record, Mapping) else None), SIMULATED
-    probe = engine.get("version_probe")
-    body = probe.get("body") if isinstance(probe, Mapping) else None
-    if isinstance(body, Mapping) and isinstance(body.get("prediction"), Mapping):
-        return body["prediction"], SERVED
-    return None
 
 
 def _published_text(acc: Accuracy) -> str:
     if not acc.held_out:
         return "not computed for the catalog"
     if acc.published is None:
-        return "none: every one's workload is partly unpublished"
+        return ("none: every one's workload is partly unpublished" if acc.published_counted
+                else "not recorded in the run")
     if acc.published.num_rows == acc.overall.num_rows:
         return "all of them"
     return f"{acc.published.text()} of {acc.published.num_rows}"
@@ -104,17 +90,20 @@ class _Group:
     """Cells predicted the same way, with the same recorded accuracy."""
 
     what: str  # "profile `x`", "catalog coefficients", ...
-    accuracy: Accuracy | None  # None: never measured (a calibrated profile), or not recorded
+    # None: never measured (a calibrated profile), not recorded, or not known (``note``)
+    accuracy: Accuracy | None
+    note: str | None  # why no accuracy is quoted, from the record (a profile edited since)
     names: list[str]  # the cells, as code spans
 
 
 def _groups(cells: Sequence[CellResult]) -> list[_Group]:
     """The predicted cells among ``cells``, grouped by predictor and the accuracy their record
     quotes; runs recorded with other figures (an older profile) are groups of their own, and
-    so are those whose accuracy was never measured or not recorded."""
-    groups: dict[tuple[str, str], _Group] = {}
+    so are those whose accuracy was never measured, not recorded or is not known for a
+    reason the record gives."""
+    groups: dict[tuple[str, str, str | None], _Group] = {}
     for c in cells:
-        found = _prediction_of(c.manifest.get("engine"))
+        found = recorded_prediction(c.manifest.get("engine"))
         if found is None:
             continue  # a measurement
         record, by = found
@@ -129,21 +118,34 @@ def _groups(cells: Sequence[CellResult]) -> list[_Group]:
             what += f" (coefficients of {code(str(donor))})"
         if by == SERVED:
             what += ", served over HTTP"
-        groups.setdefault((what, repr(acc)), _Group(what, acc, [])).names.append(code(c.name))
+        note = _accuracy_note(record) if acc is None else None
+        group = groups.setdefault((what, repr(acc), note), _Group(what, acc, note, []))
+        group.names.append(code(c.name))
     return list(groups.values())
 
 
-def _never_text(g: _Group) -> str:
-    """Why a group quotes no accuracy."""
-    return ("its accuracy not recorded in the run" if g.what == _UNRECORDED
-            else "never measured against published figures")
+def _accuracy_note(record: Mapping[str, Any] | None) -> str | None:
+    """The reason a record gives for quoting no accuracy (``accuracy_note``), if any."""
+    note = (record or {}).get("accuracy_note")
+    return str(note) if note else None
+
+
+def _never_text(g: _Group, names: str = "") -> str:
+    """Why a group quotes no accuracy, the same words as the *Predicted* row's; of the cells
+    ``names`` when given ("... for `a`")."""
+    whose = f" for {names}" if names else ""
+    if g.what == _UNRECORDED:
+        return f"its accuracy not recorded in the run{whose}"
+    if g.note:
+        return f"its accuracy is not known{whose}: {g.note}"
+    return f"never measured against published figures{whose}"
 
 
 def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
     """A table of each kind of prediction among ``cells`` (a profile, or the catalog's
     coefficients) with the error it was measured to have on published real-hardware figures,
     over all of them and for each kind of figure (throughput, TTFT, TPOT/ITL, E2E); a kind of
-    prediction never measured is a row that says so."""
+    prediction that quotes no accuracy is a row that says why."""
     groups = _groups(cells)
     if not groups:
         return []
@@ -196,7 +198,7 @@ def kind_note(cells: Sequence[CellResult], kind: str, label: str) -> list[str]:
         names = "every cell" if len(g.names) == len(cells) > 1 else ", ".join(g.names)
         e = acc.by_kind.get(kind) if acc is not None else None
         if acc is None:
-            never.append(f"{_never_text(g)} for {names}")
+            never.append(_never_text(g, names))
         elif e is not None:
             held = " held-out" if acc.held_out else ""
             parts.append(f"{names} a median {fmt_pct(e.median)} off (worst "
@@ -213,14 +215,19 @@ def kind_note(cells: Sequence[CellResult], kind: str, label: str) -> list[str]:
             + "; ".join(parts) + f" ({ACCURACY_LINK}).", ""]
 
 
-def unmeasured_note(cells: Sequence[CellResult], what: str) -> list[str]:
+def unmeasured_note(cells: Sequence[CellResult], what: str, *,
+                    report_cells: Sequence[CellResult] | None = None) -> list[str]:
     """Under a table of a kind of figure no published measurement gives (preemptions, the
     prefix cache's hits, per-class latencies, batch sizes): that the predicted cells' are
-    predictions whose error is not known. [] without a predicted cell."""
+    predictions whose error is not known. ``cells``: the table's; ``report_cells``: the
+    report's, when the table shows only some of them (a live cell has no prefix-cache
+    figures): "every cell" only when each of those is predicted, else the predicted cells
+    by name. [] without a predicted cell."""
     names = _predicted_names(cells)
     if not names:
         return []
-    whose = "every cell" if len(names) == len(cells) else ", ".join(names)
+    every = len(report_cells if report_cells is not None else cells)
+    whose = "every cell" if len(names) == every else ", ".join(names)
     return [f"{what} of {whose} are predicted, and no published real-hardware figure of "
             f"their kind was ever compared with them: their error is not known "
             f"({ACCURACY_LINK}).", ""]
@@ -261,20 +268,32 @@ def margin_caveat(c: CellResult, value: float, limit: float, kind: str) -> str:
     """A phrase for a finding that a predicted figure of ``kind`` (one of ``KINDS``) is within
     ``limit``: when the margin is smaller than that kind's measured median error, the finding
     may not hold on hardware; '' for a measured cell, or a margin wider than the error."""
-    found = _prediction_of(c.manifest.get("engine"))
+    found = recorded_prediction(c.manifest.get("engine"))
     if found is None or limit <= 0:
         return ""
-    acc = accuracy(found[0])
+    record = found[0]
+    acc = accuracy(record)
     error = acc.by_kind.get(kind) if acc is not None else None
     margin = 1 - value / limit
     if error is None or error.median is None:
-        return (f"; predicted, {fmt_pct(margin)} within the limit, with an error never measured "
-                f"for predicted {kind}")
+        return (f"; predicted, {fmt_pct(margin)} within the limit, with an error "
+                f"{_unknown_error_text(record, acc, kind)}")
     if margin >= error.median:
         return ""
     return (f"; predicted, and only {fmt_pct(margin)} within the limit, less than the median "
             f"error of {fmt_pct(error.median)} measured for predicted {kind} figures, so it "
             "may not hold on hardware")
+
+
+def _unknown_error_text(record: Mapping[str, Any] | None, acc: Accuracy | None,
+                        kind: str) -> str:
+    """Why a predicted figure of ``kind`` has no measured error: "not recorded in the run",
+    "not known: " and the record's ``accuracy_note``, or "never measured for predicted
+    TTFT"."""
+    if record is None:
+        return "not recorded in the run"
+    note = _accuracy_note(record) if acc is None else None
+    return f"not known: {note}" if note else f"never measured for predicted {kind}"
 
 
 def _predicted_names(cells: Sequence[CellResult]) -> list[str]:

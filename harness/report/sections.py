@@ -429,7 +429,7 @@ def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
             f"No request of {', '.join(blind)} carried prefix identities: the trace records "
             "lengths, not prompts, so no two prompts can be known to share a prefix and no "
             "lookup hits. Only Mooncake traces (`hash_ids`) exercise the cache.", ""]
-            if blind else []) + unmeasured_note(cached, "Prefix-cache hits")
+            if blind else []) + unmeasured_note(cached, "Prefix-cache hits", report_cells=ok)
 
 
 def output_length_section(ok: Sequence[CellResult]) -> list[str]:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from adapters.reference import ReferenceConfig
+from adapters.reference.prediction import prediction_record
 from harness import scenario as sc
 from harness.cli import main
 from harness.compare import (
@@ -22,6 +24,7 @@ from harness.compare import (
     compare,
     metric_named,
 )
+from harness.prediction import prediction_text
 from harness.report import collect
 
 # Two engines, 40 requests of the bundled Azure excerpt at 10x its rate: enough queueing that
@@ -189,14 +192,16 @@ def test_the_json_has_the_documented_shape(nights: dict[str, Path], tmp_path: Pa
     doc = json.loads(out.read_text())
     assert list(doc) == ["format", "version", "before", "after", "same_within_pct", "checks",
                          "pairs", "added", "removed", "not_comparable", "failed_checks"]
-    assert (doc["format"], doc["version"]) == (FORMAT, VERSION) == ("batchlab-compare", 1)
+    assert (doc["format"], doc["version"]) == (FORMAT, VERSION) == ("batchlab-compare", 2)
     assert (doc["before"], doc["after"]) == (str(nights["n1"]), str(nights["slow"]))
     assert doc["checks"] == [{"metric": "ttft_s.p90", "max_worse_pct": 10.0}]
     pair = doc["pairs"][0]
     assert list(pair) == ["cell", "compared", "before", "after", "metrics"]
     assert pair["cell"] == "continuous" and pair["compared"] is True
+    catalog = prediction_text(prediction_record(ReferenceConfig(
+        model="llama-3.1-8b", gpu="h100-sxm")))
     assert pair["before"] == {"dir": str(nights["n1"] / "continuous"), "state": "done",
-                              "reason": None}
+                              "reason": None, "predicted": True, "prediction": catalog}
     assert [m["metric"] for m in pair["metrics"]] == [m.name for m in METRICS]
     ttft = pair["metrics"][1]
     assert list(ttft) == ["metric", "better", "unit", "before", "after", "change_pct",
@@ -402,3 +407,30 @@ def test_goodput_under_another_slo_warns_and_is_not_judged(
     assert "goodput.slo_attainment cannot be checked: the two runs' goodput was computed " \
         "under different SLOs" in out.out
     assert "not comparable as a regression test: different SLO" in out.err
+
+
+def test_predicted_figures_say_so_and_how_accurate_such_predictions_are(
+        nights: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every figure compare printed was a prediction of the reference engine, and nothing
+    said so (a review found it): each prediction is named with the side and cells it concerns,
+    in the words simulate prints, with its measured accuracy; measured sides are not."""
+    catalog = prediction_text(prediction_record(ReferenceConfig(
+        model="llama-3.1-8b", gpu="h100-sxm")))
+    assert "missed by a median" in catalog
+    assert main(["compare", str(nights["n1"]), str(nights["slow"])]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"both sides, every cell: {catalog}"
+    # one run folder against a copy said to be measured on a real engine
+    measured = tmp_path / "measured"
+    shutil.copytree(nights["slow"] / "continuous", measured)
+    manifest = json.loads((measured / "manifest.json").read_text())
+    manifest["engine"] = {"name": "vllm", "mode": "live", "version": "0.19.0"}
+    (measured / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["compare", str(nights["n1"] / "continuous"), str(measured),
+                 "--json", str(tmp_path / "c.json")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"before: {catalog}" in lines
+    assert not any(line.startswith(("after: predicted", "both sides")) for line in lines)
+    doc = json.loads((tmp_path / "c.json").read_text())["pairs"][0]
+    assert (doc["before"]["predicted"], doc["before"]["prediction"]) == (True, catalog)
+    assert (doc["after"]["predicted"], doc["after"]["prediction"]) == (False, None)

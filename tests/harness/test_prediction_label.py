@@ -26,8 +26,10 @@ from harness.report.predictions import (
     prediction_accuracy_lines,
     prediction_row,
     tails_note,
+    unmeasured_note,
 )
 from harness.report.runs import CellResult
+from harness.report.sections import prefix_cache_section
 
 EXCERPT = Path(__file__).resolve().parents[2] / "harness" / "data" / "azure_conv_excerpt.csv"
 PROFILES = Path(__file__).resolve().parents[2] / "adapters" / "reference" / "profiles"
@@ -111,6 +113,35 @@ def test_a_profile_whose_held_out_rows_are_all_published_shows_one_figure() -> N
     assert acc["held_out_published_num_rows"] == acc["held_out_num_rows"]
     assert "whose workload" not in _label(ReferenceConfig(model="llama-3.1-8b",
                                                           profile="trtllm-h200"))
+
+
+def test_a_profile_with_no_fully_published_held_out_workload_says_none() -> None:
+    """tgi-h100-sxm's held-out figures all have a partly unpublished workload: its record
+    counts none (the key, with None), and the command line says so as the report does."""
+    acc = profile_accuracy("tgi-h100-sxm")
+    assert acc is not None and "held_out_published_num_rows" in acc
+    assert acc["held_out_published_num_rows"] is None
+    text = prediction_text(prediction_record(ReferenceConfig(model="llama-3.1-8b",
+                                                             profile="tgi-h100-sxm")))
+    assert (f"; on {acc['held_out_num_rows']} published figures its fit never saw, it missed "
+            f"by a median {fmt_pct(acc['held_out_median_abs_error'])} (worst "
+            f"{fmt_pct(acc['held_out_worst_abs_error'])}; none of them with a fully published "
+            "workload, docs/fidelity.md); all of them throughput figures") in text
+    row = next(ln for ln in _lines(prediction_accuracy_lines([_simulated("tgi", "tgi-h100-sxm")]))
+               if ln.startswith("| `tgi`"))
+    assert " | none: every one's workload is partly unpublished | " in row
+
+
+def test_a_record_written_before_fully_published_workloads_were_counted_claims_none() -> None:
+    old = {"kind": "profile", "profile": "tgi-h100-sxm",
+           "accuracy": {"held_out_median_abs_error": 0.4, "held_out_worst_abs_error": 0.7,
+                        "held_out_num_rows": 2}}
+    assert prediction_text(old) == ("predicted by the reference engine with profile "
+                                    "tgi-h100-sxm; on 2 published figures its fit never saw, it "
+                                    "missed by a median 40.0% (worst 70.0%, docs/fidelity.md)")
+    row = next(ln for ln in _lines(prediction_accuracy_lines([
+        _cell("old", {"mode": "simulated", "prediction": old})])) if ln.startswith("| `old`"))
+    assert " | 40.0% (worst 70.0%) | not recorded in the run | " in row
 
 
 def test_a_catalog_cell_shows_the_catalog_accuracy() -> None:
@@ -218,8 +249,15 @@ def test_the_command_line_says_its_figures_are_predicted(
     assert main(["costmodel", "--profile", "vllm-h100-sxm"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == expected
     assert main(["simulate", "--trace", str(EXCERPT), "--limit", "5", "--profile",
-                 "vllm-h100-sxm", "--out", str(tmp_path / "run")]) == 0
-    assert expected in capsys.readouterr().out.splitlines()
+                 "vllm-h100-sxm", "--out", str(tmp_path / "run"), "--no-report"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    caveat = (f"that accuracy was measured on {MEASURED_STATISTICS}: no predicted p99, "
+              "preemption count or SLO attainment was ever compared with a published figure")
+    assert lines[lines.index(expected) + 1] == caveat
+    # summarize printed a simulated run's figures again with no word of prediction
+    assert main(["summarize", str(tmp_path / "run"), "--slo", "ttft_s=0.05"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[lines.index(expected) + 1] == caveat
 
 
 def test_a_profile_states_its_error_for_each_kind_of_figure() -> None:
@@ -355,6 +393,27 @@ def test_a_profile_edited_since_its_accuracy_was_measured_quotes_none(tmp_path: 
     assert profile_accuracy(defaults) is None
 
 
+def test_a_report_says_why_an_edited_profile_quotes_no_accuracy(tmp_path: Path) -> None:
+    """Wherever the report says a cell has no accuracy, an edited profile's reads as its
+    *Predicted* row does, not "never measured"."""
+    raw = json.loads((PROFILES / "vllm-h100-sxm.json").read_text())
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps({**raw, "memory_efficiency": raw["memory_efficiency"] / 2}))
+    cells = [_simulated("cat", None), _simulated("mine", str(edited))]
+    why = "its coefficients or engine defaults differ from those its accuracy was measured with"
+    assert prediction_row(cells).split("<br>")[1] == (
+        f"`mine`: **predicted** by the reference engine with profile `{edited}`; its accuracy "
+        f"is not known: {why}")
+    row = next(ln for ln in _lines(prediction_accuracy_lines(cells)) if ln.startswith("| `mine`"))
+    assert row == (f"| `mine` | profile `{edited}` | its accuracy is not known: {why} | "
+                   "unknown | – | – | – | – | – |")
+    [note, _] = kind_note(cells, "TTFT", "TTFT")
+    assert note.endswith(f"; its accuracy is not known for `mine`: {why} ([how accurate the "
+                         "predictions are](#how-accurate-the-predictions-are)).")
+    assert margin_caveat(cells[1], 0.010, 0.020, "TPOT/ITL") == (
+        f"; predicted, 50.0% within the limit, with an error not known: {why}")
+
+
 def test_a_profile_written_after_its_check_records_what_was_measured(tmp_path: Path) -> None:
     written = write_profile(read_profile("trtllm-h100-sxm"), directory=tmp_path)
     assert not profile_changed_since_measured(written)
@@ -376,6 +435,38 @@ def test_a_finding_within_a_limit_by_less_than_the_error_says_it_may_not_hold() 
     assert margin_caveat(_simulated("v", "vllm-h100-sxm"), 0.010, 0.020, "TPOT/ITL") == (
         "; predicted, 50.0% within the limit, with an error never measured for predicted "
         "TPOT/ITL")
+    # a run that recorded no prediction record: its error is not recorded, not unmeasured
+    assert margin_caveat(_cell("old", {"mode": "simulated"}), 0.010, 0.020, "TPOT/ITL") == (
+        "; predicted, 50.0% within the limit, with an error not recorded in the run")
+
+
+_UNMEASURED = ("are predicted, and no published real-hardware figure of their kind was ever "
+               "compared with them: their error is not known ([how accurate the predictions "
+               "are](#how-accurate-the-predictions-are)).")
+
+
+def test_a_note_under_a_table_of_some_cells_says_every_cell_only_of_the_whole_report() -> None:
+    sim, sim2 = _simulated("sim", None), _simulated("sim2", None)
+    live = _cell("live", {"mode": "launch", "name": "vllm"})
+    # the prefix-cache table shows the simulated cells only: a live cell has no such figures
+    assert unmeasured_note([sim], "Prefix-cache hits", report_cells=[live, sim]) == [
+        f"Prefix-cache hits of `sim` {_UNMEASURED}", ""]
+    assert unmeasured_note([sim, sim2], "Prefix-cache hits", report_cells=[sim, live, sim2]) == [
+        f"Prefix-cache hits of `sim`, `sim2` {_UNMEASURED}", ""]
+    assert unmeasured_note([sim, sim2], "Prefix-cache hits", report_cells=[sim, sim2]) == [
+        f"Prefix-cache hits of every cell {_UNMEASURED}", ""]
+    assert unmeasured_note([live, sim], "Preemption counts") == [
+        f"Preemption counts of `sim` {_UNMEASURED}", ""]
+
+
+def test_the_prefix_cache_note_of_a_report_with_a_measured_cell_names_the_predicted_ones() -> None:
+    cache = {"queries_tokens": 100, "hits_tokens": 50, "hit_rate": 0.5,
+             "preempted_hit_rate": None, "num_requests_with_prefix_ids": 3}
+    sim = CellResult("sim", Path("sim"), "done", summary={"prefix_cache": cache}, manifest={
+        "engine": {"mode": "simulated", "prediction": prediction_record(
+            ReferenceConfig(model="llama-3.1-8b"))}})
+    live = _cell("live", {"mode": "launch", "name": "vllm"})
+    assert prefix_cache_section([live, sim])[-2] == f"Prefix-cache hits of `sim` {_UNMEASURED}"
 
 
 def test_a_profiles_descriptions_are_not_what_its_accuracy_depends_on(tmp_path: Path) -> None:
