@@ -482,14 +482,19 @@ def profile_accuracy(name_or_path: str | Path) -> dict[str, Any] | None:
     if profile_changed_since_measured(name_or_path):
         return None  # measured for other coefficients than the file's
     held, train = fit["held_out"], fit.get("train") or {}
-    published = fit.get("held_out_workload_published") or {}
+    # the same, on the held-out figures whose workload is fully published: null in the file
+    # when there were none, absent from a file fitted before they were counted (then the
+    # record says nothing of them, rather than "none")
+    published = ({} if "held_out_workload_published" not in fit else {
+        "held_out_published_median_abs_error": None, "held_out_published_worst_abs_error": None,
+        "held_out_published_num_rows": None})
+    for key, value in (fit.get("held_out_workload_published") or {}).items():
+        if f"held_out_published_{key}" in published:
+            published[f"held_out_published_{key}"] = value
     return {"held_out_median_abs_error": held.get("median_abs_error"),
             "held_out_worst_abs_error": held.get("worst_abs_error"),
             "held_out_num_rows": held.get("num_rows"),
-            # the same, on the held-out figures whose workload is fully published
-            "held_out_published_median_abs_error": published.get("median_abs_error"),
-            "held_out_published_worst_abs_error": published.get("worst_abs_error"),
-            "held_out_published_num_rows": published.get("num_rows"),
+            **published,
             "train_median_abs_error": train.get("median_abs_error"),
             # {kind of figure: held-out errors}: throughput, TTFT, TPOT/ITL, E2E
             "held_out_by_kind": fit.get("held_out_by_kind"),

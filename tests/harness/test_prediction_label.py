@@ -132,6 +132,22 @@ def test_a_profile_with_no_fully_published_held_out_workload_says_none() -> None
     assert " | none: every one's workload is partly unpublished | " in row
 
 
+def test_a_profile_fitted_before_fully_published_workloads_were_counted_claims_none(
+        tmp_path: Path) -> None:
+    """A profile file whose fit has no ``held_out_workload_published`` (fitted before they
+    were counted) said "none of them with a fully published workload": it says nothing."""
+    raw = json.loads((Path(__file__).resolve().parents[2] / "adapters" / "reference" / "profiles"
+                      / "tgi-h100-sxm.json").read_text())
+    del raw["metadata"]["fit"]["held_out_workload_published"]
+    path = tmp_path / "older.json"
+    path.write_text(json.dumps(raw))
+    acc = profile_accuracy(str(path))
+    assert acc is not None and "held_out_published_num_rows" not in acc
+    text = prediction_text(prediction_record(ReferenceConfig(model="llama-3.1-8b",
+                                                             profile=str(path))))
+    assert "missed by a median" in text and "fully published" not in text
+
+
 def test_a_record_written_before_fully_published_workloads_were_counted_claims_none() -> None:
     old = {"kind": "profile", "profile": "tgi-h100-sxm",
            "accuracy": {"held_out_median_abs_error": 0.4, "held_out_worst_abs_error": 0.7,
