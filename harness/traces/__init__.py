@@ -22,18 +22,21 @@ Modules: ``records`` (``TraceRequest``, ``Trace``, ``TraceError``, the rows on t
 ``formats`` (each file format's reader and detection), ``synthetic`` (arrival processes and
 lengths), ``options`` (``TraceOptions`` and the steps applying them), ``load`` (the pipeline),
 ``info`` (``describe``), ``data`` (bundled and shared trace folders), ``bounds`` (the upper
-bounds on token counts, request counts, rates and timestamps that every loader and option
-checks, for the command line and scenario files to reuse).
+bounds on token counts, request counts, rates, time scales and timestamps that every loader
+and option checks, for the command line and scenario files to reuse).
 """
 
 from harness.traces.bounds import (
     MAX_RATE_PER_S,
     MAX_REQUESTS_PER_TRACE,
+    MAX_TIME_SCALE,
     MAX_TIMESTAMP_S,
     MAX_TOKENS_PER_REQUEST,
     MIN_RATE_PER_S,
+    MIN_TIME_SCALE,
     check_count,
     check_rate,
+    check_time_scale,
     check_timestamp_s,
     check_tokens,
 )
@@ -53,8 +56,10 @@ __all__ = [
     "MAX_RATE_PER_S",
     "MAX_REQUESTS_PER_TRACE",
     "MAX_TIMESTAMP_S",
+    "MAX_TIME_SCALE",
     "MAX_TOKENS_PER_REQUEST",
     "MIN_RATE_PER_S",
+    "MIN_TIME_SCALE",
     "MOONCAKE_BLOCK_TOKENS",
     "ON_TOO_LONG",
     "REPO_ROOT",
@@ -65,6 +70,7 @@ __all__ = [
     "TraceRequest",
     "check_count",
     "check_rate",
+    "check_time_scale",
     "check_timestamp_s",
     "check_tokens",
     "describe",

@@ -36,6 +36,12 @@ MAX_REQUESTS_PER_TRACE = 10_000_000
 MIN_RATE_PER_S = 1e-6
 MAX_RATE_PER_S = 1e6
 
+# --time-scale, by the same reasoning as the rate: a factor past a million stretches a second
+# of trace to 12 days (and an hour to 114 years); one below a millionth puts a day's requests
+# in 0.09 s, every arrival microseconds apart.
+MIN_TIME_SCALE = 1e-6
+MAX_TIME_SCALE = 1e6
+
 # 65,536 closed-loop users: each holds its own connection to the one server address, and a
 # client has fewer ephemeral ports than that towards one address (Linux's default
 # ip_local_port_range, 32768-60999, gives 28,232).
@@ -93,6 +99,18 @@ def check_rate(
             f"second{' (or inf)' if allow_inf else ''}"
         )
         raise _error(expected, value, where, path, line, got)
+    return value
+
+
+def check_time_scale(
+    value: float, where: str, *, path: str | None = None, line: int | None = None,
+    got: object = None,
+) -> float:
+    """``value`` if it lies in [MIN_TIME_SCALE, MAX_TIME_SCALE], else a TraceError. NaN is
+    refused."""
+    if not MIN_TIME_SCALE <= value <= MAX_TIME_SCALE:
+        raise _error(f"expected a factor between {MIN_TIME_SCALE:g} and {MAX_TIME_SCALE:g}",
+                     value, where, path, line, got)
     return value
 
 

@@ -13,6 +13,7 @@ error even then (``_CsvReader``): the rows after it would be lost inside one fie
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import gzip
@@ -20,13 +21,15 @@ import io
 import itertools
 import json
 import math
+import re
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness.traces.bounds import check_timestamp_s, check_tokens
+from harness.traces.bounds import MAX_TIMESTAMP_S, check_timestamp_s, check_tokens
 from harness.traces.records import MOONCAKE_BLOCK_TOKENS, Parsed, Row, TraceError, is_int
 
 
@@ -80,26 +83,31 @@ class _Fields:
             number = value  # type: ignore[assignment]
         elif isinstance(value, float) and value.is_integer():
             number = int(value)
+        shown = _brief(value)
         if number is None or number < 0:
-            raise self.error(line, name, f"expected a non-negative integer, got {value!r}")
+            raise self.error(line, name, f"expected a non-negative integer, got {shown!r}")
         if number < minimum:
             raise self.error(
                 line, name,
                 f"expected at least {minimum} (a request needs {minimum} {what} token), "
-                f"got {value!r}; --{what}-tokens N overrides the trace's lengths",
+                f"got {shown!r}; --{what}-tokens N overrides the trace's lengths",
             )
-        return check_tokens(number, name, path=self.path, line=line, got=value)
+        return check_tokens(number, name, path=self.path, line=line, got=shown)
 
     def seconds(self, value: object, line: int, name: str, scale: float = 1.0) -> float:
         number = math.nan
+        shown = _brief(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value > _FLOAT_SAFE_INT:
+            # float() would overflow: a number, and past every bound
+            return check_timestamp_s(math.inf, name, path=self.path, line=line, got=shown)
         if isinstance(value, str):
             with contextlib.suppress(ValueError):
                 number = float(value)
         elif isinstance(value, int | float) and not isinstance(value, bool):
             number = float(value)
         if not (math.isfinite(number) and number >= 0):
-            raise self.error(line, name, f"expected a non-negative number, got {value!r}")
-        return check_timestamp_s(number * scale, name, path=self.path, line=line, got=value)
+            raise self.error(line, name, f"expected a non-negative number, got {shown!r}")
+        return check_timestamp_s(number * scale, name, path=self.path, line=line, got=shown)
 
     def priority(self, value: object, line: int) -> int | None:
         if value is None or (isinstance(value, str) and not value.strip()):
@@ -113,25 +121,76 @@ class _Fields:
         elif is_int(value):
             number = value  # type: ignore[assignment]
         if number is None:
-            raise self.error(line, _PRIORITY_COL, f"expected an integer, got {value!r}")
+            raise self.error(line, _PRIORITY_COL, f"expected an integer, got {_brief(value)!r}")
         if not -PRIORITY_LIMIT <= number <= PRIORITY_LIMIT:
             raise self.error(line, _PRIORITY_COL, f"expected an integer between "
-                             f"-{PRIORITY_LIMIT} and {PRIORITY_LIMIT}, got {value!r}")
+                             f"-{PRIORITY_LIMIT} and {PRIORITY_LIMIT}, got {_brief(value)!r}")
         return number
+
+
+_HASH_LIMIT = 2**64  # Mooncake's hash_ids: unsigned 64-bit values
+_FLOAT_SAFE_INT = 2**1023  # float() of a larger int may overflow
+_MAX_SHOWN_CHARS = 60  # of a value quoted in a message
+_HEADER_CHARS = 300  # of a header line
+
+
+class _Shown:
+    """A value too long to quote whole, as a message quotes it (its ``repr``)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _brief(value: object) -> object:
+    """``value``, or, where its ``repr`` is long (a field can hold a whole line), a stand-in
+    whose ``repr`` is its start and its length: a message quotes what it read in one line."""
+    try:
+        text = repr(value)
+    except ValueError:  # only an int past Python's limit of digits (4300) has no repr
+        return _Shown(f"<an integer of more than {sys.get_int_max_str_digits()} digits>")
+    return value if len(text) <= _MAX_SHOWN_CHARS else _Shown(_cut(text))
+
+
+def _cut(text: str, limit: int = _MAX_SHOWN_CHARS) -> str:
+    """``text``, or its start and its length where it is longer than ``limit``."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 20]}... ({len(text)} characters)"
 
 
 _EPOCH = datetime(1970, 1, 1)
 
 
+# An ISO datetime split around its seconds' fraction: "2023-11-16 18:15:46" | "6805900" | "" or a
+# time zone ("+05:00", "Z"). The seconds are HH:MM:SS or HHMMSS after a non-sign (so that the
+# fraction of an offset, "+05:30:15.5", is not taken for them); "," is ISO's other decimal sign.
+_SECONDS_FRACTION = re.compile(
+    r"(?P<head>[^+Z]*?(?<![-+\d:])\d{2}(:?)\d{2}\2\d{2})[.,](?P<digits>\d+)(?P<zone>.*)")
+
+
 def _datetime_ns(text: str) -> tuple[int, bool]:
-    """Nanoseconds since 1970 (UTC) of an ISO datetime, keeping all 7 of Azure's fractional
-    digits (``datetime.fromisoformat`` would truncate to microseconds), and whether it named a
-    time zone. Raises ValueError."""
+    """Nanoseconds since 1970 (UTC) of an ISO datetime (any form ``datetime.fromisoformat``
+    reads), keeping up to 9 fractional digits (all 7 of Azure's; ``fromisoformat`` would
+    truncate to microseconds), with or without a time zone, and whether it named a time zone.
+    Raises ValueError."""
     text = text.strip()
-    head, dot, frac = text.partition(".")
-    if dot and frac.isdigit() and len(frac) <= 9:
-        base = datetime.fromisoformat(head)
-        frac_ns = int(frac) * 10 ** (9 - len(frac))
+    head, dot, digits = text.partition(".")
+    zone = ""
+    # Azure's own form first (fast: 19 characters before the dot leave no room for a time
+    # zone); then every other
+    if not (dot and len(head) == 19 and digits.isdigit()):
+        split = _SECONDS_FRACTION.fullmatch(text)
+        if split is None:
+            head, digits = text, ""
+        else:
+            head, digits, zone = split["head"], split["digits"], split["zone"]
+    if digits:
+        base = datetime.fromisoformat(head + zone)
+        digits = digits[:9]  # nanoseconds: further digits are below the clock's tick
+        frac_ns = int(digits) * 10 ** (9 - len(digits))
     else:
         base = datetime.fromisoformat(text)
         frac_ns = 0
@@ -167,6 +226,10 @@ def _parse_rows(
     return rows, num_source_rows, skipped
 
 
+_MAX_SPAN_NS = int(MAX_TIMESTAMP_S * 1e9)  # datetimes: the bound of numeric timestamps
+_CSV_FIELD_SIZE_LIMIT = 2**31 - 1  # a C long everywhere (sys.maxsize is not, on Windows)
+
+
 class _CsvReader:
     """``csv.reader`` whose errors are TraceErrors naming the file and the line a row starts on.
 
@@ -178,6 +241,11 @@ class _CsvReader:
     def __init__(self, path: str, lines: Iterable[str]) -> None:
         self._path = path
         self._source_done = False
+        # csv refuses fields over 131,072 characters by default; a column the format does not
+        # read may hold more (a prompt's text). A quote left open is caught by its line count
+        # (below), not by this limit. The limit is csv's, for the whole process: only raised.
+        if csv.field_size_limit() < _CSV_FIELD_SIZE_LIMIT:
+            csv.field_size_limit(_CSV_FIELD_SIZE_LIMIT)
         self._reader = csv.reader(self._lines(lines))
         self.row_line = 0  # the 1-based line the last row read starts on
 
@@ -240,11 +308,24 @@ def _parse_csv(path: str, text: str, spec: _CsvSpec, fields: _Fields, *, skip_ba
     wanted = [c for c in (spec.time_col, spec.prompt_col, spec.output_col) if c is not None]
     missing = [c for c in wanted if c not in header]
     if missing:
+        if header[0].startswith("{"):
+            has = (f"the file looks like JSON lines (line {header_line} is a JSON object), "
+                   "not CSV: drop --format, or use --format mooncake")
+        else:
+            has = f"the header (line {header_line}) has {_cut(', '.join(header), _HEADER_CHARS)}"
         raise TraceError(
             f"missing column(s) {', '.join(repr(c) for c in missing)} for format "
-            f"{spec.name!r}; the header (line {header_line}) has {', '.join(header)}",
+            f"{spec.name!r}; {has}",
             path=path,
         )
+    for name in [*wanted, _PRIORITY_COL]:
+        places = [i + 1 for i, c in enumerate(header) if c == name]
+        if len(places) > 1:  # which one holds the values is anyone's guess
+            raise TraceError(
+                f"column {name!r} appears {len(places)} times in the header (columns "
+                f"{', '.join(map(str, places))}): rename or remove all but one",
+                path=path, line=header_line,
+            )
     i_time = header.index(spec.time_col) if spec.time_col is not None else -1
     i_prompt = header.index(spec.prompt_col)
     i_output = header.index(spec.output_col)
@@ -255,6 +336,8 @@ def _parse_csv(path: str, text: str, spec: _CsvSpec, fields: _Fields, *, skip_ba
     index = 0
     first_ns: int | None = None
     first_zone: list[Any] = []  # whether the first timestamp named a time zone, and its line
+    earliest: tuple[int, int] | None = None  # (ns, line) of the earliest timestamp read
+    latest: tuple[int, int] | None = None  # and of the latest
 
     def items() -> Iterator[tuple[int, list[str]]]:
         for row in reader:
@@ -263,19 +346,21 @@ def _parse_csv(path: str, text: str, spec: _CsvSpec, fields: _Fields, *, skip_ba
                 yield reader.row_line, row
 
     def parse_one(line: int, row: list[str]) -> Row | None:
-        nonlocal index, first_ns
+        nonlocal index, first_ns, earliest, latest
         request_id = str(index)
         index += 1
         if len(row) != num_columns:
             raise fields.error(line, None, f"expected {num_columns} fields, got {len(row)}")
         arrival_s = 0.0
+        span: tuple[tuple[int, int], tuple[int, int]] | None = None
         if spec.time_kind == "datetime":
             try:
                 ns, zoned = _datetime_ns(row[i_time])
             except ValueError:
                 raise fields.error(
                     line, spec.time_col,
-                    f"expected a datetime like 2023-11-16 18:15:46.6805900, got {row[i_time]!r}",
+                    f"expected a datetime like 2023-11-16 18:15:46.6805900, got "
+                    f"{_brief(row[i_time])!r}",
                 ) from None
             if first_ns is None:
                 first_ns, first_zone[:] = ns, [zoned, line]
@@ -285,20 +370,35 @@ def _parse_csv(path: str, text: str, spec: _CsvSpec, fields: _Fields, *, skip_ba
                     f"{row[i_time]!r} {'names a' if zoned else 'names no'} time zone, but the "
                     f"first row's timestamp (line {first_zone[1]}) "
                     f"{'does not' if zoned else 'does'}: the trace mixes clocks")
+            # the trace's span is bounded, as numeric timestamps are (rows may be unsorted)
+            lo = earliest if earliest is not None and earliest[0] <= ns else (ns, line)
+            hi = latest if latest is not None and latest[0] >= ns else (ns, line)
+            if hi[0] - lo[0] > _MAX_SPAN_NS:
+                other = lo if hi[1] == line else hi
+                raise fields.error(
+                    line, spec.time_col,
+                    f"expected timestamps at most {MAX_TIMESTAMP_S:g} seconds apart, got "
+                    f"{_brief(row[i_time])!r}, {abs(ns - other[0]) / 1e9:.3g} s "
+                    f"{'after' if ns > other[0] else 'before'} line {other[1]}'s")
+            span = (lo, hi)
             arrival_s = (ns - first_ns) / 1e9  # exact integer difference first; may be < 0
         elif spec.time_kind == "seconds":
             assert spec.time_col is not None
             arrival_s = fields.seconds(row[i_time], line, spec.time_col)
-        if spec.drop_failed:
-            response = fields.count(row[i_output], line, spec.output_col)
-            if response == 0:  # the request failed in the original service
-                parsed.num_failed += 1
-                return None
-        prompt = fields.count(row[i_prompt], line, spec.prompt_col, fields.min_prompt, "prompt")
-        output = fields.count(row[i_output], line, spec.output_col, fields.min_output, "output")
+        # a failed request (0 response tokens) is dropped, but only once its row is well
+        # formed: a bad field is a bad row whatever the response
+        failed = spec.drop_failed and fields.count(row[i_output], line, spec.output_col) == 0
+        prompt = fields.count(row[i_prompt], line, spec.prompt_col,
+                              0 if failed else fields.min_prompt, "prompt")
         priority = fields.priority(row[i_priority], line) if i_priority >= 0 else None
+        if failed:  # the request failed in the original service
+            parsed.num_failed += 1
+            return None
+        output = fields.count(row[i_output], line, spec.output_col, fields.min_output, "output")
         if i_model >= 0:
             parsed.models[row[i_model].strip()] += 1
+        if span is not None:  # a row skipped as malformed does not stretch the span
+            earliest, latest = span
         return Row(request_id, line, arrival_s, prompt, output, priority, ())
 
     rows, num_source_rows, skipped = _parse_rows(items(), parse_one, skip_bad_rows=skip_bad_rows)
@@ -310,19 +410,33 @@ def _parse_mooncake(path: str, text: str, fields: _Fields, *, skip_bad_rows: boo
     index = 0
 
     def items() -> Iterator[tuple[int, str]]:
-        for line_no, line in enumerate(text.splitlines(), start=1):
+        # JSON lines end at "\n" only (and "\r\n"): str.splitlines() would also split at
+        # U+2028, U+0085 or a form feed inside a string, which JSON allows unescaped
+        for line_no, line in enumerate(text.split("\n"), start=1):
             if line.strip():
-                yield line_no, line
+                yield line_no, line.removesuffix("\r")
 
     def parse_one(line: int, raw: str) -> Row:
         nonlocal index
         request_id = str(index)
         index += 1
         try:
-            obj = json.loads(raw)
+            # strict=False: a control character (a form feed, a tab) inside a string is
+            # read as it is, as most JSON readers do, rather than refusing the row
+            obj = json.loads(raw, strict=False)
         except json.JSONDecodeError as exc:
             raise fields.error(line, None, f"invalid JSON: {exc.msg} (column {exc.colno})"
                                ) from None
+        except ValueError as exc:  # json reads integers as Python does: up to 4300 digits
+            if "digits" not in str(exc):
+                raise fields.error(line, None, f"invalid JSON: {exc}") from None
+            limit = sys.get_int_max_str_digits()
+            key = re.search(rf'"([^"\\]*)"\s*:\s*-?\d{{{limit + 1}}}', raw)  # whose it is
+            raise fields.error(line, key[1] if key else None,
+                               f"invalid JSON: an integer longer than {limit} digits") from None
+        except RecursionError:
+            raise fields.error(line, None, "invalid JSON: arrays or objects nested too "
+                               "deeply") from None
         if not isinstance(obj, dict):
             raise fields.error(line, None, f"expected a JSON object, got {type(obj).__name__}")
         missing = [k for k in ("timestamp", "input_length", "output_length") if k not in obj]
@@ -335,11 +449,16 @@ def _parse_mooncake(path: str, text: str, fields: _Fields, *, skip_bad_rows: boo
         output = fields.count(
             obj["output_length"], line, "output_length", fields.min_output, "output"
         )
-        hashes = obj.get("hash_ids", ())
-        if not isinstance(hashes, list | tuple) or not all(is_int(h) and h >= 0
-                                                           for h in hashes):
-            raise fields.error(line, "hash_ids",
-                               f"expected a list of non-negative integers, got {hashes!r}")
+        hashes = obj.get("hash_ids", [])
+        if not isinstance(hashes, list):
+            raise fields.error(line, "hash_ids", "expected a list of non-negative integers, "
+                               f"got {_brief(hashes)!r}")
+        bad = next((k for k, h in enumerate(hashes) if not (is_int(h) and 0 <= h < _HASH_LIMIT)),
+                   None)
+        if bad is not None:  # ids are 64-bit hashes: signed or unsigned, all fit below 2**64
+            raise fields.error(
+                line, "hash_ids", "expected a list of non-negative integers below 2**64 "
+                f"(64-bit hash ids), got {_brief(hashes[bad])!r} at index {bad}")
         blocks = -(-prompt // MOONCAKE_BLOCK_TOKENS)
         if hashes and len(hashes) != blocks:
             # Mooncake's invariant: one id per 512-token block of the prompt. A trace with
@@ -364,7 +483,8 @@ def _parse_mooncake(path: str, text: str, fields: _Fields, *, skip_bad_rows: boo
 
 
 def _read_text(path: Path, data: bytes) -> str:
-    if path.suffix == ".gz" or data[:2] == b"\x1f\x8b":
+    gz = path.suffix == ".gz" or data[:2] == b"\x1f\x8b"
+    if gz:
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError) as exc:
@@ -376,13 +496,61 @@ def _read_text(path: Path, data: bytes) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise TraceError(f"not UTF-8 text (byte {exc.start})", path=str(path)) from None
+        # exc.start counts from after a byte-order mark
+        offset = exc.start + (len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0)
+        line = data.count(b"\n", 0, offset) + 1
+        column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+        raise TraceError(f"not UTF-8 text (byte 0x{data[offset]:02x}, column {column} of the "
+                         f"line, byte {offset} of the file{' once decompressed' if gz else ''})",
+                         path=str(path), line=line) from None
+
+
+def _first_line(text: str) -> tuple[int, str]:
+    """The first line that is not blank, and its 1-based number; (0, "") for none."""
+    for number, line in enumerate(io.StringIO(text), start=1):
+        if line.strip():
+            return number, line.rstrip("\r\n")
+    return 0, ""
+
+
+def _csv_format_of(path: Path, first: str) -> str | None:
+    """The CSV format sharing the most columns with the header line ``first``, or None."""
+    header = {cell.strip() for cell in next(_CsvReader(str(path), [first]), [])}
+    # The format sharing the most columns with the header; a partial match then fails with
+    # the names of the columns it misses, which says more than "unknown format".
+    overlap = {
+        name: len(header & {c for c in (spec.time_col, spec.prompt_col, spec.output_col) if c})
+        for name, spec in _CSV_SPECS.items()
+    }
+    best = max(overlap.values())
+    if best == 0:
+        return None
+    # lengths and vidur share two columns: arrived_at makes vidur score higher
+    return next(name for name, score in overlap.items() if score == best)
+
+
+def _check_looks_like_json(path: Path, text: str) -> None:
+    """``--format mooncake`` on a CSV trace: say so once, rather than "invalid JSON" on every
+    line (with --skip-bad-rows, every line skipped)."""
+    number, first = _first_line(text)
+    if not first or first.lstrip().startswith(("{", "[")):
+        return
+    try:
+        csv_format = _csv_format_of(path, first)
+    except TraceError:  # not even a CSV line: its rows say what is wrong with them
+        return
+    if csv_format is not None:
+        raise TraceError(
+            f"invalid JSON: the file looks like CSV ({csv_format} header "
+            f"{_cut(first, _HEADER_CHARS)!r}), not "
+            f"JSON lines: drop --format, or use --format {csv_format}",
+            path=str(path), line=number)
 
 
 def _detect_format(path: Path, text: str) -> str:
     """Pick the format from the extension (``.gz`` stripped) and the first line."""
     name = path.name.lower().removesuffix(".gz")
-    first = next((line for line in io.StringIO(text) if line.strip()), "").rstrip("\r\n")
+    first = _first_line(text)[1]
     if not first:
         raise TraceError("empty file", path=str(path))
     if first.lstrip().startswith("{"):
@@ -391,17 +559,9 @@ def _detect_format(path: Path, text: str) -> str:
         raise TraceError(f"named as JSON lines, but its first line {first.strip()[:80]!r} is "
                          "not a JSON object; a CSV trace under another name is read with "
                          "--format azure (or burstgpt, vidur, lengths)", path=str(path))
-    header = {cell.strip() for cell in next(_CsvReader(str(path), [first]))}
-    # The format sharing the most columns with the header; a partial match then fails with
-    # the names of the columns it misses, which says more than "unknown format".
-    overlap = {
-        name: len(header & {c for c in (spec.time_col, spec.prompt_col, spec.output_col) if c})
-        for name, spec in _CSV_SPECS.items()
-    }
-    best = max(overlap.values())
-    if best > 0:
-        # lengths and vidur share two columns: arrived_at makes vidur score higher
-        return next(name for name, score in overlap.items() if score == best)
+    csv_format = _csv_format_of(path, first)
+    if csv_format is not None:
+        return csv_format
     raise TraceError(
         f"cannot tell the trace format from the header {first.strip()!r}; expected Azure "
         "(TIMESTAMP,ContextTokens,GeneratedTokens), BurstGPT (Timestamp,...,Request tokens,"
@@ -427,6 +587,8 @@ def load_file(
     except OSError as exc:
         raise TraceError(f"cannot read ({exc.strerror})", path=str(path)) from None
     text = _read_text(path, data)
+    if fmt == "mooncake":
+        _check_looks_like_json(path, text)
     fmt = fmt or _detect_format(path, text)
     fields = _Fields(str(path), min_prompt=min_prompt, min_output=min_output)
     if fmt == "mooncake":

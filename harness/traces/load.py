@@ -193,11 +193,7 @@ def _report_parse(parsed: Parsed, report: Report) -> None:
     report.counts["dropped_failed"] = parsed.num_failed
     report.counts["num_reordered"] = parsed.num_reordered
     if parsed.skipped:
-        report.notes.append(
-            f"skipped {len(parsed.skipped)} malformed row{'s' if len(parsed.skipped) != 1 else ''}"
-            f" (--skip-bad-rows); first: "
-            f"{parsed.skipped[0]}"
-        )
+        report.notes.append(_skipped_note(parsed.skipped))
     if parsed.num_failed:
         report.notes.append(
             f"dropped {parsed.num_failed} failed requests (0 response tokens in the trace)"
@@ -210,3 +206,22 @@ def _report_parse(parsed: Parsed, report: Report) -> None:
     if len(parsed.models) > 1:
         mix = ", ".join(f"{m or '(empty)'} {c}" for m, c in parsed.models.most_common())
         report.notes.append(f"models in the trace: {mix}")
+
+
+SKIPPED_ROWS_LISTED = 10  # the skipped rows a note names; the rest are counted
+
+
+def _skipped_note(skipped: list[TraceError]) -> str:
+    """One line naming each skipped row (the first ``SKIPPED_ROWS_LISTED``), its field and why:
+    "skipped 5 malformed rows of t.csv (--skip-bad-rows): line 5, field 'ContextTokens':
+    expected a non-negative integer, got 'abc'; line 19, ...". They all come from one file."""
+    n = len(skipped)
+    paths = {e.path for e in skipped}
+    of = f" of {paths.pop()}" if len(paths) == 1 and None not in paths else ""
+    listed = []
+    for e in skipped[:SKIPPED_ROWS_LISTED]:
+        place = f"line {e.line}" + (f", field {e.field!r}" if e.field is not None else "")
+        listed.append(f"{place}: {e.reason}" if of else str(e))
+    more = f"; and {n - SKIPPED_ROWS_LISTED} more" if n > SKIPPED_ROWS_LISTED else ""
+    return (f"skipped {n} malformed row{'s' if n != 1 else ''}{of} (--skip-bad-rows): "
+            + "; ".join(listed) + more)

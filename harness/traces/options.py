@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.traces.bounds import check_count, check_rate, check_tokens
+from harness.traces.bounds import check_count, check_rate, check_time_scale, check_tokens
 from harness.traces.records import MOONCAKE_BLOCK_TOKENS, Report, Row, TraceError, is_int
 from harness.traces.synthetic import (
     STREAM_ARRIVALS,
@@ -37,8 +37,8 @@ ON_TOO_LONG = ("error", "drop", "clip")
 class TraceOptions:
     """Every knob of trace loading; validated on construction (errors name the CLI flag).
 
-    Counts, lengths and the rate are also bounded from above (``bounds``), so that a stray
-    exponent fails here rather than in memory.
+    Counts, lengths, the rate and the time scale are also bounded (``bounds``), so that a
+    stray exponent fails here rather than in memory or in a run.
 
     ``None`` means "not set". See ``docs/traces.md`` for the order in which they apply.
     """
@@ -99,6 +99,8 @@ class TraceOptions:
             math.isfinite(self.time_scale) and self.time_scale > 0
         ):
             raise bad("time_scale", "a positive number", self.time_scale)
+        if self.time_scale is not None:
+            check_time_scale(self.time_scale, flag("time_scale"))
         if self.rate is not None and not (self.rate > 0):  # inf allowed: everything at t=0
             raise bad("rate", "a positive number of requests per second (or inf)", self.rate)
         if self.rate is not None:

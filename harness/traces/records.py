@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -67,7 +67,8 @@ class Trace:
 class TraceError(ValueError):
     """Bad trace input or options. The message names the file, the 1-based line and the field.
 
-    ``path``, ``line`` and ``field`` are also attributes, ``None`` where they do not apply.
+    ``path``, ``line`` and ``field`` are also attributes, ``None`` where they do not apply;
+    ``reason`` is the message without them.
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class TraceError(ValueError):
         if field is not None:
             prefix += f"field {field!r}: "
         super().__init__(prefix + message)
+        self.reason = message  # the message without its place: what a list of rows quotes
         self.path = path
         self.line = line
         self.field = field
@@ -120,8 +122,16 @@ def requests_digest(requests: Sequence[TraceRequest]) -> str:
     h.update(lengths.tobytes())
     total = int(lengths.sum())
     if total:
-        h.update(np.fromiter(itertools.chain.from_iterable(r.prefix_hash_ids for r in requests),
-                             np.int64, total).tobytes())
+        def ids() -> Iterator[int]:
+            return itertools.chain.from_iterable(r.prefix_hash_ids for r in requests)
+
+        try:
+            h.update(np.fromiter(ids(), np.int64, total).tobytes())
+        except OverflowError:
+            # Unsigned 64-bit hashes (trace ids are hashes: half of them are >= 2**63) do not
+            # fit int64. Their hexadecimal text keeps every id apart, and the marker keeps
+            # these digests apart from the int64 ones, which stay what they were.
+            h.update(b"\0hex-ids\0" + ",".join(format(i, "x") for i in ids()).encode())
     return h.hexdigest()
 
 

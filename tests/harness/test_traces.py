@@ -307,7 +307,9 @@ def test_skip_bad_rows_counts_and_notes(tmp_path: Path) -> None:
     assert trace.counts["num_source_rows"] == 10
     assert "2" not in [r.request_id for r in trace.requests]  # ids stay the source rows
     assert [r.request_id for r in trace.requests][:3] == ["0", "1", "3"]
-    assert any("skipped 2 malformed rows" in n and "s.csv:4" in n for n in trace.notes)
+    assert f"skipped 2 malformed rows of {path} (--skip-bad-rows): line 4, field " \
+        "'ContextTokens': expected a non-negative integer, got 'oops'; line 8: expected 3 " \
+        "fields, got 1" in trace.notes
 
 
 # ---------------------------------------------------------------- options
@@ -871,8 +873,9 @@ def test_files_that_are_no_trace_text_say_what_they_are(tmp_path: Path) -> None:
 def test_when_no_request_is_left_the_error_says_what_removed_them(tmp_path: Path) -> None:
     path = write(tmp_path, "bad.csv", AZURE_HEADER + "x,y,z\nx,y,z\n")
     with pytest.raises(TraceError, match=r"no requests left after applying the options, of 2 "
-                                         r"rows: skipped 2 malformed rows \(--skip-bad-rows\); "
-                                         r"first: .*bad.csv:2: field 'TIMESTAMP'"):
+                                         r"rows: skipped 2 malformed rows of .*bad.csv "
+                                         r"\(--skip-bad-rows\): line 2, field 'TIMESTAMP': .*; "
+                                         r"line 3, field 'TIMESTAMP'"):
         load_trace(path, TraceOptions(skip_bad_rows=True))
 
 

@@ -1,0 +1,307 @@
+"""Trace input that used to escape as a traceback, be misread or be reported short: each case
+now loads, or fails in one line naming the file, the line and the field, and
+``--skip-bad-rows`` skips it and lists it.
+
+Cases from a review of the loaders: unsigned 64-bit Mooncake hash ids, JSON numbers and
+nesting past Python's limits, line separators inside JSON strings, every skipped row in the
+note, BurstGPT failed rows with bad fields, CSV fields over csv's size limit, bounds on
+--time-scale and on datetime spans, all fractional digits with a time zone, and the wording
+for a forced format, a non-UTF-8 byte and a repeated column.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.traces import (
+    DATA_DIR,
+    MAX_TIME_SCALE,
+    MIN_TIME_SCALE,
+    Trace,
+    TraceError,
+    TraceOptions,
+    load_trace,
+)
+
+AZURE_CONV = DATA_DIR / "azure_conv_excerpt.csv"
+MOONCAKE = DATA_DIR / "mooncake_conversation_excerpt.jsonl"
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+BURSTGPT_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+GOOD_JSON_ROW = '{"timestamp": 1000, "input_length": 10, "output_length": 5}'
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_bytes(text.encode())
+    return path
+
+
+def jsonl_row(**fields: object) -> str:
+    return json.dumps({"timestamp": 0, "input_length": 10, "output_length": 5, **fields})
+
+
+def loaded(path: Path, **options: object) -> Trace:
+    trace = load_trace(path, TraceOptions(**options))  # type: ignore[arg-type]
+    trace.check_invariants()
+    return trace
+
+
+def refused(path: Path, **options: object) -> str:
+    with pytest.raises(TraceError) as info:
+        load_trace(path, TraceOptions(**options))  # type: ignore[arg-type]
+    return str(info.value)
+
+
+# ---------------------------------------------------------------- 64-bit hash ids
+
+
+def test_unsigned_64_bit_hash_ids_load_and_stay_apart(tmp_path: Path) -> None:
+    big = write(tmp_path, "u64.jsonl", jsonl_row(hash_ids=[2**63]) + "\n"
+                + jsonl_row(timestamp=5, hash_ids=[2**64 - 1]) + "\n")
+    trace = loaded(big)
+    assert [r.prefix_hash_ids for r in trace.requests] == [(2**63,), (2**64 - 1,)]
+    # ids are identifiers: a different id is a different trace
+    other = write(tmp_path, "u64b.jsonl", jsonl_row(hash_ids=[2**63 + 1]) + "\n"
+                  + jsonl_row(timestamp=5, hash_ids=[2**64 - 1]) + "\n")
+    assert loaded(other).digest != trace.digest
+    # ... and a 64-bit id is not its int64 twin (2**64 - 1 is -1 as int64)
+    same_bits = write(tmp_path, "twin.jsonl", jsonl_row(hash_ids=[2**63]) + "\n"
+                      + jsonl_row(timestamp=5, hash_ids=[1]) + "\n")
+    assert loaded(same_bits).digest != trace.digest
+
+
+def test_hash_ids_below_2_63_keep_their_digest() -> None:
+    # the digest of the shipped Mooncake excerpt, as it was before unsigned ids were read
+    assert loaded(MOONCAKE).digest == (
+        "8de983b2fbb1a2c9f617d01d324cee3d32737a19d47fd10f64485dfe3cdb37c4")
+
+
+def test_cli_reads_unsigned_64_bit_hash_ids(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "u64.jsonl", jsonl_row(hash_ids=[9223372036854775808]) + "\n")
+    assert main(["trace", "info", "--trace", str(path)]) == 0
+    assert "1 requests carry prefix-block hashes" in capsys.readouterr().out
+
+
+def test_hash_ids_past_64_bits_name_file_line_and_field(tmp_path: Path) -> None:
+    path = write(tmp_path, "u65.jsonl", GOOD_JSON_ROW + "\n"
+                 + jsonl_row(hash_ids=[1, 2**64]) + "\n")
+    assert refused(path) == (
+        f"{path}:2: field 'hash_ids': expected a list of non-negative integers below 2**64 "
+        "(64-bit hash ids), got 18446744073709551616 at index 1")
+    trace = loaded(path, skip_bad_rows=True)
+    assert len(trace) == 1 and trace.counts["skipped_bad_rows"] == 1
+
+
+# ---------------------------------------------------------------- JSON past Python's limits
+
+
+@pytest.mark.parametrize("bad_row, field, reason", [
+    ('{"timestamp": 1' + "0" * 400 + ', "input_length": 10, "output_length": 5}', "timestamp",
+     "expected at most 1e+10 seconds, got 1000000000000000000000000000000000000000... "
+     "(401 characters)"),
+    ('{"timestamp": 1' + "0" * 5000 + ', "input_length": 10, "output_length": 5}', "timestamp",
+     "invalid JSON: an integer longer than 4300 digits"),
+    ('{"timestamp": 0, "input_length": 10, "output_length": 5, "x": '
+     + "[" * 100_000 + "]" * 100_000 + "}", None,
+     "invalid JSON: arrays or objects nested too deeply"),
+])
+def test_json_past_pythons_limits_is_a_row_error(
+        tmp_path: Path, bad_row: str, field: str | None, reason: str) -> None:
+    path = write(tmp_path, "t.jsonl", GOOD_JSON_ROW + "\n" + bad_row + "\n"
+                 + GOOD_JSON_ROW + "\n")
+    named = f"field {field!r}: " if field else ""
+    assert refused(path) == f"{path}:2: {named}{reason}"
+    trace = loaded(path, skip_bad_rows=True)
+    assert len(trace) == 2 and trace.counts["skipped_bad_rows"] == 1
+    named = f", field {field!r}" if field else ""
+    assert trace.notes[0].endswith(f"(--skip-bad-rows): line 2{named}: {reason}")
+
+
+def test_cli_json_past_pythons_limits_is_a_one_line_user_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "t.jsonl", '{"timestamp": 1' + "0" * 400
+                 + ', "input_length": 10, "output_length": 5}\n')
+    assert main(["trace", "info", "--trace", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert f"error: {path}:1: field 'timestamp': expected at most 1e+10 seconds" in err
+
+
+# ---------------------------------------------------------------- JSON lines end at \n
+
+
+@pytest.mark.parametrize("inside", ["\u2028", "\u2029", "\u0085", "\x0c", "\x1c"])
+def test_line_separators_inside_json_strings_are_text(tmp_path: Path, inside: str) -> None:
+    path = write(tmp_path, "t.jsonl",
+                 f'{{"timestamp": 0, "input_length": 10, "output_length": 5, "note": '
+                 f'"a{inside}b"}}\n'
+                 + jsonl_row(timestamp=5) + "\n"
+                 + '{"timestamp": 9, "input_length": "x", "output_length": 5}\n')
+    assert refused(path).startswith(f"{path}:3: field 'input_length'")  # not line 4
+    trace = loaded(path, skip_bad_rows=True)
+    assert len(trace) == 2 and trace.counts["skipped_bad_rows"] == 1
+
+
+def test_crlf_json_lines_are_read(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.jsonl", jsonl_row() + "\r\n" + jsonl_row(timestamp=5) + "\r\n")
+    assert [r.arrival_s for r in loaded(path).requests] == [0.0, 0.005]
+
+
+# ---------------------------------------------------------------- every skipped row listed
+
+
+def _azure_with_bad_rows(tmp_path: Path, bad_lines: list[int]) -> Path:
+    lines = AZURE_CONV.read_text().splitlines(keepends=True)[:61]
+    for n in bad_lines:
+        stamp = lines[n - 1].split(",")[0]
+        lines[n - 1] = f"{stamp},bad{n},44\n"
+    return write(tmp_path, "bad.csv", "".join(lines))
+
+
+def test_skip_bad_rows_lists_every_skipped_row(tmp_path: Path) -> None:
+    path = _azure_with_bad_rows(tmp_path, [5, 19, 27, 31, 43])
+    trace = loaded(path, skip_bad_rows=True)
+    assert trace.counts["skipped_bad_rows"] == 5
+    assert trace.notes[0] == (
+        f"skipped 5 malformed rows of {path} (--skip-bad-rows): "
+        + "; ".join(f"line {n}, field 'ContextTokens': expected a non-negative integer, "
+                    f"got 'bad{n}'" for n in (5, 19, 27, 31, 43)))
+
+
+def test_skip_bad_rows_lists_the_first_ten_and_counts_the_rest(tmp_path: Path) -> None:
+    bad = list(range(3, 33, 2))  # 15 rows
+    trace = loaded(_azure_with_bad_rows(tmp_path, bad), skip_bad_rows=True)
+    note = trace.notes[0]
+    assert note.startswith("skipped 15 malformed rows of ")
+    assert note.endswith("line 21, field 'ContextTokens': expected a non-negative integer, "
+                         "got 'bad21'; and 5 more")
+    assert "line 23," not in note
+
+
+def test_cli_trace_info_lists_every_skipped_row(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    path = _azure_with_bad_rows(tmp_path, [5, 19, 27, 31, 43])
+    assert main(["trace", "info", "--trace", str(path), "--skip-bad-rows"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped_bad_rows 5" in out
+    for n in (5, 19, 27, 31, 43):
+        assert f"line {n}, field 'ContextTokens'" in out
+
+
+# ---------------------------------------------------------------- BurstGPT failed rows
+
+
+def test_a_burstgpt_failed_row_with_a_bad_field_is_a_bad_row(tmp_path: Path) -> None:
+    path = write(tmp_path, "b.csv", BURSTGPT_HEADER
+                 + "0,ChatGPT,abc,0,0,Conversation log\n"
+                 + "1,ChatGPT,10,0,10,Conversation log\n"  # failed, well formed: dropped
+                 + "2,ChatGPT,10,5,15,Conversation log\n")
+    assert refused(path) == (f"{path}:2: field 'Request tokens': expected a non-negative "
+                             "integer, got 'abc'")
+    trace = loaded(path, skip_bad_rows=True)
+    assert trace.counts["skipped_bad_rows"] == 1
+    assert trace.counts["dropped_failed"] == 1
+    assert len(trace) == 1
+
+
+# ---------------------------------------------------------------- wide CSV fields
+
+
+def test_an_ignored_column_past_csvs_field_limit_is_read(tmp_path: Path) -> None:
+    path = write(tmp_path, "wide.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,Text\n"
+                 + "2023-11-16 18:15:46.0,10,5," + "x" * 200_000 + "\n"
+                 + "2023-11-16 18:15:47.0,11,6,short\n")
+    trace = loaded(path)
+    assert [r.num_prompt_tokens for r in trace.requests] == [10, 11]
+
+
+def test_a_quote_left_open_before_200000_characters_still_names_its_line(
+        tmp_path: Path) -> None:
+    rows = "".join(f"2023-11-16 18:15:{i % 60:02d}.0,10,5\n" for i in range(8000))
+    path = write(tmp_path, "open.csv", AZURE_HEADER + '2023-11-16 18:15:46.0,"37,5\n' + rows)
+    assert refused(path, skip_bad_rows=True).startswith(
+        f"{path}:2: an opening quote on this line is not closed")
+
+
+# ---------------------------------------------------------------- bounds on time
+
+
+@pytest.mark.parametrize("scale", [1e300, 1e-300, MAX_TIME_SCALE * 2, MIN_TIME_SCALE / 2])
+def test_time_scale_past_its_bounds_names_the_flag(
+        scale: float, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(TraceError) as info:
+        TraceOptions(time_scale=scale)
+    assert str(info.value) == (
+        f"--time-scale: expected a factor between 1e-06 and 1e+06, got {scale!r}")
+    assert main(["trace", "info", "--trace", str(AZURE_CONV), "--time-scale", str(scale)]) == 2
+    assert "--time-scale: expected a factor between 1e-06 and 1e+06" in capsys.readouterr().err
+
+
+def test_time_scale_at_its_bounds_is_accepted() -> None:
+    for scale in (MIN_TIME_SCALE, MAX_TIME_SCALE):
+        trace = loaded(AZURE_CONV, limit=3, time_scale=scale)
+        assert trace.requests[1].arrival_s > 0
+
+
+def test_datetimes_further_apart_than_the_timestamp_bound_are_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "d.csv", AZURE_HEADER + "2023-11-16 18:15:46.0,10,5\n"
+                 + "0001-01-01 00:00:00,10,5\n" + "9999-12-31 00:00:00,10,5\n"
+                 + "2023-11-16 18:15:47.0,10,5\n")
+    assert refused(path) == (
+        f"{path}:3: field 'TIMESTAMP': expected timestamps at most 1e+10 seconds apart, got "
+        "'0001-01-01 00:00:00', 6.38e+10 s before line 2's")
+    trace = loaded(path, skip_bad_rows=True)
+    assert [r.arrival_s for r in trace.requests] == [0.0, 1.0]
+    assert "line 4, field 'TIMESTAMP': expected timestamps at most 1e+10 seconds apart" \
+        in trace.notes[0]
+
+
+# ---------------------------------------------------------------- datetimes with zones
+
+
+def test_all_fractional_digits_are_kept_with_a_time_zone(tmp_path: Path) -> None:
+    path = write(tmp_path, "z.csv", AZURE_HEADER
+                 + "2024-05-10 00:00:00.0000001+00:00,10,5\n"
+                 + "2024-05-10 00:00:00.0000009+00:00,10,5\n"
+                 + "2024-05-10T02:00:01.1234567+02:00,10,5\n"
+                 + "2024-05-10 00:00:02.5Z,10,5\n")
+    assert [r.arrival_s for r in loaded(path).requests] == pytest.approx(
+        [0.0, 8e-7, 1.1234566, 2.4999999], abs=1e-12)
+
+
+# ---------------------------------------------------------------- wording
+
+
+def test_format_mooncake_on_a_csv_says_it_looks_like_csv(tmp_path: Path) -> None:
+    message = refused(AZURE_CONV, format="mooncake", skip_bad_rows=True)
+    assert message == (
+        f"{AZURE_CONV}:1: invalid JSON: the file looks like CSV (azure header "
+        "'TIMESTAMP,ContextTokens,GeneratedTokens'), not JSON lines: drop --format, or use "
+        "--format azure")
+
+
+def test_format_azure_on_json_lines_says_it_looks_like_json_lines() -> None:
+    assert refused(MOONCAKE, format="azure") == (
+        f"{MOONCAKE}: missing column(s) 'TIMESTAMP', 'ContextTokens', 'GeneratedTokens' for "
+        "format 'azure'; the file looks like JSON lines (line 1 is a JSON object), not CSV: "
+        "drop --format, or use --format mooncake")
+
+
+def test_a_byte_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(AZURE_HEADER.encode() + b"2023-11-16 18:15:46.0,10,5\n"
+                     + b"2023-11-16 18:15:47.0,10,5\xe9\n")
+    assert refused(path) == (f"{path}:3: not UTF-8 text (byte 0xe9, column 27 of the line, "
+                             "byte 93 of the file)")
+
+
+def test_a_required_column_twice_in_the_header_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "dup.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n"
+                 "2023-11-16 18:15:46.0,10,5,99\n")
+    assert refused(path) == (f"{path}:1: column 'ContextTokens' appears 2 times in the header "
+                             "(columns 2, 4): rename or remove all but one")
