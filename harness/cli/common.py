@@ -235,7 +235,9 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
                    "max model length); see --on-too-long")
     g.add_argument("--on-too-long", choices=ON_TOO_LONG, default="error",
                    help="requests longer than --max-model-len: error (default), drop them, or "
-                   "clip them (the prompt truncated from the left first); the count is reported")
+                   "clip them (the prompt truncated from the left first); the count is "
+                   "reported. drop and clip need --max-model-len, but in simulate, where the "
+                   "simulated engine's max model length is the default")
     g.add_argument("--priority-fraction", type=float, metavar="F",
                    help="a seeded random fraction F of requests gets priority 0 (high), the "
                    "rest 1; a 'priority' column in the trace wins")
@@ -245,9 +247,16 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
                    help="skip malformed trace rows (and report how many) instead of failing")
 
 
-def trace_options(args: argparse.Namespace) -> TraceOptions:
+def trace_options(args: argparse.Namespace, *, engine_max_model_len: int | None = None
+                  ) -> TraceOptions:
+    """The trace options the flags give. ``engine_max_model_len``: the simulated engine's
+    max model length, the one ``--on-too-long drop|clip`` applies when ``--max-model-len`` is
+    not given (a live engine's is not known: the flag is then required)."""
     from harness.traces import TraceError, TraceOptions
 
+    max_model_len = args.max_model_len
+    if max_model_len is None and args.on_too_long != "error":
+        max_model_len = engine_max_model_len
     try:
         return TraceOptions(
             format=args.format,
@@ -262,7 +271,7 @@ def trace_options(args: argparse.Namespace) -> TraceOptions:
             lengths_from=args.lengths_from,
             prompt_tokens=args.prompt_tokens,
             output_tokens=args.output_tokens,
-            max_model_len=args.max_model_len,
+            max_model_len=max_model_len,
             on_too_long=args.on_too_long,
             priority_fraction=args.priority_fraction,
             seed=args.seed,
@@ -272,12 +281,13 @@ def trace_options(args: argparse.Namespace) -> TraceOptions:
         raise UserError(str(exc)) from None
 
 
-def load_trace(args: argparse.Namespace) -> Trace:
+def load_trace(args: argparse.Namespace, *, engine_max_model_len: int | None = None) -> Trace:
+    """The trace the flags name (``trace_options``)."""
     from harness.traces import TraceError, load_trace
 
     if not args.trace and args.format != "synthetic":
         raise UserError("--trace is required: a trace file, or 'synthetic'")
-    options = trace_options(args)
+    options = trace_options(args, engine_max_model_len=engine_max_model_len)
     closed = getattr(args, "mode", None) == "closed"
     if closed:
         timing = [flag for flag, value in (("--rate", args.rate), ("--time-scale", args.time_scale))

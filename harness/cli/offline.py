@@ -203,9 +203,10 @@ def closed_loop_from_args(args: argparse.Namespace) -> ClosedLoop | None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    trace = load_trace(args)
-    target = SimulatedTarget(reference_spec(args))
     config = reference_config(args)  # configuration errors before anything is written
+    # --on-too-long drop|clip without --max-model-len: the engine's, which rejects the rest
+    trace = load_trace(args, engine_max_model_len=config.resolved_max_model_len)
+    target = SimulatedTarget(reference_spec(args))
     slo = parse_slo(args.slo)
     closed_loop = closed_loop_from_args(args)
     out = Path(args.out)

@@ -32,6 +32,7 @@ from harness.traces.bounds import (
     check_concurrency,
     check_count,
     check_rate,
+    check_time_scale,
     check_timestamp_s,
     check_tokens,
 )
@@ -69,6 +70,7 @@ TRACE_OPTION_BOUNDS: dict[str, Callable[[Any, str], object]] = {
     "output_tokens": check_tokens,
     "max_model_len": check_tokens,
     "rate": check_rate,
+    "time_scale": check_time_scale,
     "start_s": check_timestamp_s,
     "end_s": check_timestamp_s,
 }
@@ -207,8 +209,8 @@ def check_trace_options(c: Checker, options: dict[str, Any], items: dict[str, No
         flag, sep, rest = message.partition(": ")
         name = flag.removeprefix("--").replace("-", "_")
         if sep and flag.startswith("--") and name in items:  # "--start-s: expected ..."
-            raise c.fail(items[name], f"{key}.{name}", rest) from None
-        raise c.fail(y, key, message) from None
+            raise c.fail(items[name], f"{key}.{name}", as_keys(rest)) from None
+        raise c.fail(y, key, as_keys(message)) from None
 
 
 def resolve_trace_path(text: str, base: Path, c: Checker, y: Node, where: str) -> Path:
@@ -256,9 +258,11 @@ def _parse_load(c: Checker, y: Node) -> tuple[LoadPoint, ...]:
         where = f"load.{key}[{i}]"
         number = (c.integer(item, where, minimum=1) if key == "concurrencies"
                   else c.number(item, where, positive=True))
-        if key in ("concurrencies", "rates"):
-            c.bounded(item, where, check_concurrency if key == "concurrencies" else check_rate,
-                      number)
+        checks: dict[str, Callable[[Any, str], object]] = {
+            "concurrencies": check_concurrency, "rates": check_rate,
+            "time_scales": check_time_scale}
+        check = checks[key]
+        c.bounded(item, where, check, number)
         points.append(LoadPoint(LOAD_KEYS[key], float(number)))
     labels = [p.label for p in points]
     if len(set(labels)) != len(labels):

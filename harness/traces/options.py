@@ -74,6 +74,12 @@ class TraceOptions:
             raise bad("arrival", f"one of {', '.join(ARRIVALS)}", self.arrival)
         if self.on_too_long not in ON_TOO_LONG:
             raise bad("on_too_long", f"one of {', '.join(ON_TOO_LONG)}", self.on_too_long)
+        if self.on_too_long != "error" and self.max_model_len is None:
+            # it was ignored: nothing dropped or clipped, every long request failed in the run
+            raise TraceError(f"{flag('on_too_long')}: {self.on_too_long} needs "
+                             f"{flag('max_model_len')} N, the length (prompt + output) beyond "
+                             f"which requests are {self.on_too_long}ped: the engine's max "
+                             "model length")
         for name in ("limit", "num_requests", "prompt_tokens", "output_tokens"):
             value = getattr(self, name)
             if value is not None and (not is_int(value) or value < 1):

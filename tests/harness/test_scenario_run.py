@@ -376,15 +376,14 @@ def test_a_cell_whose_engine_would_reject_requests_as_too_long_is_refused_first(
     none of its own: they would be rejected, whatever on_too_long says. Refused before any cell
     runs, with what to write instead."""
     path = tmp_path / "s.yaml"
-    path.write_text(SMALL.read_text().replace("max_model_len: 8192", "max_model_len: 1024")
-                    .replace("  limit: 40\n", "  limit: 40\n  on_too_long: drop\n"))
+    path.write_text(SMALL.read_text().replace("max_model_len: 8192", "max_model_len: 1024"))
     with pytest.raises(sc.ScenarioError, match=r"cell static__max_num_seqs-4: \d+ of 40 requests "
                                                r"of its trace need more than its engine's "
                                                r"max_model_len \(1024; first: request "):
         sc.run_scenario(sc.load_scenario(path), tmp_path, progress=quiet())
     assert not (tmp_path / "small").exists()
-    path.write_text(path.read_text().replace("  on_too_long: drop\n",
-                                             "  on_too_long: drop\n  max_model_len: 1024\n"))
+    path.write_text(path.read_text().replace(
+        "  limit: 40\n", "  limit: 40\n  on_too_long: drop\n  max_model_len: 1024\n"))
     result = sc.run_scenario(sc.load_scenario(path), tmp_path, only="static*",
                              progress=quiet())
     assert all(o.state in ("done", "not_run") for o in result.outcomes)

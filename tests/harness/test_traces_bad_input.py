@@ -305,3 +305,26 @@ def test_a_required_column_twice_in_the_header_is_refused(tmp_path: Path) -> Non
                  "2023-11-16 18:15:46.0,10,5,99\n")
     assert refused(path) == (f"{path}:1: column 'ContextTokens' appears 2 times in the header "
                              "(columns 2, 4): rename or remove all but one")
+
+
+def test_on_too_long_without_a_length_is_refused_or_takes_the_simulated_engines(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--on-too-long drop without --max-model-len was ignored: nothing dropped, and the long
+    requests failed in the run. Refused where the engine's length is not known; simulate
+    applies its engine's (the model's 131072 here), and says what it dropped."""
+    with pytest.raises(TraceError, match=r"^--on-too-long: drop needs --max-model-len N"):
+        TraceOptions(on_too_long="drop")
+    trace = tmp_path / "long.jsonl"
+    trace.write_text("".join(
+        f'{{"timestamp": {i * 100}, "input_length": {n}, "output_length": 10}}\n'
+        for i, n in enumerate((100, 200_000, 300))))
+    assert main(["trace", "info", "--trace", str(trace), "--on-too-long", "clip"]) == 2
+    assert "--on-too-long: clip needs --max-model-len N" in capsys.readouterr().err
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(trace), "--on-too-long", "drop", "--out", str(out),
+                 "--no-report"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["trace"]["options"]["max_model_len"] == 131072
+    assert "dropped 1 requests longer than max_model_len 131072" in manifest["trace"]["notes"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["num_requests"], summary["num_failed"]) == (2, 0)

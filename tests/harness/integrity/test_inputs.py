@@ -102,6 +102,11 @@ def test_scenario_slo_uses_the_same_rule(value: str, tmp_path: Path) -> None:
     ("rate: 1.0e-9", "trace.rate", "between 1e-06 and 1e+06"),
     ("start_s: 1.0e+300", "trace.start_s", "at most 1e+10 seconds"),
     ("start_s: -5", "trace.start_s", "non-negative"),
+    ("time_scale: 1.0e+300", "trace.time_scale", "between 1e-06 and 1e+06"),
+    # on_too_long without a length was ignored: every long request failed in the run
+    ("on_too_long: drop", "trace.on_too_long",
+     "drop needs max_model_len N, the length (prompt + output) beyond which requests are "
+     "dropped"),
 ])
 def test_scenario_trace_options_are_bounded_like_the_cli(
     option: str, key: str, expected: str, tmp_path: Path
@@ -114,6 +119,8 @@ def test_scenario_trace_options_are_bounded_like_the_cli(
 def test_scenario_load_and_knobs_are_bounded(tmp_path: Path) -> None:
     err = error_of(scenario(tmp_path, top="load: {rates: [1, 1.0e+7]}\n"))
     assert (err.line, err.key) == (8, "load.rates[1]") and "1e+06" in err.message
+    err = error_of(scenario(tmp_path, top="load: {time_scales: [1, 1.0e+300]}\n"))
+    assert (err.line, err.key) == (8, "load.time_scales[1]") and "1e+06" in err.message
     err = error_of(scenario(tmp_path, top="load: {concurrencies: [4, 100000000]}\n"))
     assert (err.line, err.key) == (8, "load.concurrencies[1]") and "65536" in err.message
     err = error_of(scenario(tmp_path, engine="num_gpu_blocks: 4294967295"))
