@@ -41,7 +41,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -320,6 +320,25 @@ def check_removable(folder: Path | str, what: str = "folder") -> None:
     finally:
         if took:
             release_run_dir(out)
+
+
+def check_each(folders: Iterable[Path], check: Callable[[Path], None], *,
+               shown: int = 5) -> None:
+    """``check`` every folder (``check_removable``, a sweep's cell check) before refusing: one
+    RunDirError naming every folder in the way (the first ``shown``, then how many more), so
+    that one refusal is not followed by another after the first is cleared."""
+    said = []
+    for folder in folders:
+        try:
+            check(folder)
+        except RunDirError as exc:
+            said.append(str(exc))
+    if len(said) == 1:
+        raise RunDirError(said[0])
+    if said:
+        more = f"; and {len(said) - shown} more" if len(said) > shown else ""
+        raise RunDirError(f"{len(said)} folders are in the way: " + "; ".join(said[:shown])
+                          + more)
 
 
 def remove_run_dir(folder: Path | str, what: str = "folder") -> None:

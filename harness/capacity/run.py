@@ -35,7 +35,7 @@ from harness.manifest import jsonable
 from harness.metrics import SHORTEST_STEADY_E2ES, attainment_text
 from harness.redact import redact_argv, redact_tree
 from harness.results import REPORT_FILE, REPORT_PLOTS, read_json_object, write_json_atomic
-from harness.runfolder import check_removable, holding_dir, remove_run_dir
+from harness.runfolder import check_each, check_removable, holding_dir, remove_run_dir
 from harness.scenario.status import CELL_FILE
 
 SEARCH_FILE = "search.json"
@@ -216,8 +216,8 @@ def _clear_earlier_probes(out_dir: Path, name: str, log: Log | None) -> None:
     Only folders of batchlab's files that no other process writes (``remove_run_dir``:
     RunDirError naming the folder otherwise)."""
     earlier = _earlier_probes(out_dir)
-    for sub in earlier:  # every one first: a refusal leaves them all as they were
-        check_removable(sub, "probe folder")
+    # every one first: a refusal leaves them all as they were
+    check_each(earlier, lambda sub: check_removable(sub, "probe folder"))
     for sub in earlier:
         remove_run_dir(sub, "probe folder")
     if earlier and log is not None:
@@ -334,9 +334,9 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
         if resume:
             check_resumable(settings, out_dir)
         else:  # probe folders it will remove hold nothing but batchlab's: refused now
-            for setting in settings:
-                for sub in _earlier_probes(out_dir / setting.name):
-                    check_removable(sub, "probe folder")
+            check_each((sub for setting in settings
+                        for sub in _earlier_probes(out_dir / setting.name)),
+                       lambda sub: check_removable(sub, "probe folder"))
         holding.enter_context(holding_dir(out_dir))
         # the last search's report no longer describes the folder (its SLO, answers and
         # probes): gone until this one's is written, as a scenario sweep does

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.results import REPORT_FILE, REPORT_PLOTS, write_json_atomic
-from harness.runfolder import holding_dir
+from harness.runfolder import check_each, holding_dir
 from harness.scenario._text import REPO_ROOT, display_path, exception_reason
 from harness.scenario.cell import CellJob, CellRunner, run_cell
 from harness.scenario.expand import load_cell_trace, select
@@ -201,8 +201,8 @@ def run_scenario(
             if cell.load not in traces:
                 traces[cell.load] = load_cell_trace(scenario, cell.load)
         _refuse_rejected(scenario, todo, traces)
-        for cell in todo:  # a folder of the user's files, or one being written: refused now
-            check_cell_dir(scenario_dir / cell.name)
+        # a folder of the user's files, or one being written: refused now, every one named
+        check_each((scenario_dir / cell.name for cell in todo), check_cell_dir)
         # only now, with every check passed and every trace read: a run refused above leaves
         # the folder (and the definition of results already in it) as it was
         holding.enter_context(holding_dir(scenario_dir))

@@ -195,6 +195,29 @@ def test_a_sweep_refuses_a_cell_folder_with_the_users_files(
     assert _files(scenario_dir) == before
 
 
+def test_a_sweep_names_every_cell_folder_in_the_way_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two cell folders with the user's files: the refusal named the first only, and the
+    rerun after moving those was refused again for the second."""
+    run = ["run", str(SMALL), "--out", str(tmp_path)]
+    assert cli_main(run) == 0
+    scenario_dir = tmp_path / "small"
+    cells = sorted(p.name for p in scenario_dir.iterdir() if (p / "cell.json").exists())
+    assert len(cells) >= 2
+    for cell in cells[:2]:
+        _add_users_files(scenario_dir / cell)
+    before = _files(scenario_dir)
+    capsys.readouterr()
+    assert cli_main(run) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert err.startswith("batchlab run: error: 2 folders are in the way: cell folder ")
+    for cell in cells[:2]:
+        assert (f"cell folder {scenario_dir / cell}: holds files batchlab did not write "
+                "(mydata/, notes.txt)") in err
+    assert _files(scenario_dir) == before
+
+
 def test_a_sweep_refuses_a_cell_another_process_is_running(tmp_path: Path) -> None:
     scenario = sc.load_scenario(SMALL)
     sc.run_scenario(scenario, tmp_path, only=CELL, progress=quiet())
