@@ -98,7 +98,7 @@ class Pace:
                 "first)" if self.swamped else "")
         return (f"the engine fell behind its arrivals: over the second half of them it "
                 f"completed {self.completed_per_s:.3g} req/s while {self.arrived_per_s:.3g} "
-                f"arrived{grew}, so its queue grew for the whole run: TTFT and E2E are those "
+                f"req/s arrived{grew}, so its queue grew for the whole run: TTFT and E2E are those "
                 "of this trace's length, not of a steady state (`batchlab capacity` finds the "
                 "load it keeps pace with)")
 
