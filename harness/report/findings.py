@@ -194,8 +194,7 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
     behind = [(c, p) for c, p in paces if p is not None and p.overloaded]
     if not behind:
         return []
-    near = [(c, p) for c, p in paces if p is not None and p.settled and not p.fell_behind
-            and p.completed_per_s < (1 - PACE_TOLERANCE) * p.arrived_per_s]
+    near = [(c, p) for c, p in paces if p is not None and _short_within_chance(p)]
 
     def rates(pace: Pace) -> str:
         grew = (f"; too short to show a steady state, yet those arriving last waited "
@@ -226,6 +225,14 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
     return [text]
 
 
+def _short_within_chance(pace: Pace) -> bool:
+    """Short of its arrivals by more than ``PACE_TOLERANCE``, though by no more than chance
+    explains: not set apart from the cells that fell behind, nor said to have served all the
+    load offered."""
+    return (pace.settled and not pace.fell_behind
+            and pace.completed_per_s < (1 - PACE_TOLERANCE) * pace.arrived_per_s)
+
+
 def _offered_load_finding(ok: Sequence[CellResult]) -> list[str]:
     """Cells that kept pace with their arrivals served the load offered to them: their output
     throughput is that load's, not what they could serve. Said when every cell kept pace
@@ -234,13 +241,22 @@ def _offered_load_finding(ok: Sequence[CellResult]) -> list[str]:
     paces = [(c, c.pace) for c in ok]
     if len(ok) < 2 or any(p is None for _, p in paces):
         return []
-    kept = [c for c, p in paces if p is not None and p.kept]
+    kept = [c for c, p in paces if p is not None and p.kept and not _short_within_chance(p)]
+    near = [(c, p) for c, p in paces if p is not None and _short_within_chance(p)]
     behind = [c for c, p in paces if p is not None and p.overloaded]
     capacity = "`batchlab capacity` finds the highest load each keeps pace with."
     if len(kept) == len(ok):
         return ["Every cell kept pace with its arrivals: each served the load offered to it, "
                 "so their output throughputs are the offered load's, not what each could "
                 "serve, and do not tell them apart; " + capacity]
+    if len(kept) + len(near) == len(ok):
+        short = "; ".join(f"{code(c.name)} {fmt_pct(1 - p.completed_per_s / p.arrived_per_s)}"
+                          for c, p in near)
+        return ["No cell fell behind its arrivals, though some fell short of them by more "
+                f"than {fmt_pct(PACE_TOLERANCE)}, by no more than chance explains ({short}): "
+                "each served about the load offered to it, so their output throughputs are "
+                "close to the offered load's, not what each could serve, and do not tell them "
+                "apart; " + capacity]
     if kept and behind:
         names = ", ".join(code(c.name) for c in kept)
         return [f"{names} kept pace with {'its' if len(kept) == 1 else 'their'} arrivals, "

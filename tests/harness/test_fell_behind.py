@@ -11,7 +11,7 @@ import pytest
 from harness.cli import main as cli_main
 from harness.metrics import Pace
 from harness.report import render_run_report
-from harness.report.findings import _behind_finding
+from harness.report.findings import _behind_finding, _offered_load_finding
 from harness.report.runs import CellResult, load_run
 from harness.scenario.status import fell_behind_warning
 
@@ -100,6 +100,13 @@ def test_a_cell_just_as_short_as_one_that_fell_behind_is_named_beside_it() -> No
     assert "`light`" not in text
     # nothing fell behind: nothing is said, however short a cell was
     assert _behind_finding([_cell("fcfs", near), _cell("light", kept)]) == []
+    # nor is the short one said, in the next finding, to have served all the load offered
+    # (the prefix-caching report said both of one cell)
+    assert _offered_load_finding([_cell("fcfs", near), _cell("priority", behind),
+                                  _cell("light", kept)]) == [
+        "`light` kept pace with its arrivals, serving all the load offered: a throughput "
+        "ratio between it and a cell that fell behind is a lower bound on the difference in "
+        "what they can serve; `batchlab capacity` finds the highest load each keeps pace with."]
 
 
 def test_a_run_too_short_to_tell_is_not_said_to_have_fallen_behind(
