@@ -49,6 +49,7 @@ from typing import IO, Any
 from harness.manifest import MANIFEST_FILE, read_manifest
 from harness.results import (
     CHUNKS_FILE,
+    PROBE_FILE,
     RECORDS_FILE,
     REPORT_FILE,
     REPORT_PLOTS,
@@ -60,7 +61,7 @@ from harness.results import (
 
 # Sweep markers a folder holds before its run starts (harness.scenario.status) and a capacity
 # probe's outcome (harness.capacity.probe): the sweep's, kept by a claim.
-MARKERS = frozenset({"cell.json", "status.json", "error.txt", "probe.json"})
+MARKERS = frozenset({"cell.json", "status.json", "error.txt", PROBE_FILE})
 # Every other name a run writes in its folder. Exact names: a user's own ``data.parquet`` or
 # ``notes.log`` is not batchlab's, and is never deleted.
 RUN_FILES = frozenset({

@@ -25,6 +25,7 @@ from harness.capacity.search import LOAD_UNITS, LoadKind, ProbeOutcome, normal_l
 from harness.metrics import Pace, Slo
 from harness.redact import redact_tree
 from harness.results import (
+    PROBE_FILE,
     SUMMARY_FILE,
     NothingServed,
     nothing_served,
@@ -36,7 +37,6 @@ from harness.target import ClosedLoop, RunOptions, TargetSpec
 from harness.targets import make_target
 from harness.traces import Trace, TraceError, TraceOptions, load_trace
 
-PROBE_FILE = "probe.json"
 # A rate probe passes only if the engine kept pace with the arrivals. In a steady state
 # requests finish as fast as they arrive, one E2E later; an engine that falls behind builds a
 # backlog that a longer trace would turn into missed SLOs. The check (``pace_of``; the rule and

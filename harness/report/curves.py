@@ -27,6 +27,7 @@ from harness.manifest import read_manifest
 from harness.metrics import attainment_text
 from harness.report.format import sig, slo_text, value_text
 from harness.report.runs import CellResult, get, knob, read_engine_samples
+from harness.results import PROBE_FILE
 
 SEARCH_FILE = "search.json"
 DEFAULT_TARGET = 0.99  # SLO attainment a capacity keeps, when no search says otherwise
@@ -102,6 +103,9 @@ class CurvePoint:
     attainment: float | None
     stopped: str | None = None
     slo: Mapping[str, float] | None = None  # the SLO its attainment was computed under
+    # a capacity probe that failed the pace check, whatever its attainment: why ("fell
+    # behind: ...", "too short to show a steady state: ...", its probe.json's ``behind``)
+    behind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -127,9 +131,22 @@ def load_series(ok: Sequence[CellResult]) -> list[Series]:
             output_tokens_per_s=get(s, "throughput.output_tokens_per_s"),
             tpot_p50_s=get(s, "tpot_s.p50"), tpot_p90_s=get(s, "tpot_s.p90"),
             ttft_p90_s=get(s, "ttft_s.p90"), attainment=get(s, "goodput.slo_attainment"),
-            stopped=get(s, "stopped_early"), slo=get(s, "slo") or None))
+            stopped=get(s, "stopped_early"), slo=get(s, "slo") or None,
+            behind=_probe_behind(c.run_dir)))
     return [Series(key, kind, tuple(sorted(points, key=lambda p: p.load)))
             for (key, kind), points in groups.items() if len(points) >= 2]
+
+
+def _probe_behind(run_dir: Path) -> str | None:
+    """Why a capacity probe's run failed the pace check (its ``probe.json``), None when it is
+    no probe or kept pace."""
+    try:
+        probe = json.loads((run_dir / PROBE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(probe, dict) or probe.get("kept_pace") is not False:
+        return None
+    return str(probe.get("behind") or "fell behind")
 
 
 # ---------------------------------------------------------------- capacity

@@ -229,7 +229,7 @@ def _short_within_chance(pace: Pace) -> bool:
     """Short of its arrivals by more than ``PACE_TOLERANCE``, though by no more than chance
     explains: not set apart from the cells that fell behind, nor said to have served all the
     load offered."""
-    return (pace.settled and not pace.fell_behind
+    return (bool(pace.settled) and not pace.fell_behind
             and pace.completed_per_s < (1 - PACE_TOLERANCE) * pace.arrived_per_s)
 
 

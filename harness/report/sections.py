@@ -544,7 +544,9 @@ def curves_section(series: Sequence[Series], has_plot: bool) -> list[str]:
         # a point whose goodput `batchlab summarize --slo` recomputed says under which SLO
         several = len({json.dumps(p.slo, sort_keys=True) for p in s.points}) > 1
         for p in s.points:
-            att = fmt_attainment(p.attainment) + (" (stopped early)" if p.stopped else "")
+            att = fmt_attainment(p.attainment) + (
+                " (stopped early)" if p.stopped else
+                f" (failed: {p.behind.split(':')[0]})" if p.behind else "")
             if several:
                 att += f" under {slo_text(p.slo)}" if p.slo else " (no SLO)"
             rows.append([load_text({"kind": s.kind, "value": p.load}), code(p.cell),

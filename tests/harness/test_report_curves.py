@@ -278,3 +278,31 @@ def test_no_cap_within_the_tpot_slo_names_the_closest_without_rounding_onto_it()
              if line.startswith("Latency-sensitive")]
     assert lines == ["Latency-sensitive: no max_num_seqs tried kept TPOT p90 within the 12 ms "
                      "TPOT SLO (the closest: `s8`, max_num_seqs 8, at 12.02 ms)."]
+
+
+def test_a_probe_that_fell_behind_is_marked_failed_in_the_curve_table(tmp_path: Path) -> None:
+    """A capacity report's curve rows read "100%" above the capacity it reported for probes
+    that met the SLO but failed as falling behind: the reason was only in a later table."""
+    import json
+
+    from harness.report.curves import CurvePoint, Series, _probe_behind
+    from harness.report.sections import curves_section
+
+    failed, passed, cell = tmp_path / "rate-6.442", tmp_path / "rate-6.169", tmp_path / "cell"
+    for folder, kept in ((failed, False), (passed, True)):
+        folder.mkdir()
+        (folder / "probe.json").write_text(json.dumps({
+            "kept_pace": kept, "behind": None if kept else
+            "fell behind: completed 6.52 req/s of 7.75 arriving over the second half"}))
+    cell.mkdir()  # a scenario cell: no probe.json
+    assert _probe_behind(failed) == ("fell behind: completed 6.52 req/s of 7.75 arriving over "
+                                     "the second half")
+    assert _probe_behind(passed) is None and _probe_behind(cell) is None
+    points = (CurvePoint("rate-6.169", 6.169, None, None, None, None, 1.0),
+              CurvePoint("rate-6.442", 6.442, None, None, None, None, 1.0,
+                         behind=_probe_behind(failed)),
+              CurvePoint("rate-8", 8.0, None, None, None, None, 0.7, stopped="over-saturated"))
+    text = "\n".join(curves_section([Series("s", "rate", points)], False))
+    rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
+    assert [row.rsplit("|", 2)[-2].strip() for row in rows] == [
+        "100%", "100% (failed: fell behind)", "70.0% (stopped early)"]
