@@ -3,9 +3,9 @@
     ReferenceServer
       engine   ServedEngine       the step loop, started and stopped with the app (lifespan)
       openai   OpenAiRoutes       /v1/completions, /v1/chat/completions, /v1/models
-      tgi      TgiRoutes          /generate, /generate_stream, /, /info
+      tgi      TgiRoutes          /generate, /generate_stream, POST /, /info
       metrics  PrometheusMetrics  /metrics (the step loop's observer)
-      here                        /health, /ping, /version
+      here                        /health, /ping, GET /, /version
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class ReferenceServer:
                 Route("/generate", self.tgi.generate, methods=["POST"]),
                 Route("/generate_stream", self.tgi.generate_stream, methods=["POST"]),
                 Route("/", self.tgi.compat, methods=["POST"]),
+                Route("/", self.health, methods=["GET"]),  # TGI answers health checks here too
                 Route("/health", self.health, methods=["GET"]),
                 Route("/ping", self.health, methods=["GET", "POST"]),
                 Route("/v1/models", self.openai.models, methods=["GET"]),
@@ -204,7 +205,11 @@ class _UvicornServer(uvicorn.Server):
 
     uvicorn's own shutdown does (1) and (2), but then cancels the handlers of the streams
     still open, cutting them mid-token with a traceback in the log, and stops the engine only
-    afterwards, in the lifespan. A second Ctrl-C skips the waits, as in uvicorn."""
+    afterwards, in the lifespan. A second Ctrl-C skips the graceful period, as in uvicorn, and
+    logs one line: the streams still open get their ending at once (3 does not wait on the
+    step loop: it takes no longer than writing two events), and the lifespan still ends, as
+    it does not in uvicorn (the engine is stopped already, so it is quick; a lifespan left
+    running is cancelled at exit, with a traceback)."""
 
     def __init__(self, config: uvicorn.Config, reference: ReferenceServer) -> None:
         super().__init__(config)
@@ -219,27 +224,30 @@ class _UvicornServer(uvicorn.Server):
         for connection in list(self.server_state.connections):
             connection.shutdown()
         grace_s = float(self.config.timeout_graceful_shutdown or 0)
-        if not await self._all_closed(grace_s):
-            _log.warning("%d stream(s) still open after the graceful period (%g s): ending "
-                         "them", len(self.server_state.connections), grace_s)
+        if not await self._all_closed(grace_s, until_forced=True):
+            if self.force_exit:
+                _log.warning("Forced exit: ending %d open stream(s) now",
+                             len(self.server_state.connections))
+            else:
+                _log.warning("%d stream(s) still open after the graceful period (%g s): "
+                             "ending them", len(self.server_state.connections), grace_s)
         await self._reference.stop_engine()
-        if await self._all_closed(ENDING_S):
+        if await self._all_closed(ENDING_S, until_forced=False):
             for server in self.servers:
                 await server.wait_closed()
         else:
             for task in self.server_state.tasks:
                 task.cancel(msg="the server is shutting down")
-        if not self.force_exit:
-            await self.lifespan.shutdown()
+        await self.lifespan.shutdown()
 
-    async def _all_closed(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for every connection and request task to end (not past a
-        second Ctrl-C); whether they did."""
+    async def _all_closed(self, timeout_s: float, *, until_forced: bool) -> bool:
+        """Wait up to ``timeout_s`` (and, ``until_forced``, not past a second Ctrl-C) for every
+        connection and request task to end; whether they did."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         state = self.server_state
-        while (state.connections or state.tasks) and not self.force_exit \
-                and loop.time() < deadline:
+        while (state.connections or state.tasks) and loop.time() < deadline \
+                and not (until_forced and self.force_exit):
             await asyncio.sleep(0.05)
         return not (state.connections or state.tasks)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,11 +18,12 @@ from starlette.responses import JSONResponse, Response
 
 from harness.serve.bodies import (
     ApiError,
+    as_int,
     bool_field,
     int_field,
-    is_int,
     parse_off_loop,
     read_json,
+    shown,
 )
 from harness.serve.cancel import CLIENT_CLOSED_REQUEST, AbortOnClose, wait_or_abort
 from harness.serve.loop import ENGINE_NAME, Rejection, ServedEngine, TokenStream
@@ -81,7 +82,7 @@ class OpenAiRoutes:
         body = await read_json(request)
         if isinstance(body, ApiError):
             return openai_error(body)
-        req = await parse_off_loop(body, lambda: self.parse(body, chat=chat))
+        req = await parse_off_loop(request, lambda: self.parse(body, chat=chat))
         if isinstance(req, ApiError):
             return openai_error(req)
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -167,29 +168,26 @@ class OpenAiRoutes:
         return n
 
     def count_messages(self, messages: Any) -> int | ApiError:
-        """Chat messages: their text contents counted; no chat template is modelled."""
+        """Chat messages: their texts (``message_texts``) counted; no chat template is
+        modelled."""
         if not isinstance(messages, list) or not messages:
             return ApiError(400, "messages must be a non-empty list", param="messages")
-        n = 0
         for i, message in enumerate(messages):
             if not isinstance(message, dict):
                 return ApiError(400, f"messages[{i}] must be an object", param="messages")
             content = message.get("content")
-            if isinstance(content, str):
-                n += self.counter.count(content)
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        n += self.counter.count(part["text"])
-            elif content is not None:
+            if content is not None and not isinstance(content, str | list):
                 return ApiError(400, f"messages[{i}].content must be a string or a list of "
                                 "parts", param="messages")
+        n = sum(self.counter.count(text) for text in message_texts(messages))
         if n < 1:
             return ApiError(400, "messages carry no text", param="messages")
         return n
 
     def parse(self, body: Mapping[str, Any], *, chat: bool) -> OpenAiRequest | ApiError:
         model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            return ApiError(400, f"model must be a string, got {shown(model)}", param="model")
         if model is not None and model != self.model_name:
             return ApiError(404, f"The model `{model}` does not exist.", "NotFoundError",
                             "model")
@@ -198,14 +196,17 @@ class OpenAiRoutes:
         if isinstance(num_prompt, ApiError):
             return num_prompt
         n = body.get("n")
-        if n is not None and n != 1:
+        if n is not None and as_int(n, lax=True) != 1:
             return ApiError(400, "n: the reference engine returns one choice (n=1)", param="n")
-        name = "max_completion_tokens" if chat and "max_completion_tokens" in body \
+        # Chat: max_completion_tokens unless it is null, else max_tokens (vLLM's
+        # build_tok_params), so {"max_completion_tokens": null, "max_tokens": 2} is 2 tokens.
+        name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None \
             else "max_tokens"
-        max_tokens = int_field(body, name, 1)
-        min_tokens = int_field(body, "min_tokens", 0)
-        ignore_eos = bool_field(body, "ignore_eos", False)
-        stream = bool_field(body, "stream", False)
+        # Field types as vLLM's pydantic models take them, in lax mode ("5" and 5.0 are 5).
+        max_tokens = int_field(body, name, 1, lax=True)
+        min_tokens = int_field(body, "min_tokens", 0, lax=True)
+        ignore_eos = bool_field(body, "ignore_eos", False, lax=True)
+        stream = bool_field(body, "stream", False, lax=True)
         for value in (max_tokens, min_tokens, ignore_eos, stream):
             if isinstance(value, ApiError):
                 return value
@@ -223,11 +224,21 @@ class OpenAiRoutes:
                                 param="stream_options")
             if not isinstance(options, dict):
                 return ApiError(400, "stream_options must be an object", param="stream_options")
-        include_usage = bool(options.get("include_usage", True)) if options else False
-        continuous = include_usage and bool((options or {}).get("continuous_usage_stats", False))
-        priority = body.get("priority", 0)
-        if not is_int(priority):
-            return ApiError(400, f"priority must be an integer, got {priority!r}",
+        include_usage = continuous = False
+        if options:
+            # include_usage: true when absent, as vLLM's StreamOptions; an explicit null is off
+            usage = bool_field(options, "include_usage", "include_usage" not in options,
+                               lax=True)
+            running = bool_field(options, "continuous_usage_stats", False, lax=True)
+            for value in (usage, running):
+                if isinstance(value, ApiError):
+                    return ApiError(400, f"stream_options.{value.message}",
+                                    param="stream_options")
+            assert not isinstance(usage, ApiError) and not isinstance(running, ApiError)
+            include_usage, continuous = usage, usage and running
+        priority = as_int(body.get("priority", 0), lax=True)  # (null too is refused, as vLLM)
+        if priority is None:
+            return ApiError(400, f"priority must be an integer, got {shown(body['priority'])}",
                             param="priority")
         if priority != 0 and self.engine.config.policy != "priority":
             return ApiError(400, f"Got priority {priority} but Priority scheduling is not "
@@ -244,21 +255,35 @@ class OpenAiRoutes:
             return ApiError(400, f"the request can never run: {reason}")
         keys = (self.prompt_keys(body, chat=chat) if self.engine.config.prefix_caching
                 else ())
-        return OpenAiRequest(num_prompt, max_tokens, int(priority), bool(stream), include_usage,
+        return OpenAiRequest(num_prompt, max_tokens, priority, bool(stream), include_usage,
                              continuous, keys)
 
     def prompt_keys(self, body: Mapping[str, Any], *, chat: bool) -> tuple[int, ...]:
-        """A validated prompt's token identities: ids as sent, else the counted pieces."""
+        """A validated prompt's token identities: ids as sent, else the counted pieces (of each
+        chat text, in the order ``count_messages`` counts them)."""
         if chat:
-            texts = [m.get("content") for m in body.get("messages") or []
-                     if isinstance(m, dict)]
-            return tuple(k for t in texts if isinstance(t, str) for k in self.counter.keys(t))
+            return tuple(k for text in message_texts(body["messages"])
+                         for k in self.counter.keys(text))
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]
         if isinstance(prompt, str):
             return self.counter.keys(prompt)
         return tuple(int(t) for t in prompt) if isinstance(prompt, list) else ()
+
+
+def message_texts(messages: list[Any]) -> Iterator[str]:
+    """The texts of validated chat messages, in order: a string content, or each text part
+    (``{"type": "text", "text": ...}``) of a list of parts. Each is counted, and keyed for
+    prefix caching, on its own, so the keys line up with the counted tokens."""
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            yield content
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    yield part["text"]
 
 
 def _usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:

@@ -99,7 +99,7 @@ class TgiRoutes:
         inputs = body.get("inputs")
         headers = {"x-compute-type": self.compute_type,
                    "x-compute-characters": str(len(inputs) if isinstance(inputs, str) else 0)}
-        req = await parse_off_loop(body, lambda: self.parse(body, stream=stream))
+        req = await parse_off_loop(request, lambda: self.parse(body, stream=stream))
         if isinstance(req, ApiError):
             if stream:  # TGI sends headers first: validation errors arrive as an event
                 return StreamingResponse(

@@ -4,6 +4,7 @@ running on a thread. None of these tests asserts a duration."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ import pytest
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.prediction import prediction_record
 from harness.live.protocols import parse_stream
-from harness.serve.app import RunningServer, ServerOptions, start_server_in_thread
+from harness.serve.app import ReferenceServer, RunningServer, ServerOptions, start_server_in_thread
+from harness.serve.bodies import ApiError
 from harness.serve.output import output_text
 
 SMALL = ReferenceConfig(model="qwen2.5-0.5b", max_model_len=512)
@@ -185,11 +187,11 @@ def test_served_model_name() -> None:
 
 def test_a_long_prompt_is_counted_off_the_event_loop_with_the_same_answer(
         client: httpx.Client) -> None:
-    """Prompts past OFF_LOOP_CHARS are validated on a worker thread (a long one would stall
+    """Bodies past OFF_LOOP_BYTES are parsed on a worker thread (a long one would stall
     every stream): the answers are those of the inline path."""
-    from harness.serve.bodies import OFF_LOOP_CHARS
+    from harness.serve.bodies import OFF_LOOP_BYTES
 
-    long_text = "ab " * (OFF_LOOP_CHARS // 3 + 1000)  # over the threshold, over 512 tokens
+    long_text = "ab " * (OFF_LOOP_BYTES // 3 + 1000)  # over the threshold, over 512 tokens
     r = client.post("/v1/completions", json={"model": "qwen2.5-0.5b", "prompt": long_text,
                                              "max_tokens": 2})
     assert r.status_code == 400 and "maximum context length is 512" in r.text
@@ -233,3 +235,127 @@ def test_an_api_key_guards_the_v1_routes_and_the_replay_client_sends_it(
         for path in (tmp_path / folder).rglob("*"):
             if path.is_file():
                 assert key.encode() not in path.read_bytes(), path
+
+
+def test_chat_max_completion_tokens_null_falls_back_to_max_tokens(client: httpx.Client) -> None:
+    """vLLM takes max_completion_tokens unless it is null, then max_tokens: a null sent by a
+    client that fills every field must not mean "up to max_model_len"."""
+    messages = [{"role": "user", "content": "hi"}]
+    for limits, expected in (({"max_completion_tokens": None, "max_tokens": 2}, 2),
+                             ({"max_completion_tokens": 3, "max_tokens": 2}, 3),
+                             ({"max_completion_tokens": None}, 512 - 1)):
+        r = client.post("/v1/chat/completions", json={"messages": messages, **limits})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == expected
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "1" + "]" * depth
+
+
+@pytest.mark.parametrize("path, field", [("/v1/completions", "prompt"),
+                                         ("/v1/chat/completions", "messages")])
+def test_deeply_nested_json_is_a_400_not_a_crash(client: httpx.Client, path: str,
+                                                 field: str) -> None:
+    """Too deep for the JSON parser (10000 levels), or parsed but deep (600): a 400 in vLLM's
+    error body either way, not a plain-text 500 with a RecursionError."""
+    for depth in (10_000, 600):
+        r = client.post(path, content=f'{{"{field}": {_nested(depth)}}}'.encode(),
+                        headers={"content-type": "application/json"})
+        assert r.status_code == 400, (depth, r.text[:200])
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert "nested too deeply" in client.post(
+        path, content=f'{{"{field}": {_nested(10_000)}}}'.encode()).json()["error"]["message"]
+    assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("fields, num_tokens", [
+    ({"max_tokens": "5"}, 5), ({"max_tokens": 2.0}, 2), ({"max_tokens": " 3 "}, 3),
+    ({"max_tokens": True}, 1), ({"max_tokens": 4, "min_tokens": "4", "ignore_eos": "yes"}, 4),
+    ({"max_tokens": 2, "priority": "0", "n": "1"}, 2),
+])
+def test_field_types_are_as_lax_as_vllms(client: httpx.Client, fields: dict[str, Any],
+                                         num_tokens: int) -> None:
+    """vLLM's pydantic models convert in lax mode: "5", 2.0 and true are integers there."""
+    r = client.post("/v1/completions", json={"prompt": [1, 2], **fields})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == num_tokens
+
+
+@pytest.mark.parametrize("stream", ["true", "True", "on", 1])
+def test_stream_flags_are_as_lax_as_vllms(client: httpx.Client, stream: Any) -> None:
+    r = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": stream,
+        "stream_options": {"include_usage": "false"}})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = _events(r.text)
+    assert events[-1] == "[DONE]" and all("usage" not in json.loads(e) for e in events[:-1])
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"max_tokens": 2.5}, "max_tokens"), ({"max_tokens": "abc"}, "max_tokens"),
+    ({"max_tokens": "2.5"}, "max_tokens"), ({"max_tokens": False}, "max_tokens"),
+    ({"max_tokens": [5]}, "max_tokens"), ({"stream": "maybe"}, "stream"),
+    ({"stream": 2}, "stream"), ({"ignore_eos": "2"}, "ignore_eos"),
+    ({"priority": 1.5}, "priority"), ({"priority": None}, "priority"),
+    ({"model": [["qwen2.5-0.5b"]]}, "model"),
+])
+def test_fields_vllm_refuses_are_refused(client: httpx.Client, fields: dict[str, Any],
+                                         param: str) -> None:
+    r = client.post("/v1/completions", json={"prompt": [1], **fields})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_chat_text_parts_are_prefix_cached_like_string_contents() -> None:
+    """A message whose content is a list of text parts gives the prompt keys of the text it
+    holds, in the order it is counted, so prefix caching finds it, and a chat mixing parts and
+    strings keeps its keys in line with its counted tokens."""
+    config = ReferenceConfig(model="qwen2.5-0.5b", max_model_len=512, prefix_caching=True)
+    routes = ReferenceServer(config).openai
+    text = "one two three four five six seven eight nine ten eleven twelve thirteen"
+
+    def parsed(*contents: Any) -> Any:
+        body = {"messages": [{"role": "user", "content": c} for c in contents],
+                "max_tokens": 1}
+        req = routes.parse(body, chat=True)
+        assert not isinstance(req, ApiError)
+        assert len(req.prompt_keys) == req.num_prompt_tokens
+        return req.prompt_keys
+
+    as_string = parsed(text)
+    assert as_string and parsed([{"type": "text", "text": text}]) == as_string
+    assert parsed([{"type": "text", "text": "one two"},
+                   {"type": "image_url", "image_url": {"url": "x"}},
+                   {"type": "text", "text": text[len("one two "):]}]) == as_string
+    mixed = parsed([{"type": "text", "text": "Be brief."}], text)
+    assert mixed == parsed("Be brief.", text)
+    assert mixed[-len(as_string):] == as_string
+
+
+def test_a_large_body_is_parsed_off_the_event_loop(server: RunningServer,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt of token ids holds no text, but its JSON and its fields are as much work: a
+    large body is parsed on a worker thread, whatever it holds."""
+    from harness.serve import bodies
+
+    threads: list[str] = []
+    loads, parse = bodies.json_object, server.server.openai.parse
+
+    def json_object(body: bytes) -> Any:
+        threads.append(threading.current_thread().name)
+        return loads(body)
+
+    def recorded_parse(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(bodies, "json_object", json_object)
+    monkeypatch.setattr(server.server.openai, "parse", recorded_parse)
+    with httpx.Client(base_url=server.url, timeout=30, trust_env=False) as c:
+        big = c.post("/v1/completions", json={"prompt": list(range(20_000)), "max_tokens": 1})
+        assert big.status_code == 400 and "maximum context length" in big.text
+        off_loop = list(threads)
+        threads.clear()
+        small = c.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 1})
+        assert small.status_code == 200
+    assert len(off_loop) == 2 and "reference-server" not in off_loop
+    assert threads == ["reference-server"] * 2

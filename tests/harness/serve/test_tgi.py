@@ -161,3 +161,51 @@ def test_tgi_openai_chat_route_is_shared(server: RunningServer) -> None:
         "model": "qwen2.5-0.5b", "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 2}, trust_env=False)
     assert r.json()["usage"]["completion_tokens"] == 2
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + '"x"' + "]" * depth
+
+
+@pytest.mark.parametrize("path", ["/generate", "/generate_stream", "/"])
+def test_tgi_deeply_nested_json_is_refused_in_tgis_error_body(server: RunningServer,
+                                                              path: str) -> None:
+    """Too deep to parse (10000 levels) is malformed JSON: 400, as TGI's serde reports its
+    recursion limit (a syntax error), in TGI's error body. Parsed but deep (600 levels), it is
+    an `inputs` that is not text: TGI's validation error. Never a plain-text 500."""
+    url = server.url + path
+    r = httpx.post(url, content=f'{{"inputs": {_nested(10_000)}}}'.encode(), trust_env=False,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error_type"] == "validation" and "nested too deeply" in r.json()["error"]
+    r = httpx.post(url, content=f'{{"inputs": {_nested(600)}}}'.encode(), trust_env=False,
+                   headers={"content-type": "application/json"})
+    if path == "/generate_stream":  # TGI streams its validation errors: HTTP 200, one event
+        assert r.status_code == 200
+        error = json.loads(r.text.strip()[len("data:"):])
+    else:
+        assert r.status_code == 422
+        error = r.json()
+    assert error["error_type"] == "validation" and "`inputs`" in error["error"]
+
+
+@pytest.mark.parametrize("parameters", [{"max_new_tokens": "5"}, {"max_new_tokens": 2.0},
+                                        {"max_new_tokens": True}, {"details": "true"},
+                                        {"seed": "1"}, {"return_full_text": 1}])
+def test_tgi_fields_stay_strict(server: RunningServer, parameters: dict[str, Any]) -> None:
+    """TGI's request structs are serde's: no string, float or bool converts to another type
+    there (unlike vLLM's pydantic models, which the OpenAI routes follow)."""
+    r = httpx.post(server.url + "/generate", json={"inputs": "a b", "parameters": parameters},
+                   trust_env=False)
+    assert r.status_code == 422 and r.json()["error_type"] == "validation"
+
+
+def test_health_is_answered_on_root_and_ping_as_tgi_does(server: RunningServer) -> None:
+    with httpx.Client(base_url=server.url, trust_env=False) as c:
+        for path in ("/", "/ping", "/health"):
+            r = c.get(path)
+            assert r.status_code == 200 and r.content == b"", path
+        assert c.head("/").status_code == 200
+        # POST / is still TGI's compat route
+        assert c.post("/", json={"inputs": "a b", "parameters": {"max_new_tokens": 2}}
+                      ).json() == [{"generated_text": output_text(2)}]

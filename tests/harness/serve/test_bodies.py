@@ -1,0 +1,90 @@
+"""Request bodies (``harness.serve.bodies``): field types as vLLM's pydantic models (lax) and
+TGI's serde structs (strict) take them, which bodies are parsed off the event loop, and JSON
+too deeply nested to parse."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from harness.serve.bodies import (
+    OFF_LOOP_BYTES,
+    ApiError,
+    as_bool,
+    as_int,
+    bool_field,
+    int_field,
+    is_parsed_off_loop,
+    json_object,
+)
+
+
+# pydantic v2 lax mode (its "Conversion Table": int from bool, from an exact float, from a
+# string of digits; bool from 0/1 and from the listed strings in any case)
+@pytest.mark.parametrize("value, expected", [
+    (5, 5), ("5", 5), (" 5 ", 5), ("+5", 5), ("-3", -3), ("1_000", 1000), ("5.00", 5),
+    (2.0, 2), (-2.0, -2), (True, 1), (False, 0),
+    (2.5, None), ("2.5", None), ("abc", None), ("", None), ("1e3", None), ("0x10", None),
+    ("5.", None), (1e20, None), (float("inf"), None), (None, None), ([5], None), ({}, None),
+])
+def test_lax_ints_are_pydantics(value: Any, expected: int | None) -> None:
+    assert as_int(value, lax=True) == expected
+
+
+@pytest.mark.parametrize("value, expected", [
+    (True, True), (False, False), ("true", True), ("False", False), ("TRUE", True),
+    ("yes", True), ("No", False), ("on", True), ("OFF", False), ("1", True), ("0", False),
+    ("t", True), ("f", False), ("y", True), ("n", False), (1, True), (0, False), (1.0, True),
+    (0.0, False),
+    (2, None), ("maybe", None), (" true", None), ("", None), (None, None), ([], None),
+])
+def test_lax_bools_are_pydantics(value: Any, expected: bool | None) -> None:
+    assert as_bool(value, lax=True) == expected
+
+
+def test_strict_fields_take_only_json_types() -> None:
+    """TGI's fields are serde's: a string, a float or a bool is not an integer, and only a
+    JSON boolean is a boolean."""
+    for value in ("5", 5.0, True, "true"):
+        assert as_int(value, lax=False) is None
+    for value in ("true", "yes", 1, 0):
+        assert as_bool(value, lax=False) is None
+    assert as_int(7, lax=False) == 7 and as_bool(True, lax=False) is True
+
+
+def test_fields_name_themselves_and_keep_their_minimum() -> None:
+    assert int_field({"max_tokens": "5"}, "max_tokens", 1, lax=True) == 5
+    assert int_field({"max_tokens": True}, "max_tokens", 1, lax=True) == 1
+    refused = int_field({"max_tokens": False}, "max_tokens", 1, lax=True)  # 0 < 1
+    assert isinstance(refused, ApiError) and refused.param == "max_tokens"
+    strict = int_field({"max_new_tokens": "5"}, "max_new_tokens", 1, 422, "`max_new_tokens`")
+    assert isinstance(strict, ApiError) and strict.status == 422
+    assert strict.message == "`max_new_tokens` must be a positive integer, got '5'"
+    assert bool_field({"stream": "true"}, "stream", False, lax=True) is True
+    assert isinstance(bool_field({"stream": "true"}, "stream", False), ApiError)
+    # a nested value is named by its kind, never written out
+    nested = int_field({"max_tokens": [[[1]]] * 1000}, "max_tokens", 1, lax=True)
+    assert isinstance(nested, ApiError) and nested.message.endswith("got a JSON array")
+
+
+def test_large_bodies_are_parsed_off_the_loop_whatever_they_hold() -> None:
+    """The decision goes by the body's bytes: a prompt of token ids (0 characters of text
+    before) or a small prompt padded with whitespace is as much parsing as a long text."""
+    ids = json.dumps({"prompt": list(range(3000)), "max_tokens": 1}).encode()
+    padded = json.dumps({"prompt": [1, 2, 3], "max_tokens": 1}, indent=OFF_LOOP_BYTES).encode()
+    text = json.dumps({"prompt": "ab " * (OFF_LOOP_BYTES // 3 + 1)}).encode()
+    for body in (ids, padded, text):
+        assert len(body) > OFF_LOOP_BYTES and is_parsed_off_loop(len(body))
+    small = json.dumps({"prompt": list(range(100)), "max_tokens": 1}).encode()
+    assert not is_parsed_off_loop(len(small))
+    assert not is_parsed_off_loop(OFF_LOOP_BYTES) and is_parsed_off_loop(OFF_LOOP_BYTES + 1)
+
+
+def test_json_nested_too_deeply_to_parse_is_a_refusal_not_a_crash() -> None:
+    deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    err = json_object(deep)
+    assert isinstance(err, ApiError) and err.status == 400
+    assert "nested too deeply" in err.message
+    assert json_object(b'{"prompt": [[[1]]]}') == {"prompt": [[[1]]]}
