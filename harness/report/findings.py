@@ -83,6 +83,11 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         if not any(r.source == "search" for r in capacity):
             out += _offered_load_finding(ok)
         bases = bases or Baselines.of(ok, base)
+        # what a sweep of max_num_seqs asks (the cap within the TPOT SLO, where KV memory
+        # binds) before the largest differences between cells
+        batch = _batch_size_findings(ok, ctx.slo)
+        out += batch
+        out += tuning_findings(ok, ctx.slo, latency_stated=bool(batch))
         scored = []
         for c in ok:
             b = bases.of_cell(c)
@@ -98,9 +103,6 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
             out.append(f"{len(scored) - MAX_COMPARISONS} more cells compare with "
                        f"{bases.phrase(code)} in the tables below.")
         out += _leaders_by_load(ok)
-        batch = _batch_size_findings(ok, ctx.slo)
-        out += batch
-        out += tuning_findings(ok, ctx.slo, latency_stated=bool(batch))
         out += _priority_findings(ok, bases, ctx)
     out += _same_results_finding(ok)
     preemption = _preemption_finding(ok, preempted) if len(ok) > 1 else ""
@@ -211,6 +213,19 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
         who = "The engine" if len(ok) == 1 else code(c.name)
         text = (f"{who} fell behind its arrivals: over the second half of them it "
                 f"{rates(pace)}, so its queue grew for the whole run. Its " + consequence)
+    elif len({fmt_number(p.arrived_per_s, "req/s") for _, p in behind}) == 1:
+        # one arrival rate (one trace and load): said once, each cell's completions after it
+        done = ", ".join(f"{code(c.name)} {fmt_number(p.completed_per_s)}" for c, p in behind)
+        grew = sorted(p.queue_growth_s for _, p in behind
+                      if p.swamped and p.queue_growth_s is not None)
+        waited = fmt_seconds(grew[0]) + (f" to {fmt_seconds(grew[-1])}" if len(grew) > 1 else "")
+        text = (f"{len(behind)} of {len(ok)} cells fell behind their arrivals, their queues "
+                "growing for the whole run: over the second half of the arrivals, "
+                f"{fmt_number(behind[0][1].arrived_per_s, 'req/s')} arrived while they "
+                f"completed (req/s) {done}"
+                + (f"; too short to show a steady state, yet those arriving last waited "
+                   f"{waited} longer for a first token than the first" if grew else "")
+                + ". Their " + consequence)
     else:
         names = "; ".join(f"{code(c.name)} ({rates(p)})" for c, p in behind)
         text = (f"{len(behind)} of {len(ok)} cells fell behind their arrivals, their queues "

@@ -165,3 +165,18 @@ def test_a_live_closed_loop_is_not_judged_on_its_pace(tmp_path: Path) -> None:
     assert run_pace(tmp_path / "over", summary, {"mode": "open"}) is not None
     assert run_pace(tmp_path / "over", summary, {"mode": "closed"}) is None
     assert run_pace(tmp_path / "over", summary, {"load": {"mode": "closed"}}) is None
+
+
+def test_cells_behind_one_arrival_rate_are_said_in_one_short_sentence() -> None:
+    """Six cells of one sweep fell behind the same arrivals: the finding repeated the arrival
+    rate and the queue's growth for each, 1,200 characters ahead of the sweep's answers."""
+    cells = [_cell(f"c{n}", Pace(87.3, done, False, "fell behind: ...", fell_behind=True,
+                                 settled=False, queue_growth_s=grew, span_s=4.6))
+             for n, done, grew in ((1, 1.5, 556.0), (4, 4.14, 144.0), (16, 12.0, 40.1))]
+    text = _behind_finding(cells)[0]
+    assert text.startswith(
+        "3 of 3 cells fell behind their arrivals, their queues growing for the whole run: over "
+        "the second half of the arrivals, 87.3 req/s arrived while they completed (req/s) "
+        "`c1` 1.5, `c4` 4.14, `c16` 12; too short to show a steady state, yet those arriving "
+        "last waited 40.1 s to 556 s longer for a first token than the first. Their TTFT")
+    assert text.count("87.3") == 1
