@@ -218,7 +218,8 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
         done = ", ".join(f"{code(c.name)} {fmt_number(p.completed_per_s)}" for c, p in behind)
         grew = sorted(p.queue_growth_s for _, p in behind
                       if p.swamped and p.queue_growth_s is not None)
-        waited = fmt_seconds(grew[0]) + (f" to {fmt_seconds(grew[-1])}" if len(grew) > 1 else "")
+        waited = (fmt_seconds(grew[0]) + (f" to {fmt_seconds(grew[-1])}" if len(grew) > 1
+                                          else "")) if grew else ""
         text = (f"{len(behind)} of {len(ok)} cells fell behind their arrivals, their queues "
                 "growing for the whole run: over the second half of the arrivals, "
                 f"{fmt_number(behind[0][1].arrived_per_s, 'req/s')} arrived while they "

@@ -180,3 +180,10 @@ def test_cells_behind_one_arrival_rate_are_said_in_one_short_sentence() -> None:
         "`c1` 1.5, `c4` 4.14, `c16` 12; too short to show a steady state, yet those arriving "
         "last waited 40.1 s to 556 s longer for a first token than the first. Their TTFT")
     assert text.count("87.3") == 1
+
+
+def test_cells_behind_one_arrival_rate_over_a_long_enough_run_say_no_queue_growth() -> None:
+    cells = [_cell(f"c{n}", Pace(20.0, done, False, "fell behind: ...", fell_behind=True,
+                                 settled=True)) for n, done in ((1, 5.0), (2, 9.0))]
+    text = _behind_finding(cells)[0]
+    assert "20 req/s arrived while they completed (req/s) `c1` 5, `c2` 9. Their TTFT" in text
