@@ -8,9 +8,11 @@ any process and never needs a display.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib import ticker
@@ -285,8 +287,12 @@ def batch_size_sweep(points: Sequence[SweepPoint], path: Path, *,
     if tpot_slo_s is not None:
         ax_tpot.axhline(tpot_slo_s * 1e3, color="red", linestyle=":",
                         label=f"TPOT SLO ({tpot_slo_s * 1e3:g} ms)")
+    caps = sorted({p.max_num_seqs for p in points})
     for ax, ylabel in ((ax_tpot, "TPOT (ms)"), (ax_tp, "output tokens/s")):
         ax.set_xscale("log", base=2)
+        # a tick at every cap swept, and only there (the log locator skipped 512 of 1..512)
+        ax.xaxis.set_major_locator(ticker.FixedLocator(caps))
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel("max_num_seqs")
         ax.set_ylabel(ylabel)
@@ -310,6 +316,45 @@ class CurveLine:
     stopped: Sequence[bool] = ()  # stopped early (over-saturated): partial figures, marked x
 
 
+# where a point's label may go, in points from the point, tried in turn: right and up first
+_LABEL_OFFSETS = ((3, 3), (3, -9), (3, 11), (3, -17), (-3, 3), (-3, -9), (3, 19), (3, -25))
+_LABEL_HEIGHT_PT = 7.0
+_LABEL_CHAR_PT = 4.2  # x-small digits
+
+
+def _label_points(ax: Any, labels: Sequence[tuple[str, float, float, str]]) -> None:
+    """Each point labelled with its text, at the first offset (``_LABEL_OFFSETS``) where it
+    overlaps no label placed before (a search's neighbouring probes sit close together);
+    on top of the last one tried when none is free. Positions are estimated from the axes'
+    limits and size before layout: close enough to keep labels apart."""
+    ax.autoscale_view()
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    width_pt = ax.figure.get_figwidth() * 72 * ax.get_position().width
+    height_pt = ax.figure.get_figheight() * 72 * ax.get_position().height
+    log_y = ax.get_yscale() == "log"
+
+    def at(xv: float, yv: float) -> tuple[float, float]:
+        fy = ((math.log10(yv) - math.log10(y0)) / (math.log10(y1) - math.log10(y0)) if log_y
+              else (yv - y0) / (y1 - y0))
+        return (xv - x0) / (x1 - x0) * width_pt, fy * height_pt
+
+    placed: list[tuple[float, float, float, float]] = []  # boxes: left, bottom, right, top
+    for text, xv, yv, color in labels:
+        px, py = at(xv, yv)
+        width = _LABEL_CHAR_PT * len(text)
+        box = (0.0, 0.0, 0.0, 0.0)
+        offset = _LABEL_OFFSETS[0]
+        for offset in _LABEL_OFFSETS:
+            left = px + offset[0] if offset[0] >= 0 else px + offset[0] - width
+            box = (left, py + offset[1], left + width, py + offset[1] + _LABEL_HEIGHT_PT)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3]
+                       for b in placed):
+                break
+        placed.append(box)
+        ax.annotate(text, (xv, yv), textcoords="offset points", xytext=offset,
+                    ha="left" if offset[0] >= 0 else "right", fontsize="x-small", color=color)
+
+
 def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
                        slo: Mapping[str, float] | None = None,
                        note: str | None = None) -> Path | None:
@@ -324,6 +369,7 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
         return np.array([np.nan if v is None else v * scale for v in values], dtype=np.float64)
 
     marked = False
+    labels: list[tuple[str, float, float, str]] = []  # (text, x, y, color) on the TTFT panel
     for i, line in enumerate(lines):
         color = f"C{i % 10}"
         x = arr(line.output_tokens_per_s)
@@ -338,10 +384,12 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
                 ax.plot(x[stopped], y[stopped], "x", color=color, linestyle="none",
                         label=None if marked else "stopped early (partial)")
                 marked = True
-        for load, xv, yv in zip(line.loads, x, arr(line.ttft_p90_s, 1e3), strict=True):
-            if np.isfinite(xv) and np.isfinite(yv):
-                ax_ttft.annotate(f"{load:g}", (xv, yv), textcoords="offset points",
-                                 xytext=(3, 3), fontsize="x-small", color=color)
+        labels += [(f"{load:g}", xv, yv, color) for load, xv, yv in
+                   zip(line.loads, x, arr(line.ttft_p90_s, 1e3), strict=True)
+                   if np.isfinite(xv) and np.isfinite(yv) and yv > 0]
+    ax_ttft.set_yscale("log")  # queueing makes TTFT grow by orders of magnitude
+    ax_ttft.margins(x=0.08)  # room on the right for the last point's label
+    _label_points(ax_ttft, labels)
     for ax, key, title in ((ax_tpot, "tpot_s", "TPOT p50 / p90 (ms)"),
                            (ax_ttft, "ttft_s", "TTFT p90 (ms)")):
         limit = (slo or {}).get(key)
@@ -353,7 +401,6 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best", fontsize="x-small")
     ax_tpot.set_ylim(bottom=0)
-    ax_ttft.set_yscale("log")  # queueing makes TTFT grow by orders of magnitude
     _log_labels(ax_ttft.yaxis)
     ax_tpot.set_title("Throughput against TPOT")
     ax_ttft.set_title("Throughput against TTFT (points labelled with their load)")

@@ -67,3 +67,19 @@ def test_figures_label_times_plainly_and_count_in_whole_numbers(
     for ax in (running_ax, waiting_ax):
         ticks = [v for v in ax.get_yticks() if ax.get_ylim()[0] <= v <= ax.get_ylim()[1]]
         assert ticks and all(float(v).is_integer() for v in ticks), ticks
+
+
+def test_the_load_labels_of_close_points_do_not_overlap() -> None:
+    """A search's neighbouring probes (6.169, 6.442, 6.727 req/s) sit close together on the
+    throughput-latency figure: their load labels were drawn on top of one another."""
+    fig = Figure(figsize=(12, 4.4))
+    ax = fig.subplots()
+    ax.set_yscale("log")
+    ax.plot([200, 1400, 1410, 1420, 3000], [30, 6400, 6500, 6600, 2000])
+    labels = [("1", 200.0, 30.0, "C0"), ("6.169", 1400.0, 6400.0, "C0"),
+              ("6.442", 1410.0, 6500.0, "C0"), ("6.727", 1420.0, 6600.0, "C0")]
+    plots._label_points(ax, labels)
+    offsets = [a.xyann for a in ax.texts]
+    assert [a.get_text() for a in ax.texts] == ["1", "6.169", "6.442", "6.727"]
+    assert offsets[0] == (3, 3)  # alone: right and above
+    assert len(set(offsets[1:])) == 3  # the three close ones each took another place
