@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import httpx
 
@@ -19,10 +20,15 @@ from harness.live.protocols import (
     PATHS,
     PROTOCOLS,
     LengthControl,
+    PriorityPlan,
     ProtocolName,
+    plan_priority,
 )
 from harness.live.sse_framing import DEFAULT_MAX_EVENT_BYTES
 from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo
+
+if TYPE_CHECKING:
+    from harness.traces import TraceRequest
 
 MANIFEST_FILE = "manifest.json"
 SPIN_WINDOW_NS = 2_000_000  # the last 2 ms before a send are yielded through, not slept
@@ -76,6 +82,18 @@ class ReplayConfig:
     # that caches prompts (llama.cpp by default, vLLM with prefix caching) answers a repeated
     # prompt from its cache; a per-run salt keeps runs apart (harness.live.prompts).
     prompt_salt: str = ""
+    # The engine behind target_url and the scheduling policy (the uniform knob's value) it runs
+    # with, as far as batchlab knows them: ``replay --engine`` sets both (run_live). They decide
+    # whether a request's priority is sent and in which scale (``priority_plan``). None: not
+    # known; a plain --target replay names no engine and sends vLLM's convention.
+    engine: str | None = None
+    server_policy: str | None = None
+
+    def priority_plan(self, requests: Iterable[TraceRequest]) -> PriorityPlan:
+        """What the replay does with the priorities of ``requests`` on this server
+        (``harness.live.protocols.plan_priority``)."""
+        return plan_priority((r.priority for r in requests), self.protocol, self.engine,
+                             self.server_policy)
 
     def validate(self) -> None:
         url = httpx.URL(self.target_url)
@@ -110,6 +128,10 @@ class ReplayConfig:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}: must be a positive number of seconds, got {value!r}")
+        for name in ("engine", "server_policy"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name}: must be a name or None, got {value!r}")
         if self.api_key_env is not None and self.api_key_env not in os.environ:
             raise ValueError(f"api_key_env: environment variable {self.api_key_env} is not set")
         if self.tokenizer_path:

@@ -53,7 +53,6 @@ from harness.live.prompts import (
     load_tokenizer,
 )
 from harness.live.protocols import (
-    PRIORITY_FIELD,
     SseDecoder,
     StreamOutcome,
     StreamParser,
@@ -138,6 +137,8 @@ class _Bodies:
         self._config = config
         self._builder = builder
         self._built: list[bytes | None] = [None] * len(requests)
+        # whether requests carry their priority (the manifest's note says why, or why not)
+        self._send_priority = config.priority_plan(requests).send
 
     def prebuild(self) -> bool:
         total = sum(r.num_prompt_tokens for r in self._requests)
@@ -155,12 +156,14 @@ class _Bodies:
     def _build(self, i: int) -> bytes:
         req = self._requests[i]
         prompt = self._builder.build(req)
-        priority = req.priority if PRIORITY_FIELD[self._config.protocol] else None
+        priority = req.priority if self._send_priority else None
+        # build_body writes it in the scale of the engine behind the server (config.engine)
         return encode_body(build_body(self._config.protocol, prompt,
                                       num_output_tokens=max(req.num_output_tokens, 1),
                                       model=self._config.model, priority=priority,
                                       length_control=self._config.length_control,
-                                      timings_per_token=self._config.timings_per_token))
+                                      timings_per_token=self._config.timings_per_token,
+                                      engine=self._config.engine))
 
 
 class _Run:

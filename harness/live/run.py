@@ -16,8 +16,10 @@ The run folder is claimed first (``harness.runfolder``: another run's folder is 
 Secrets (engine environment off the allow-list, secret flag values, the API key) are redacted
 in the manifest and scrubbed from the server logs and error messages (``harness.redact``).
 
-``--dry-run`` stops after planning: it prints the argv, the generated config file and the
-mapping, with the same secrets redacted, and starts nothing.
+``--dry-run`` stops after planning: it prints the argv, the generated config file, the
+mapping and what the trace's priorities become, with the same secrets redacted, and starts
+nothing. Planning refuses a trace whose priorities the engine would refuse request by request
+(vLLM under a policy other than priority: ``harness.live.protocols.plan_priority``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from adapters.base import Knobs, LaunchPlan, MappedKnob
-from adapters.catalog import attached_manifest, replay_defaults
+from adapters.catalog import UNKNOWN_KNOB, attached_manifest, replay_defaults
 from adapters.process import EngineExited, EngineStartError, ServerProcess, probe_version
 from harness.live.replay import ReplayConfig, replay
 from harness.live.rundir import with_engine_counters
@@ -121,6 +123,33 @@ def _redacted_knob(mapped: MappedKnob) -> MappedKnob:
                    flags=tuple(record["flags"]))
 
 
+def planned_policy(plan: LaunchPlan, knobs: Knobs) -> str | None:
+    """The scheduling policy (the uniform knob's value) the server runs with, as far as the
+    plan knows it; None when not known.
+
+    Launched: the mapped value (an unset knob's is the engine's default). A policy the adapter
+    could not honour (approximated or not applied, allowed by --allow-approximate) falls back
+    to the engine's first-come-first-served queue in every adapter (vLLM's static -> fcfs,
+    llama-server's priority -> -cb, TGI's FIFO); one that extra_args override is not known.
+    Attached: the policy stated on the command line, else not known (what the server reports
+    of itself is read after its version probe: ``_replay_on``)."""
+    if not plan.launch:
+        return _known_policy(attached_manifest(knobs)["knobs"].get("policy"))
+    for mapped in plan.mapping:
+        if mapped.knob != "policy":
+            continue
+        if mapped.status in ("applied", "default"):
+            return mapped.value if isinstance(mapped.value, str) else None
+        if mapped.note.startswith("overridden by extra_args"):  # (adapters.base.map_knobs)
+            return None
+        return "fcfs"
+    return None
+
+
+def _known_policy(value: Any) -> str | None:
+    return value if isinstance(value, str) and value != UNKNOWN_KNOB else None
+
+
 def _default_tokenizer(model: str, replay_kwargs: Mapping[str, Any]) -> str | None:
     """A local model folder's own tokenizer makes prompts of exact length; use it by default."""
     if replay_kwargs.get("tokenizer_path"):
@@ -155,7 +184,9 @@ def run_live(
     # completions unless chat was asked for.
     requested = replay_kwargs.get("protocol")
     protocol = plan.protocol if plan.protocol == "tgi" or requested is None else requested
-    replay_kwargs.update(target_url=plan.base_url, protocol=protocol, model=plan.model)
+    # the engine and its policy decide whether and how priorities are sent (ReplayConfig)
+    replay_kwargs.update(target_url=plan.base_url, protocol=protocol, model=plan.model,
+                         engine=plan.engine, server_policy=planned_policy(plan, spec.knobs))
     if tokenizer is not None:
         replay_kwargs["tokenizer_path"] = tokenizer
     if options.slo is not None:
@@ -163,9 +194,12 @@ def run_live(
     config = ReplayConfig(**replay_kwargs)
     if dry_run:
         shown = redacted_plan(plan)
+        priority = config.priority_plan(trace.requests).note  # as the manifest would say
         print(shown.describe(), end="", file=out or sys.stdout)
+        print(f"request priority: {priority}", file=out or sys.stdout)
         return {
             "dry_run": True,
+            "priority": priority,
             "argv": list(shown.argv),
             "env": dict(shown.env),
             "config_files": dict(shown.config_files),
@@ -283,8 +317,12 @@ async def _replay_on(
     engine["version_probe"] = await probe_version(plan.base_url, plan.version_paths)
     engine["version"] = engine["version_probe"].get("version")
     if not plan.launch and knobs is not None:  # what the server says about itself
-        update_manifest(out_dir, attached_manifest(knobs, engine["version_probe"].get("body"),
-                                                   known=read_manifest(out_dir)))
+        attached = attached_manifest(knobs, engine["version_probe"].get("body"),
+                                     known=read_manifest(out_dir))
+        update_manifest(out_dir, attached)
+        # a policy the server reports (the served reference's /version) is now known: still
+        # before the first request, so priorities it would refuse are not sent
+        config = replace(config, server_policy=_known_policy(attached["knobs"].get("policy")))
     engine["status"] = "running"
     update_manifest(out_dir, {"engine": _merged_engine(out_dir, engine)})
     origin: list[int] = []

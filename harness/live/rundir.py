@@ -16,11 +16,7 @@ from harness.live.config import (
 from harness.live.prompts import (
     PromptBuilder,
 )
-from harness.live.protocols import (
-    OUTPUT_LENGTH_CONTROL,
-    PRIORITY_FIELD,
-    ProtocolName,
-)
+from harness.live.protocols import OUTPUT_LENGTH_CONTROL
 from harness.live.recorder import RECORDS_FILE, read_records, records_run_id
 from harness.live.telemetry import TELEMETRY_FILE, engine_preemptions
 from harness.manifest import run_fields, trace_manifest, update_manifest
@@ -40,13 +36,10 @@ from harness.traces import Trace
 log = logging.getLogger(__name__)
 
 
-def priority_note(trace: Trace, protocol: ProtocolName) -> str:
-    if not any(r.priority is not None for r in trace.requests):
-        return "none: no request has a priority"
-    fld = PRIORITY_FIELD[protocol]
-    if fld is None:
-        return f"not applied: the {protocol} protocol has no priority field"
-    return f"applied: sent in the request's {fld!r} field"
+def priority_note(trace: Trace, config: ReplayConfig) -> str:
+    """The manifest's word on the trace's priorities: sent (in which scale), or not and why
+    (``harness.live.protocols.plan_priority``)."""
+    return config.priority_plan(trace.requests).note
 
 
 def replay_manifest(trace: Trace, config: ReplayConfig, builder: PromptBuilder,
@@ -60,7 +53,7 @@ def replay_manifest(trace: Trace, config: ReplayConfig, builder: PromptBuilder,
         "mode": config.mode,
         "replay": config.as_manifest(),
         "prompt_mode": builder.mode,
-        "priority": priority_note(trace, config.protocol),
+        "priority": priority_note(trace, config),
         "output_length": OUTPUT_LENGTH_CONTROL[config.protocol],
         "slo": config.slo.as_dict() if config.slo is not None else None,
         "client_lag_threshold_s": config.client_lag_threshold_s,

@@ -102,10 +102,12 @@ def test_open_loop_records_every_chunk(tmp_path: Path, protocol: str, http_clien
     assert manifest["num_sent"] == 12
     if protocol == "tgi":
         assert manifest["prompt_mode"] == "approx_text"
-        assert manifest["priority"].startswith("not applied")
+        assert manifest["priority"] == "not applied: the tgi protocol has no priority field"
         assert all("priority" not in b for b in server.stats.bodies)
-    else:
-        assert manifest["priority"].startswith("applied")
+    else:  # a plain --target replay: vLLM's convention, the server's policy not known
+        assert manifest["priority"] == (
+            "sent; the server's policy is not known; in vLLM's convention (lower is served "
+            "first), as no --engine names the server")
         bodies = dict(zip(server.stats.request_ids, server.stats.bodies, strict=True))
         assert {rid: b["priority"] for rid, b in bodies.items()} == {
             f"r{i}": i % 2 for i in range(12)}
