@@ -7,6 +7,7 @@ and is then recorded, never silently dropped.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -59,6 +60,9 @@ class MetricSource:
     kind: Literal["gauge", "counter", "ratio", "histogram"] = "gauge"
     denominator: tuple[str, ...] = ()  # ratio only, aliases as for names
     reduce: Literal["sum", "mean"] = "sum"  # across label sets (several engines or models)
+    # False: read when a server exports it, but the build batchlab documents does not (an old
+    # name kept for older builds): `batchlab engines` lists the signal as missing
+    expected: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,9 @@ class TelemetrySpec:
     path: str = "/metrics"
     format: Literal["prometheus", "trtllm_json", "none"] = "prometheus"
     signals: tuple[tuple[str, MetricSource], ...] = ()  # canonical name -> source
+    # canonical name -> what the engine exports near it and why it is (not) read as that signal;
+    # shown by `batchlab engines`, read by nothing
+    notes: tuple[tuple[str, str], ...] = ()
 
     def source(self, signal: str) -> MetricSource | None:
         for name, src in self.signals:
@@ -140,6 +147,7 @@ class KnobRule:
     map: Callable[[Knobs], Setting | Unsupported]
     depends_on: tuple[str, ...] = ()  # other knobs ``map`` reads (the docs show each case)
     default: Any = UNKNOWN  # the engine's own value when the knob is unset
+    default_source: str = ""  # where that default was read: repo, path, commit, date read
     pinned: str = ""  # why the adapter passes this knob even when unset (batchlab's fallback)
     follows: Follows | None = None  # unset: where its value follows other knobs
 
@@ -182,13 +190,16 @@ def with_engine_defaults(
     defaults: Mapping[str, Any],
     *,
     pinned: Mapping[str, str] | None = None,
+    sources: Mapping[str, str] | None = None,
 ) -> tuple[KnobRule, ...]:
-    """A table whose rules know the engine's own defaults, and which knobs are always passed."""
-    unknown = (set(defaults) | set(pinned or {})) - {r.knob for r in rules}
+    """A table whose rules know the engine's own defaults, where each was read (``sources``),
+    and which knobs are always passed."""
+    unknown = (set(defaults) | set(pinned or {}) | set(sources or {})) - {r.knob for r in rules}
     if unknown:
         raise KnobError(f"defaults for knobs the table has no rule for: {sorted(unknown)}")
     return tuple(
-        replace(r, default=defaults.get(r.knob, UNKNOWN), pinned=(pinned or {}).get(r.knob, ""))
+        replace(r, default=defaults.get(r.knob, UNKNOWN), pinned=(pinned or {}).get(r.knob, ""),
+                default_source=(sources or {}).get(r.knob, ""))
         for r in rules
     )
 
@@ -208,42 +219,69 @@ def _flag_name(token: str) -> str | None:
     return name[3:] if name.startswith("no-") else name
 
 
-def _governed(rule: KnobRule, knobs: Knobs, setting: Setting, names: FlagNames) -> set[str]:
-    """Every flag a knob's rule may set, whatever the knob's value: the flags of ``setting``
-    and of the rule on each other value (``--quantization`` belongs to weights_dtype=bf16 too,
-    so ``-q fp8`` in extra_args overrides it)."""
+def _possible_settings(rule: KnobRule, knobs: Knobs, setting: Setting) -> list[Setting]:
+    """``setting`` and what the rule gives on each other value of the knob: everything a knob
+    may set, whatever its value (``--quantization`` belongs to weights_dtype=bf16 too, so
+    ``-q fp8`` in extra_args overrides it)."""
     spec = SPECS.get(rule.knob)
     kind = spec.kind if spec is not None else ""
     values: tuple[Any, ...] = (spec.choices if spec is not None and kind == "choice"
                                else (True, False) if kind == "bool"
                                else (1,) if kind == "int" else (0.5,) if kind == "float" else ())
-    flags = names.of(setting)
+    out = [setting]
     for value in (getattr(knobs, rule.knob), *values):
         result = rule.map(replace(knobs, **{rule.knob: value}))
-        flags |= names.of(result.instead if isinstance(result, Unsupported) else result)
-    return flags
+        out.append(result.instead if isinstance(result, Unsupported) else result)
+    return out
+
+
+def _governed(rule: KnobRule, knobs: Knobs, setting: Setting, names: FlagNames) -> set[str]:
+    """Every flag a knob's rule may set, whatever the knob's value."""
+    return set().union(*(names.of(s) for s in _possible_settings(rule, knobs, setting)))
+
+
+def _governed_env(rule: KnobRule, knobs: Knobs, setting: Setting) -> set[str]:
+    """Every environment variable a knob's rule may set, whatever the knob's value."""
+    return {key for s in _possible_settings(rule, knobs, setting) for key, _ in s.env}
+
+
+def _same_env_value(a: str, b: str) -> bool:
+    """``0.9`` and ``0.90`` are the same setting; ``1`` and ``true`` are not known to be."""
+    if a == b:
+        return True
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return False
 
 
 def map_knobs(
     engine: str, rules: tuple[KnobRule, ...], knobs: Knobs, *, allow_approximate: bool,
-    names: FlagNames = FlagNames(),
+    names: FlagNames = FlagNames(), env: Mapping[str, str] | None = None,
 ) -> tuple[tuple[MappedKnob, ...], Setting]:
     """Apply a mapping table to knobs: every knob recorded, every refusal raised at once.
 
     ``extra_args`` win over mapped flags: a knob whose flags ``extra_args`` also set (in any
     spelling ``names`` knows) passes none of them and is recorded as not applied, so the
     engine never sees the same flag twice and the record never claims a value it did not get.
+
+    ``env`` (the engine environment the user gave, ``--engine-env``) wins over mapped
+    environment variables the same way: a knob left unset whose variable it sets is recorded
+    as overridden; a knob given with another value than the variable's is refused, since the
+    two ask for different things and only one can reach the engine.
     """
     by_knob = {rule.knob: rule for rule in rules}
     missing = [name for name in Knobs.names() if name not in by_knob]
     if missing:  # a programming error in an adapter, caught by the table tests
         raise KnobError(f"{engine}: mapping table has no rule for {', '.join(missing)}")
     extra_flags = names.written(knobs.extra_args)
+    user_env = {str(k): str(v) for k, v in (env or {}).items()}
+    env_conflicts: list[str] = []
     mapped: list[MappedKnob] = []
     refusals: list[str] = []
     argv: list[str] = []
     config: list[tuple[str, Any]] = []
-    env: list[tuple[str, str]] = []
+    env_out: list[tuple[str, str]] = []
     # Unset knobs read as the engine's own defaults where known (rules read other knobs).
     knobs = knobs.with_defaults(
         {r.knob: r.default for r in rules if r.default is not UNKNOWN and not r.pinned})
@@ -287,9 +325,22 @@ def map_knobs(
                 setting = replace(setting, argv=(), config=())
                 status, note = "not_applied", f"overridden by extra_args ({flags})"
                 value = value if given else None  # unset: extra_args decide, as written
+            variables = sorted(_governed_env(rule, knobs, setting) & user_env.keys())
+            if variables and given:
+                mine = dict(setting.env)
+                env_conflicts.extend(
+                    f"{name}={value!r} sets {var}={mine[var]}, but --engine-env sets "
+                    f"{var}={user_env[var]}"
+                    for var in variables
+                    if var in mine and not _same_env_value(mine[var], user_env[var]))
+            elif variables:  # unset: the user's variable decides, as given
+                by_env = ", ".join(f"{var}={user_env[var]}" for var in variables)
+                setting, status, value = Setting(), "not_applied", None
+                note = (f"{note}; " if note.startswith("overridden") else "") + (
+                    f"overridden by --engine-env {by_env}")
         argv.extend(setting.argv)
         config.extend(setting.config)
-        env.extend(setting.env)
+        env_out.extend(setting.env)
         mapped.append(MappedKnob(name, value, setting.fragments(), status, note))
     if refusals:
         raise KnobError(
@@ -297,7 +348,14 @@ def map_knobs(
             + ". Change the knob, or pass --allow-approximate to record it as approximated "
             "or not applied instead."
         )
-    return tuple(mapped), Setting(tuple(argv), tuple(config), tuple(env))
+    if env_conflicts:
+        raise KnobError(
+            f"{engine}: a knob and --engine-env ask for different settings: "
+            + "; ".join(env_conflicts)
+            + ". Drop one of them (a knob left unset lets --engine-env decide, and is recorded "
+            "as overridden)."
+        )
+    return tuple(mapped), Setting(tuple(argv), tuple(config), tuple(env_out))
 
 
 ATTACHED = "attached to a running server: its own configuration applies"
@@ -353,24 +411,34 @@ class LaunchPlan:
     def resolved_argv(self, config_dir: str) -> tuple[str, ...]:
         return tuple(a.replace(CONFIG_DIR, config_dir) for a in self.argv)
 
-    def describe(self) -> str:
+    def describe(self, config_dir: str | None = None) -> str:
         """The dry-run text: argv, environment, generated files and the knob mapping.
+
+        argv is a JSON list, one item a line, so that every item and its quoting are
+        unambiguous; ``config_dir`` (the folder the generated files will be written to, when
+        known) replaces ``{config_dir}`` in it and in the files' names.
 
         Values are shown as they are: whoever prints it redacts secrets first (``harness.live``
         prints a plan whose argv and environment went through ``harness.redact``)."""
         lines = [f"engine: {self.engine}", f"url: {self.base_url}  (protocol {self.protocol})"]
+        argv = self.argv if config_dir is None else self.resolved_argv(config_dir)
         if self.launch:
             if self.launcher:
                 lines.append(f"launcher: {self.launcher}")
-            lines.append("argv:")
-            lines.append("  " + shlex.join(self.argv))
+            lines.append("argv (JSON, one item a line):")
+            lines.append("  [")
+            items = [json.dumps(arg, ensure_ascii=False) for arg in argv]
+            lines.extend(f"    {item}," for item in items[:-1])
+            lines.extend(f"    {item}" for item in items[-1:])
+            lines.append("  ]")
         else:
             lines.append("argv: none (attaching to a running server)")
         if self.env:
             lines.append("environment:")
             lines.extend(f"  {k}={v}" for k, v in sorted(self.env.items()))
+        folder = CONFIG_DIR if config_dir is None else config_dir
         for name, content in self.config_files.items():
-            lines.append(f"config file {CONFIG_DIR}/{name}:")
+            lines.append(f"config file {folder}/{name}:")
             lines.extend("  " + line for line in content.rstrip("\n").splitlines())
         lines.append("knob mapping:")
         width = max((len(m.knob) for m in self.mapping), default=0)

@@ -25,6 +25,7 @@ from adapters.base import (
     Unsupported,
 )
 from adapters.knobs import DTYPES, POLICIES, PREEMPTIONS, ReferenceKnobs
+from adapters.reference.cost_model import profile_scheduler_defaults, shipped_profiles
 
 ENGINES = ("vllm", "tgi", "trtllm", "llamacpp", "openai", "reference")
 
@@ -235,8 +236,9 @@ def rows(info: EngineInfo) -> list[Row]:
         else:
             default = ("not known to batchlab" if rule.default is UNKNOWN
                        else _show(rule.default))
+            source = f" ({rule.default_source})" if rule.default_source else ""
             out.append(Row(rule.knob, f"{rule.knob} unset", rule.target, "engine default",
-                           "(no flag)", f"the engine's own default: {default}"))
+                           "(no flag)", f"the engine's own default: {default}{source}"))
         out.extend(_derived_rows(rule, defaults))
         for head, cases in _cases(rule, defaults):
             value_rows = [_row(rule, when, rule.map(knobs)) for when, knobs in cases]
@@ -285,17 +287,25 @@ def _telemetry_line(spec: TelemetrySpec) -> str:
         return "none by default (openai: --metric-map)"
     if not spec.signals:
         return f"{spec.format} at {spec.path}"
+    notes = dict(spec.notes)
+
+    def noted(name: str) -> str:
+        return f"{name} ({notes[name]})" if name in notes else name
+
     parts = []
     for name, src in spec.signals:
+        if not src.expected:
+            continue  # read if present, but not claimed: listed as missing below
         source = " | ".join(src.names)
         if src.kind == "ratio":
             source += " / " + " | ".join(src.denominator)
         elif src.kind != "gauge":
             source += f" ({src.kind})"
-        parts.append(f"{name} <- {source}")
-    missing = [name for name in CANONICAL_SIGNALS if spec.source(name) is None]
+        parts.append(f"{noted(name)} <- {source}")
+    missing = [name for name in CANONICAL_SIGNALS
+               if (read := spec.source(name)) is None or not read.expected]
     if missing:
-        parts.append("missing: " + ", ".join(missing))
+        parts.append("missing: " + ", ".join(noted(name) for name in missing))
     return f"{spec.path}: " + "; ".join(parts)
 
 
@@ -326,7 +336,14 @@ def mapping_markdown() -> str:
         "`extra_args` are appended to the engine's argv as given; a knob whose flag "
         "`extra_args` also set is dropped and recorded as overridden, whichever way the flag "
         "is written (`_` or `-`, a short form such as vLLM's `-q` or llama.cpp's `-c`, or "
-        "TensorRT-LLM's command-line flag for a key of its YAML).",
+        "TensorRT-LLM's command-line flag for a key of its YAML). TensorRT-LLM's `--config` "
+        "(or `--extra_llm_api_options`) in `extra_args` is refused: it would replace the "
+        "generated YAML, and with it every knob mapped there.",
+        "",
+        "An environment variable given with `--engine-env` (or a scenario's `env:`) that a "
+        "knob maps to (TGI's `PREFILL_CHUNKING`, `PREFIX_CACHING`, `TGI_WIGGLE_ROOM`) wins "
+        "over the knob the same way: a knob left unset is recorded as overridden by "
+        "`--engine-env NAME=V`; a knob given with another value is refused at plan time.",
         "",
         "`gpu_memory_utilization` means what it means for vLLM: the share of the GPU's total "
         "memory for weights, activations and KV cache. TGI's `--cuda-memory-fraction` is "
@@ -338,6 +355,7 @@ def mapping_markdown() -> str:
         "`batchlab replay --engine vllm --launch --model-path models/tiny-llama "
         "--max-num-seqs 8 --dry-run --trace harness/data/azure_conv_excerpt.csv`.",
         "",
+        *_live_and_profile_section(),
     ]
     for info in INFO.values():
         out.append(f"## {info.name}: {info.title}")
@@ -427,6 +445,86 @@ def mapping_markdown() -> str:
         "",
     ])
     return "\n".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class UnsetDifference:
+    """One knob whose value, left unset, differs between a live launch and the profiles."""
+
+    engine: str
+    knob: str  # the uniform knob, with the engine setting it concerns
+    live: str  # what a live launch passes with the knob unset
+    profiles: str  # what the engine's shipped profiles predict with, by profile
+    engine_default: str  # the engine's own default, with where it was read
+
+
+def _by_profile(engine: str, knob: str) -> dict[Any, list[str]]:
+    """The value each shipped profile of ``engine`` records for ``knob``, grouped by value."""
+    values: dict[Any, list[str]] = {}
+    for name in shipped_profiles():
+        if name.startswith(f"{engine}-"):
+            value = profile_scheduler_defaults(name).get(knob)
+            if value is not None:
+                values.setdefault(value, []).append(name)
+    return values
+
+
+def _profiles_text(values: Mapping[Any, list[str]]) -> str:
+    return "; ".join(f"{value} ({', '.join(names)})" for value, names in values.items())
+
+
+def unset_differences() -> list[UnsetDifference]:
+    """The knobs that, left unset, mean one value in a live launch and another in a shipped
+    profile: computed from the adapters' tables and the profiles."""
+    out = []
+    vllm_rules = {r.knob: r for r in vllm.RULES}
+    own = {"max_num_seqs": "1024 on a GPU of 70 GiB or more that is not an A100, else 256",
+           "max_num_batched_tokens": "8192 on a GPU of 70 GiB or more that is not an A100, "
+                                     "else 2048"}
+    for knob in ("max_num_seqs", "max_num_batched_tokens"):
+        live = getattr(Knobs(), knob)  # the pinned value vLLM is launched with
+        values = _by_profile("vllm", knob)
+        if set(values) - {live}:
+            out.append(UnsetDifference(
+                "vllm", knob, _settings(_as_setting(vllm_rules[knob].map(Knobs()))) + " (pinned)",
+                _profiles_text(values),
+                f"{own[knob]} (`vllm serve`; {vllm.BATCH_DEFAULTS_SOURCE})"))
+    values = _by_profile("tgi", "max_num_seqs")
+    if set(values) - {tgi.MAX_CONCURRENT_REQUESTS}:
+        out.append(UnsetDifference(
+            "tgi", "max_num_seqs (admission cap: --max-concurrent-requests)",
+            f"--max-concurrent-requests {tgi.MAX_CONCURRENT_REQUESTS} (always passed)",
+            _profiles_text(values),
+            f"{tgi.DEFAULT_MAX_CONCURRENT_REQUESTS} ({tgi.MAX_CONCURRENT_REQUESTS_SOURCE})"))
+    return out
+
+
+def _live_and_profile_section() -> list[str]:
+    out = [
+        "## Unset knobs: a live launch and a profile differ",
+        "",
+        "An unset knob does not mean the same in a live launch and in a prediction. A live "
+        "launch passes batchlab's own values for a few knobs (pinned, or always passed); a "
+        "prediction with an engine profile uses the value the profile records, which is the "
+        "engine's own default on the profile's GPU. A live cell and a predicted cell with "
+        "these knobs unset therefore run different configurations:",
+        "",
+        "| engine | knob | live launch, knob unset | profiles, knob unset | engine's own "
+        "default |",
+        "|---|---|---|---|---|",
+    ]
+    out.extend(f"| {d.engine} | `{_md(d.knob)}` | `{_md(d.live)}` | {_md(d.profiles)} | "
+               f"{_md(d.engine_default)} |" for d in unset_differences())
+    out.extend([
+        "",
+        "To compare a live cell with a predicted one, set these knobs on both: vLLM "
+        "`--max-num-seqs` and `--max-num-batched-tokens`; for TGI, whose live launch always "
+        f"admits up to {tgi.MAX_CONCURRENT_REQUESTS} requests (its `max_num_seqs` maps to "
+        "`--max-batch-size`, not to the admission cap), give the predicted cell "
+        f"`--max-num-seqs {tgi.MAX_CONCURRENT_REQUESTS}`.",
+        "",
+    ])
+    return out
 
 
 def replay_defaults(engine: str) -> dict[str, Any]:

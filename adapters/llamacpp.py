@@ -213,15 +213,19 @@ FIXED = (
     f"defaults and flags: {SOURCE}",
 )
 
-# No KV-usage or preemption gauge and no per-step token histogram in current builds
-# (tools/server/server-task.cpp to_metrics); kv_cache_usage_ratio is from older builds.
+# No KV-usage or preemption gauge and no per-step token histogram in the pinned build
+# (tools/server/server-task.cpp to_metrics, see SOURCE; the families it exports are listed in
+# shared/reference/cpu-engines.md 3b). llamacpp:kv_cache_usage_ratio is from older builds: it is
+# still read when a server exports it, but not claimed (`batchlab engines` lists it missing).
 TELEMETRY = TelemetrySpec(
     path="/metrics",
     signals=(
         ("num_running", MetricSource(("llamacpp:requests_processing",))),
         ("num_waiting", MetricSource(("llamacpp:requests_deferred",))),
-        ("kv_usage", MetricSource(("llamacpp:kv_cache_usage_ratio",))),
+        ("kv_usage", MetricSource(("llamacpp:kv_cache_usage_ratio",), expected=False)),
     ),
+    notes=(("kv_usage", "not exported by the pinned build; llamacpp:kv_cache_usage_ratio is "
+                        "read if an older build exports it"),),
 )
 WIRE = ServerWire(version_paths=("/props",), telemetry=TELEMETRY)
 
@@ -269,7 +273,7 @@ class LlamaCppAdapter:
     def plan(self, knobs: Knobs, *, allow_approximate: bool = False) -> LaunchPlan:
         knobs.validate()
         mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate,
-                                     names=NAMES)
+                                     names=NAMES, env=self.env)
         port = self.port or free_port(self.host)
         served = self.served_model_name or self.model
         argv = (

@@ -194,19 +194,35 @@ RULES: tuple[KnobRule, ...] = (
     KnobRule("extra_args", "appended to argv as given", lambda k: Setting(k.extra_args)),
 )
 
-# TGI's own defaults (launcher/src/main.rs; backends/v3/src/queue.rs: FIFO only; read 2026-11).
-# It never preempts: it reserves KV at admission (engines.md 2.1 "Preemption":
-# router/src/infer/mod.rs, router/src/validation.rs).
+# TGI's own defaults, each with where it was read: the repository snapshot engines.md was
+# written from (huggingface/text-generation-inference @db931fcf, 2026-01-08; engines.md 0, 2.1).
+# It never preempts: it reserves KV at admission.
+_AT = "@db931fcf, read 2026-11-30"
+DEFAULT_SOURCES: dict[str, str] = {
+    "policy": f"huggingface/text-generation-inference backends/v3/src/queue.rs (a FIFO "
+              f"VecDeque) {_AT}",
+    "preemption": "huggingface/text-generation-inference backends/v3/src/queue.rs, "
+                  f"router/src/infer/mod.rs (KV reserved at admission) {_AT}",
+    "chunked_prefill": "huggingface/text-generation-inference "
+                       f"server/text_generation_server/models/globals.py PREFILL_CHUNKING {_AT}",
+    "prefix_caching": "huggingface/text-generation-inference launcher/src/main.rs "
+                      f"resolve_attention, PREFIX_CACHING {_AT}",
+}
+# --max-concurrent-requests 128 (launcher/src/main.rs struct Args; engines.md 2.1, TGI quirk 4)
+DEFAULT_MAX_CONCURRENT_REQUESTS = 128
+MAX_CONCURRENT_REQUESTS_SOURCE = (
+    f"huggingface/text-generation-inference launcher/src/main.rs --max-concurrent-requests {_AT}")
 RULES = with_engine_defaults(RULES, {
     "policy": "fcfs", "preemption": "none", "chunked_prefill": True, "prefix_caching": True,
     "max_model_len": None, "extra_args": (),
-})
+}, sources=DEFAULT_SOURCES)
 
 FIXED = (
     "--hostname 127.0.0.1 --port PORT (natively; in a container: -p 127.0.0.1:PORT:80)",
     "--usage-stats off (TGI reports usage to Hugging Face by default)",
-    f"--max-concurrent-requests {MAX_CONCURRENT_REQUESTS} (the default 128 rejects requests "
-    "beyond it as overloaded instead of queueing them)",
+    f"--max-concurrent-requests {MAX_CONCURRENT_REQUESTS} (the default "
+    f"{DEFAULT_MAX_CONCURRENT_REQUESTS} rejects requests beyond it as overloaded instead of "
+    "queueing them)",
     "in a container: -e NAME for each environment variable (values in the client's "
     'environment), --gpus "device=IDS" from CUDA_VISIBLE_DEVICES when set (podman: --device '
     "nvidia.com/gpu=ID), else --gpus all",
@@ -284,16 +300,18 @@ class TgiAdapter:
     def plan(self, knobs: Knobs, *, allow_approximate: bool = False) -> LaunchPlan:
         knobs.validate()
         check(knobs)
-        mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate)
+        # --engine-env wins over the variables knobs map to (PREFILL_CHUNKING, PREFIX_CACHING,
+        # TGI_WIGGLE_ROOM): map_knobs refuses a knob given with another value, and records an
+        # unset one as overridden.
+        mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate,
+                                     env=self.env)
         port = self.port or free_port(self.host)
         common = (
             "--usage-stats", "off",
             "--max-concurrent-requests", str(MAX_CONCURRENT_REQUESTS),
             *setting.argv,
         )
-        mapped_env = dict(setting.env)
-        self._check_wiggle_room(mapped_env)
-        env = {"HF_HUB_OFFLINE": "1", **mapped_env, **self.env}
+        env = {"HF_HUB_OFFLINE": "1", **dict(setting.env), **self.env}
         runtime = _runtime(self.runtime)
         stop_argv: tuple[str, ...] = ()
         notes: tuple[str, ...] = ()
@@ -328,21 +346,6 @@ class TgiAdapter:
         return WIRE.launched(NAME, argv=argv, env=env, mapping=mapping, host=self.host,
                              port=port, model=self.served_model_name or "tgi",
                              stop_argv=stop_argv, notes=notes)
-
-    def _check_wiggle_room(self, mapped_env: dict[str, str]) -> None:
-        """The memory conversion assumes TGI_WIGGLE_ROOM's default; another one given in the
-        engine's environment would silently change the KV budget."""
-        mine, theirs = mapped_env.get(WIGGLE_ROOM_ENV), self.env.get(WIGGLE_ROOM_ENV)
-        if mine is None or theirs is None:
-            return
-        try:
-            same = float(theirs) == float(mine)
-        except ValueError:
-            same = False
-        if not same:
-            raise KnobError(
-                f"tgi: gpu_memory_utilization is converted with {WIGGLE_ROOM_ENV}={mine}, but "
-                f"the engine environment sets {WIGGLE_ROOM_ENV}={theirs}; drop one of them")
 
     def _container_model(self) -> tuple[str, tuple[str, ...]]:
         """A local model folder is mounted read-only; a hub id uses the mounted HF cache."""

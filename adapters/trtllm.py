@@ -23,6 +23,7 @@ from adapters.base import (
     KnobRule,
     Knobs,
     LaunchPlan,
+    MappedKnob,
     MetricSource,
     ServerWire,
     Setting,
@@ -169,21 +170,39 @@ RULES: tuple[KnobRule, ...] = (
     KnobRule("extra_args", "appended to argv as given", lambda k: Setting(k.extra_args)),
 )
 
-# TensorRT-LLM's own defaults (tensorrt_llm/llmapi/llm_args.py: capacity_scheduler_policy
-# GUARANTEED_NO_EVICT, waiting_queue_policy fcfs, enable_chunked_prefill False,
-# kv_cache_config.enable_block_reuse True, kv_cache_config.dtype auto, max_batch_size 2048,
-# max_num_tokens 8192; read 2026-11; engines.md 2.1 and 2.4).
+# TensorRT-LLM's own defaults (engines.md 2.1 and 2.4), each with where it was read:
+# NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py @0004396720054fd8e205cbf616f21f0b57c6b412
+# (BaseLlmArgs, SchedulerConfig, KvCacheConfig), read 2026-11-30.
 DEFAULTS: dict[str, object] = {
     "max_num_seqs": 2048, "max_num_batched_tokens": DEFAULT_MAX_NUM_TOKENS, "policy": "fcfs",
     "preemption": "none", "chunked_prefill": False, "kv_cache_dtype": "auto",
     "prefix_caching": True, "tensor_parallel_size": 1, "max_model_len": None, "extra_args": (),
 }
-RULES = with_engine_defaults(RULES, DEFAULTS)
+
+
+def _llm_args(field_name: str) -> str:
+    return (f"NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py {field_name} @00043967, "
+            "read 2026-11-30")
+
+
+DEFAULT_SOURCES: dict[str, str] = {
+    "max_num_seqs": _llm_args("BaseLlmArgs.max_batch_size"),
+    "max_num_batched_tokens": _llm_args("BaseLlmArgs.max_num_tokens"),
+    "policy": _llm_args("SchedulerConfig.waiting_queue_policy"),
+    "preemption": _llm_args("SchedulerConfig.capacity_scheduler_policy GUARANTEED_NO_EVICT"),
+    "chunked_prefill": _llm_args("BaseLlmArgs.enable_chunked_prefill"),
+    "kv_cache_dtype": _llm_args("KvCacheConfig.dtype"),
+    "prefix_caching": _llm_args("KvCacheConfig.enable_block_reuse"),
+    "tensor_parallel_size": _llm_args("BaseLlmArgs.tensor_parallel_size"),
+}
+RULES = with_engine_defaults(RULES, DEFAULTS, sources=DEFAULT_SOURCES)
 
 # trtllm-serve's flags for the fields the YAML sets (engines.md 2.4:
 # tensorrt_llm/commands/serve.py), so that extra_args setting one replace the YAML key.
 NAMES = FlagNames(
-    aliases={"free-gpu-memory-fraction": "kv-cache-free-gpu-memory-fraction"},
+    aliases={"free-gpu-memory-fraction": "kv-cache-free-gpu-memory-fraction",
+             # one click option with two names: the YAML file (CONFIG_OPTION)
+             "config": "extra-llm-api-options"},
     config_keys={
         "max_batch_size": "--max_batch_size",
         "max_num_tokens": "--max_num_tokens",
@@ -193,6 +212,29 @@ NAMES = FlagNames(
         "kv_cache_config.free_gpu_memory_fraction": "--kv_cache_free_gpu_memory_fraction",
     },
 )
+
+
+# trtllm-serve reads --config and --extra_llm_api_options as one click option, and the last one
+# given wins (NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py @00209af1, read 2026-11-30):
+# one in extra_args would replace the generated YAML, and every knob mapped into it.
+CONFIG_OPTION = "extra-llm-api-options"
+
+
+def check_config_not_replaced(knobs: Knobs, mapping: tuple[MappedKnob, ...]) -> None:
+    """Refuse extra_args that name another YAML file: the generated one would not be read."""
+    written = NAMES.written(knobs.extra_args)
+    if CONFIG_OPTION not in written:
+        return
+    in_yaml = [m.knob for m in mapping if m.knob != "extra_args" and m.flags]
+    lost = (f"knob{'s' if len(in_yaml) > 1 else ''} {', '.join(in_yaml)} would not apply, "
+            "nor " if in_yaml else "no knob is mapped into it now, but ")
+    raise KnobError(
+        f"trtllm: extra_args {written[CONFIG_OPTION]} replaces the YAML batchlab generates "
+        "(trtllm-serve takes --config and --extra_llm_api_options as one option, and the last "
+        f"one given wins), so {lost}the telemetry settings it carries "
+        f"({', '.join(k for k, _ in FIXED_CONFIG)}). Put the settings in knobs instead; "
+        "extra_args may carry other trtllm-serve flags"
+    )
 
 
 def check(knobs: Knobs) -> None:
@@ -217,6 +259,13 @@ FIXED = (
 )
 
 # Recent main prefixes trtllm_; older 1.x builds exported only a few unprefixed names.
+# trtllm_num_paused_requests and trtllm_total_context_tokens exist, but as gauges the collector
+# sets from each iteration's inflightBatchingStats (numPausedRequests, numCtxTokens), so a
+# scrape sees the last iteration only (NVIDIA/TensorRT-LLM tensorrt_llm/metrics/collector.py
+# MetricsCollector.log_iteration_stats @050f80de, read 2026-11-30). The JSON /metrics path sums
+# those fields over every iteration since the previous poll (harness.live.telemetry
+# trtllm_iterations_reading): a count of pauses, and context plus decode tokens per step. A
+# last-iteration gauge means neither, so neither is read as num_preemptions or batch_tokens.
 TELEMETRY = TelemetrySpec(
     path="/prometheus/metrics",
     signals=(
@@ -224,6 +273,14 @@ TELEMETRY = TelemetrySpec(
         ("num_waiting", MetricSource(("trtllm_num_requests_waiting",))),
         ("kv_usage", MetricSource(
             ("trtllm_kv_cache_utilization", "kv_cache_utilization"), reduce="mean")),
+    ),
+    notes=(
+        ("num_preemptions", "trtllm_num_paused_requests is a gauge of the requests paused in "
+                            "the last iteration, not a count of pauses; the JSON /metrics sums "
+                            "numPausedRequests over every iteration"),
+        ("batch_tokens", "trtllm_total_context_tokens is a gauge of the last iteration's "
+                         "context tokens, without decode tokens; the JSON /metrics sums "
+                         "numCtxTokens + numGenRequests over every iteration"),
     ),
 )
 JSON_TELEMETRY = TelemetrySpec(path="/metrics", format="trtllm_json")
@@ -256,7 +313,8 @@ class TrtllmAdapter:
         knobs.validate()
         check(knobs)
         mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate,
-                                     names=NAMES)
+                                     names=NAMES, env=self.env)
+        check_config_not_replaced(knobs, mapping)
         port = self.port or free_port(self.host)
         argv = (
             self.command, self.model,

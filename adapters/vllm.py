@@ -173,10 +173,26 @@ RULES: tuple[KnobRule, ...] = (
     KnobRule("extra_args", "appended to argv as given", lambda k: Setting(k.extra_args)),
 )
 
-# vLLM's own defaults (vllm/engine/arg_utils.py EngineArgs, vllm/config/scheduler.py,
-# vllm/config/cache.py; read 2026-11 from the V1 sources). --gpu-memory-utilization changed
-# from 0.9 to 0.92 between releases, and the weights' dtype follows the checkpoint: not known
-# here. --kv-cache-dtype is auto (the model dtype) unless given.
+# vLLM's own defaults, each with where it was read (shown in `batchlab engines` and
+# docs/engines.md). --gpu-memory-utilization changed from 0.9 to 0.92 between releases, and the
+# weights' dtype follows the checkpoint: not known here. --kv-cache-dtype is auto (the model
+# dtype) unless given. Chunked prefill and prefix caching are turned on by
+# EngineArgs._set_default_args for generative models (prefix caching not for hybrid models).
+_READ = "read 2026-11-30"
+BATCH_DEFAULTS_SOURCE = ("vllm-project/vllm vllm/engine/arg_utils.py "
+                         f"EngineArgs._set_default_args @99d7eb5d, {_READ}")
+DEFAULT_SOURCES: dict[str, str] = {
+    "policy": f"vllm-project/vllm vllm/config/scheduler.py SchedulerConfig.policy @01230b40, "
+              f"{_READ}",
+    "preemption": "vllm-project/vllm vllm/v1/core/sched/scheduler.py "
+                  f"Scheduler._preempt_request @00024d31, {_READ}",
+    "chunked_prefill": BATCH_DEFAULTS_SOURCE,
+    "kv_cache_dtype": "vllm-project/vllm vllm/config/cache.py CacheConfig.cache_dtype "
+                      f"@01230b40, {_READ}",
+    "prefix_caching": BATCH_DEFAULTS_SOURCE,
+    "tensor_parallel_size": "vllm-project/vllm vllm/config/parallel.py "
+                            f"ParallelConfig.tensor_parallel_size @00193b82, {_READ}",
+}
 RULES = with_engine_defaults(RULES, {
     "policy": "fcfs", "preemption": "recompute", "chunked_prefill": True,
     "kv_cache_dtype": "auto", "prefix_caching": True, "tensor_parallel_size": 1,
@@ -184,7 +200,7 @@ RULES = with_engine_defaults(RULES, {
 }, pinned={
     "max_num_seqs": "vLLM's own default depends on the GPU (get_batch_defaults)",
     "max_num_batched_tokens": "vLLM's own default depends on the GPU (get_batch_defaults)",
-})
+}, sources=DEFAULT_SOURCES)
 
 # Other spellings vLLM accepts for mapped flags (vllm/engine/arg_utils.py add_cli_args; `-q
 # fp8`: engines.md 2.1 "FP8 weights"). ``_`` for ``-`` is known to every adapter.
@@ -309,7 +325,7 @@ class VllmAdapter:
         knobs.validate()
         check(knobs)
         mapping, setting = map_knobs(NAME, self.rules, knobs, allow_approximate=allow_approximate,
-                                     names=NAMES)
+                                     names=NAMES, env=self.env)
         port = self.port or free_port(self.host)
         served = self.served_model_name or self.model
         chosen = choose_launcher(self.python)

@@ -25,7 +25,7 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, AnyStr, BinaryIO
 
 MASK = "***"
 
@@ -199,48 +199,91 @@ def _scrubbable(value: str) -> bool:
 
 
 MIN_CUT_SECRET = 6  # characters of a secret's beginning that are masked wherever they are
+_SCRUB_CHUNK = 1 << 20  # bytes a log is read in
+
+
+def _cuts(secret: AnyStr) -> list[AnyStr]:
+    """The secret and each beginning of it of ``MIN_CUT_SECRET`` characters or more."""
+    out = [secret]
+    for k in range(len(secret) - 1, MIN_CUT_SECRET - 1, -1):
+        out.append(secret[:k])
+    return out
+
+
+def _mask_pattern(secrets: Iterable[AnyStr]) -> re.Pattern[AnyStr] | None:
+    """One pattern for every secret and every beginning of one: longest first, so that at each
+    place the longest match is masked (the whole value before a part of it). None: nothing to
+    mask. The one masking rule of ``scrub_text`` (str) and ``scrub_files`` (bytes)."""
+    cuts = {cut for secret in secrets if secret for cut in _cuts(secret)}
+    if not cuts:
+        return None
+    ordered = sorted(cuts, key=lambda c: (-len(c), c))
+    joiner: Any = b"|" if isinstance(ordered[0], bytes) else "|"
+    return re.compile(joiner.join(re.escape(cut) for cut in ordered))
 
 
 def scrub_text(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret value replaced by ``***`` (longest first), and then any
-    beginning of one, of ``MIN_CUT_SECRET`` characters or more: an error body is kept only so
-    long, and a server that echoes the key may have had it cut in two, the cut perhaps
-    quoted after (``'...sk-LEAK'``). Half a key is still half a key."""
-    ordered = sorted(secrets, key=len, reverse=True)
-    for secret in ordered:
-        if secret in text:
-            text = text.replace(secret, MASK)
-    for secret in ordered:
-        for k in range(len(secret) - 1, MIN_CUT_SECRET - 1, -1):
-            if secret[:k] in text:
-                text = text.replace(secret[:k], MASK)
+    """``text`` with every secret value replaced by ``***``, and any beginning of one of
+    ``MIN_CUT_SECRET`` characters or more: an error body is kept only so long, and a server
+    that echoes the key may have had it cut in two, the cut perhaps quoted after
+    (``'...sk-LEAK'``). Half a key is still half a key."""
+    pattern = _mask_pattern(secrets)
+    return text if pattern is None else pattern.sub(MASK, text)
+
+
+def _scrub_stream(src: BinaryIO, dst: BinaryIO, pattern: re.Pattern[bytes], longest: int,
+                  *, chunk_size: int = _SCRUB_CHUNK) -> bool:
+    """Copy ``src`` to ``dst`` with every match of ``pattern`` masked, ``chunk_size`` bytes at a
+    time, exactly as masking the whole file at once would; returns whether anything was masked.
+
+    A match is at most ``longest`` bytes. Matches that start more than ``longest`` bytes before
+    the end of what has been read are whole, and are masked; the tail after them waits for the
+    next chunk, so that a secret split across two reads is still found."""
+    mask = MASK.encode()
+    pending = b""
+    changed = False
+    while True:
+        chunk = src.read(chunk_size)
+        data = pending + chunk
+        safe = len(data) if not chunk else max(0, len(data) - longest)
+        out: list[bytes] = []
+        done = 0
+        for match in pattern.finditer(data):
+            if match.start() >= safe:
                 break
-    return text
+            out += [data[done:match.start()], mask]
+            done = match.end()
+            changed = True
+        cut = max(done, safe)
+        out.append(data[done:cut])
+        dst.write(b"".join(out))
+        pending = data[cut:]
+        if not chunk:
+            return changed
 
 
-def scrub_files(folder: Path, secrets: Iterable[str], *, max_bytes: int = 256 << 20) -> int:
-    """Scrub the logs (``*.log``, ``*.txt``) directly in ``folder``; returns how many changed.
-    A file is rewritten only when a secret was found in it."""
-    values = frozenset(secrets)
-    if not values:
+def scrub_files(folder: Path, secrets: Iterable[str]) -> int:
+    """Scrub the logs (``*.log``, ``*.txt``) directly in ``folder`` as ``scrub_text`` scrubs
+    text, reading each in chunks whatever its size; returns how many changed. A file is
+    replaced only when something in it was masked."""
+    values = [v.encode() for v in frozenset(secrets) if v]
+    pattern = _mask_pattern(values)
+    if pattern is None:
         return 0
-    encoded = [v.encode() for v in values]
+    longest = max(len(v) for v in values)
     changed = 0
     for path in sorted(Path(folder).iterdir()):
         if not path.is_file() or not path.name.endswith(_TEXT_SUFFIXES):
             continue
+        tmp = path.with_name(path.name + ".scrub.tmp")
         try:
-            if path.stat().st_size > max_bytes:
-                continue
-            data = path.read_bytes()
-            if not any(v in data for v in encoded):
-                continue
-            for value in sorted(encoded, key=len, reverse=True):
-                data = data.replace(value, MASK.encode())
-            tmp = path.with_name(path.name + ".scrub.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-            changed += 1
+            with path.open("rb") as src, tmp.open("wb") as dst:
+                masked = _scrub_stream(src, dst, pattern, longest, chunk_size=_SCRUB_CHUNK)
+            if masked:
+                os.replace(tmp, path)
+                changed += 1
         except OSError:
-            continue  # a full disk must not turn scrubbing into a crash
+            pass  # a full disk must not turn scrubbing into a crash
+        finally:
+            tmp.unlink(missing_ok=True)
     return changed

@@ -195,12 +195,13 @@ def run_live(
     if dry_run:
         shown = redacted_plan(plan)
         priority = config.priority_plan(trace.requests).note  # as the manifest would say
-        print(shown.describe(), end="", file=out or sys.stdout)
+        folder = str(Path(out_dir).resolve())  # where a run writes the generated files
+        print(shown.describe(config_dir=folder), end="", file=out or sys.stdout)
         print(f"request priority: {priority}", file=out or sys.stdout)
         return {
             "dry_run": True,
             "priority": priority,
-            "argv": list(shown.argv),
+            "argv": list(shown.resolved_argv(folder)),
             "env": dict(shown.env),
             "config_files": dict(shown.config_files),
             "mapping": [jsonable(asdict(m)) for m in shown.mapping],

@@ -763,7 +763,8 @@ def test_make_adapter_rejects_unknown_engines() -> None:
 
 def test_describe_shows_argv_config_and_mapping() -> None:
     text = trt_plan(trt_knobs(preemption="none")).describe()
-    assert "argv:\n  trtllm-serve nvidia/model-FP8 --host 127.0.0.1" in text
+    assert ('argv (JSON, one item a line):\n  [\n    "trtllm-serve",\n'
+            '    "nvidia/model-FP8",\n    "--host",\n    "127.0.0.1",\n') in text
     assert f"config file {CONFIG_DIR}/{trtllm.CONFIG_FILE}:" in text
     assert "capacity_scheduler_policy: GUARANTEED_NO_EVICT" in text
     assert "knob mapping:" in text and "max_num_seqs" in text
@@ -794,7 +795,9 @@ def test_mapping_text_says_what_an_unset_token_budget_follows() -> None:
     assert ("max_num_batched_tokens unset (chunked_prefill=unset, max_model_len=L) -> "
             "max_num_tokens: L") in trt
     assert "preemption unset" in section(text, "tgi")
-    assert "(the engine's own default: none)" in section(text, "tgi")
+    assert ("(the engine's own default: none (huggingface/text-generation-inference "
+            "backends/v3/src/queue.rs, router/src/infer/mod.rs (KV reserved at admission) "
+            "@db931fcf, read 2026-11-30))") in section(text, "tgi")
 
 
 def test_rows_show_each_case_of_a_dependency_only_when_they_differ() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from adapters import trtllm
 from adapters.base import Knobs
 from adapters.process import ServerProcess
 from harness.live import run as live
@@ -23,6 +24,12 @@ SECRETS = ("hf_SECRET123", "sk-LIVEKEY")
 def trace() -> Trace:
     requests = (TraceRequest("r0", 0.0, num_prompt_tokens=8, num_output_tokens=5),)
     return Trace(requests, source="test", format="synthetic", digest="sha256:test")
+
+
+def shown_argv(text: str) -> list[str]:
+    """The argv a dry run prints: a JSON list, one item a line."""
+    block = text.split("argv (JSON, one item a line):\n", 1)[1]
+    return json.loads(block[:block.index("\n  ]") + len("\n  ]")])
 
 
 def dry_run(engine: str, knobs: Knobs, **spec: Any) -> tuple[str, dict[str, Any]]:
@@ -60,7 +67,8 @@ def test_tgi_container_dry_run_shows_no_secret(monkeypatch: pytest.MonkeyPatch) 
     text, result = dry_run("tgi", Knobs.from_mapping({}), runtime="docker")
     for secret in SECRETS:
         assert secret not in text + json.dumps(result)
-    assert "-e HF_TOKEN " in text and "HF_TOKEN=***" in text
+    argv = shown_argv(text)
+    assert argv[argv.index("HF_TOKEN") - 1] == "-e" and "HF_TOKEN=***" in text
 
 
 def test_the_launcher_is_shown_and_recorded() -> None:
@@ -75,3 +83,36 @@ def test_the_launcher_is_shown_and_recorded() -> None:
                                      allow_approximate=False, argv=plan.argv, gpu=None,
                                      command=None)
     assert manifest["launch"]["launcher"] == launcher
+
+
+def test_argv_is_shown_as_a_list_with_the_config_folder_resolved() -> None:
+    """Issue: the dry run printed argv as one shell-quoted string with {config_dir} unresolved
+    even when the run folder was known; an item with spaces or an empty one was ambiguous."""
+    plan = trtllm.TrtllmAdapter("org/my model", port=8123).plan(
+        Knobs.from_mapping({"extra_args": ["--reasoning_parser", ""]}))
+    text = plan.describe(config_dir="/runs/a b")
+    assert ('argv (JSON, one item a line):\n  [\n    "trtllm-serve",\n    "org/my model",\n'
+            '    "--host",\n') in text
+    argv = shown_argv(text)
+    assert argv[argv.index("--extra_llm_api_options") + 1] == "/runs/a b/trtllm-serve.yaml"
+    assert argv[-2:] == ["--reasoning_parser", ""]
+    assert "config file /runs/a b/trtllm-serve.yaml:" in text
+    assert "{config_dir}" not in text
+    # not known yet: the placeholder stays, and says so by its name
+    assert shown_argv(plan.describe())[argv.index("--extra_llm_api_options") + 1] == (
+        "{config_dir}/trtllm-serve.yaml")
+
+
+def test_the_command_lines_dry_run_resolves_the_config_folder_to_the_run_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.cli import main
+
+    out = tmp_path / "run"
+    assert main(["replay", "--engine", "trtllm", "--launch", "--model", "org/m",
+                 "--max-model-len", "2048", "--trace", "synthetic", "--rate", "1",
+                 "--num-requests", "2", "--prompt-tokens", "8", "--output-tokens", "2",
+                 "--dry-run", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "{config_dir}" not in text
+    assert f'"{out.resolve()}/trtllm-serve.yaml"' in text
+    assert not out.exists()  # a dry run writes nothing
