@@ -81,6 +81,9 @@ def is_int(value: Any) -> bool:
 # whitespace, and a fraction of zeros ("5", " +5 ", "1_000", "5.00"; not "5.5", "1e3", "0x10")
 _LAX_INT = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*(?:\.0+)?")
 _INT64 = 2**63
+# longer than any int64 in text (with a sign, underscores and a fraction of zeros): refused
+# before int(), which raises past 4,300 digits (a 500 and a traceback)
+_LAX_INT_CHARS = 64
 # pydantic's lax bool from a string, compared lowercased
 _LAX_BOOLS = {"1": True, "on": True, "t": True, "true": True, "y": True, "yes": True,
               "0": False, "off": False, "f": False, "false": False, "n": False, "no": False}
@@ -98,8 +101,10 @@ def as_int(value: Any, *, lax: bool) -> int | None:
         return int(value)
     if isinstance(value, float):
         return int(value) if value.is_integer() and -_INT64 <= value < _INT64 else None
-    if isinstance(value, str) and _LAX_INT.fullmatch(value.strip()):
-        return int(value.strip().split(".")[0])
+    if isinstance(value, str) and len(value) <= _LAX_INT_CHARS and _LAX_INT.fullmatch(
+            value.strip()):
+        number = int(value.strip().split(".")[0])
+        return number if -_INT64 <= number < _INT64 else None
     return None
 
 

@@ -28,6 +28,8 @@ from harness.serve.bodies import (
     (2.0, 2), (-2.0, -2), (True, 1), (False, 0),
     (2.5, None), ("2.5", None), ("abc", None), ("", None), ("1e3", None), ("0x10", None),
     ("5.", None), (1e20, None), (float("inf"), None), (None, None), ([5], None), ({}, None),
+    # past int64, and past the 4,300 digits int() takes (it raised: a 500 and a traceback)
+    ("9223372036854775807", 2**63 - 1), ("9223372036854775808", None), ("9" * 5000, None),
 ])
 def test_lax_ints_are_pydantics(value: Any, expected: int | None) -> None:
     assert as_int(value, lax=True) == expected
