@@ -213,19 +213,21 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
         who = "The engine" if len(ok) == 1 else code(c.name)
         text = (f"{who} fell behind its arrivals: over the second half of them it "
                 f"{rates(pace)}, so its queue grew for the whole run. Its " + consequence)
-    elif len({fmt_number(p.arrived_per_s, "req/s") for _, p in behind}) == 1:
-        # one arrival rate (one trace and load): said once, each cell's completions after it
+    elif (len({fmt_number(p.arrived_per_s, "req/s") for _, p in behind}) == 1
+          and len({p.swamped for _, p in behind}) == 1):
+        # one arrival rate (one trace and load), and every run long enough to show a steady
+        # state or none: said once, each cell's completions after it
         done = ", ".join(f"{code(c.name)} {fmt_number(p.completed_per_s)}" for c, p in behind)
-        grew = sorted(p.queue_growth_s for _, p in behind
-                      if p.swamped and p.queue_growth_s is not None)
-        waited = (fmt_seconds(grew[0]) + (f" to {fmt_seconds(grew[-1])}" if len(grew) > 1
-                                          else "")) if grew else ""
+        grew = sorted(p.queue_growth_s or 0.0 for _, p in behind)
+        waited = fmt_seconds(grew[0]) + (f" to {fmt_seconds(grew[-1])}" if len(grew) > 1
+                                         else "")
         text = (f"{len(behind)} of {len(ok)} cells fell behind their arrivals, their queues "
                 "growing for the whole run: over the second half of the arrivals, "
                 f"{fmt_number(behind[0][1].arrived_per_s, 'req/s')} arrived while they "
                 f"completed (req/s) {done}"
-                + (f"; too short to show a steady state, yet those arriving last waited "
-                   f"{waited} longer for a first token than the first" if grew else "")
+                + (f"; each too short to show a steady state, yet those arriving last waited "
+                   f"{waited} longer for a first token than the first"
+                   if behind[0][1].swamped else "")
                 + ". Their " + consequence)
     else:
         names = "; ".join(f"{code(c.name)} ({rates(p)})" for c, p in behind)

@@ -177,8 +177,9 @@ def test_cells_behind_one_arrival_rate_are_said_in_one_short_sentence() -> None:
     assert text.startswith(
         "3 of 3 cells fell behind their arrivals, their queues growing for the whole run: over "
         "the second half of the arrivals, 87.3 req/s arrived while they completed (req/s) "
-        "`c1` 1.5, `c4` 4.14, `c16` 12; too short to show a steady state, yet those arriving "
-        "last waited 40.1 s to 556 s longer for a first token than the first. Their TTFT")
+        "`c1` 1.5, `c4` 4.14, `c16` 12; each too short to show a steady state, yet those "
+        "arriving last waited 40.1 s to 556 s longer for a first token than the first. Their "
+        "TTFT")
     assert text.count("87.3") == 1
 
 
@@ -187,3 +188,15 @@ def test_cells_behind_one_arrival_rate_over_a_long_enough_run_say_no_queue_growt
                                  settled=True)) for n, done in ((1, 5.0), (2, 9.0))]
     text = _behind_finding(cells)[0]
     assert "20 req/s arrived while they completed (req/s) `c1` 5, `c2` 9. Their TTFT" in text
+
+
+def test_cells_behind_one_rate_some_too_short_are_said_each_on_its_own() -> None:
+    """One settled cell and one swamped: the one sentence said "too short to show a steady
+    state" of both."""
+    settled = Pace(20.0, 5.0, False, "fell behind: ...", fell_behind=True, settled=True)
+    swamped = Pace(20.0, 9.0, False, "fell behind: ...", fell_behind=True, settled=False,
+                   queue_growth_s=30.0, span_s=4.6)
+    text = _behind_finding([_cell("settled", settled), _cell("short", swamped)])[0]
+    assert "`settled` (completed 5 req/s while 20 req/s arrived); `short` (completed 9 req/s " \
+           "while 20 req/s arrived; too short to show a steady state, yet those arriving last " \
+           "waited 30 s longer" in text
