@@ -316,8 +316,11 @@ def _single_setting(args: argparse.Namespace, spec: SearchSpec, slo: Any) -> Set
 
     from harness.capacity import single_setting
 
-    options = {f.name: getattr(trace_options(args), f.name)
-               for f in dataclasses.fields(trace_options(args))}
+    # --on-too-long drop|clip without --max-model-len: a simulated engine's own length, as
+    # simulate applies it; a live engine's is not known (trace_options refuses)
+    engine_len = None if args.engine else reference_config(args).resolved_max_model_len
+    parsed = trace_options(args, engine_max_model_len=engine_len)
+    options = {f.name: getattr(parsed, f.name) for f in dataclasses.fields(parsed)}
     if args.engine:
         if args.think_time_s:
             raise UserError("--think-time-s: simulated only (the live closed loop has none)")

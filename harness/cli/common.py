@@ -236,8 +236,9 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--on-too-long", choices=ON_TOO_LONG, default="error",
                    help="requests longer than --max-model-len: error (default), drop them, or "
                    "clip them (the prompt truncated from the left first); the count is "
-                   "reported. drop and clip need --max-model-len, but in simulate, where the "
-                   "simulated engine's max model length is the default")
+                   "reported. drop and clip need --max-model-len, except on the simulated "
+                   "reference engine (simulate, capacity), where its own max model length is "
+                   "the default")
     g.add_argument("--priority-fraction", type=float, metavar="F",
                    help="a seeded random fraction F of requests gets priority 0 (high), the "
                    "rest 1; a 'priority' column in the trace wins")

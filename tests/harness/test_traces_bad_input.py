@@ -328,3 +328,19 @@ def test_on_too_long_without_a_length_is_refused_or_takes_the_simulated_engines(
     assert "dropped 1 requests longer than max_model_len 131072" in manifest["trace"]["notes"]
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["num_requests"], summary["num_failed"]) == (2, 0)
+
+
+def test_a_capacity_search_of_the_simulated_engine_takes_its_length_for_on_too_long(
+        tmp_path: Path) -> None:
+    """capacity runs the same simulated engine as simulate: --on-too-long drop without
+    --max-model-len was refused there while simulate applied the engine's length."""
+    trace = tmp_path / "long.jsonl"
+    trace.write_text("".join(
+        f'{{"timestamp": {i}, "input_length": {n}, "output_length": 4}}\n'
+        for i, n in enumerate([64] * 11 + [200_000])))
+    out = tmp_path / "cap"
+    assert main(["capacity", "--trace", str(trace), "--on-too-long", "drop", "--search",
+                 "concurrency", "--slo", "tpot_s=1", "--start", "1", "--max-load", "2",
+                 "--out", str(out)]) in (0, 1)
+    search = json.loads(next(out.glob("*/search.json")).read_text())
+    assert search["made_from"]["options"]["max_model_len"] == 131072
