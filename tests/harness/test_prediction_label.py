@@ -132,7 +132,7 @@ def test_a_profile_with_no_fully_published_held_out_workload_says_none() -> None
     assert " | none: every one's workload is partly unpublished | " in row
 
 
-def test_a_profile_fitted_before_fully_published_workloads_were_counted_claims_none(
+def test_a_profile_fitted_before_fully_published_workloads_were_counted_says_nothing_of_them(
         tmp_path: Path) -> None:
     """A profile file whose fit has no ``held_out_workload_published`` (fitted before they
     were counted) said "none of them with a fully published workload": it says nothing."""
@@ -148,7 +148,7 @@ def test_a_profile_fitted_before_fully_published_workloads_were_counted_claims_n
     assert "missed by a median" in text and "fully published" not in text
 
 
-def test_a_record_written_before_fully_published_workloads_were_counted_claims_none() -> None:
+def test_a_record_written_before_fully_published_workloads_were_counted_says_nothing() -> None:
     old = {"kind": "profile", "profile": "tgi-h100-sxm",
            "accuracy": {"held_out_median_abs_error": 0.4, "held_out_worst_abs_error": 0.7,
                         "held_out_num_rows": 2}}
