@@ -27,6 +27,7 @@ STEPS_FILE = "steps.parquet"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"  # a run's or a scenario's report (harness.report writes it)
 PROBE_FILE = "probe.json"  # a capacity probe's outcome, beside its run (harness.capacity.probe)
+SEARCH_FILE = "search.json"  # a capacity search, beside its probes (harness.capacity.run)
 RECORDS_FILE = "records.jsonl"  # a live run's requests as they end (harness.live.recorder)
 # the figures harness.report draws beside a report.md: a run's three, a sweep's two more
 REPORT_PLOTS = ("latency_cdf.png", "engine_state.png", "throughput.png", "batch_size.png",

@@ -86,6 +86,15 @@ class RunDirError(ValueError):
     """The output folder cannot be used for this run; the message names it."""
 
 
+class FolderHeldError(RunDirError):
+    """Another process holds the folder's lock; ``holder`` names it ("another batchlab process
+    (pid N)"), for a caller that words the refusal its own way."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
 class RunWriteError(OSError):
     """The disk refused a file of a run in progress (full, gone read-only); the message says
     which file, where the run stopped, and what is on disk."""
@@ -404,8 +413,8 @@ def _same_file(file: IO[str], path: Path) -> bool:
 
 def _lock(out: Path, what: str, instead: str | None = None) -> bool:
     """Hold ``out``'s lock for this process: True when this call took it, False when this
-    process held it already (or the file system has no locks). RunDirError naming the holder
-    when another process holds it (``instead``: what to do other than wait; another
+    process held it already (or the file system has no locks). FolderHeldError naming the
+    holder when another process holds it (``instead``: what to do other than wait; another
     ``what``)."""
     folder = out.resolve()
     path = folder / LOCK_FILE
@@ -424,13 +433,10 @@ def _lock(out: Path, what: str, instead: str | None = None) -> bool:
         try:
             fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            file.seek(0)
-            pid = file.read().strip()
+            by = _holder(file)
             file.close()
-            by = f"another batchlab process (pid {pid})" if pid.isdigit() else \
-                "another batchlab process"
-            raise RunDirError(f"{what} {out}: is being written by {by}; wait for it or "
-                              f"{instead or f'choose another {what}'}") from None
+            raise FolderHeldError(f"{what} {out}: is being written by {by}; wait for it or "
+                                  f"{instead or f'choose another {what}'}", by) from None
         except OSError:  # no locks on this file system (some network mounts): go unlocked
             file.close()
             with contextlib.suppress(OSError):
@@ -445,6 +451,15 @@ def _lock(out: Path, what: str, instead: str | None = None) -> bool:
     file.flush()
     _HELD[folder] = _Held(file, path)
     return True
+
+
+def _holder(file: IO[str]) -> str:
+    """The process holding the lock ``file`` is open on, as a refusal names it: "another
+    batchlab process (pid N)", from the pid its holder wrote there."""
+    file.seek(0)
+    pid = file.read().strip()
+    return f"another batchlab process (pid {pid})" if pid.isdigit() else \
+        "another batchlab process"
 
 
 def writer_of(folder: Path | str) -> str | None:
@@ -463,9 +478,7 @@ def writer_of(folder: Path | str) -> str | None:
         try:
             fcntl.flock(file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = file.read().strip()
-            return f"another batchlab process (pid {pid})" if pid.isdigit() else \
-                "another batchlab process"
+            return _holder(file)
         except OSError:  # no locks on this file system
             return None
         fcntl.flock(file.fileno(), fcntl.LOCK_UN)
@@ -477,8 +490,8 @@ def hold_dir(folder: Path | str, what: str = "--out", instead: str | None = None
     without looking at what is there: a sweep's or a capacity search's own folder, which
     holds its cell or setting folders, ``scenario.json``, ``capacity.json``, ``report.md`` and
     figures. Creates the folder. True when this call took the lock (``release_run_dir`` lets
-    go), False when this process held it already; RunDirError naming the other process that
-    holds it ("is being written by another batchlab process (pid N)"; ``instead``: what to
+    go), False when this process held it already; FolderHeldError naming the other process
+    that holds it ("is being written by another batchlab process (pid N)"; ``instead``: what to
     do other than wait, as in ``claim_run_dir``)."""
     out = Path(folder)
     ensure_writable_dir(out, what)

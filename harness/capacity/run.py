@@ -34,11 +34,16 @@ from harness.capacity.search import (
 from harness.manifest import jsonable
 from harness.metrics import SHORTEST_STEADY_E2ES, attainment_text
 from harness.redact import redact_argv, redact_tree
-from harness.results import REPORT_FILE, REPORT_PLOTS, read_json_object, write_json_atomic
+from harness.results import (
+    REPORT_FILE,
+    REPORT_PLOTS,
+    SEARCH_FILE,
+    read_json_object,
+    write_json_atomic,
+)
 from harness.runfolder import check_each, check_removable, holding_dir, remove_run_dir
 from harness.scenario.status import CELL_FILE
 
-SEARCH_FILE = "search.json"
 CAPACITY_FILE = "capacity.json"
 SCENARIO_FILE = "scenario.json"  # read by harness.report as a sweep's metadata
 

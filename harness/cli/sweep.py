@@ -151,25 +151,31 @@ def _refuse_folders_in_writing(dirs: list[Path]) -> None:
     for d in dirs:
         who = writer_of(d)
         if who is not None:
-            raise UserError(f"{d}: is being written by {who}; a report of it now would mix "
-                            "its old and new results: wait for it to end (it writes its own "
-                            "report.md)")
+            raise UserError(_in_writing(d, who))
+
+
+def _in_writing(folder: Path, who: str) -> str:
+    """The refusal of a report of ``folder`` while ``who`` writes it: there is nothing to do
+    but wait, so the one instruction is to wait."""
+    return (f"{folder}: is being written by {who}; a report of it now would mix its old and "
+            "new results: wait for it to end (it writes its own report.md)")
 
 
 @contextlib.contextmanager
 def _holding(folder: Path) -> Iterator[None]:
-    from harness.runfolder import RunDirError, hold_dir, release_run_dir
+    """Hold ``folder`` while the report is written into it (``holding_dir``); a process that
+    took it since ``_refuse_folders_in_writing`` looked is refused in the same words. Only
+    the taking is turned into a UserError, never what the report itself raises."""
+    from harness.runfolder import FolderHeldError, RunDirError, holding_dir
 
-    try:
-        took = hold_dir(folder, what="report folder",
-                        instead="run the report again once it has ended")
-    except RunDirError as exc:
-        raise UserError(str(exc)) from None
-    try:
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(holding_dir(folder, what="report folder"))
+        except FolderHeldError as exc:
+            raise UserError(_in_writing(folder, exc.holder)) from None
+        except RunDirError as exc:
+            raise UserError(str(exc)) from None
         yield
-    finally:
-        if took:
-            release_run_dir(folder)
 
 
 def _check_report_output(args: argparse.Namespace, dirs: list[Path]) -> None:

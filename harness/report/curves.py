@@ -27,9 +27,8 @@ from harness.manifest import read_manifest
 from harness.metrics import attainment_text
 from harness.report.format import sig, slo_text, value_text
 from harness.report.runs import CellResult, get, knob, read_engine_samples
-from harness.results import PROBE_FILE
+from harness.results import PROBE_FILE, SEARCH_FILE
 
-SEARCH_FILE = "search.json"
 DEFAULT_TARGET = 0.99  # SLO attainment a capacity keeps, when no search says otherwise
 FLAT_GAIN = 0.5  # tokens/s growing at under half the batch's growth: past the turn
 KV_FULL = 0.95  # KV use this high counts as a full cache
@@ -104,7 +103,8 @@ class CurvePoint:
     stopped: str | None = None
     slo: Mapping[str, float] | None = None  # the SLO its attainment was computed under
     # a capacity probe that failed the pace check, whatever its attainment: why ("fell
-    # behind: ...", "too short to show a steady state: ...", its probe.json's ``behind``)
+    # behind: ...", "too short to show a steady state: ..."): its search.json's ``behind``,
+    # as the capacity table reads it, else its probe.json's
     behind: str | None = None
 
 
@@ -120,6 +120,7 @@ class Series:
 def load_series(ok: Sequence[CellResult]) -> list[Series]:
     """Settings measured at two or more loads, in report order."""
     groups: dict[tuple[str, str], list[CurvePoint]] = {}
+    listed = _listed_probes(ok)
     for c in ok:
         key = cell_setting(c)
         load = c.cell.get("load") or {}
@@ -132,9 +133,29 @@ def load_series(ok: Sequence[CellResult]) -> list[Series]:
             tpot_p50_s=get(s, "tpot_s.p50"), tpot_p90_s=get(s, "tpot_s.p90"),
             ttft_p90_s=get(s, "ttft_s.p90"), attainment=get(s, "goodput.slo_attainment"),
             stopped=get(s, "stopped_early"), slo=get(s, "slo") or None,
-            behind=_probe_behind(c.run_dir)))
+            behind=_behind(c.run_dir, listed)))
     return [Series(key, kind, tuple(sorted(points, key=lambda p: p.load)))
             for (key, kind), points in groups.items() if len(points) >= 2]
+
+
+def _listed_probes(cells: Sequence[CellResult]) -> dict[Path, str | None]:
+    """The pace verdict (``_pace_failure``) of every probe a capacity search beside the cells
+    (``search.json`` in a cell's parent) lists, by its resolved run folder: read once per
+    search, from the record the capacity table reads."""
+    listed: dict[Path, str | None] = {}
+    for parent in dict.fromkeys(c.run_dir.parent for c in cells):
+        path = parent / SEARCH_FILE
+        record = _read_search(path) if path.is_file() else None
+        if record is not None:
+            listed.update(record.probe_behind)
+    return listed
+
+
+def _behind(run_dir: Path, listed: Mapping[Path, str | None]) -> str | None:
+    """Why a capacity probe failed the pace check: as its search's ``search.json`` lists it,
+    else (no search lists it) its own ``probe.json``."""
+    resolved = run_dir.resolve()
+    return listed[resolved] if resolved in listed else _probe_behind(run_dir)
 
 
 def _probe_behind(run_dir: Path) -> str | None:
@@ -144,7 +165,13 @@ def _probe_behind(run_dir: Path) -> str | None:
         probe = json.loads((run_dir / PROBE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(probe, dict) or probe.get("kept_pace") is not False:
+    return _pace_failure(probe) if isinstance(probe, dict) else None
+
+
+def _pace_failure(probe: Mapping[str, Any]) -> str | None:
+    """A probe's outcome (``ProbeOutcome.as_dict``, in ``probe.json`` or ``search.json``):
+    why it failed the pace check, None when it kept pace or none was checked."""
+    if probe.get("kept_pace") is not False:
         return None
     return str(probe.get("behind") or "fell behind")
 
@@ -181,6 +208,9 @@ class SearchRecord:
     slo: Mapping[str, float] = field(default_factory=dict)
     probe_dirs: tuple[Path, ...] = ()
     knobs: Mapping[str, Any] = field(default_factory=dict)
+    # each listed probe's pace verdict (``_pace_failure``), by its resolved run folder: the
+    # curve table marks the same probes failed that the capacity table counts
+    probe_behind: Mapping[Path, str | None] = field(default_factory=dict)
 
 
 def find_searches(cells: Sequence[CellResult], slo: Mapping[str, float] | None
@@ -262,7 +292,9 @@ def _read_search(path: Path) -> SearchRecord | None:
                           for p in probes if p.get("load") is not None},
             slo=dict(d.get("slo") or {}), knobs=dict(d.get("knobs") or {}),
             probe_dirs=tuple(path.parent / str(p["run_dir"]) for p in probes
-                             if p.get("run_dir")))
+                             if p.get("run_dir")),
+            probe_behind={(path.parent / str(p["run_dir"])).resolve(): _pace_failure(p)
+                          for p in probes if p.get("run_dir")})
     except (OSError, ValueError, TypeError, AttributeError):
         return None
 

@@ -280,29 +280,81 @@ def test_no_cap_within_the_tpot_slo_names_the_closest_without_rounding_onto_it()
                      "TPOT SLO (the closest: `s8`, max_num_seqs 8, at 12.02 ms)."]
 
 
-def test_a_probe_that_fell_behind_is_marked_failed_in_the_curve_table(tmp_path: Path) -> None:
-    """A capacity report's curve rows read "100%" above the capacity it reported for probes
-    that met the SLO but failed as falling behind: the reason was only in a later table."""
+BEHIND = "fell behind: completed 6.52 req/s of 7.75 arriving over the second half"
+# (folder, load, attainment, kept pace, stopped early): passed, met the SLO but fell behind,
+# stopped early as over-saturated
+PROBES = (("rate-6.169", 6.169, 1.0, True, None), ("rate-6.442", 6.442, 1.0, False, None),
+          ("rate-8", 8.0, 0.7, None, "over-saturated"))
+
+
+def _probes_of_a_search(search: Path, *, record: bool = True) -> list[report.CellResult]:
+    """A capacity search's probes as report cells, with its search.json when ``record``."""
     import json
 
-    from harness.report.curves import CurvePoint, Series, _probe_behind
+    entries = [{"load": load, "run_dir": name, "attainment": att, "passed": kept is True,
+                "stopped": stopped, "kept_pace": kept,
+                "behind": BEHIND if kept is False else None}
+               for name, load, att, kept, stopped in PROBES]
+    if record:
+        search.mkdir(parents=True, exist_ok=True)
+        (search / "search.json").write_text(json.dumps({
+            "setting": "fcfs", "engine": {"name": "fcfs"}, "kind": "rate", "unit": "req/s",
+            "status": "found", "capacity": 6.169, "target_attainment": 0.99,
+            "bracket": {"passing": 6.169, "failing": 6.442}, "probes": entries}))
+    return [report.CellResult(
+        name=name, run_dir=search / name, state="done",
+        summary={"goodput": {"slo_attainment": att}, "stopped_early": stopped},
+        cell={"engine": {"name": "fcfs"}, "load": {"kind": "rate", "value": load}})
+        for name, load, att, kept, stopped in PROBES]
+
+
+def _attainment_column(cells: list[report.CellResult]) -> list[str]:
     from harness.report.sections import curves_section
 
-    failed, passed, cell = tmp_path / "rate-6.442", tmp_path / "rate-6.169", tmp_path / "cell"
-    for folder, kept in ((failed, False), (passed, True)):
-        folder.mkdir()
-        (folder / "probe.json").write_text(json.dumps({
-            "kept_pace": kept, "behind": None if kept else
-            "fell behind: completed 6.52 req/s of 7.75 arriving over the second half"}))
-    cell.mkdir()  # a scenario cell: no probe.json
-    assert _probe_behind(failed) == ("fell behind: completed 6.52 req/s of 7.75 arriving over "
-                                     "the second half")
-    assert _probe_behind(passed) is None and _probe_behind(cell) is None
-    points = (CurvePoint("rate-6.169", 6.169, None, None, None, None, 1.0),
-              CurvePoint("rate-6.442", 6.442, None, None, None, None, 1.0,
-                         behind=_probe_behind(failed)),
-              CurvePoint("rate-8", 8.0, None, None, None, None, 0.7, stopped="over-saturated"))
-    text = "\n".join(curves_section([Series("s", "rate", points)], False))
+    text = "\n".join(curves_section(load_series(cells), False))
     rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
-    assert [row.rsplit("|", 2)[-2].strip() for row in rows] == [
+    return [row.rsplit("|", 2)[-2].strip() for row in rows]
+
+
+def test_a_probe_that_fell_behind_is_marked_failed_in_the_curve_table(tmp_path: Path) -> None:
+    """A capacity report's curve rows read "100%" above the capacity it reported for probes
+    that met the SLO but failed as falling behind: the reason was only in a later table. The
+    mark is read from the search's search.json, the record the capacity table reads, so the
+    two tables say the same of each probe."""
+    from harness.report.curves import find_searches
+
+    cells = _probes_of_a_search(tmp_path / "fcfs")
+    assert _attainment_column(cells) == [
         "100%", "100% (failed: fell behind)", "70.0% (stopped early)"]
+    [row] = capacity_rows(load_series(cells), find_searches(cells, None), 0.99)
+    assert f"6.442 met the SLO but {BEHIND}" in row.evidence
+
+
+def test_the_curve_table_reads_a_probe_s_pace_from_search_json_before_probe_json(
+        tmp_path: Path) -> None:
+    """search.json decides when it lists the probe (a probe.json saying otherwise is not
+    read); a probe folder no search.json lists is marked from its own probe.json."""
+    import json
+
+    from harness.report.curves import _probe_behind
+
+    search = tmp_path / "fcfs"
+    opposite = {True: False, False: True, None: None}
+    for name, _, _, kept, _ in PROBES:
+        said = opposite[kept]  # each probe.json says the opposite of search.json
+        (search / name).mkdir(parents=True)
+        (search / name / "probe.json").write_text(json.dumps({
+            "kept_pace": said, "behind": "fell behind: probe.json's" if said is False
+            else None}))
+    cells = _probes_of_a_search(search)
+    assert [p.behind for p in load_series(cells)[0].points] == [None, BEHIND, None]
+    (search / "search.json").unlink()
+    assert [p.behind for p in load_series(cells)[0].points] == [
+        "fell behind: probe.json's", None, None]
+    for name, _, _, kept, _ in PROBES:  # probe.json alone, as a search writes it
+        (search / name / "probe.json").write_text(json.dumps({
+            "kept_pace": kept, "behind": BEHIND if kept is False else None}))
+    assert _attainment_column(cells) == [
+        "100%", "100% (failed: fell behind)", "70.0% (stopped early)"]
+    assert _probe_behind(search / "rate-6.442") == BEHIND
+    assert _probe_behind(search / "rate-6.169") is None and _probe_behind(tmp_path) is None

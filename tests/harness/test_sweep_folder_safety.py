@@ -474,11 +474,46 @@ def test_a_report_of_a_folder_another_process_writes_is_refused(
             said = capsys.readouterr()
             assert said.err.strip().count("\n") == 0
             assert f"is being written by another batchlab process (pid {pid})" in said.err
-            assert "wait for it to end" in said.err
+            assert "wait for it to end" in said.err and said.err.count("wait") == 1
         assert not (tmp_path / "elsewhere").exists()
         assert {k: v for k, v in _files(run).items() if k != LOCK_FILE} == before
     assert cli_main(["report", str(run)]) == 0
     assert (run / "report.md").exists() and not (run / LOCK_FILE).exists()
+
+
+def test_a_report_refused_as_it_takes_the_folder_says_so_in_the_same_words(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that takes the folder between the report's look (``writer_of``) and its hold is
+    refused in the same one instruction, to wait, not "wait for it or run the report again
+    once it has ended" (two ways of saying wait)."""
+    import harness.runfolder as runfolder
+
+    run = tmp_path / "run"
+    _simulated_run(run)
+    capsys.readouterr()
+    before = _files(run)
+    with held_elsewhere(run) as pid:
+        monkeypatch.setattr(runfolder, "writer_of", lambda folder: None)  # looked too early
+        assert cli_main(["report", str(run)]) == 2
+        said = capsys.readouterr().err.strip()
+        assert said.count("\n") == 0 and said.count("wait") == 1
+        assert (f"{run}: is being written by another batchlab process (pid {pid}); a report "
+                "of it now would mix its old and new results: wait for it to end") in said
+        assert {k: v for k, v in _files(run).items() if k != LOCK_FILE} == before
+
+
+def test_what_a_report_raises_while_it_holds_its_folder_is_not_taken_for_a_refusal(
+        tmp_path: Path) -> None:
+    """Only the taking of the folder is turned into a one-line refusal; a RunDirError raised
+    while the report is written goes up as it is, and the folder is let go."""
+    from harness.cli.sweep import _holding
+
+    run = tmp_path / "run"
+    with pytest.raises(RunDirError, match=r"^inside$"), _holding(run):
+        assert (run / LOCK_FILE).exists()
+        raise RunDirError("inside")
+    assert not (run / LOCK_FILE).exists()
 
 
 def test_a_report_written_into_a_folder_holds_it_while_it_is_written(

@@ -58,3 +58,41 @@ def test_a_big_log_is_scrubbed_in_chunks(tmp_path: Path, monkeypatch: pytest.Mon
     assert scrub_files(tmp_path, [SECRET]) == 1
     assert log.read_text() == scrub_text(body, [SECRET])
     assert "hf_sec" not in log.read_text()
+
+
+def test_a_long_secret_and_a_long_beginning_of_it_are_masked_with_one_kept_masker() -> None:
+    """A 5,000-character secret (a JWT is thousands) is masked whole and as its 3,000-character
+    beginning, as a short one is; the masker is made once per set of secrets and reused by
+    every later message of a replay, not made again for each."""
+    secret = "".join(f"{i:04d}" for i in range(1250))  # 5,000 characters, no repeats of 6
+    text = f"echo {secret} cut '{secret[:3000]}' short {secret[:5]}"
+    first = redact._mask_pattern([secret])
+    assert scrub_text(text, [secret]) == f"echo {MASK} cut '{MASK}' short {secret[:5]}"
+    assert redact._mask_pattern([secret]) is first
+    hits = redact._masker.cache_info().hits
+    assert scrub_text(text, {secret}) == f"echo {MASK} cut '{MASK}' short {secret[:5]}"
+    assert redact._masker.cache_info().hits == hits + 1
+
+
+def _masked_by_every_beginning(text: str, secrets: list[str]) -> str:
+    """The rule as first written: one regex alternative for each secret and each beginning of
+    it of MIN_CUT_SECRET characters or more, longest first."""
+    import re
+
+    cuts = {s[:k] for s in secrets for k in range(redact.MIN_CUT_SECRET, len(s))} | set(secrets)
+    ordered = sorted(cuts, key=lambda c: (-len(c), c))
+    return re.compile("|".join(map(re.escape, ordered))).sub(MASK, text)
+
+
+def test_the_masker_masks_what_every_beginning_as_a_pattern_masks() -> None:
+    """Secrets sharing a head, secrets inside others, short ones, a secret's beginning followed
+    by another secret: the longest agreeing run at each place, left to right."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(300):
+        secrets = ["".join(rng.choice("ab") for _ in range(rng.randint(3, 14)))
+                   for _ in range(rng.randint(1, 4))]
+        text = "".join(rng.choice("abc") for _ in range(rng.randint(0, 60)))
+        assert scrub_text(text, secrets) == _masked_by_every_beginning(text, secrets), (
+            text, secrets)
