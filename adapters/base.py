@@ -8,6 +8,7 @@ and is then recorded, never silently dropped.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -35,6 +36,9 @@ class MappedKnob:
     # default: unset by the user, so the engine's own default applies (``value`` when known)
     status: KnobStatus = "applied"
     note: str = ""
+    # what set the knob's engine setting instead of batchlab, in that order: "extra_args" (a
+    # flag they also set), "--engine-env" (a variable given there); empty: nothing did
+    overridden_by: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- telemetry description
@@ -81,6 +85,61 @@ class TelemetrySpec:
             if name == signal:
                 return src
         return None
+
+
+# ---------------------------------------------------------------- request priority
+#
+# A trace's priority is vLLM's: an int, lower is served first, default 0 (harness.traces
+# TraceRequest). Adapters say what their engine's server makes of a request's "priority" field;
+# the replay reads it to decide whether and in which scale priorities are sent
+# (harness.live.protocols.plan_priority), and never names an engine.
+
+# the scale a server reads: vLLM's int (lower first, sent as the trace has it), or a float in
+# (0, 1) served higher first (TensorRT-LLM's), sent converted by ``unit_float_priority``
+PriorityScale = Literal["vllm-int", "unit-float-higher-first"]
+# what a server does with a priority other than 0 when its policy is not priority: refuses the
+# request (HTTP 400), accepts and ignores it, has no request priority at all (whatever the
+# policy), or nothing batchlab knows beyond the policy
+PriorityOffPolicy = Literal["http-400", "ignored", "no-priority", "unstated"]
+
+UNIT_FLOAT_RULE = "0.5 - atan(p)/pi"
+
+
+def unit_float_priority(priority: int) -> float:
+    """A trace priority ``p`` (vLLM's: lower first, default 0) on the unit-float scale
+    (TensorRT-LLM's: a float in [0, 1], higher first, default 0.5): ``0.5 - atan(p)/pi``.
+
+    Strictly decreasing, so the order is kept and reversed onto that scale; 0 maps to 0.5, its
+    default (a request without a priority and one with 0 are alike, as in vLLM); every int
+    stays inside (0, 1) and distinct from its neighbours (-1 -> 0.75, 1 -> 0.25, 5 -> 0.063).
+    It keeps only the order, not the gaps: TensorRT-LLM compares priorities, it does not weigh
+    them."""
+    return 0.5 - math.atan(priority) / math.pi
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityWire:
+    """What an engine's server makes of a request's ``priority`` field."""
+
+    scale: PriorityScale = "vllm-int"
+    off_policy: PriorityOffPolicy = "unstated"
+    # how the manifest's priority note names the server (needed by the unit-float scale,
+    # "ignored" and "no-priority"): "TensorRT-LLM"
+    server: str = ""
+    # where the facts were read (../shared/reference/engines.md sections, engine files); shown
+    # by nothing
+    source: str = ""
+
+    @property
+    def rule(self) -> str:
+        """How a trace priority ``p`` is written on the wire."""
+        return UNIT_FLOAT_RULE if self.scale == "unit-float-higher-first" else "p"
+
+    def value(self, priority: int) -> int | float:
+        """``priority`` (the trace's) as this server reads it."""
+        if self.scale == "unit-float-higher-first":
+            return unit_float_priority(priority)
+        return priority
 
 
 # ---------------------------------------------------------------- the mapping table
@@ -318,12 +377,14 @@ def map_knobs(
                 setting, status, note = result, "applied", result.note
                 if not given:
                     note = f"unset: batchlab passes its default ({rule.pinned})"
+        overridden_by: tuple[str, ...] = ()
         if name != "extra_args":
             overridden = sorted(_governed(rule, knobs, setting, names) & extra_flags.keys())
             if overridden:
                 flags = ", ".join(extra_flags[f] for f in overridden)
                 setting = replace(setting, argv=(), config=())
                 status, note = "not_applied", f"overridden by extra_args ({flags})"
+                overridden_by = ("extra_args",)
                 value = value if given else None  # unset: extra_args decide, as written
             variables = sorted(_governed_env(rule, knobs, setting) & user_env.keys())
             if variables and given:
@@ -336,12 +397,13 @@ def map_knobs(
             elif variables:  # unset: the user's variable decides, as given
                 by_env = ", ".join(f"{var}={user_env[var]}" for var in variables)
                 setting, status, value = Setting(), "not_applied", None
-                note = (f"{note}; " if note.startswith("overridden") else "") + (
+                note = (f"{note}; " if overridden_by else "") + (
                     f"overridden by --engine-env {by_env}")
+                overridden_by = (*overridden_by, "--engine-env")
         argv.extend(setting.argv)
         config.extend(setting.config)
         env_out.extend(setting.env)
-        mapped.append(MappedKnob(name, value, setting.fragments(), status, note))
+        mapped.append(MappedKnob(name, value, setting.fragments(), status, note, overridden_by))
     if refusals:
         raise KnobError(
             f"{engine} cannot honour: " + "; ".join(refusals)
@@ -458,6 +520,9 @@ class ServerWire:
     health_path: str = "/health"
     version_paths: tuple[str, ...] = ("/version",)  # probed in order; the first JSON answer wins
     telemetry: TelemetrySpec = TelemetrySpec()
+    # what the server makes of a request's priority (the replay reads it by engine name:
+    # adapters.catalog.priority_wire)
+    priority: PriorityWire = PriorityWire()
 
     def launched(self, engine: str, *, argv: tuple[str, ...], env: dict[str, str],
                  mapping: tuple[MappedKnob, ...], host: str, port: int, model: str,

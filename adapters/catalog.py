@@ -20,11 +20,12 @@ from adapters.base import (
     Engine,
     KnobRule,
     Knobs,
+    PriorityWire,
     Setting,
     TelemetrySpec,
     Unsupported,
 )
-from adapters.knobs import DTYPES, POLICIES, PREEMPTIONS, ReferenceKnobs
+from adapters.knobs import DTYPES, POLICIES, PREEMPTIONS, SPECS, ReferenceKnobs
 from adapters.reference.cost_model import profile_scheduler_defaults, shipped_profiles
 
 ENGINES = ("vllm", "tgi", "trtllm", "llamacpp", "openai", "reference")
@@ -38,26 +39,39 @@ class EngineInfo:
     fixed: tuple[str, ...]
     telemetry: TelemetrySpec
     launchable: bool
+    priority: PriorityWire  # what its server makes of a request's priority
 
+
+# The served reference speaks vLLM's wire (adapters.reference_served launches with vllm.WIRE),
+# request priority included: harness/serve/openai.py answers 400 to a priority other than 0
+# unless the server runs --policy priority, and adapters/reference/request.py orders the
+# waiting queue by (priority, arrival).
+REFERENCE_PRIORITY = replace(
+    reference_served.WIRE.priority,
+    source="harness/serve/openai.py (400 unless --policy priority), adapters/reference/request.py "
+           "(ordered by priority, then arrival)")
 
 INFO: dict[str, EngineInfo] = {
-    "vllm": EngineInfo("vllm", "vLLM (V1 engine)", vllm.RULES, vllm.FIXED, vllm.TELEMETRY, True),
-    "tgi": EngineInfo("tgi", "Hugging Face TGI 3.x", tgi.RULES, tgi.FIXED, tgi.TELEMETRY, True),
+    "vllm": EngineInfo("vllm", "vLLM (V1 engine)", vllm.RULES, vllm.FIXED, vllm.TELEMETRY, True,
+                       vllm.WIRE.priority),
+    "tgi": EngineInfo("tgi", "Hugging Face TGI 3.x", tgi.RULES, tgi.FIXED, tgi.TELEMETRY, True,
+                      tgi.WIRE.priority),
     "trtllm": EngineInfo(
         "trtllm", "TensorRT-LLM (trtllm-serve, PyTorch backend)", trtllm.RULES, trtllm.FIXED,
-        trtllm.TELEMETRY, True,
+        trtllm.TELEMETRY, True, trtllm.WIRE.priority,
     ),
     "llamacpp": EngineInfo(
         "llamacpp", "llama.cpp llama-server", llamacpp.RULES, llamacpp.FIXED, llamacpp.TELEMETRY,
-        True,
+        True, llamacpp.WIRE.priority,
     ),
     "openai": EngineInfo(
         "openai", "any OpenAI-compatible server (attach only)", openai.RULES, openai.FIXED,
-        openai.NO_METRICS, False,
+        openai.NO_METRICS, False, openai.PRIORITY,
     ),
     "reference": EngineInfo(
         "reference", "the reference engine served on the wall clock (batchlab serve reference)",
         reference_served.RULES, reference_served.FIXED, reference_served.TELEMETRY, True,
+        REFERENCE_PRIORITY,
     ),
 }
 
@@ -478,22 +492,17 @@ def unset_differences() -> list[UnsetDifference]:
     profile: computed from the adapters' tables and the profiles."""
     out = []
     vllm_rules = {r.knob: r for r in vllm.RULES}
-    own = {"max_num_seqs": "1024 on a GPU of 70 GiB or more that is not an A100, else 256",
-           "max_num_batched_tokens": "8192 on a GPU of 70 GiB or more that is not an A100, "
-                                     "else 2048"}
-    for knob in ("max_num_seqs", "max_num_batched_tokens"):
+    for knob, own in vllm.GPU_BATCH_DEFAULTS.items():
         live = getattr(Knobs(), knob)  # the pinned value vLLM is launched with
         values = _by_profile("vllm", knob)
         if set(values) - {live}:
             out.append(UnsetDifference(
                 "vllm", knob, _settings(_as_setting(vllm_rules[knob].map(Knobs()))) + " (pinned)",
-                _profiles_text(values),
-                f"{own[knob]} (`vllm serve`; {vllm.BATCH_DEFAULTS_SOURCE})"))
+                _profiles_text(values), f"{own} ({vllm.GPU_BATCH_DEFAULTS_SOURCE})"))
     values = _by_profile("tgi", "max_num_seqs")
     if set(values) - {tgi.MAX_CONCURRENT_REQUESTS}:
         out.append(UnsetDifference(
-            "tgi", "max_num_seqs (admission cap: --max-concurrent-requests)",
-            f"--max-concurrent-requests {tgi.MAX_CONCURRENT_REQUESTS} (always passed)",
+            "tgi", tgi.ADMISSION_CAP_KNOB, f"{tgi.ADMISSION_CAP_LIVE} (always passed)",
             _profiles_text(values),
             f"{tgi.DEFAULT_MAX_CONCURRENT_REQUESTS} ({tgi.MAX_CONCURRENT_REQUESTS_SOURCE})"))
     return out
@@ -515,13 +524,13 @@ def _live_and_profile_section() -> list[str]:
     ]
     out.extend(f"| {d.engine} | `{_md(d.knob)}` | `{_md(d.live)}` | {_md(d.profiles)} | "
                f"{_md(d.engine_default)} |" for d in unset_differences())
+    vllm_flags = " and ".join(f"`{SPECS[knob].flag}`" for knob in vllm.GPU_BATCH_DEFAULTS)
     out.extend([
         "",
-        "To compare a live cell with a predicted one, set these knobs on both: vLLM "
-        "`--max-num-seqs` and `--max-num-batched-tokens`; for TGI, whose live launch always "
-        f"admits up to {tgi.MAX_CONCURRENT_REQUESTS} requests (its `max_num_seqs` maps to "
-        "`--max-batch-size`, not to the admission cap), give the predicted cell "
-        f"`--max-num-seqs {tgi.MAX_CONCURRENT_REQUESTS}`.",
+        f"To compare a live cell with a predicted one, set these knobs on both: vLLM {vllm_flags}; "
+        "for TGI, whose live launch always admits up to "
+        f"{tgi.MAX_CONCURRENT_REQUESTS} requests ({tgi.ADMISSION_CAP_WHY}), give the predicted "
+        f"cell `{SPECS['max_num_seqs'].flag} {tgi.MAX_CONCURRENT_REQUESTS}`.",
         "",
     ])
     return out
@@ -531,6 +540,14 @@ def replay_defaults(engine: str) -> dict[str, Any]:
     """Replay-client settings (``ReplayConfig`` fields) an engine is best measured with, which
     the caller's own settings override (llama.cpp: its exact running token count)."""
     return dict(llamacpp.REPLAY_DEFAULTS) if engine == llamacpp.NAME else {}
+
+
+def priority_wire(engine: str | None) -> PriorityWire:
+    """What ``engine``'s server makes of a request's priority (its adapter's ``ServerWire``).
+    None, a plain ``--target`` replay that names no engine, or a name batchlab does not know:
+    vLLM's convention, as the trace has it, and nothing known beyond the policy."""
+    info = INFO.get(engine) if engine is not None else None
+    return info.priority if info is not None else PriorityWire()
 
 
 # ---------------------------------------------------------------- servers batchlab did not start

@@ -39,6 +39,7 @@ from adapters.base import (
     Knobs,
     LaunchPlan,
     MetricSource,
+    PriorityWire,
     ServerWire,
     Setting,
     TelemetrySpec,
@@ -227,7 +228,10 @@ TELEMETRY = TelemetrySpec(
     notes=(("kv_usage", "not exported by the pinned build; llamacpp:kv_cache_usage_ratio is "
                         "read if an older build exports it"),),
 )
-WIRE = ServerWire(version_paths=("/props",), telemetry=TELEMETRY)
+# No request priority: llama-server's task queue is first-in first-out.
+PRIORITY = PriorityWire(off_policy="no-priority", server="llama-server",
+                        source=f"tools/server/server-queue.cpp server_queue ({SOURCE})")
+WIRE = ServerWire(version_paths=("/props",), telemetry=TELEMETRY, priority=PRIORITY)
 
 
 def find_executable(explicit: str | None = None) -> str:

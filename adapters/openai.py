@@ -19,6 +19,7 @@ from adapters.base import (
     Knobs,
     LaunchPlan,
     MetricSource,
+    PriorityWire,
     ServerWire,
     TelemetrySpec,
     Unsupported,
@@ -39,6 +40,10 @@ METRIC_PRESETS: dict[str, TelemetrySpec] = {
 }
 
 _KINDS = {"num_preemptions": "counter", "batch_tokens": "histogram"}
+
+# Any server: priorities go in vLLM's convention, as the trace has them; what it does with them
+# under a policy other than priority is not known.
+PRIORITY = PriorityWire(source="not known: the server is named by URL only")
 
 
 def _not_launched(k: Knobs) -> Unsupported:
@@ -114,5 +119,6 @@ class OpenAIAdapter:
             # names what is served
             version_paths=("/version", "/info", "/props", "/v1/models"),
             telemetry=self.telemetry or metric_spec(self.metric_map),
+            priority=PRIORITY,
         )
         return wire.attached(self.name, base_url, knobs, model=self.model)

@@ -27,6 +27,7 @@ from adapters.base import (
     Knobs,
     LaunchPlan,
     MetricSource,
+    PriorityWire,
     ServerWire,
     Setting,
     TelemetrySpec,
@@ -212,6 +213,12 @@ DEFAULT_SOURCES: dict[str, str] = {
 DEFAULT_MAX_CONCURRENT_REQUESTS = 128
 MAX_CONCURRENT_REQUESTS_SOURCE = (
     f"huggingface/text-generation-inference launcher/src/main.rs --max-concurrent-requests {_AT}")
+# The admission cap is no knob: max_num_seqs maps to --max-batch-size, and every launch passes
+# --max-concurrent-requests MAX_CONCURRENT_REQUESTS (FIXED), where TGI's profiles record its
+# default. docs/engines.md sets the two side by side (adapters.catalog.unset_differences).
+ADMISSION_CAP_KNOB = "max_num_seqs (admission cap: --max-concurrent-requests)"
+ADMISSION_CAP_LIVE = f"--max-concurrent-requests {MAX_CONCURRENT_REQUESTS}"
+ADMISSION_CAP_WHY = "its `max_num_seqs` maps to `--max-batch-size`, not to the admission cap"
 RULES = with_engine_defaults(RULES, {
     "policy": "fcfs", "preemption": "none", "chunked_prefill": True, "prefix_caching": True,
     "max_model_len": None, "extra_args": (),
@@ -240,7 +247,11 @@ TELEMETRY = TelemetrySpec(
             denominator=("tgi_batch_max_total_tokens",))),
     ),
 )
-WIRE = ServerWire(protocol="tgi", version_paths=("/info",), telemetry=TELEMETRY)
+# TGI's queue is FIFO, and its native /generate_stream, which batchlab replays it through, has
+# no priority field: nothing more is stated.
+PRIORITY = PriorityWire(source=DEFAULT_SOURCES["policy"])
+WIRE = ServerWire(protocol="tgi", version_paths=("/info",), telemetry=TELEMETRY,
+                  priority=PRIORITY)
 
 
 def check(knobs: Knobs) -> None:

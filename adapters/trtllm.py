@@ -10,7 +10,7 @@ background collector drains the JSON ``/metrics`` queue).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import yaml
 
@@ -25,6 +25,7 @@ from adapters.base import (
     LaunchPlan,
     MappedKnob,
     MetricSource,
+    PriorityWire,
     ServerWire,
     Setting,
     TelemetrySpec,
@@ -285,6 +286,18 @@ TELEMETRY = TelemetrySpec(
 )
 JSON_TELEMETRY = TelemetrySpec(path="/metrics", format="trtllm_json")
 
+# A request's priority: a float in [0, 1], HIGHER first, default 0.5, sent converted from the
+# trace's (adapters.base.unit_float_priority). It only orders the waiting queue, and is ignored
+# (with a warning per request) unless scheduler_config.waiting_queue_policy is priority; the
+# field is then not sent, as servers from before it existed reject unknown fields.
+PRIORITY = PriorityWire(
+    scale="unit-float-higher-first", off_policy="ignored", server="TensorRT-LLM",
+    source="engines.md §2.1 \"Per-request priority\", §5 TRT-LLM quirks 6 and 9, §6 "
+           "\"request.priority\": NVIDIA/TensorRT-LLM tensorrt_llm/serve/openai_protocol.py, "
+           "tensorrt_llm/_torch/pyexecutor/scheduler/waiting_queue.py (recent main only; "
+           "engines.md names no commit)")
+WIRE = ServerWire(telemetry=TELEMETRY, priority=PRIORITY)
+
 
 def render_config(config: tuple[tuple[str, object], ...], *, json_telemetry: bool = False
                   ) -> str:
@@ -334,4 +347,4 @@ class TrtllmAdapter:
                                      model=self.served_model_name or self.model)
 
     def _wire(self) -> ServerWire:
-        return ServerWire(telemetry=JSON_TELEMETRY if self.json_telemetry else TELEMETRY)
+        return replace(WIRE, telemetry=JSON_TELEMETRY) if self.json_telemetry else WIRE

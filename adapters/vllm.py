@@ -31,6 +31,7 @@ from adapters.base import (
     Knobs,
     LaunchPlan,
     MetricSource,
+    PriorityWire,
     ServerWire,
     Setting,
     TelemetrySpec,
@@ -193,6 +194,14 @@ DEFAULT_SOURCES: dict[str, str] = {
     "tensor_parallel_size": "vllm-project/vllm vllm/config/parallel.py "
                             f"ParallelConfig.tensor_parallel_size @00193b82, {_READ}",
 }
+# vLLM's own max_num_seqs and max_num_batched_tokens for `vllm serve`: they depend on the GPU
+# (get_batch_defaults), which is why batchlab pins both. docs/engines.md sets them beside what
+# the profiles record (adapters.catalog.unset_differences).
+GPU_BATCH_DEFAULTS: dict[str, str] = {
+    "max_num_seqs": "1024 on a GPU of 70 GiB or more that is not an A100, else 256",
+    "max_num_batched_tokens": "8192 on a GPU of 70 GiB or more that is not an A100, else 2048",
+}
+GPU_BATCH_DEFAULTS_SOURCE = f"`vllm serve`; {BATCH_DEFAULTS_SOURCE}"
 RULES = with_engine_defaults(RULES, {
     "policy": "fcfs", "preemption": "recompute", "chunked_prefill": True,
     "kv_cache_dtype": "auto", "prefix_caching": True, "tensor_parallel_size": 1,
@@ -225,7 +234,16 @@ TELEMETRY = TelemetrySpec(
         ("batch_tokens", MetricSource(("vllm:iteration_tokens_total",), kind="histogram")),
     ),
 )
-WIRE = ServerWire(telemetry=TELEMETRY)
+# A request's priority: an int, lower first, default 0 (the trace's own convention). Any value
+# other than 0 is answered with HTTP 400 unless the server runs --scheduling-policy priority
+# (the note names the engine as the replay was told it: vllm, or reference, which shares this).
+PRIORITY = PriorityWire(
+    scale="vllm-int", off_policy="http-400",
+    source="engines.md §2.1 \"Per-request priority\" and \"Scheduling policy\", §5 vLLM quirk 4, "
+           "§6 \"request.priority\": vllm-project/vllm vllm/config/scheduler.py "
+           "SchedulerConfig.policy, vllm/v1/core/sched/request_queue.py (2025-2026 main; "
+           "engines.md names no commit)")
+WIRE = ServerWire(telemetry=TELEMETRY, priority=PRIORITY)
 
 
 def check(knobs: Knobs) -> None:

@@ -31,11 +31,11 @@ the request's output length; it never becomes a chunk, so chunks hold only token
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from adapters.catalog import priority_wire
 from harness.live.sse_framing import DEFAULT_MAX_EVENT_BYTES, SseDecoder, SseEvent
 
 ProtocolName = Literal["openai", "openai-chat", "tgi"]
@@ -57,49 +57,18 @@ PRIORITY_FIELD: dict[str, str | None] = {
 # ---------------------------------------------------------------- request priority
 #
 # A trace's priority is vLLM's: an int, lower is served first, default 0
-# (harness.traces.TraceRequest). What each engine makes of the body's "priority" field
-# (../shared/reference/engines.md §2.1 "Per-request priority" and "Scheduling policy", §5 vLLM
-# quirk 4 and TRT-LLM quirk 9, §6 "request.priority"; engines.md names no commit for vLLM or
-# TensorRT-LLM, it read their files from 2025-2026 main):
-#
-#   vllm       int, lower first, default 0. Any value != 0 is refused unless the server runs
-#              --scheduling-policy priority (vllm-project/vllm vllm/config/scheduler.py
-#              SchedulerConfig.policy; vllm/v1/core/sched/request_queue.py).
-#   reference  the same, as vLLM (harness/serve/openai.py answers 400 to priority != 0 unless
-#              --policy priority; adapters/reference/request.py sorts by (priority, arrival)).
-#   trtllm     float in [0, 1], HIGHER first, default 0.5; only orders the waiting queue, and is
-#              ignored (with a warning) unless scheduler_config.waiting_queue_policy is
-#              priority (NVIDIA/TensorRT-LLM tensorrt_llm/serve/openai_protocol.py,
-#              tensorrt_llm/_torch/pyexecutor/scheduler/waiting_queue.py; recent main only).
-#              Sent converted: trtllm_priority.
-#   llamacpp   none: llama-server's task queue is first-in first-out.
-#   (none)     a plain --target replay names no engine: vLLM's int, as the trace has it.
+# (harness.traces.TraceRequest). What a server makes of the body's "priority" field (its scale,
+# and what it does with a priority other than 0 under another policy than priority) is its
+# adapter's fact: ``PriorityWire`` (adapters.base), looked up by the engine's name
+# (adapters.catalog.priority_wire). A plain --target replay names no engine: vLLM's int, as the
+# trace has it.
 
 PRIORITY_POLICY = "priority"  # the policy (uniform knob) under which engines order by priority
-# engines that refuse a request whose priority is not 0 unless their policy is priority
-PRIORITY_REFUSED_UNLESS_POLICY = frozenset({"vllm", "reference"})
-# engines that ignore the field unless their policy is priority
-PRIORITY_IGNORED_UNLESS_POLICY = frozenset({"trtllm"})
-# engines with no request priority at all, and what the manifest says of them
-NO_PRIORITY: dict[str, str] = {"llamacpp": "llama-server has no request priority"}
-TRTLLM_PRIORITY_RULE = "0.5 - atan(p)/pi"
-
-
-def trtllm_priority(priority: int) -> float:
-    """A trace priority ``p`` (vLLM's: lower first, default 0) as TensorRT-LLM's (a float in
-    [0, 1], higher first, default 0.5): ``0.5 - atan(p)/pi``.
-
-    Strictly decreasing, so the order is kept and reversed onto TensorRT-LLM's scale; 0 maps to
-    0.5, TensorRT-LLM's default (a request without a priority and one with 0 are alike, as in
-    vLLM); every int stays inside (0, 1) and distinct from its neighbours (-1 -> 0.75,
-    1 -> 0.25, 5 -> 0.063). It keeps only the order, not the gaps: TensorRT-LLM compares
-    priorities, it does not weigh them."""
-    return 0.5 - math.atan(priority) / math.pi
 
 
 def wire_priority(priority: int, engine: str | None) -> int | float:
     """``priority`` as ``engine``'s server reads it (None: no engine named, vLLM's int)."""
-    return trtllm_priority(priority) if engine == "trtllm" else priority
+    return priority_wire(engine).value(priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,18 +87,20 @@ def plan_priority(priorities: Iterable[int | None], protocol: ProtocolName,
     ``engine``: the engine behind it (``replay --engine``), None for a plain ``--target``
     replay, which sends vLLM's convention. ``policy``: the scheduling policy it runs with (the
     uniform knob's value), None when not known (a server batchlab attached to and that did not
-    say). The table above has the per-engine facts."""
+    say). The engine's adapter has the facts (``PriorityWire``)."""
     given = [p for p in priorities if p is not None]
     if not given:
         return PriorityPlan(False, "none: no request has a priority")
     fld = PRIORITY_FIELD[protocol]
     if fld is None:
         return PriorityPlan(False, f"not applied: the {protocol} protocol has no priority field")
-    if engine in NO_PRIORITY:
-        return PriorityPlan(False, f"not applied: {NO_PRIORITY[engine]}")
-    if engine == "trtllm":
-        scale = (f"converted: trace priority p sent as {TRTLLM_PRIORITY_RULE}, TensorRT-LLM "
-                 "serves higher first")
+    wire = priority_wire(engine)
+    if wire.off_policy == "no-priority":
+        return PriorityPlan(False, f"not applied: {wire.server} has no request priority")
+    converted = wire.scale != "vllm-int"
+    if converted:
+        scale = (f"converted: trace priority p sent as {wire.rule}, {wire.server} serves "
+                 "higher first")
     elif engine is None:
         scale = ("in vLLM's convention (lower is served first), as no --engine names the "
                  "server")
@@ -138,26 +109,25 @@ def plan_priority(priorities: Iterable[int | None], protocol: ProtocolName,
     if policy is None:
         return PriorityPlan(True, f"sent; the server's policy is not known; {scale}")
     if policy == PRIORITY_POLICY:
-        if engine == "trtllm":
+        if converted:
             return PriorityPlan(True, scale)
         return PriorityPlan(True, f"applied: sent in the request's {fld!r} field, {scale}")
     # A known policy that does not order by priority.
     num_nonzero = sum(1 for p in given if p != 0)
-    if engine in PRIORITY_REFUSED_UNLESS_POLICY and num_nonzero:
-        # vLLM answers 400 to every such request (engines.md §2.1, §5 vLLM quirk 4). Its FCFS
-        # queue ignores priorities anyway, so the trace is sent without them: an FCFS cell
-        # beside a priority cell on one trace (fcfs-vs-priority) measures what FCFS does, and
-        # its classes are still reported apart.
+    if wire.off_policy == "http-400" and num_nonzero:
+        # The server answers 400 to every such request. Its FCFS queue ignores priorities
+        # anyway, so the trace is sent without them: an FCFS cell beside a priority cell on one
+        # trace (fcfs-vs-priority) measures what FCFS does, and its classes are still reported
+        # apart.
         return PriorityPlan(False, (
             f"not sent: {num_nonzero} of {len(given)} requests have a priority other than 0, "
             f"which {engine} answers with HTTP 400 under --policy {policy}; its queue is FCFS, "
             "so they are sent without one (--policy priority orders by them)"))
-    if engine in PRIORITY_IGNORED_UNLESS_POLICY:
-        # TensorRT-LLM accepts the field and ignores it (a warning per request; engines.md
-        # §2.1): the run is a valid measurement of its FCFS queue, so it is not refused, and the
-        # field is not sent (servers before the field existed reject unknown fields, §5 TRT-LLM
-        # quirk 6).
-        return PriorityPlan(False, "not applied: TensorRT-LLM orders by priority only with "
+    if wire.off_policy == "ignored":
+        # The server accepts the field and ignores it: the run is a valid measurement of its
+        # FCFS queue, so it is not refused, and the field is not sent (the engine's servers from
+        # before the field existed reject unknown fields).
+        return PriorityPlan(False, f"not applied: {wire.server} orders by priority only with "
                             "--policy priority")
     return PriorityPlan(False, f"not applied: the server's policy is {policy}, which does not "
                         "order by priority" + ("" if num_nonzero else

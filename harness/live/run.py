@@ -18,8 +18,9 @@ in the manifest and scrubbed from the server logs and error messages (``harness.
 
 ``--dry-run`` stops after planning: it prints the argv, the generated config file, the
 mapping and what the trace's priorities become, with the same secrets redacted, and starts
-nothing. Planning refuses a trace whose priorities the engine would refuse request by request
-(vLLM under a policy other than priority: ``harness.live.protocols.plan_priority``).
+nothing. Priorities an engine would answer with HTTP 400 (vLLM under a policy other than
+priority) are not sent, and the manifest's ``priority`` says so
+(``harness.live.protocols.plan_priority``).
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def planned_policy(plan: LaunchPlan, knobs: Knobs) -> str | None:
     Launched: the mapped value (an unset knob's is the engine's default). A policy the adapter
     could not honour (approximated or not applied, allowed by --allow-approximate) falls back
     to the engine's first-come-first-served queue in every adapter (vLLM's static -> fcfs,
-    llama-server's priority -> -cb, TGI's FIFO); one that extra_args override is not known.
+    llama-server's priority -> -cb, TGI's FIFO); one that extra_args or --engine-env override
+    is not known.
     Attached: the policy stated on the command line, else not known (what the server reports
     of itself is read after its version probe: ``_replay_on``)."""
     if not plan.launch:
@@ -140,7 +142,7 @@ def planned_policy(plan: LaunchPlan, knobs: Knobs) -> str | None:
             continue
         if mapped.status in ("applied", "default"):
             return mapped.value if isinstance(mapped.value, str) else None
-        if mapped.note.startswith("overridden by extra_args"):  # (adapters.base.map_knobs)
+        if mapped.overridden_by:  # extra_args or --engine-env decide (adapters.base.map_knobs)
             return None
         return "fcfs"
     return None

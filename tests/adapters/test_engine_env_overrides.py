@@ -82,3 +82,19 @@ def test_the_command_line_refuses_it_before_anything_starts(
     assert code == 2
     assert ("chunked_prefill=False sets PREFILL_CHUNKING=0, but --engine-env sets "
             "PREFILL_CHUNKING=1") in err
+
+
+def test_what_overrode_a_knob_is_recorded_apart_from_the_note() -> None:
+    """``overridden_by`` says it as data (``harness.live.run.planned_policy`` reads it); the
+    note says it in words, as before."""
+    mapped = by_knob(plan({}, {"PREFILL_CHUNKING": "0"}))
+    assert mapped["chunked_prefill"].overridden_by == ("--engine-env",)
+    assert mapped["prefix_caching"].overridden_by == ()
+    extra = by_knob(plan({"extra_args": ["--max-batch-size", "8"]}, {}))["max_num_seqs"]
+    assert extra.overridden_by == ("extra_args",)
+    assert extra.note == "overridden by extra_args (--max-batch-size)"
+    both = by_knob(plan({"extra_args": ["--cuda-memory-fraction", "0.5"]},
+                        {"TGI_WIGGLE_ROOM": "0.8"}))["gpu_memory_utilization"]
+    assert both.overridden_by == ("extra_args", "--engine-env")
+    assert both.note == ("overridden by extra_args (--cuda-memory-fraction); overridden by "
+                         "--engine-env TGI_WIGGLE_ROOM=0.8")

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from adapters.base import Knobs
+from adapters.base import unit_float_priority as trtllm_priority
 from adapters.process import ServerProcess
 from harness.cli import main
 from harness.live import run as live
@@ -24,7 +25,6 @@ from harness.live.protocols import (
     Prompt,
     build_body,
     plan_priority,
-    trtllm_priority,
     wire_priority,
 )
 from harness.live.replay import ReplayConfig, replay
