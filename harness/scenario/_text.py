@@ -8,17 +8,32 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from adapters.knobs import SPECS
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 _FLAG = re.compile(r"(?<![\w-])--([a-z0-9]+(?:-[a-z0-9]+)*)")
+# A knob's further flags (``--tp``), which are also the reference engine's own names for them
+# (its config's ``tp``, as its errors begin): the key a scenario sets it with.
+_KEY_OF = {alias.removeprefix("--").replace("-", "_"): spec.name
+           for spec in SPECS.values() for alias in spec.aliases}
 
 
 def as_keys(message: str) -> str:
     """A message written for the command line, in a scenario file's words: each ``--flag``
     becomes the key that sets the same thing (``--max-num-batched-tokens`` ->
-    ``max_num_batched_tokens``)."""
-    return _FLAG.sub(lambda m: m.group(1).replace("-", "_"), message)
+    ``max_num_batched_tokens``, ``--tp`` -> ``tensor_parallel_size``)."""
+    def key(m: re.Match[str]) -> str:
+        name = m.group(1).replace("-", "_")
+        return _KEY_OF.get(name, name)
+    return _FLAG.sub(key, message)
+
+
+def key_of(name: str) -> str:
+    """The scenario key of a setting an engine's error names: ``tp`` -> ``tensor_parallel_size``."""
+    return _KEY_OF.get(name, name)
+
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
     """``"; did you mean 'max_num_seqs'?"`` or ``""`` when nothing is close."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -81,9 +82,10 @@ def check_expanded_size(root: yaml.Node, file: str, limit: int = MAX_EXPANDED_NO
 
 
 def _convert(loader: yaml.SafeLoader, node: yaml.Node, file: str,
-             own_keys: dict[int, set[int]] | None = None) -> Node:
+             own_keys: dict[int, set[int]] | None = None, where: str = "") -> Node:
     """``node`` as ``Node``s. ``own_keys``: for each mapping seen, its key nodes as written
-    (before merge keys were flattened into it; an alias may bring the mapping back)."""
+    (before merge keys were flattened into it; an alias may bring the mapping back).
+    ``where``: the node's key path (``engines[0].knobs``), which errors name."""
     own_keys = {} if own_keys is None else own_keys
     line = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
@@ -95,20 +97,40 @@ def _convert(loader: yaml.SafeLoader, node: yaml.Node, file: str,
             key = loader.construct_object(key_node)
             key_line = key_node.start_mark.line + 1
             if not isinstance(key, str):
-                raise ScenarioError(file, key_line, str(key), "keys must be names (text)")
+                raise ScenarioError(file, key_line, _join(where, str(key)),
+                                    "keys must be names (text)")
             # A merged key may be overridden (by a later merge or by the mapping's own key),
             # as YAML's merge keys allow; a key written twice in the mapping itself may not.
             if id(key_node) in own:
                 if key in written:
-                    raise ScenarioError(
-                        file, key_line, key, f"duplicate key (first on line {written[key]})")
+                    raise ScenarioError(file, key_line, _join(where, key),
+                                        f"duplicate key (first on line {written[key]})")
                 written[key] = key_line
             out[key] = (Node(key, key_line, "scalar"),
-                        _convert(loader, value_node, file, own_keys))
+                        _convert(loader, value_node, file, own_keys, _join(where, key)))
         return Node(out, line, "map")
     if isinstance(node, yaml.SequenceNode):
-        return Node([_convert(loader, n, file, own_keys) for n in node.value], line, "seq")
+        return Node([_convert(loader, n, file, own_keys, _join(where, i))
+                     for i, n in enumerate(node.value)], line, "seq")
     return Node(loader.construct_object(node), line, "scalar")
+
+
+def key_lines(y: Node, where: str = "") -> dict[str, int]:
+    """The line of every key under ``y``, by key path (``engines[0].knobs.max_model_len``;
+    a list item's path, the line its item starts on): for errors raised after loading, when
+    only the ``Scenario`` is at hand."""
+    out: dict[str, int] = {}
+    if y.kind == "map":
+        for name, (key_y, value) in y.value.items():
+            path = _join(where, name)
+            out[path] = key_y.line
+            out.update(key_lines(value, path))
+    elif y.kind == "seq":
+        for i, item in enumerate(y.value):
+            path = _join(where, i)
+            out[path] = item.line
+            out.update(key_lines(item, path))
+    return out
 
 
 def plain(y: Node) -> Any:
@@ -154,9 +176,13 @@ class Checker:
         return list(y.value)
 
     def string(self, y: Node, key: str) -> str:
-        if y.kind != "scalar" or not isinstance(y.value, str) or not y.value.strip():
-            raise self.fail(y, key, f"must be text, got {_kind(y)}")
-        return y.value
+        if y.kind == "scalar" and isinstance(y.value, str):
+            if not y.value.strip():
+                raise self.fail(y, key, "must be non-empty text")
+            return y.value
+        # YAML reads 2024-01-01, yes, 1.10 as a date, a boolean, a number: quoted, they are text
+        quote = ": quote it" if y.kind == "scalar" and y.value is not None else ""
+        raise self.fail(y, key, f"must be text, got {_kind(y)}{quote}")
 
     def integer(self, y: Node, key: str, *, minimum: int | None = None) -> int:
         v = y.value
@@ -209,7 +235,13 @@ def _kind(y: Node) -> str:
         return f"a boolean ({str(v).lower()})"
     if isinstance(v, (int, float)):
         return f"a number ({v})"
-    return f"text ({v!r})"
+    if isinstance(v, datetime.datetime):
+        return f"a date and time ({v.isoformat(sep=' ')})"
+    if isinstance(v, datetime.date):
+        return f"a date ({v.isoformat()})"
+    if isinstance(v, str):
+        return f"text ({v!r})"
+    return f"{type(v).__name__} ({v!r})"  # YAML's binary, say
 
 
 def _join(prefix: str, name: str | int) -> str:

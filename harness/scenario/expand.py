@@ -58,6 +58,8 @@ def load_cell_trace(scenario: Scenario, load: LoadPoint) -> Any:
     for i, spec in enumerate(scenario.trace.components()):
         try:
             fields = trace_options(scenario, load, spec)
+            if load.kind == "concurrency" and spec.file is None and fields.get("rate") is None:
+                fields["rate"] = math.inf  # generated for N users: no arrival times, no rate
             try:
                 trace = traces.load_trace(spec.path, traces.TraceOptions(**fields))
             except traces.TraceError as exc:

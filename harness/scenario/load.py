@@ -11,13 +11,15 @@ from typing import Any
 from adapters.base import KnobError, Knobs
 from adapters.knobs import ADMISSIONS, check_positive_int
 from harness.metrics import SLO_KEYS, Slo, slo_problem
-from harness.scenario._text import REPO_ROOT, as_keys, did_you_mean, value_text
-from harness.scenario._yaml import Checker, Node, compose, plain
+from harness.results import REPORT_FILE, REPORT_PLOTS
+from harness.scenario._text import REPO_ROOT, as_keys, did_you_mean, key_of, value_text
+from harness.scenario._yaml import Checker, Node, compose, key_lines, plain
 from harness.scenario.cell import reference_config
 from harness.scenario.expand import trace_options
 from harness.scenario.schema import (
     ENGINE_KINDS,
     MODES,
+    SCENARIO_FILE,
     Cell,
     EngineSpec,
     LoadKind,
@@ -94,6 +96,42 @@ ENGINE_KEYS = (
 )
 _LIVE_ONLY = ("url", "launch", "allow_approximate", "replay", "executable", "runtime",
               "served_model_name", "port", "ready_timeout_s", "env")
+RUNTIMES = ("native", "docker", "podman")  # as `batchlab launch --container-runtime`
+
+# Replay client options (``harness.live.config.ReplayConfig`` fields) an engine's ``replay``
+# may set, with their YAML types; the minimum of each integer. The other fields are set for
+# it: target_url, model, engine and server_policy by the engine's plan, slo by the scenario's,
+# mode and concurrency by load.concurrencies.
+REPLAY_OPTION_TYPES: dict[str, str] = {
+    "protocol": "choice",
+    "max_concurrency": "int",
+    "timeout_s": "float",
+    "tokenizer_path": "str",
+    "client_lag_threshold_s": "float",
+    "api_key_env": "str",
+    "seed": "int",
+    "prefix_block_num_tokens": "int",
+    "fsync_interval_s": "float",
+    "prebuild_max_prompt_tokens": "int",
+    "http_client": "choice",
+    "length_control": "choice",
+    "spin_window_s": "float",
+    "max_event_bytes": "int",
+    "timings_per_token": "bool",
+    "prompt_salt": "str",
+}
+REPLAY_OPTION_MINIMUM = {"seed": 0, "prebuild_max_prompt_tokens": 0}
+REPLAY_SET_FOR_IT = {
+    "target_url": "the engine's url, or the server it launches",
+    "model": "served_model_name, or the model",
+    "engine": "the engine", "server_policy": "its policy knob",
+    "slo": "the scenario's slo",
+    "mode": "load.concurrencies (a closed loop)", "concurrency": "load.concurrencies",
+}
+
+# Names a cell's folder cannot take: the files a sweep writes beside its cells (the scenario's
+# record, its report and figures), and a capacity search's record (harness.capacity.run).
+RESERVED_NAMES = (SCENARIO_FILE, REPORT_FILE, *REPORT_PLOTS, "capacity.json")
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -127,7 +165,7 @@ def load_scenario(path: str | Path, *, trace_path: str | Path | None = None) -> 
     slo = _parse_slo(c, top["slo"]) if "slo" in top else None
     classes = (_parse_priority_classes(c, top["priority_classes"])
                if "priority_classes" in top else ())
-    engines = _parse_engines(c, top["engines"])
+    engines = _parse_engines(c, top["engines"], loads)
     grid = _parse_grid(c, top["grid"], engines) if "grid" in top else {}
     baseline = c.string(top["baseline"], "baseline") if "baseline" in top else None
 
@@ -138,7 +176,7 @@ def load_scenario(path: str | Path, *, trace_path: str | Path | None = None) -> 
     scenario = Scenario(
         name=name, question=question, source=path, trace=trace, loads=loads, model=model,
         gpu=gpu, engines=engines, slo=slo, priority_classes=classes, grid=grid,
-        baseline=baseline, seed=seed,
+        baseline=baseline, seed=seed, lines=key_lines(root),
     )
     _check_trace_at_loads(c, scenario, top)
     cells = _expand_checked(c, scenario, top)
@@ -174,13 +212,23 @@ def _parse_trace(c: Checker, y: Node, base: Path, override: str | Path | None,
         if name in TRACE_OPTION_BOUNDS:
             c.bounded(value, where, TRACE_OPTION_BOUNDS[name], options[name])
     check_trace_options(c, options, items, y, key)
-    if override is not None:
+    path: Path | str
+    if override is not None and is_synthetic(str(override)):
+        path = str(override)
+    elif override is not None:
         path = Path(override)
         if not path.exists():
             raise ScenarioError(str(override), None, "--trace", "no such file")
     else:
-        path = resolve_trace_path(c.string(items["path"], f"{key}.path"), base, c,
-                                  items["path"], f"{key}.path")
+        text = c.string(items["path"], f"{key}.path")
+        path = (text if is_synthetic(text)
+                else resolve_trace_path(text, base, c, items["path"], f"{key}.path"))
+    if isinstance(path, str) and (nested or "mix" in items):
+        raise c.fail(items["path"] if nested else items["mix"], f"{key}.path" if nested else
+                     "trace.mix", "a mix keeps each trace's own timestamps (rescaled with "
+                     "time_scale); a synthetic trace has none, its arrivals are drawn at a "
+                     "rate: it cannot be part of a mix")
+    _check_source(c, path, options, items, y, key)
     mix: list[TraceSpec] = []
     if "mix" in items:
         for i, part in enumerate(c.seq(items["mix"], "trace.mix")):
@@ -194,6 +242,72 @@ def _parse_trace(c: Checker, y: Node, base: Path, override: str | Path | None,
         label=c.string(items["label"], f"{key}.label") if "label" in items else None,
         mix=tuple(mix), line=y.line,
     )
+
+
+def is_synthetic(text: str) -> bool:
+    """``synthetic`` or ``synthetic:<arrival>``: requests generated from the trace options, no
+    file (as ``--trace``, ``harness.traces.load_trace``, reads it)."""
+    return text.split(":")[0] == "synthetic"
+
+
+def _check_source(c: Checker, path: Path | str, options: dict[str, Any], items: dict[str, Node],
+                  y: Node, key: str) -> None:
+    """What ``load_trace`` would refuse of a trace file's options or a synthetic trace's (its
+    rate excepted, which load points may give: ``_check_trace_at_loads``), at their keys."""
+    from harness.traces import ARRIVALS
+
+    def at(name: str) -> Node:
+        return items.get(name, y)
+
+    fmt = options.get("format")
+    if isinstance(path, Path):
+        if fmt == "synthetic":
+            raise c.fail(at("format"), f"{key}.format",
+                         f"synthetic reads no trace file ({path.name}): generate requests with "
+                         "path: synthetic (and lengths_from to sample their lengths from a "
+                         "trace file)")
+        for name, why in (("num_requests", "limit: N keeps the first N requests of a trace "
+                                           "file"),
+                          ("lengths_from", "it samples their lengths")):
+            if name in options:
+                raise c.fail(at(name), f"{key}.{name}",
+                             f"applies to synthetic traces (path: synthetic); {why}")
+        return
+    where = f"{key}.path"
+    if fmt not in (None, "synthetic"):
+        raise c.fail(at("format"), f"{key}.format",
+                     f"{fmt} reads a trace file; path {path!r} generates requests: leave "
+                     "format out, or give a trace file")
+    arrival = path.partition(":")[2]
+    if ":" in path and arrival not in ARRIVALS:
+        raise c.fail(at("path"), where,
+                     f"{path!r}: expected synthetic or synthetic:<{'|'.join(ARRIVALS)}>"
+                     f"{did_you_mean(arrival, ARRIVALS)}")
+    asked = options.get("arrival") or ("gamma" if "burstiness" in options else None)
+    if arrival and asked is not None and asked != arrival:
+        name = "arrival" if "arrival" in options else "burstiness"
+        raise c.fail(at(name), f"{key}.{name}",
+                     f"{name} {options[name]} asks for {asked} arrivals; path {path} draws "
+                     f"{arrival} arrivals: give one of them")
+    for name in ("start_s", "end_s"):
+        if name in options:
+            raise c.fail(at(name), f"{key}.{name}",
+                         "a synthetic trace has no timestamps to take a window of")
+    if "time_scale" in options:
+        raise c.fail(at("time_scale"), f"{key}.time_scale",
+                     "rescales a trace's timestamps; a synthetic trace's arrivals are drawn at "
+                     "its rate: set rate (requests per second)")
+    if "num_requests" not in options:
+        raise c.fail(y, f"{key}.num_requests",
+                     f"is required for a synthetic trace (path: {path}): the number of requests "
+                     "to generate")
+    if "lengths_from" not in options:
+        for name in ("prompt_tokens", "output_tokens"):
+            if name not in options:
+                raise c.fail(y, f"{key}.{name}",
+                             "a synthetic trace needs its lengths: prompt_tokens and "
+                             "output_tokens, or lengths_from (a trace file to sample them "
+                             "from)")
 
 
 def check_trace_options(c: Checker, options: dict[str, Any], items: dict[str, Node], y: Node,
@@ -235,17 +349,37 @@ def resolve_trace_path(text: str, base: Path, c: Checker, y: Node, where: str) -
 
 def _check_trace_at_loads(c: Checker, scenario: Scenario, top: dict[str, Node]) -> None:
     """Each load point's trace options (a rate from ``load.rates`` and a time_scale in
-    ``trace``, say) are the options one cell runs with: refused now, not in the sweep."""
-    if "load" not in top:
-        return
+    ``trace``, say) are the options one cell runs with: refused now, not in the sweep. A
+    synthetic trace needs a rate, its own or the load point's (N users need none)."""
     from harness.traces import TraceError, TraceOptions
 
-    for load in scenario.loads:
+    for i, load in enumerate(scenario.loads):
+        node, where = _load_point(c, top, i)
         for spec in scenario.trace.components():
+            options = trace_options(scenario, load, spec)
+            if spec.file is None and load.kind == "time_scale":
+                raise c.fail(node, where, "a synthetic trace's arrivals are drawn at a rate, "
+                             "not rescaled: give load.rates instead of time_scales")
+            if spec.file is None and options.get("rate") is None and load.kind != "concurrency":
+                raise c.fail(top["trace"], "trace.rate",
+                             "is required for a synthetic trace (requests per second), in the "
+                             "trace or as load.rates")
+            if "load" not in top:
+                continue
             try:
-                TraceOptions(**trace_options(scenario, load, spec))
+                TraceOptions(**options)
             except TraceError as exc:
-                raise c.fail(top["load"], "load", f"{load.label}: {exc}") from None
+                raise c.fail(node, where,
+                             f"at load point {load.label}: {as_keys(str(exc))}") from None
+
+
+def _load_point(c: Checker, top: dict[str, Node], index: int) -> tuple[Node, str]:
+    """The node and key path of the ``index``-th load point (``load.rates[1]``); the trace's
+    when the scenario gives no load (its own timing)."""
+    if "load" not in top:
+        return top["trace"], "trace"
+    (name, (_, values)), = top["load"].value.items()  # _parse_load: exactly one key
+    return c.seq(values, f"load.{name}")[index], f"load.{name}[{index}]"
 
 
 def _parse_load(c: Checker, y: Node) -> tuple[LoadPoint, ...]:
@@ -357,7 +491,7 @@ def _parse_knobs(c: Checker, y: Node, where: str) -> dict[str, Any]:
     return out
 
 
-def _parse_engines(c: Checker, y: Node) -> tuple[EngineSpec, ...]:
+def _parse_engines(c: Checker, y: Node, loads: Sequence[LoadPoint]) -> tuple[EngineSpec, ...]:
     out: list[EngineSpec] = []
     for i, item in enumerate(c.seq(y, "engines")):
         where = f"engines[{i}]"
@@ -366,6 +500,7 @@ def _parse_engines(c: Checker, y: Node) -> tuple[EngineSpec, ...]:
         if not _SAFE_NAME.match(name):
             raise c.fail(f["name"], f"{where}.name",
                          f"{name!r} must be letters, digits, '.', '_' or '-' (it names a folder)")
+        _check_not_reserved(c, name, f["name"], f"{where}.name")
         if any(e.name == name for e in out):
             raise c.fail(f["name"], f"{where}.name", f"another engine is already named {name!r}")
         engine = c.choice(f["engine"], f"{where}.engine", ENGINE_KINDS)
@@ -386,11 +521,7 @@ def _parse_engines(c: Checker, y: Node) -> tuple[EngineSpec, ...]:
         for key in _LIVE_ONLY:
             if key in f and mode != "live":
                 raise c.fail(f[key], f"{where}.{key}", "applies to live engines only")
-        replay: dict[str, Any] = {}
-        if "replay" in f:
-            if f["replay"].kind != "map":
-                raise c.fail(f["replay"], f"{where}.replay", "must be a mapping of options")
-            replay = plain(f["replay"])
+        replay = _parse_replay(c, f["replay"], f"{where}.replay", loads) if "replay" in f else {}
         env: dict[str, str] = {}
         if "env" in f:
             if f["env"].kind != "map":
@@ -414,7 +545,8 @@ def _parse_engines(c: Checker, y: Node) -> tuple[EngineSpec, ...]:
             profile=_profile(c, f["profile"], f"{where}.profile") if "profile" in f else None,
             model=text("model"),
             executable=text("executable"),
-            runtime=text("runtime"),
+            runtime=(c.choice(f["runtime"], f"{where}.runtime", RUNTIMES)
+                     if "runtime" in f else None),
             served_model_name=text("served_model_name"),
             port=_port(c, f["port"], f"{where}.port") if "port" in f else None,
             ready_timeout_s=(c.number(f["ready_timeout_s"], f"{where}.ready_timeout_s",
@@ -423,6 +555,65 @@ def _parse_engines(c: Checker, y: Node) -> tuple[EngineSpec, ...]:
             line=item.line,
         ))
     return tuple(out)
+
+
+def _check_not_reserved(c: Checker, name: str, y: Node, where: str) -> None:
+    """A cell is a folder beside the files its sweep writes: it cannot take one's name (nor
+    differ from one in case only, as the same file on macOS and Windows)."""
+    taken = next((r for r in RESERVED_NAMES if r.lower() == name.lower()), None)
+    if taken is not None:
+        same = "" if taken == name else f" ({taken}, on a file system that ignores case)"
+        raise c.fail(y, where, f"{name!r} is the name of a file the sweep writes in the "
+                     f"scenario's folder{same}, where the cells' folders are: name the engine "
+                     f"otherwise (reserved: {', '.join(RESERVED_NAMES)})")
+
+
+def _parse_replay(c: Checker, y: Node, where: str, loads: Sequence[LoadPoint]
+                  ) -> dict[str, Any]:
+    """A live engine's replay client options, checked as ``ReplayConfig.validate`` checks
+    them (with each load point's loop, open or closed), at their keys."""
+    from harness.live.config import ReplayConfig
+    from harness.live.protocols import LENGTH_CONTROLS, PROTOCOLS
+
+    if y.kind != "map":
+        raise c.fail(y, where, "must be a mapping of replay options")
+    for name, (key_y, _) in y.value.items():
+        if name in REPLAY_SET_FOR_IT:
+            raise c.fail(key_y, f"{where}.{name}", f"is not a replay option of a scenario: "
+                         f"{REPLAY_SET_FOR_IT[name]} sets it")
+    items = c.mapping(y, where, tuple(REPLAY_OPTION_TYPES))
+    choices: dict[str, Sequence[str]] = {
+        "protocol": PROTOCOLS, "length_control": LENGTH_CONTROLS,
+        "http_client": ("lean", "httpx")}
+    out: dict[str, Any] = {}
+    for name, value in items.items():
+        key, kind = f"{where}.{name}", REPLAY_OPTION_TYPES[name]
+        if kind == "int":
+            out[name] = c.integer(value, key, minimum=REPLAY_OPTION_MINIMUM.get(name, 1))
+        elif kind == "float":
+            out[name] = c.number(value, key)
+        elif kind == "bool":
+            out[name] = c.boolean(value, key)
+        elif kind == "choice":
+            out[name] = c.choice(value, key, choices[name])
+        else:
+            out[name] = c.string(value, key)
+    # the tokenizer and the key's variable are the machine's that runs the cell (a Ray
+    # worker's, say): looked for there, when the replay starts
+    fields = {k: v for k, v in out.items() if k not in ("tokenizer_path", "api_key_env")}
+    for closed in sorted({lp.kind == "concurrency" for lp in loads}):
+        loop: dict[str, Any] = {"mode": "closed", "concurrency": 1} if closed else {}
+        try:
+            ReplayConfig(target_url="http://127.0.0.1:8000", **{**fields, **loop}).validate()
+        except ValueError as exc:
+            name, sep, message = str(exc).partition(": ")
+            if closed and name == "max_concurrency":
+                message = ("caps the open loop's requests in flight; load.concurrencies runs a "
+                           "closed loop, whose users are its values")
+            if sep and name in items:
+                raise c.fail(items[name], f"{where}.{name}", as_keys(message)) from None
+            raise c.fail(y, where, as_keys(str(exc))) from None
+    return out
 
 
 def _parse_grid(c: Checker, y: Node, engines: Sequence[EngineSpec]
@@ -455,6 +646,11 @@ def _expand_checked(c: Checker, scenario: Scenario, top: dict[str, Node]) -> tup
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise c.fail(top["engines"], "engines", f"cells would share a name: {', '.join(dupes)}")
+    engines_y = c.seq(top["engines"], "engines")
+    for cell in cells:  # an engine's name alone is checked; a cell's name holds it
+        where = f"{scenario.engine_key(cell.engine)}.name"
+        _check_not_reserved(c, cell.name, engines_y[scenario.engines.index(cell.engine)]
+                            .value["name"][1], where)
     _check_simulated_configs(c, scenario, cells, top)
     return cells
 
@@ -474,17 +670,52 @@ def _check_simulated_configs(c: Checker, scenario: Scenario, cells: Sequence[Cel
         try:
             config = reference_config(cell, scenario.model, scenario.gpu)
         except ConfigError as exc:
-            index = scenario.engines.index(cell.engine)
-            key = str(exc).split(":", 1)[0]
-            where = f"engines[{index}]"
-            y = engines_y[index]
-            if key in ("model", "gpu"):
-                where, y = key, top[key]
-            elif key in Knobs.names():
-                where = f"{where}.knobs"
-                y = y.value["knobs"][1] if "knobs" in y.value else y
-            raise c.fail(y, where, f"cell {cell.name}: {as_keys(str(exc))}") from None
+            name, sep, message = str(exc).partition(": ")  # "tp: 3 must divide ..."
+            if not sep:
+                name, message = "", str(exc)
+            name = key_of(name)  # the engine's "tp" is the key tensor_parallel_size
+            y, where = _config_key(scenario, cell, name, engines_y, top)
+            if name == "model" and message.startswith("unknown model"):
+                message = _with_model_hint(message, cell.engine.model or scenario.model)
+            said = f"{name}: {message}" if name else message
+            raise c.fail(y, where, f"cell {cell.name}: {as_keys(said)}") from None
         _check_trace_fits(c, scenario, cell, config.resolved_max_model_len, top)
+
+
+def _config_key(scenario: Scenario, cell: Cell, name: str, engines_y: Sequence[Node],
+                top: dict[str, Node]) -> tuple[Node, str]:
+    """Where the setting a simulated cell's engine refused (``name``) is written: the engine's
+    own key (its model, profile, a knob), the grid's, the scenario's model or gpu, else the
+    engine's entry (its knobs, when the refused knob is left to its default)."""
+    where = scenario.engine_key(cell.engine)
+    engine_y = engines_y[scenario.engines.index(cell.engine)]
+    knobs_y = _child(engine_y, "knobs")
+    if name in ("model", "profile", "admission", "num_gpu_blocks", "block_size"):
+        own = _child(engine_y, name)
+        if own is not None:
+            return own, f"{where}.{name}"
+    if name in ("model", "gpu"):
+        return top[name], name
+    if name in Knobs.names():
+        if name in cell.grid:
+            return _child(top["grid"], name) or top["grid"], f"grid.{name}"
+        own = _child(knobs_y, name) if knobs_y is not None else None
+        if own is not None:
+            return own, f"{where}.knobs.{name}"
+        if knobs_y is not None:
+            return knobs_y, f"{where}.knobs"
+    return engine_y, where
+
+
+def _with_model_hint(message: str, model: str) -> str:
+    """An unknown model's message, with the catalog's closest name (as an unknown GPU's has)."""
+    from adapters.reference.models import known_models
+
+    hint = did_you_mean(model.lower(), known_models())
+    if not hint:
+        return message
+    head, sep, rest = message.partition("; ")
+    return f"{head} ({hint.removeprefix('; ')}){sep}{rest}"
 
 
 def _check_trace_fits(c: Checker, scenario: Scenario, cell: Cell, engine_len: int,

@@ -17,7 +17,7 @@ from harness.scenario._text import REPO_ROOT, display_path, exception_reason
 from harness.scenario.cell import CellJob, CellRunner, run_cell
 from harness.scenario.expand import load_cell_trace, select
 from harness.scenario.ray import run_ray
-from harness.scenario.schema import Cell, LoadPoint, Scenario, ScenarioError
+from harness.scenario.schema import SCENARIO_FILE, Cell, LoadPoint, Scenario, ScenarioError
 from harness.scenario.status import (
     ERROR_FILE,
     CellOutcome,
@@ -30,8 +30,6 @@ from harness.scenario.status import (
     prepare_cell_dir,
     read_status,
 )
-
-SCENARIO_FILE = "scenario.json"
 
 
 class SweepProgress:
@@ -298,13 +296,25 @@ def _refuse_rejected(scenario: Scenario, cells: Sequence[Cell],
                     if r.num_prompt_tokens + r.num_output_tokens > limit]
         if too_long:
             first = too_long[0]
+            where = _max_model_len_key(scenario, cell)
             raise ScenarioError(
-                scenario.source, cell.engine.line, cell.engine.name,
+                scenario.source, scenario.line_of(where, "trace"), where,
                 f"cell {cell.name}: {len(too_long)} of {len(requests)} requests of its trace "
                 f"need more than its engine's max_model_len ({limit}; first: request "
                 f"{first.request_id}, {first.num_prompt_tokens} prompt + "
                 f"{first.num_output_tokens} output tokens) and would be rejected; give the "
                 f"trace max_model_len: {limit} with on_too_long: drop or clip")
+
+
+def _max_model_len_key(scenario: Scenario, cell: Cell) -> str:
+    """The key that set a cell's engine max_model_len: the engine's knob, the grid's, else
+    (the model's own length) the trace, whose max_model_len and on_too_long can fit it."""
+    engine = scenario.engine_key(cell.engine)
+    if "max_model_len" in cell.grid:
+        return "grid.max_model_len"
+    if "max_model_len" in cell.engine.knobs:
+        return f"{engine}.knobs.max_model_len"
+    return "trace"
 
 
 def _refuse_unplannable(scenario: Scenario, cells: Sequence[Cell]) -> None:
@@ -322,7 +332,8 @@ def _refuse_unplannable(scenario: Scenario, cells: Sequence[Cell]) -> None:
         except KnobError as exc:  # anything else fails the cell when it runs, as it did
             said = str(exc).replace("pass --allow-approximate",
                                     "set allow_approximate: true on the engine")
-            raise ScenarioError(scenario.source, cell.engine.line, cell.engine.name,
+            raise ScenarioError(scenario.source, cell.engine.line,
+                                scenario.engine_key(cell.engine),
                                 f"cell {cell.name}: {said}") from None
 
 

@@ -19,6 +19,7 @@ from harness.metrics import Slo
 from harness.scenario._text import display_path, safe_name, value_text
 
 ENGINE_KINDS = ("reference", *(e for e in ENGINES if e != "reference"))
+SCENARIO_FILE = "scenario.json"  # a sweep's record, beside its cells (harness.scenario.runner)
 MODES = ("simulated", "live")
 
 LoadKind = Literal["trace", "rate", "time_scale", "concurrency"]
@@ -55,18 +56,26 @@ class TraceSpec:
     priority, and ``label`` names it in the report (a traffic class).
     """
 
-    path: Path
+    # a trace file, or the text "synthetic[:<arrival>]": requests generated from the options
+    # (num_requests, rate, lengths), no file read but a lengths_from one
+    path: Path | str
     options: dict[str, Any] = field(default_factory=dict)
     priority: int | None = None
     label: str | None = None
     mix: tuple[TraceSpec, ...] = ()
     line: int | None = None
 
+    @property
+    def file(self) -> Path | None:
+        """The trace file read; None for a synthetic trace."""
+        return self.path if isinstance(self.path, Path) else None
+
     def components(self) -> tuple[TraceSpec, ...]:
         return (self, *self.mix)
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": display_path(self.path), "options": jsonable(self.options)}
+        path = display_path(self.file) if self.file is not None else str(self.path)
+        out: dict[str, Any] = {"path": path, "options": jsonable(self.options)}
         if self.priority is not None:
             out["priority"] = self.priority
         if self.label is not None:
@@ -177,6 +186,17 @@ class Scenario:
     grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     baseline: str | None = None  # a cell name or an engine name
     seed: int = 0
+    # the line of each key of the file, by key path (``engines[0].knobs.max_model_len``): for
+    # the errors found after loading (a trace read, a live plan) to name the key they are about
+    lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def line_of(self, *keys: str) -> int | None:
+        """The line of the first of ``keys`` the file has."""
+        return next((self.lines[k] for k in keys if k in self.lines), None)
+
+    def engine_key(self, engine: EngineSpec) -> str:
+        """The key path of an engine's entry, ``engines[i]``."""
+        return f"engines[{self.engines.index(engine)}]"
 
     def cells(self) -> tuple[Cell, ...]:
         return expand(self)
@@ -221,7 +241,7 @@ class Scenario:
     def _files(self, cell: Cell) -> list[Path]:
         """The files a cell's results are made from: its traces and their lengths files, and
         its engine's profile file."""
-        files = [t.path for t in self.trace.components()]
+        files = [t.file for t in self.trace.components() if t.file is not None]
         files += [Path(t.options["lengths_from"]) for t in self.trace.components()
                   if t.options.get("lengths_from")]
         if cell.engine.profile:

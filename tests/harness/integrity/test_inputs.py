@@ -133,8 +133,11 @@ def test_scenario_load_and_knobs_are_bounded(tmp_path: Path) -> None:
 def test_scenario_options_that_clash_at_a_load_point(tmp_path: Path) -> None:
     # time_scale in the trace and a rate per load point: both rescale time. Refused at load,
     # not when the sweep reaches the cell.
+    # At the load point's value, in the file's words (keys, not --flags).
     err = error_of(scenario(tmp_path, trace="  time_scale: 2", top="load: {rates: [1, 2]}\n"))
-    assert (err.line, err.key) == (8, "load") and "both rescale time" in err.message
+    assert (err.line, err.key) == (8, "load.rates[0]")
+    assert err.message == ("at load point rate-1: time_scale and rate both rescale time: give "
+                           "one of them")
 
 
 # ---------------------------------------------------------------- strict JSON
