@@ -41,7 +41,7 @@ Modules, in the order the pipeline runs them::
 
 from harness.calibrate.device import (
     DEFAULT_DEVICE_WITHOUT_GPU,
-    UNIDENTIFIED_BANDWIDTH,
+    NO_MEMORY_TERM_BANDWIDTH,
     detect_device,
     engine_dtype_bytes,
     fit_space,
@@ -92,9 +92,9 @@ __all__ = [
     "DEFAULT_DEVICE_WITHOUT_GPU",
     "LINEAR_TERMS",
     "MEMORY_TERM_MIN_GAIN",
+    "NO_MEMORY_TERM_BANDWIDTH",
     "SAMPLES_FILE",
     "SEND_GAP_S",
-    "UNIDENTIFIED_BANDWIDTH",
     "CalibrationError",
     "CalibrationResult",
     "CostShape",

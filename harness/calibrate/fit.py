@@ -180,8 +180,10 @@ class FitSpace:
     its attention kernels need (they run far below its matmul rate).
     """
 
-    bandwidth_range: tuple[float, float] = (1e9, 1e12)  # effective bytes/s
-    compute_range: tuple[float, float] = (1e9, 1e15)  # effective FLOP/s
+    # Effective bytes/s and FLOP/s: from a slow CPU to beyond today's fastest accelerators
+    # (H200 4.8 TB/s and B200 8 TB/s of HBM; B200 2.25 PFLOP/s dense BF16).
+    bandwidth_range: tuple[float, float] = (1e9, 3e13)
+    compute_range: tuple[float, float] = (1e9, 1e16)
     allow_no_memory_term: bool = True
     attention_overheads: bool = True  # per-KV-token and per-pair terms
 
@@ -251,17 +253,25 @@ def _grid_search(d: _Design, y: np.ndarray, w: np.ndarray, space: FitSpace,
             return [math.inf]
         return list(np.geomspace(max(lo, value / factor), min(hi, value * factor), 9))
 
-    scan([math.inf] if no_memory_term else list(np.geomspace(*bandwidth_range, 13)),
-         list(np.geomspace(*compute_range, 19)))
+    scan([math.inf] if no_memory_term else _coarse(*bandwidth_range, 13),
+         _coarse(*compute_range, 19))
     for factor in _REFINE_FACTORS:
         _, bw0, peak0, _ = best
         scan(around(bw0, *bandwidth_range, factor), around(peak0, *compute_range, factor))
     return best
 
 
-# Each finer grid spans best / f .. best * f; the coarse grid's steps are about 1.8x (13
-# bandwidths over 1e9..1e12), so the first span covers a step; the last pins 0.1%.
+# Each finer grid spans best / f .. best * f; the coarse grid's steps are at most
+# _COARSE_STEP, so the first span covers a step either side; the last pins 0.1%.
 _REFINE_FACTORS = (2.0, 1.3, 1.08, 1.02, 1.005)
+_COARSE_STEP = 1.8
+
+
+def _coarse(lo: float, hi: float, min_points: int) -> list[float]:
+    """``min_points`` or more log-spaced values from ``lo`` to ``hi``, neighbours at most
+    ``_COARSE_STEP`` apart however wide the range."""
+    num = math.ceil(math.log(hi / lo) / math.log(_COARSE_STEP)) + 1
+    return list(np.geomspace(lo, hi, max(min_points, num)))
 
 
 def _search(d: _Design, y: np.ndarray, w: np.ndarray, space: FitSpace) -> _Best:

@@ -19,7 +19,7 @@ from adapters.process import probe_version
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.cost_model import CostModel
 from adapters.reference.hardware import GPUS
-from harness.calibrate.device import UNIDENTIFIED_BANDWIDTH, fit_space, reference_config
+from harness.calibrate.device import NO_MEMORY_TERM_BANDWIDTH, fit_space, reference_config
 from harness.calibrate.fit import CostShape, StepFit, StepSample, fit_step_model
 from harness.calibrate.measure import (
     CalibrationError,
@@ -48,10 +48,12 @@ def profile_params(fit: StepFit, config: ReferenceConfig, device: str,
         values["compute_efficiency"] = min(1.0, fit.compute_flops_per_s / gpu.peak_bf16_flops)
     else:
         bw = fit.memory_bytes_per_s
-        if not math.isfinite(bw):
-            bw = UNIDENTIFIED_BANDWIDTH
-            notes.append("no measured step was memory-bound, so the memory bandwidth is not "
-                         f"identified; hbm_bandwidth_bytes_per_s is the search's top ({bw:.0e})")
+        if not math.isfinite(bw):  # the fit has no memory term: neither may the profile
+            bw = NO_MEMORY_TERM_BANDWIDTH
+            notes.append("no measured step was memory-bound, so the fit has no memory term and "
+                         "the memory bandwidth is not identified; hbm_bandwidth_bytes_per_s "
+                         f"{bw:.0e} stands for \"no memory term\" (bytes / bandwidth is then "
+                         "negligible), so the profile predicts what the fit measured")
         values.update(memory_efficiency=1.0, compute_efficiency=1.0,
                       hbm_bandwidth_bytes_per_s=bw, peak_bf16_flops=fit.compute_flops_per_s,
                       activation_fixed_bytes=0.0)

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from adapters.knobs import KnobError, Knobs
 from harness.cli.common import (
+    EXIT_FAILURE,
     PROMPT_SALT_HELP,
     UserError,
     add_subparser,
     add_trace_options,
     command_line,
     first_error_line,
-    fmt_s,
     knobs_from_args,
     load_trace,
     parse_slo,
@@ -72,9 +75,20 @@ def resolve_reference_model(args: argparse.Namespace) -> str:
 
 
 def engine_url_or_launch(args: argparse.Namespace) -> None:
+    """The engine options calibrate and validate share, checked before anything runs."""
     args.engine = args.engine or "vllm"
     if not args.launch and not args.url and not args.dry_run:
         raise UserError("give --launch (start the engine) or --url URL (attach to a running one)")
+    if args.url:  # the URL itself is not echoed: it may carry credentials
+        parts = urlsplit(args.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            got = f"scheme {parts.scheme!r}" if parts.scheme else "no scheme"
+            raise UserError(f"--url: expected an http:// or https:// URL (http://HOST:PORT), "
+                            f"got {got}")
+    interval = args.telemetry_interval_s
+    if interval is not None and not (math.isfinite(interval) and interval > 0):
+        raise UserError(f"--telemetry-interval-s: must be a number of seconds > 0 (0.25 by "
+                        f"default), got {interval:g}")
 
 
 def add_calibrate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -126,6 +140,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from harness.live.session import engine_session
 
     engine_url_or_launch(args)
+    out = Path(args.out)
+    work_dir = Path(args.work_dir) if args.work_dir else out.with_suffix(".calibration")
+    check_profile_out(out, work_dir)
     knobs = knobs_from_args(args)
     if args.url and not args.dry_run:  # the workload's bursts fit the server's own slots
         knobs = with_server_knobs(knobs, args.url)
@@ -136,8 +153,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     reference_model = resolve_reference_model(args)
     device = args.gpu or detect_device()
     model_path = args.model_path or args.model
-    out = Path(args.out)
-    work_dir = Path(args.work_dir) if args.work_dir else out.with_suffix(".calibration")
     try:
         config = reference_config(reference_model, knobs, device)
         spec = WorkloadSpec(
@@ -146,7 +161,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             max_batch_size=args.max_batch_size, long_prompt_tokens=args.long_prompt_tokens)
         phases = design_workload(spec)
     except ValueError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(workload_flags(str(exc))) from None
     if args.dry_run:
         for phase in phases:
             lengths = sorted({r.num_prompt_tokens for r in phase.requests})
@@ -163,23 +178,32 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         with engine_session(session_spec(args, knobs), work_dir) as session:
             if not session.plan.launch:
                 warn_prompt_cache(session.plan.base_url, salt)
-            result = calibrate(session.plan, knobs, reference_model=reference_model, device=device,
-                               out_path=out, work_dir=work_dir, spec=spec,
-                               tokenizer_path=tokenizer,
-                               telemetry_interval_s=args.telemetry_interval_s,
-                               command=command_line(), replay={"prompt_salt": salt})
+            try:
+                result = calibrate(session.plan, knobs, reference_model=reference_model,
+                                   device=device, out_path=out, work_dir=work_dir, spec=spec,
+                                   tokenizer_path=tokenizer,
+                                   telemetry_interval_s=args.telemetry_interval_s,
+                                   command=command_line(), replay={"prompt_salt": salt})
+            except KnobError:
+                raise
+            except (CalibrationError, ValueError) as exc:
+                # the engine died, requests failed, too little was measured: the run failed,
+                # and what it measured stays in the work folder (as replay's exit 1)
+                print(f"batchlab calibrate: error: {exc}{_see(work_dir)}", file=sys.stderr)
+                return EXIT_FAILURE
     except KnobError as exc:
         raise UserError(str(exc)) from None
-    except (EngineStartError, CalibrationError, ValueError) as exc:
-        raise UserError(f"{exc}\n(run folders and server logs: {work_dir})") from None
+    except EngineStartError as exc:  # nothing ran: a server that never answered or started
+        raise UserError(f"{exc}{_see(work_dir)}") from None
     fit = result.fit
     c = fit.coefficients
-    print(f"step = max(bytes / {fmt_rate(fit.memory_bytes_per_s, 'B/s')}, "
-          f"FLOPs / {fmt_rate(fit.compute_flops_per_s, 'FLOP/s')}) + "
-          f"{fmt_s(c['step_overhead_s'])} + {fmt_s(c['per_seq_overhead_s'])}/seq + "
-          f"{c['per_kv_token_overhead_s'] * 1e6:.2f} µs/KV token + "
-          f"{c['per_attention_pair_overhead_s'] * 1e9:.1f} ns/attention pair; front end "
-          f"{fmt_s(c['frontend_latency_s'])}")
+    memory = ("no memory term" if not math.isfinite(fit.memory_bytes_per_s)
+              else f"bytes / {fmt_rate(fit.memory_bytes_per_s, 'B/s')}")
+    print(f"step = max({memory}, FLOPs / {fmt_rate(fit.compute_flops_per_s, 'FLOP/s')}) + "
+          f"{fmt_duration(c['step_overhead_s'])} + {fmt_duration(c['per_seq_overhead_s'])}/seq"
+          f" + {fmt_duration(c['per_kv_token_overhead_s'])}/KV token + "
+          f"{fmt_duration(c['per_attention_pair_overhead_s'])}/attention pair; front end "
+          f"{fmt_duration(c['frontend_latency_s'])}")
     print(f"fit: {fit.num_samples} samples ({fit.num_outliers} outliers), median |error| "
           f"{fit.median_abs_relative_error:.1%}, p90 {fit.p90_abs_relative_error:.1%}")
     for note in result.profile["metadata"]["notes"]:
@@ -188,9 +212,51 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def fmt_rate(value: float, unit: str) -> str:
-    import math
+def _see(work_dir: Path) -> str:
+    """Where the run folders and server logs are, when there are any."""
+    return f"\n(run folders and server logs: {work_dir})" if work_dir.is_dir() else ""
 
+
+def check_profile_out(out: Path, work_dir: Path) -> None:
+    """``--out`` is a file batchlab can write and ``--work-dir`` a folder it can make, checked
+    before the engine starts (an unusable path found after the workload loses the fit)."""
+    from harness.runfolder import RunDirError, ensure_creatable_dir
+
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a folder; give the profile's file path "
+                        f"(e.g. {out / 'profile.json'})")
+    try:
+        ensure_creatable_dir(out.parent, "--out")
+        ensure_creatable_dir(work_dir, "--work-dir")
+    except RunDirError as exc:
+        raise UserError(str(exc)) from None
+
+
+_WORKLOAD_FLAGS = {
+    "num_output_tokens": "--output-tokens", "max_batch_size": "--max-batch-size",
+    "long_prompt_tokens": "--long-prompt-tokens", "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens", "max_model_len": "--max-model-len",
+}
+
+
+def workload_flags(message: str) -> str:
+    """A workload error in the command line's words: ``num_output_tokens`` ->
+    ``--output-tokens``."""
+    return re.sub(r"\b(" + "|".join(_WORKLOAD_FLAGS) + r")\b",
+                  lambda m: _WORKLOAD_FLAGS[m.group(1)], message)
+
+
+def fmt_duration(value_s: float) -> str:
+    """Seconds in the unit that shows them: ``6.41 ms``, ``11.7 µs``, ``2.95 ns``, ``0 s``."""
+    if value_s == 0 or not math.isfinite(value_s):
+        return f"{value_s:g} s"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(value_s) >= scale:
+            return f"{value_s / scale:.3g} {unit}"
+    return f"{value_s / 1e-9:.3g} ns"
+
+
+def fmt_rate(value: float, unit: str) -> str:
     if not math.isfinite(value):
         return "inf"
     for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
@@ -233,11 +299,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from harness.live.prompts import resolve_prompt_salt
     from harness.live.session import engine_session
     from harness.report.fidelity import render_fidelity_markdown
-    from harness.validate import run_validation
+    from harness.validate import ValidationFailed, check_profile, run_validation
 
     engine_url_or_launch(args)
     knobs = knobs_from_args(args)
     reference_model = resolve_reference_model(args)
+    try:  # before anything runs: a profile that cannot predict this engine is bad input
+        check_profile(args.profile, gpu=args.gpu, reference_model=reference_model)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     trace = load_trace(args)
     if args.dry_run:
         print(f"would replay {len(trace.requests)} requests of {trace.source} and simulate "
@@ -261,12 +331,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                  replay_kwargs=replay_kwargs, slo=parse_slo(args.slo),
                                  command=command_line(), progress=bar.update_to,
                                  telemetry_interval_s=args.telemetry_interval_s,
-                                 metric_map=spec.metric_map,
+                                 metric_map=spec.metric_map, gpu=args.gpu,
                                  log=lambda line: print(line, file=sys.stderr))
     except KnobError as exc:
         raise UserError(str(exc)) from None
     except (EngineStartError, ValueError) as exc:
         raise UserError(str(exc)) from None
+    except ValidationFailed as exc:  # everything is on disk; the comparison says what it covers
+        bar.close()
+        print(render_fidelity_markdown(exc.fidelity, title="Prediction fidelity", intro=False),
+              end="")
+        first = first_error_line(str(out / "live"))
+        if first:
+            print(f"Live requests failed; first error: {first}\n")
+        print(f"batchlab validate: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     finally:
         bar.close()
     print(render_fidelity_markdown(fid, title="Prediction fidelity", intro=False), end="")

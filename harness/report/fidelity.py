@@ -9,12 +9,19 @@ The shape of ``fidelity``'s dict::
      "tpot_s": {...}, "e2e_s": {...},
      "output_tokens_per_s": {"predicted": x, "measured": x, "relative_error": e},
      "num_completed": {"predicted": n, "measured": n},
+     "requests_compared": {"basis": "all completed" | "completed on both sides",
+                           "num_compared": n, "note": text | None},  (common_requests_only)
      "per_request": {"num_matched": n, "ttft_s": {"median_abs": e, "p90_abs": e, "median": e}, ...},
      "running_batch_size": {"mean": {...}, "p90": {...}, "max": {...}, "series": ...},
      "in_flight_requests": {"mean": {...}, "max": {...}}}     (when both sides have them)
 
 ``relative_error = (predicted - measured) / measured``: signed, so +0.1 means the reference
 predicted 10% too high; None when the measured value is missing or zero.
+
+With ``common_requests_only`` (``batchlab validate``), percentiles and throughput compare like
+with like: when the two sides completed different requests (the live engine died mid-replay, a
+request failed on one side), both are computed over the requests completed on both sides only,
+and ``requests_compared`` says so.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from harness.columns import numbers
-from harness.metrics import request_metrics
+from harness.metrics import request_metrics, summarize
 from harness.report.format import code, fmt_number, fmt_seconds, table
 from harness.report.predictions import is_served_prediction
 from harness.report.runs import TELEMETRY_FILE, CellResult, read_table, trace_digest
@@ -78,14 +85,37 @@ def fidelity(
     *,
     predicted_steps: pa.Table | None = None,
     measured_telemetry: pa.Table | None = None,
+    common_requests_only: bool = False,
 ) -> dict[str, Any]:
     """Predicted (simulated) against measured (live) figures; see the module doc for the shape.
 
     Summaries are ``summary.json`` dicts (``harness.metrics.summarize``). With both timeline
-    lists, requests are matched by id for per-request errors. With the simulation's step table
-    and the live run's telemetry table, the running batch sizes over time are compared too.
+    lists, requests are matched by id for per-request errors; with ``common_requests_only``
+    too, when the sides completed different requests every figure is computed over those
+    completed on both (module doc). With the simulation's step table and the live run's
+    telemetry table, the running batch sizes over time are compared too (a run-wide series:
+    left out when restricted to a subset).
     """
     out: dict[str, Any] = {}
+    compared: dict[str, Any] | None = None
+    num_completed = {"predicted": _get(predicted_summary, "num_completed"),
+                     "measured": _get(measured_summary, "num_completed")}
+    if (common_requests_only and predicted_timelines is not None
+            and measured_timelines is not None):
+        p_ok = {tl.request_id for tl in predicted_timelines if tl.ok}
+        m_ok = {tl.request_id for tl in measured_timelines if tl.ok}
+        compared = {"basis": "all completed", "num_compared": len(p_ok & m_ok), "note": None}
+        if p_ok != m_ok:
+            both = p_ok & m_ok
+            predicted_timelines = [tl for tl in predicted_timelines if tl.request_id in both]
+            measured_timelines = [tl for tl in measured_timelines if tl.request_id in both]
+            predicted_summary = summarize(predicted_timelines)
+            measured_summary = summarize(measured_timelines)
+            compared.update(basis="completed on both sides", note=(
+                f"the live run completed {_requests(len(m_ok))} and the prediction "
+                f"{len(p_ok):,}: every figure is over the {len(both):,} completed on both "
+                "sides (over each side's own, they would compare different requests)"))
+            predicted_steps = measured_telemetry = None
     for metric in METRICS:
         out[metric] = {
             pct: compare(_get(predicted_summary, metric, pct), _get(measured_summary, metric, pct))
@@ -95,10 +125,9 @@ def fidelity(
         _get(predicted_summary, "throughput", "output_tokens_per_s"),
         _get(measured_summary, "throughput", "output_tokens_per_s"),
     )
-    out["num_completed"] = {
-        "predicted": _get(predicted_summary, "num_completed"),
-        "measured": _get(measured_summary, "num_completed"),
-    }
+    out["num_completed"] = num_completed
+    if compared is not None:
+        out["requests_compared"] = compared
     if predicted_timelines is not None and measured_timelines is not None:
         out["per_request"] = per_request_summary(
             per_request_errors(predicted_timelines, measured_timelines))
@@ -110,6 +139,10 @@ def fidelity(
         if batch is not None:
             out["running_batch_size"] = batch
     return out
+
+
+def _requests(n: int) -> str:
+    return f"{n:,} request" + ("" if n == 1 else "s")
 
 
 def per_request_errors(
@@ -284,6 +317,12 @@ def render_fidelity_markdown(fid: Mapping[str, Any], *, title: str = "Prediction
         lines += ["The reference engine's prediction (simulated, with the same knobs and a "
                   "calibration profile) against what the live engine measured on the same "
                   "trace. Error = (predicted − measured) / measured.", ""]
+    compared = fid.get("requests_compared") or {}
+    if compared.get("note"):
+        lines += [f"**Compared on {_requests(compared.get('num_compared', 0))} only**: "
+                  f"{compared['note']}.", ""]
+    for warning in fid.get("warnings") or []:
+        lines += [f"Warning: {warning}.", ""]
     rows = []
     for metric in METRICS:
         for pct in PERCENTILES:

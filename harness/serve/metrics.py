@@ -53,6 +53,28 @@ class PrometheusMetrics(EngineObserver):
         gauge("tgi_batch_max_total_tokens", "KV-cache capacity in tokens (TGI's name).",
               lambda: num_blocks * block_size, labelled=False)
 
+        # vLLM's cache configuration: an info gauge of value 1 whose labels are the config
+        # (engines.md 4.2, "vllm:cache_config_info"; vllm/v1/metrics/loggers.py
+        # ``log_metrics_info``: every ``CacheConfig.metrics_info()`` field str()-ed, plus
+        # ``engine``). `batchlab calibrate` and `validate` read the KV cache's size from it.
+        # The fields the reference has, under vLLM's names; ``model_name`` as on every vllm:
+        # series here (vLLM's own info gauge has none).
+        config = engine.config
+        config_labels = {
+            "block_size": str(block_size),
+            "cache_dtype": "fp8" if config.kv_cache_dtype == "fp8" else "auto",
+            "enable_prefix_caching": str(bool(config.prefix_caching)),
+            "gpu_memory_utilization": str(config.gpu_memory_utilization),
+            "num_cpu_blocks": str(config.num_host_blocks()) if config.preemption == "swap"
+            else "None",
+            "num_gpu_blocks": str(num_blocks),
+            "num_gpu_blocks_override": "None" if config.num_gpu_blocks is None
+            else str(config.num_gpu_blocks),
+            **labels,
+        }
+        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+              sorted(config_labels), registry=r).labels(**config_labels).set(1)
+
         if engine.config.prefix_caching:
             r.register(_PrefixCacheCollector(engine, labels))
         self.preemptions = Counter("vllm:num_preemptions", "Cumulative preemptions.", names,

@@ -387,3 +387,64 @@ def test_cpu_profile_fields_load_and_describe_the_device(small_llama: str) -> No
     assert params.device == "testcpu" and params.weight_bytes_per_param == 4.0
     assert params.per_token_overhead_s == 0.0 and params.memory_efficiency == 1.0
     assert math.isfinite(params.hbm_bandwidth_bytes_per_s or math.nan)
+
+
+# ---------------------------------------------------------------- devices the catalog lacks
+
+EIGHT_B_KNOBS = Knobs(max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=2048)
+
+
+def _unknown_device(**params: float) -> ReferenceConfig:
+    fields: dict[str, float] = {"step_overhead_s": 1e-3, "per_seq_overhead_s": 1e-5,
+                                "frontend_latency_s": 2e-3, **params}
+    truth = CostModelParams(device="testgpu", memory_bytes=141e9, memory_efficiency=1.0,
+                            compute_efficiency=1.0, activation_fixed_bytes=0.0, **fields)
+    return cal.reference_config("llama-3.1-8b", EIGHT_B_KNOBS, "testgpu", params=truth)
+
+
+def test_fit_identifies_the_bandwidth_of_a_device_faster_than_a_terabyte_per_second() -> None:
+    """An H200-class device (4.8 TB/s) and a B200-class one (8 TB/s), not in the catalog:
+    the search reaches their bandwidths (it stopped at 1 TB/s, a 15 ms floor for an 8B model).
+    Measured with 2% noise; the fixed and per-KV-token overheads trade off against the memory
+    term, so the bandwidth is pinned only roughly, the step times closely."""
+    placeholder = cal.reference_config("llama-3.1-8b", EIGHT_B_KNOBS, "testgpu")
+    shape = CostShape.of(placeholder.cost_model())
+    for bandwidth in (4.8e12, 8e12):
+        cm = _unknown_device(hbm_bandwidth_bytes_per_s=bandwidth, peak_bf16_flops=1e15
+                             ).cost_model()
+        prefill = (128, 512, 1024, 2000)
+        noisy = synthetic_samples(cm, 2e-3, prefill=prefill, noise=0.02, seed=1)
+        fit = fit_step_model(noisy, shape, cal.fit_space(placeholder, "testgpu"))
+        assert fit.memory_bytes_per_s == pytest.approx(bandwidth, rel=0.2)
+        truth = synthetic_samples(cm, 2e-3, prefill=prefill)
+        measured = np.array([s.duration_s for s in truth])
+        assert np.abs(fit.predict_s(shape, truth) / measured - 1).max() < 0.03
+
+
+def test_a_fit_without_a_memory_term_writes_a_profile_without_one(tmp_path: Path) -> None:
+    """No step memory-bound (the fit keeps no memory term): the profile must not add a memory
+    floor the fit never had (1 TB/s would add 15 ms to every step of an 8B model)."""
+    truth = _unknown_device(hbm_bandwidth_bytes_per_s=1e18, peak_bf16_flops=4e14,
+                            step_overhead_s=6e-3)
+    cm = truth.cost_model()
+    samples = synthetic_samples(cm, 2e-3, prefill=(128, 512, 1024, 2000))
+    placeholder = cal.reference_config("llama-3.1-8b", EIGHT_B_KNOBS, "testgpu")
+    shape = CostShape.of(placeholder.cost_model())
+    fit = fit_step_model(samples, shape, cal.fit_space(placeholder, "testgpu"))
+    assert math.isinf(fit.memory_bytes_per_s)
+    values, notes = cal.profile_params(fit, placeholder, "testgpu", None)
+    assert values["hbm_bandwidth_bytes_per_s"] == cal.NO_MEMORY_TERM_BANDWIDTH
+    assert any("no memory term" in note for note in notes)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({**values, "metadata": {"fit": fit.as_dict()}}))
+    fitted = cal.reference_config("llama-3.1-8b", EIGHT_B_KNOBS, "testgpu",
+                                  profile=str(path)).cost_model()
+    predicted = fit.predict_s(shape, samples)
+    for sample, fit_s in zip(samples, predicted, strict=True):
+        profile_s = fitted.step_s(sample.num_tokens, sample.num_seqs,
+                                  int(sample.num_kv_tokens), int(sample.num_attention_pairs))
+        if sample.includes_frontend:
+            profile_s += fitted.params.frontend_latency_s
+        assert profile_s == pytest.approx(float(fit_s), rel=1e-3)
+    assert fitted.decode_step_cost(1, 1024).total_s == pytest.approx(
+        cm.decode_step_cost(1, 1024).total_s, rel=0.02)

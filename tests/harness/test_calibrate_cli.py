@@ -14,12 +14,17 @@ fit or a broken pipeline misses them by far more.
 from __future__ import annotations
 
 import json
+import math
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from adapters.base import Knobs
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.cost_model import CostModel, CostModelParams, load_profile
+from harness.calibrate import CostShape, StepFit, StepSample, reference_config
 from harness.cli import main
 from harness.report.fidelity import METRICS, PERCENTILES
 from harness.serve import launch_server_process
@@ -159,3 +164,135 @@ def test_calibrate_dry_run_lists_the_phases(capsys: pytest.CaptureFixture[str],
     assert "phase decode-c64: 64 requests" in text
     assert "device h100-sxm; reference model llama-3.1-8b" in text
     assert not (tmp_path / "p.json").exists()
+
+
+# ---------------------------------------------------------------- setup S: an 8B model served
+
+SERVED_8B = ("--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--max-num-seqs", "8",
+             "--max-num-batched-tokens", "2048", "--max-model-len", "2048")
+TARGET_8B = ["--engine", "reference", "--model", "llama-3.1-8b", "--reference-model",
+             "llama-3.1-8b", "--max-num-seqs", "8", "--max-num-batched-tokens", "2048",
+             "--max-model-len", "2048"]
+
+
+KNOBS_8B = Knobs(max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=2048)
+
+
+def _decode_tpot_s(profile: Path | None, device: str) -> float:
+    """A batch-1 decode step at 1,024 tokens of context, as `batchlab costmodel` times it."""
+    config = reference_config("llama-3.1-8b", KNOBS_8B, device,
+                              profile=None if profile is None else str(profile),
+                              params=None if profile is not None else CostModelParams())
+    return config.cost_model().decode_step_cost(1, 1024).total_s
+
+
+def test_a_profile_of_an_unknown_device_predicts_what_its_fit_measured(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An 8B model on a device the catalog does not list (`--gpu testgpu`): the profile must
+    time a decode step as the fit did (no memory floor the fit did not have) and as the
+    served engine does."""
+    profile = tmp_path / "p2.json"
+    with launch_server_process(SERVED_8B, log_path=tmp_path / "server.log") as server:
+        assert main(["calibrate", "--url", server.url, *TARGET_8B, "--gpu", "testgpu",
+                     "--output-tokens", "16", "--out", str(profile)]) == 0
+    out = capsys.readouterr().out
+    served = _decode_tpot_s(None, "h100-sxm")  # the served engine: datasheet coefficients
+    fitted = _decode_tpot_s(profile, "testgpu")
+    assert fitted == pytest.approx(served, rel=0.1), out
+    # the fit's own prediction of the same step, from the figures the profile records
+    fit = json.loads(profile.read_text())["metadata"]["fit"]
+    memory = fit["memory_bytes_per_s"]
+    step = StepFit(math.inf if memory is None else memory, fit["compute_flops_per_s"],
+                   {t: fit[t] for t in ("step_overhead_s", "per_seq_overhead_s",
+                                        "per_kv_token_overhead_s",
+                                        "per_attention_pair_overhead_s", "frontend_latency_s")},
+                   0, 0, 0.0, 0.0)
+    shape = CostShape.of(reference_config("llama-3.1-8b", KNOBS_8B, "testgpu").cost_model())
+    (predicted,) = step.predict_s(shape, [StepSample(0.0, 1, 1, 1025, 1025)])
+    assert fitted == pytest.approx(float(predicted), rel=0.02)
+
+
+def test_calibrate_refuses_an_out_folder_before_the_engine_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    started = time.perf_counter()
+    # nothing listens on port 9: a check made after attaching would wait 30 s for it
+    assert main(["calibrate", "--url", "http://127.0.0.1:9", *TARGET_8B, "--gpu", "testgpu",
+                 "--out", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {folder}: is a folder" in err and "no ready server" not in err
+    assert time.perf_counter() - started < 10
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "nan"])
+def test_calibrate_refuses_a_telemetry_interval_not_above_zero(
+        interval: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--url", "http://127.0.0.1:9", *TARGET_8B,
+                 f"--telemetry-interval-s={interval}", "--out", str(tmp_path / "p.json")]) == 2
+    assert "--telemetry-interval-s: must be a number of seconds > 0" in capsys.readouterr().err
+
+
+def test_calibrate_refuses_a_url_that_is_not_http_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.perf_counter()
+    assert main(["calibrate", "--url", "ftp://x", *TARGET_8B,
+                 "--out", str(tmp_path / "u.json")]) == 2
+    assert "--url: expected an http:// or https:// URL" in capsys.readouterr().err
+    assert time.perf_counter() - started < 10
+    assert main(["validate", "--url", "ftp://x", *TARGET_8B, "--profile", "p.json",
+                 "--trace", "harness/data/azure_conv_excerpt.csv"]) == 2
+    assert "--url: expected an http:// or https:// URL" in capsys.readouterr().err
+
+
+def test_calibrate_workload_errors_name_the_flags(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--url", "http://127.0.0.1:9", *TARGET_8B, "--output-tokens", "4",
+                 "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--output-tokens must be >= 8" in err and "num_output_tokens" not in err
+
+
+def test_calibrate_points_to_run_folders_only_when_there_are_some(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.live.session
+
+    monkeypatch.setattr(harness.live.session, "ATTACH_READY_TIMEOUT_S", 0.5)
+    unreachable = tmp_path / "u.json"  # nothing listens on port 9: nothing ran
+    assert main(["calibrate", "--url", "http://127.0.0.1:9", *TARGET_8B,
+                 "--out", str(unreachable)]) == 2
+    err = capsys.readouterr().err
+    assert "no ready server" in err and "run folders" not in err
+    assert not unreachable.with_suffix(".calibration").exists()
+
+
+def test_calibrate_exits_1_and_keeps_the_phases_when_the_server_dies(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The engine dies mid-calibration: a failed run (1, as replay), not bad input (2), and
+    the phases measured so far stay on disk."""
+    profile = tmp_path / "p.json"
+    with launch_server_process(SERVED_8B, log_path=tmp_path / "server.log") as server:
+        killer = threading.Timer(2.5, server.process.kill)  # a crash, not a graceful stop
+        killer.start()
+        try:
+            code = main(["calibrate", "--url", server.url, *TARGET_8B, "--gpu", "testgpu",
+                         "--output-tokens", "16", "--out", str(profile)])
+        finally:
+            killer.cancel()
+    err = capsys.readouterr().err
+    assert code == 1, err
+    work_dir = profile.with_suffix(".calibration")
+    assert "failed" in err and f"(run folders and server logs: {work_dir})" in err
+    assert (work_dir / "pilot" / "requests.parquet").exists()
+    assert not profile.exists()
+
+
+def test_calibrate_summary_shows_small_terms_in_a_unit_that_shows_them() -> None:
+    from harness.cli.calibration import fmt_duration
+
+    assert fmt_duration(11.7e-6) == "11.7 µs"
+    assert fmt_duration(6.41e-3) == "6.41 ms"
+    assert fmt_duration(2.95e-9) == "2.95 ns"
+    assert fmt_duration(1.5) == "1.5 s"
+    assert fmt_duration(0.0) == "0 s"

@@ -118,3 +118,48 @@ def test_markdown_section_shows_errors_and_dashes() -> None:
     assert "Per request (10 matched)" in text
     sub = render_fidelity_markdown(fid, title="`sim` predicting `live`", level=3, intro=False)
     assert sub.startswith("### `sim` predicting `live`\n\n| metric |")
+
+
+def test_fidelity_compares_only_requests_completed_on_both_sides() -> None:
+    """The live engine died after 3 of 10 requests: percentiles and throughput of 10 predicted
+    against 3 measured would compare different requests (and different loads)."""
+    predicted = run(0.2, 0.05)
+    measured = run(0.2, 0.05)[:3] + [timeline(f"r{i}", float(i), 0.2, 0.05, 11,
+                                              error="connect_error") for i in range(3, 10)]
+    fid = fidelity(summarize(predicted), summarize(measured), predicted, measured,
+                   common_requests_only=True)
+    assert fid["num_completed"] == {"predicted": 10, "measured": 3}
+    assert fid["requests_compared"]["basis"] == "completed on both sides"
+    assert fid["requests_compared"]["num_compared"] == 3
+    for metric in METRICS:
+        for pct in PERCENTILES:
+            assert fid[metric][pct]["relative_error"] == pytest.approx(0.0), (metric, pct)
+    assert fid["output_tokens_per_s"]["relative_error"] == pytest.approx(0.0)
+    text = render_fidelity_markdown(fid)
+    assert "**Compared on 3 requests only**: the live run completed 3 requests" in text
+    # the same requests on both sides: nothing restricted, nothing said
+    same = fidelity(summarize(predicted), summarize(predicted), predicted, predicted,
+                    common_requests_only=True)
+    assert same["requests_compared"] == {"basis": "all completed", "num_compared": 10,
+                                         "note": None}
+    assert "Compared on" not in render_fidelity_markdown(same)
+
+
+def test_validate_says_what_it_assumed_when_the_engine_hides_its_kv_cache() -> None:
+    from adapters.base import Knobs
+    from harness.calibrate import KvCacheInfo, reference_config
+    from harness.validate import _kv_cache, assumed_kv_warning
+
+    kv = KvCacheInfo(block_size=16, num_blocks=160)
+    assert _kv_cache(kv, {}) == (kv, "engine")
+    recorded = {"engine": {"block_size": 16, "num_kv_blocks": 160}}
+    assert _kv_cache(None, recorded) == (kv, "profile")
+    assert _kv_cache(None, {"engine": {"block_size": None}}) == (None, "assumed")
+    config = reference_config("llama-3.1-8b", Knobs(max_num_seqs=8), "h100-sxm")
+    warning = assumed_kv_warning(config)
+    blocks = config.resolved_num_gpu_blocks()
+    assert "vllm:cache_config_info" in warning and f"{blocks:,} blocks of 16 tokens" in warning
+    predicted = run(0.2, 0.05)
+    fid = fidelity(summarize(predicted), summarize(predicted), predicted, predicted)
+    fid["warnings"] = [warning]
+    assert f"Warning: {warning}." in render_fidelity_markdown(fid)

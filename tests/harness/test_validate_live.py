@@ -1,0 +1,113 @@
+"""`batchlab validate` against the served reference engine when something is wrong: the engine
+dies mid-replay, the profile does not describe this engine, the engine's KV cache size.
+
+The served reference (``batchlab serve reference``, in a child process) runs the catalog's
+datasheet coefficients; an empty profile holds the same ones, so the simulation predicts the
+served engine and any large error is the harness's, not the model's.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.serve import launch_server_process
+
+pytestmark = pytest.mark.timeout(300)
+
+SERVED = ("--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--max-num-seqs", "8",
+          "--max-num-batched-tokens", "2048", "--max-model-len", "2048")
+TARGET = ["--engine", "reference", "--model", "llama-3.1-8b", "--reference-model",
+          "llama-3.1-8b", "--max-num-seqs", "8", "--max-num-batched-tokens", "2048",
+          "--max-model-len", "2048"]
+TRACE = ["--trace", "harness/data/azure_conv_excerpt.csv", "--on-too-long", "clip",
+         "--limit", "20", "--rate", "2"]
+
+
+def _profile(tmp_path: Path, **fields: object) -> Path:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"source": "test", **fields}))
+    return path
+
+
+def test_validate_exits_1_and_compares_only_what_both_completed_when_the_engine_dies(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "v"
+    profile = _profile(tmp_path, metadata={"reference_model": "llama-3.1-8b"})
+    with launch_server_process(SERVED, log_path=tmp_path / "server.log") as server:
+        killer = threading.Timer(4.0, server.process.kill)  # a crash, 4 s into the replay
+        killer.start()
+        try:
+            code = main(["validate", "--url", server.url, *TARGET, *TRACE,
+                         "--profile", str(profile), "--out", str(out)])
+        finally:
+            killer.cancel()
+    captured = capsys.readouterr()
+    assert code == 1, captured.err
+    assert "stopped answering" in captured.err and str(out) in captured.err
+    fid = json.loads((out / "fidelity.json").read_text())
+    completed = fid["num_completed"]
+    assert completed["predicted"] == 20 and 0 < completed["measured"] < 20
+    compared = fid["requests_compared"]
+    assert compared["basis"] == "completed on both sides"
+    assert compared["num_compared"] == completed["measured"]
+    assert fid["live_failed"]
+    # like with like: the same requests on both sides, so throughput is not 20 vs a few
+    assert abs(fid["output_tokens_per_s"]["relative_error"]) < 0.5, fid["output_tokens_per_s"]
+    assert abs(fid["tpot_s"]["p50"]["relative_error"]) < 0.5, fid["tpot_s"]
+    assert "Compared on" in (out / "fidelity.md").read_text()
+    assert "Compared on" in captured.out
+    assert (out / "live" / "requests.parquet").exists()
+
+
+def test_validate_reads_the_served_engines_kv_cache(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The served reference exports vLLM's vllm:cache_config_info: validate simulates the
+    engine's 160 blocks, not a size of its own."""
+    out = tmp_path / "v"
+    profile = _profile(tmp_path)
+    with launch_server_process((*SERVED, "--num-gpu-blocks", "160"),
+                               log_path=tmp_path / "server.log") as server:
+        assert main(["validate", "--url", server.url, *TARGET, *TRACE,
+                     "--profile", str(profile), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    fid = json.loads((out / "fidelity.json").read_text())
+    assert fid["context"]["kv_cache"] == {"block_size": 16, "num_blocks": 160,
+                                          "source": "engine"}
+    assert fid["warnings"] == [] and "warning" not in captured.err
+    assert abs(fid["ttft_s"]["p90"]["relative_error"]) < 0.5, fid["ttft_s"]
+
+
+@pytest.mark.parametrize(("fields", "args", "said"), [
+    ({"device": "a100-80gb"}, ["--gpu", "h100-sxm"],
+     "--gpu 'h100-sxm' but the profile (test) was fitted on device 'a100-80gb'"),
+    ({"metadata": {"reference_model": "llama-3.1-8b"}}, ["--reference-model", "llama-3.2-1b"],
+     "--reference-model 'llama-3.2-1b' but the profile (test) was fitted with reference model "
+     "'llama-3.1-8b'"),
+    ({"memory_efficency": 0.5}, [], "unknown profile key 'memory_efficency'; did you mean "
+     "'memory_efficiency'?"),
+])
+def test_validate_refuses_a_profile_of_another_engine_before_anything_runs(
+        fields: dict[str, object], args: list[str], said: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    profile = _profile(tmp_path, **fields)
+    started = time.perf_counter()
+    # nothing listens on port 9: a check made after attaching would wait 30 s for it
+    assert main(["validate", "--url", "http://127.0.0.1:9", *TARGET, *args, *TRACE,
+                 "--profile", str(profile), "--out", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "no ready server" not in err
+    assert time.perf_counter() - started < 10
+    assert not (tmp_path / "v").exists()
+
+
+def test_validate_refuses_a_telemetry_interval_not_above_zero(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--url", "http://127.0.0.1:9", *TARGET, *TRACE,
+                 "--telemetry-interval-s", "0", "--profile", str(_profile(tmp_path))]) == 2
+    assert "--telemetry-interval-s: must be a number of seconds > 0" in capsys.readouterr().err
