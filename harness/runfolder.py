@@ -24,8 +24,9 @@
   setting folders, ``scenario.json``, ``capacity.json``, ``report.md``, figures) is held
   with the same lock while it runs (``hold_dir``, ``holding_dir``), without a manifest and
   without looking at its files: a second sweep or search into it is refused at once.
-- ``batchlab report`` holds a folder it writes its report into the same way, and refuses to
-  read a folder another process holds (``writer_of``): its files are from two moments then.
+- ``batchlab report`` and ``batchlab summarize`` hold a folder they rewrite files in the same
+  way, and refuse a folder another process holds (``writer_of``): its files are from two
+  moments then.
 
 The claim writes a first ``manifest.json`` with the run's ``run_id`` (uuid4 hex) and identity;
 ``summary.json``, the parquet files (schema metadata ``batchlab.run_id``) and ``records.jsonl``

@@ -115,6 +115,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             setting.plan.trace_at(spec.kind, spec.start)
         except ValueError as exc:
             raise UserError(str(exc)) from None
+    if getattr(args, "dry_run", False):
+        return _dry_run(args, settings, spec)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: a file is there, not a folder")
     try:
@@ -138,6 +140,27 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             return _search_and_report(args, settings, spec, out, name, baseline, every)
     except RunDirError as exc:
         raise UserError(str(exc)) from None
+
+
+def _dry_run(args: argparse.Namespace, settings: list[Setting], spec: SearchSpec) -> int:
+    """``--dry-run``: the engine's launch plan, as ``replay --engine --dry-run`` prints it for
+    the first probe, and the search it would run; nothing is started or written."""
+    from adapters.knobs import KnobError
+    from harness.target import RunOptions
+    from harness.targets import LiveTarget
+
+    if not args.engine:
+        raise UserError("--dry-run: only with --engine NAME (it prints the engine's launch "
+                        "plan); the simulated reference engine starts nothing")
+    setting = settings[0]
+    try:
+        LiveTarget(setting.plan.spec).run(setting.plan.trace_at(spec.kind, spec.start),
+                                          Path(args.out), RunOptions(), dry_run=True)
+    except KnobError as exc:
+        raise UserError(str(exc)) from None
+    print(f"would search the {spec.kind} of setting {setting.name} from {spec.start:g}, each "
+          f"probe a run of the plan above ({spec.precision_text()}); nothing started or written")
+    return 0
 
 
 def _search_and_report(args: argparse.Namespace, settings: list[Setting], spec: SearchSpec,

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from adapters.knobs import REFERENCE, UNIFORM, KnobError, Knobs, KnobSpec, ReferenceKnobs
@@ -350,6 +350,43 @@ def refuse_cell(out: Path) -> None:
         refuse_cell_folder(out)
     except RunDirError as exc:
         raise UserError(str(exc)) from None
+
+
+def in_writing(folder: Path, who: str, what: str) -> str:
+    """The refusal of ``what`` ("a report", "a summary") of ``folder`` while ``who`` (another
+    batchlab process) writes it: there is nothing to do but wait, so it says to wait."""
+    return (f"{folder}: is being written by {who}; {what} of it now would mix its old and "
+            "new results: wait for it to end (it writes its own summary.json and report.md)")
+
+
+def refuse_in_writing(folders: Sequence[Path], what: str) -> None:
+    """UserError (``in_writing``) when another process writes one of ``folders`` now: its
+    files would be read from different moments, or last night's beside tonight's."""
+    from harness.runfolder import writer_of
+
+    for folder in folders:
+        who = writer_of(folder)
+        if who is not None:
+            raise UserError(in_writing(folder, who, what))
+
+
+@contextlib.contextmanager
+def holding_folder(folder: Path, what: str) -> Iterator[None]:
+    """Refuse ``folder`` when another process writes it (``refuse_in_writing``), else hold it
+    as a run does (``runfolder.holding_dir``) while the block rewrites files in it: no run or
+    sweep starts writing it halfway. Only the taking is a UserError, never what the block
+    raises."""
+    from harness.runfolder import FolderHeldError, RunDirError, holding_dir
+
+    refuse_in_writing([folder], what)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(holding_dir(folder, what="folder"))
+        except FolderHeldError as exc:  # taken since it was looked at: the same words
+            raise UserError(in_writing(folder, exc.holder, what)) from None
+        except RunDirError as exc:
+            raise UserError(str(exc)) from None
+        yield
 
 
 def progress_bar(total: int, desc: str) -> Progress:

@@ -24,6 +24,7 @@ from harness.cli.common import (
     add_trace_options,
     command_line,
     fraction,
+    holding_folder,
     knobs_from_args,
     load_trace,
     parse_slo,
@@ -290,20 +291,26 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     from harness.results import CHUNKS_FILE, REQUESTS_FILE, SUMMARY_FILE
     from harness.scenario.status import record_rewritten
 
-    try:
-        summary = rebuild_summary(Path(args.run_dir), slo=parse_slo(args.slo))
-        # a scenario cell: what was rewritten here is the cell's result, not damage to it
-        record_rewritten(Path(args.run_dir), (SUMMARY_FILE, REQUESTS_FILE, CHUNKS_FILE))
-    except (ValueError, OSError) as exc:
-        raise UserError(str(exc)) from None
-    print_live_headline(summary, args.run_dir)
-    _say_if_unfinished(Path(args.run_dir), summary)
-    print(f"summary: {Path(args.run_dir) / 'summary.json'}")
-    report = Path(args.run_dir) / "report.md"
-    if report.exists():  # it quoted the old summary: drawn again from the new one
-        from harness.report import render_run_report
+    run_dir = Path(args.run_dir)
+    slo = parse_slo(args.slo)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such folder")
+    # a run, sweep or report writing the folder now: refused; held while it is rewritten
+    with holding_folder(run_dir, "a summary"):
+        try:
+            summary = rebuild_summary(run_dir, slo=slo)
+            # a scenario cell: what was rewritten here is the cell's result, not damage to it
+            record_rewritten(run_dir, (SUMMARY_FILE, REQUESTS_FILE, CHUNKS_FILE))
+        except (ValueError, OSError) as exc:
+            raise UserError(str(exc)) from None
+        print_live_headline(summary, args.run_dir)
+        _say_if_unfinished(run_dir, summary)
+        print(f"summary: {run_dir / 'summary.json'}")
+        report = run_dir / "report.md"
+        if report.exists():  # it quoted the old summary: drawn again from the new one
+            from harness.report import render_run_report
 
-        print(f"report: {render_run_report(Path(args.run_dir))}")
+            print(f"report: {render_run_report(run_dir)}")
     return 0
 
 
@@ -318,8 +325,8 @@ def _say_if_unfinished(run_dir: Path, summary: dict[str, Any]) -> None:
     trace = manifest.get("trace") or {}
     total = trace.get("num_requests") if isinstance(trace, dict) else None
     of = f" of the trace's {total}" if isinstance(total, int) else ""
-    print(f"warning: {run_dir}'s manifest still says {manifest['status']!r}: unless a batchlab "
-          "process is still writing it, the run was killed outright (SIGKILL, a power cut). "
+    print(f"warning: {run_dir}'s manifest still says {manifest['status']!r}, and no batchlab "
+          "process is writing it: the run was killed outright (SIGKILL, a power cut). "
           f"These figures cover the {summary.get('num_requests', 0)} requests{of} it recorded; "
           "requests in flight when it stopped are lost", file=sys.stderr)
 

@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-from harness.cli.common import EXIT_FAILURE, UserError, add_subparser, fraction, too_many_failed
+from harness.cli.common import (
+    EXIT_FAILURE,
+    UserError,
+    add_subparser,
+    fraction,
+    holding_folder,
+    refuse_in_writing,
+    too_many_failed,
+)
 from harness.results import SUMMARY_FILE, read_json_object
 
 
@@ -108,12 +115,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     for d in dirs:
         if not d.is_dir():
             raise UserError(f"{d}: no such folder")
-    _refuse_folders_in_writing(dirs)
+    refuse_in_writing(dirs, "a report")
     _check_report_output(args, dirs)
     # a report written into the folder holds it as a run does: no run or sweep starts
     # writing it halfway through the report
     into = len(dirs) == 1 and (not args.output or _own_run_report(args, dirs))
-    with _holding(dirs[0]) if into else contextlib.nullcontext():
+    with holding_folder(dirs[0], "a report") if into else contextlib.nullcontext():
         return _render_report(args, dirs)
 
 
@@ -140,42 +147,6 @@ def _render_report(args: argparse.Namespace, dirs: list[Path]) -> int:
         raise UserError(str(exc)) from None
     print(f"report: {out}")
     return 0
-
-
-def _refuse_folders_in_writing(dirs: list[Path]) -> None:
-    """A folder a run, sweep or search is writing now is read halfway: its summary, tables
-    and figures from different moments, or last night's beside tonight's. Refused, naming the
-    process."""
-    from harness.runfolder import writer_of
-
-    for d in dirs:
-        who = writer_of(d)
-        if who is not None:
-            raise UserError(_in_writing(d, who))
-
-
-def _in_writing(folder: Path, who: str) -> str:
-    """The refusal of a report of ``folder`` while ``who`` writes it: there is nothing to do
-    but wait, so the one instruction is to wait."""
-    return (f"{folder}: is being written by {who}; a report of it now would mix its old and "
-            "new results: wait for it to end (it writes its own report.md)")
-
-
-@contextlib.contextmanager
-def _holding(folder: Path) -> Iterator[None]:
-    """Hold ``folder`` while the report is written into it (``holding_dir``); a process that
-    took it since ``_refuse_folders_in_writing`` looked is refused in the same words. Only
-    the taking is turned into a UserError, never what the report itself raises."""
-    from harness.runfolder import FolderHeldError, RunDirError, holding_dir
-
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(holding_dir(folder, what="report folder"))
-        except FolderHeldError as exc:
-            raise UserError(_in_writing(folder, exc.holder)) from None
-        except RunDirError as exc:
-            raise UserError(str(exc)) from None
-        yield
 
 
 def _check_report_output(args: argparse.Namespace, dirs: list[Path]) -> None:

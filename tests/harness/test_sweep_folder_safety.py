@@ -507,10 +507,11 @@ def test_what_a_report_raises_while_it_holds_its_folder_is_not_taken_for_a_refus
         tmp_path: Path) -> None:
     """Only the taking of the folder is turned into a one-line refusal; a RunDirError raised
     while the report is written goes up as it is, and the folder is let go."""
-    from harness.cli.sweep import _holding
+    from harness.cli.common import holding_folder
 
     run = tmp_path / "run"
-    with pytest.raises(RunDirError, match=r"^inside$"), _holding(run):
+    run.mkdir()
+    with pytest.raises(RunDirError, match=r"^inside$"), holding_folder(run, "a report"):
         assert (run / LOCK_FILE).exists()
         raise RunDirError("inside")
     assert not (run / LOCK_FILE).exists()
@@ -537,3 +538,23 @@ def test_a_report_written_into_a_folder_holds_it_while_it_is_written(
                     f"(pid {os.getpid()}); wait for it or choose another --out"]
     assert not (run / LOCK_FILE).exists()
     assert _another_process_tries(run) == "held"
+
+
+def test_a_summary_of_a_folder_another_process_writes_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`batchlab summarize` rewrote summary.json and report.md in a folder a run was writing
+    (a reviewer found it, beside the report's refusal). Refused in the same words; once the
+    writer has ended, it summarizes (and holds the folder meanwhile)."""
+    run = tmp_path / "run"
+    _simulated_run(run)
+    capsys.readouterr()
+    before = _files(run)
+    with held_elsewhere(run) as pid:
+        assert cli_main(["summarize", str(run)]) == 2
+        said = capsys.readouterr().err.strip()
+        assert said.count("\n") == 0
+        assert (f"{run}: is being written by another batchlab process (pid {pid}); a summary "
+                "of it now would mix its old and new results: wait for it to end") in said
+        assert {k: v for k, v in _files(run).items() if k != LOCK_FILE} == before
+    assert cli_main(["summarize", str(run)]) == 0
+    assert not (run / LOCK_FILE).exists()

@@ -265,8 +265,9 @@ def test_summarize_says_when_the_run_never_said_how_it_ended(
     (out / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
     capsys.readouterr()
     assert cli_main(["summarize", str(out)]) == 0
-    assert ("manifest still says 'running': unless a batchlab process is still writing it, the "
-            "run was killed outright") in capsys.readouterr().err
+    # no process holds the folder (summarize refuses one that is held): killed outright
+    assert ("manifest still says 'running', and no batchlab process is writing it: the run "
+            "was killed outright") in capsys.readouterr().err
     (out / "manifest.json").write_text(json.dumps(manifest))
     assert cli_main(["summarize", str(out)]) == 0
     assert "killed outright" not in capsys.readouterr().err
