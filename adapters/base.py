@@ -304,10 +304,21 @@ def _governed_env(rule: KnobRule, knobs: Knobs, setting: Setting) -> set[str]:
     return {key for s in _possible_settings(rule, knobs, setting) for key, _ in s.env}
 
 
+# How an engine reads a boolean variable a knob writes as 1 or 0. Every such variable today is
+# TGI's (PREFIX_CACHING, PREFILL_CHUNKING), read in server/text_generation_server/models/
+# globals.py as ``os.environ[...].lower() in {"1", "true"}``: "true", "TRUE" and "1" are one
+# setting. Any other value reads as false; "0" and "false" are the spellings taken for it.
+_ENV_BOOLEANS = {"1": True, "true": True, "0": False, "false": False}
+
+
 def _same_env_value(a: str, b: str) -> bool:
-    """``0.9`` and ``0.90`` are the same setting; ``1`` and ``true`` are not known to be."""
+    """Whether the engine reads ``a`` and ``b`` as the same setting: ``0.9`` and ``0.90`` are
+    one number, ``1`` and ``true`` (any case) one boolean, ``0`` and ``false`` the other."""
     if a == b:
         return True
+    truth_a, truth_b = _ENV_BOOLEANS.get(a.lower()), _ENV_BOOLEANS.get(b.lower())
+    if truth_a is not None and truth_b is not None:
+        return truth_a == truth_b
     try:
         return float(a) == float(b)
     except ValueError:

@@ -21,6 +21,8 @@ from harness.serve.bodies import (
     as_int,
     bool_field,
     int_field,
+    is_whole_number,
+    long_number_error,
     parse_off_loop,
     read_json,
     shown,
@@ -238,8 +240,10 @@ class OpenAiRoutes:
             include_usage, continuous = usage, usage and running
         priority = as_int(body.get("priority", 0), lax=True)  # (null too is refused, as vLLM)
         if priority is None:
-            return ApiError(400, f"priority must be an integer, got {shown(body['priority'])}",
-                            param="priority")
+            bounds = (" from -2^63 to 2^63 - 1" if is_whole_number(body["priority"], lax=True)
+                      else "")
+            return ApiError(400, f"priority must be an integer{bounds}, got "
+                            f"{shown(body['priority'])}", param="priority")
         if priority != 0 and self.engine.config.policy != "priority":
             return ApiError(400, f"Got priority {priority} but Priority scheduling is not "
                             "enabled (start the server with --policy priority).",
@@ -253,6 +257,9 @@ class OpenAiRoutes:
         reason = self.engine.rejection(num_prompt, max_tokens)
         if reason:
             return ApiError(400, f"the request can never run: {reason}")
+        unread = long_number_error(body)  # a number too long, in a field not read above
+        if unread is not None:
+            return unread
         keys = (self.prompt_keys(body, chat=chat) if self.engine.config.prefix_caching
                 else ())
         return OpenAiRequest(num_prompt, max_tokens, priority, bool(stream), include_usage,

@@ -16,7 +16,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from adapters.reference.request import Request
 from harness.manifest import batchlab_version
-from harness.serve.bodies import ApiError, bool_field, int_field, parse_off_loop, read_json
+from harness.serve.bodies import (
+    ApiError,
+    bool_field,
+    int_field,
+    long_number_error,
+    parse_off_loop,
+    read_json,
+)
 from harness.serve.cancel import CLIENT_CLOSED_REQUEST, AbortOnClose, wait_or_abort
 from harness.serve.loop import ENGINE_NAME, Rejection, ServedEngine, TokenStream
 from harness.serve.output import dumps, output_text, output_token_id, output_token_text
@@ -189,7 +196,7 @@ class TgiRoutes:
             return invalid("`parameters` must be an object")
         max_new = int_field(params, "max_new_tokens", 1, 422, "`max_new_tokens`")
         truncate = int_field(params, "truncate", 1, 422, "`truncate`")
-        seed = int_field(params, "seed", 0, 422, "`seed`")
+        seed = int_field(params, "seed", 0, 422, "`seed`", maximum=2**64 - 1)  # serde's u64
         details = bool_field(params, "details", False, 422)
         full_text = bool_field(params, "return_full_text", False, 422)
         for value in (max_new, truncate, seed, details, full_text):
@@ -224,6 +231,9 @@ class TgiRoutes:
         reason = self.engine.rejection(num_prompt, max_new)
         if reason:
             return invalid(f"Input validation error: the request can never run: {reason}")
+        unread = long_number_error(body)  # a number too long, in a field not read above
+        if unread is not None:
+            return ApiError(422, unread.message, "validation")
         keys: tuple[int, ...] = ()
         if self.engine.config.prefix_caching:  # the prompt's last num_prompt tokens (truncate)
             keys = self.counter.keys(inputs)[-num_prompt:]

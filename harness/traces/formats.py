@@ -8,7 +8,9 @@ timed source is sorted by arrival (stably) and re-zeroed so that its earliest ro
 A malformed row raises ``TraceError`` naming the file, the 1-based line and the field, unless
 ``skip_bad_rows`` is set; then it is kept in ``Parsed.skipped`` for the report. A count or a
 time past the bounds of ``bounds`` is malformed like any other. A CSV quote left open is an
-error even then (``_CsvReader``): the rows after it would be lost inside one field.
+error even then (``_CsvReader``): the rows after it would be lost inside one field. A quoted
+field closed on a later line (a prompt's text, in a column the format ignores) is read as csv
+reads it, its row named by the line it starts on.
 """
 
 from __future__ import annotations
@@ -230,17 +232,27 @@ _MAX_SPAN_NS = int(MAX_TIMESTAMP_S * 1e9)  # datetimes: the bound of numeric tim
 _CSV_FIELD_SIZE_LIMIT = 2**31 - 1  # a C long everywhere (sys.maxsize is not, on Windows)
 
 
+_COUNT_TEXT = re.compile(r"\s*\d+(\.0*)?\s*")  # a token count as a trace writes it
+
+
 class _CsvReader:
     """``csv.reader`` whose errors are TraceErrors naming the file and the line a row starts on.
 
-    A trace row is one line. A quote left open makes ``csv`` read every following line into
-    that field, up to the next quote or the end of the file: the row then "ends" many lines
-    later, and skipping it (``--skip-bad-rows``) would silently drop all those rows. So a row
-    that spans lines is refused, always, naming the line its quote opens on."""
+    A trace row is usually one line, but a quoted field may hold line breaks (RFC 4180): a
+    column the format ignores may carry a prompt's text. A quote left open, though, makes
+    ``csv`` read every following line into that field, up to the next quote or the end of the
+    file: the row then "ends" many lines later, and skipping it (``--skip-bad-rows``) would
+    silently drop all those rows. So a row that spans lines is read only where it is plainly a
+    closed multi-line field (``_closed_across_lines``); otherwise it is refused, always, naming
+    the line its quote opens on."""
 
     def __init__(self, path: str, lines: Iterable[str]) -> None:
         self._path = path
         self._source_done = False
+        self._row_text: list[str] = []  # the lines read for the current row
+        self._num_columns: int | None = None  # the header's; None: no row may span lines
+        self._read_columns: frozenset[int] = frozenset()
+        self._count_columns: frozenset[int] = frozenset()
         # csv refuses fields over 131,072 characters by default; a column the format does not
         # read may hold more (a prompt's text). A quote left open is caught by its line count
         # (below), not by this limit. The limit is csv's, for the whole process: only raised.
@@ -250,8 +262,19 @@ class _CsvReader:
         self.row_line = 0  # the 1-based line the last row read starts on
 
     def _lines(self, lines: Iterable[str]) -> Iterator[str]:
-        yield from lines
+        for line in lines:
+            self._row_text.append(line)
+            yield line
         self._source_done = True  # csv asked past the last line: a quote ran to the end
+
+    def allow_multiline(self, num_columns: int, read_columns: Iterable[int],
+                        count_columns: Iterable[int]) -> None:
+        """Let later rows of ``num_columns`` fields span lines, in columns other than
+        ``read_columns`` (those the format parses: a count or a time never holds a line
+        break); ``count_columns`` (token counts) tell a line that reads as a trace row."""
+        self._num_columns = num_columns
+        self._read_columns = frozenset(read_columns)
+        self._count_columns = frozenset(count_columns)
 
     @property
     def line_num(self) -> int:
@@ -263,6 +286,7 @@ class _CsvReader:
     def __next__(self) -> list[str]:
         start = self._reader.line_num + 1  # each row read takes one line at least
         was_done = self._source_done
+        self._row_text.clear()
         try:
             row = next(self._reader)
         except csv.Error as exc:
@@ -273,10 +297,32 @@ class _CsvReader:
                              line=start) from None
         # csv reads past a row's last line only while a quote is open; a closed row on the
         # last line ends there, and the final call (StopIteration) returns no row
-        if self._reader.line_num > start or (self._source_done and not was_done):
+        if self._source_done and not was_done:
+            raise self._open_quote(start)
+        if self._reader.line_num > start and not self._closed_across_lines(row):
             raise self._open_quote(start)
         self.row_line = start
         return row
+
+    def _closed_across_lines(self, row: list[str]) -> bool:
+        """Whether ``row``, read from several lines, is a closed multi-line field rather than a
+        quote left open that a later quote happened to close. A runaway quote takes whole trace
+        rows into one field; a closed field holds text. So the row must have the header's
+        number of fields, line breaks only in columns the format ignores, and no line inside
+        it that reads as a trace row (the header's number of fields, integer counts)."""
+        if len(row) != self._num_columns:
+            return False
+        if any("\n" in row[i] or "\r" in row[i] for i in self._read_columns):
+            return False
+        for line in self._row_text[1:]:  # each line after the row's first, read on its own
+            try:
+                cells = next(csv.reader([line]), [])
+            except csv.Error:  # a lone carriage return: text, not a row
+                continue
+            if len(cells) == self._num_columns and all(
+                    _COUNT_TEXT.fullmatch(cells[i]) for i in self._count_columns):
+                return False
+        return True
 
     def _open_quote(self, start: int) -> TraceError:
         last = self._reader.line_num
@@ -332,6 +378,9 @@ def _parse_csv(path: str, text: str, spec: _CsvSpec, fields: _Fields, *, skip_ba
     i_priority = header.index(_PRIORITY_COL) if _PRIORITY_COL in header else -1
     i_model = header.index("Model") if spec.name == "burstgpt" and "Model" in header else -1
     num_columns = len(header)
+    reader.allow_multiline(
+        num_columns, [i for i in (i_time, i_prompt, i_output, i_priority, i_model) if i >= 0],
+        count_columns=[i_prompt, i_output])
     parsed = Parsed(rows=[], timed=spec.time_col is not None, num_source_rows=0, skipped=[])
     index = 0
     first_ns: int | None = None

@@ -98,3 +98,40 @@ def test_what_overrode_a_knob_is_recorded_apart_from_the_note() -> None:
     assert both.overridden_by == ("extra_args", "--engine-env")
     assert both.note == ("overridden by extra_args (--cuda-memory-fraction); overridden by "
                          "--engine-env TGI_WIGGLE_ROOM=0.8")
+
+
+def test_true_and_1_are_the_same_setting_as_tgi_reads_them() -> None:
+    """TGI reads its boolean variables as ``value.lower() in {"1", "true"}``
+    (server/text_generation_server/models/globals.py): --prefix-caching with --engine-env
+    PREFIX_CACHING=true asks for one setting, not two."""
+    p = plan({"prefix_caching": True, "chunked_prefill": False},
+             {"PREFIX_CACHING": "true", "PREFILL_CHUNKING": "FALSE"})
+    mapped = by_knob(p)
+    assert mapped["prefix_caching"].status == "applied"
+    assert mapped["chunked_prefill"].status == "applied"
+    assert p.env["PREFIX_CACHING"] == "true" and p.env["PREFILL_CHUNKING"] == "FALSE"
+    with pytest.raises(KnobError) as err:  # TGI reads "yes" as false
+        plan({"prefix_caching": True}, {"PREFIX_CACHING": "yes"})
+    assert ("prefix_caching=True sets PREFIX_CACHING=1, but --engine-env sets "
+            "PREFIX_CACHING=yes") in str(err.value)
+    with pytest.raises(KnobError) as err:
+        plan({"prefix_caching": False}, {"PREFIX_CACHING": "True"})
+    assert ("prefix_caching=False sets PREFIX_CACHING=0, but --engine-env sets "
+            "PREFIX_CACHING=True") in str(err.value)
+
+
+def test_the_command_line_takes_true_for_1(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    code = main([
+        "replay", "--launch", "--engine", "tgi", "--container-runtime", "native",
+        "--model-path", str(model), "--model", "tiny", "--max-model-len", "2048",
+        "--trace", str(REPO / "harness" / "data" / "azure_conv_excerpt.csv"), "--limit", "4",
+        "--prefix-caching", "--engine-env", "PREFIX_CACHING=true", "--dry-run",
+        "--out", str(tmp_path / "o"),
+    ])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "ask for different settings" not in err
+    assert "PREFIX_CACHING=true" in out

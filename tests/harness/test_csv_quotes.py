@@ -87,3 +87,43 @@ def test_trace_info_says_so_in_one_line(tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert f"{path}:22: an opening quote on this line is not closed" in err
+
+
+NOTE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens,Note\n"
+
+
+def test_a_quoted_field_closed_on_a_later_line_is_read_as_csv_reads_it(tmp_path: Path) -> None:
+    """RFC 4180 allows line breaks inside a quoted field (a prompt's text, in a column the
+    format ignores): the row is read, named by the line it starts on, and the rows after it
+    keep their own lines."""
+    path = tmp_path / "note.csv"
+    path.write_text(NOTE_HEADER + '2023-11-16 18:15:46.0,10,5,"multi\nline"\n'
+                    + "2023-11-16 18:15:47.0,abc,5,x\n"
+                    + '2023-11-16 18:15:48.0,12,6,"a ""quoted""\r\nreply, with commas"\n'
+                    + "2023-11-16 18:15:49.0,13,7,\n")
+    with pytest.raises(TraceError) as caught:
+        load_trace(path)
+    assert str(caught.value) == (
+        f"{path}:4: field 'ContextTokens': expected a non-negative integer, got 'abc'")
+    trace = load_trace(path, TraceOptions(skip_bad_rows=True))
+    assert [(r.num_prompt_tokens, r.num_output_tokens) for r in trace.requests] == [
+        (10, 5), (12, 6), (13, 7)]
+    assert trace.counts["num_source_rows"] == 4
+    assert trace.counts["skipped_bad_rows"] == 1
+
+
+@pytest.mark.parametrize("rows", [
+    # a runaway quote in a column the format reads, closed at the end of a later field
+    '2023-11-16 18:15:47.0,"10,5,x\n2023-11-16 18:15:48.0,11",6,y\n',
+    # a runaway quote in a text column, closed by a stray quote: a whole row inside the field
+    '2023-11-16 18:15:47.0,10,5,"x\n2023-11-16 18:15:48.0,11,6,y\n2023-11-16 18:15:49.0,12"\n',
+])
+def test_a_runaway_quote_in_a_file_with_a_text_column_is_still_refused(
+        tmp_path: Path, rows: str) -> None:
+    path = tmp_path / "runaway.csv"
+    path.write_text(NOTE_HEADER + "2023-11-16 18:15:46.0,10,5,x\n" + rows
+                    + "2023-11-16 18:15:50.0,13,7,z\n")
+    with pytest.raises(TraceError) as caught:
+        load_trace(path, TraceOptions(skip_bad_rows=True))
+    assert str(caught.value).startswith(
+        f"{path}:3: an opening quote on this line is not closed (lines 4 to")

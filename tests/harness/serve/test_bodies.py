@@ -18,6 +18,7 @@ from harness.serve.bodies import (
     int_field,
     is_parsed_off_loop,
     json_object,
+    long_number_error,
 )
 
 
@@ -90,3 +91,54 @@ def test_json_nested_too_deeply_to_parse_is_a_refusal_not_a_crash() -> None:
     assert isinstance(err, ApiError) and err.status == 400
     assert "nested too deeply" in err.message
     assert json_object(b'{"prompt": [[[1]]]}') == {"prompt": [[[1]]]}
+
+
+def test_integers_past_int64_are_refused_in_the_fields_words() -> None:
+    """A JSON integer past 2^63 - 1 was taken whole (then a context-length error), while the
+    same digits as a string were refused: now both are refused, saying the bound."""
+    for value in (2**63, "99999999999999999999999", 1e20):
+        assert as_int(value, lax=True) is None
+        refused = int_field({"max_tokens": value}, "max_tokens", 1, lax=True)
+        assert isinstance(refused, ApiError) and refused.param == "max_tokens"
+        assert refused.message.startswith(
+            "max_tokens must be a positive integer (at most 2^63 - 1), got ")
+    assert as_int(2**63 - 1, lax=False) == 2**63 - 1 and as_int(-(2**63), lax=False) == -(2**63)
+    assert as_int(2**63, lax=False) is None
+    strict = int_field({"max_new_tokens": 2**63}, "max_new_tokens", 1, 422, "`max_new_tokens`")
+    assert isinstance(strict, ApiError) and strict.message == (
+        "`max_new_tokens` must be a positive integer (at most 2^63 - 1), "
+        "got 9223372036854775808")
+    # a field with another bound says it (TGI's seed is serde's u64)
+    assert int_field({"seed": 2**64 - 1}, "seed", 0, maximum=2**64 - 1) == 2**64 - 1
+    seed = int_field({"seed": 2**64}, "seed", 0, maximum=2**64 - 1)
+    assert isinstance(seed, ApiError)
+    assert seed.message == (
+        "seed must be an integer >= 0 (at most 2^64 - 1), got 18446744073709551616")
+    # not a whole number: no bound to say
+    assert int_field({"max_tokens": "abc"}, "max_tokens", 1, lax=True) == ApiError(
+        400, "max_tokens must be a positive integer, got 'abc'", param="max_tokens")
+
+
+def test_a_number_past_pythons_4300_digits_is_read_without_pythons_advice() -> None:
+    """json raised "Exceeds the limit (4300 digits) for integer string conversion; use
+    sys.set_int_max_str_digits()": the 400 said so. Now the field reading it refuses it."""
+    body = json_object(b'{"prompt": [1], "max_tokens": ' + b"9" * 5000 + b"}")
+    assert not isinstance(body, ApiError)
+    refused = int_field(body, "max_tokens", 1, lax=True)
+    assert isinstance(refused, ApiError) and refused.message == (
+        "max_tokens must be a positive integer (at most 2^63 - 1), got a number with more "
+        "than 4,300 digits")
+    assert long_number_error(body) == ApiError(
+        400, "max_tokens is a number with more than 4,300 digits, longer than any field takes",
+        param="max_tokens")
+    nested = json_object(b'{"a": {"b": [1, -' + b"9" * 4301 + b"]}}")
+    assert not isinstance(nested, ApiError)
+    unread = long_number_error(nested)
+    assert unread is not None and unread.message.startswith(
+        "a.b[1] is a number with more than 4,300 digits")
+    assert long_number_error({"max_tokens": 5}) is None
+    assert json_object(b'{"max_tokens": ' + b"9" * 4300 + b"}") == {"max_tokens": int("9" * 4300)}
+    # malformed after the long number: malformed, as before
+    broken = json_object(b'{"max_tokens": ' + b"9" * 5000 + b", }")
+    assert isinstance(broken, ApiError) and broken.message.startswith(
+        "the request body is not valid JSON: Expecting property name")

@@ -360,3 +360,32 @@ def test_a_large_body_is_parsed_off_the_event_loop(server: RunningServer,
         assert small.status_code == 200
     assert len(off_loop) == 2 and "reference-server" not in off_loop
     assert threads == ["reference-server"] * 2
+
+
+@pytest.mark.parametrize("raw, got", [
+    (b"9" * 5000, "a number with more than 4,300 digits"),  # was Python's advice
+    (b"9223372036854775808", "9223372036854775808"),  # was a context-length error
+    (b'"99999999999999999999999"', "'99999999999999999999999'"),
+])
+def test_oversized_max_tokens_is_refused_in_the_fields_words(
+        client: httpx.Client, raw: bytes, got: str) -> None:
+    r = client.post("/v1/completions", content=b'{"prompt": [1], "max_tokens": ' + raw + b"}",
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"] == {
+        "message": f"max_tokens must be a positive integer (at most 2^63 - 1), got {got}",
+        "type": "BadRequestError", "param": "max_tokens", "code": 400}
+    assert "sys.set_int_max_str_digits" not in r.text
+
+
+def test_an_oversized_number_where_no_field_reads_it_is_still_refused(
+        client: httpx.Client) -> None:
+    r = client.post("/v1/completions",
+                    content=b'{"prompt": [1], "max_tokens": 2, "user": ' + b"9" * 5000 + b"}",
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "user is a number with more than 4,300 digits, longer than any field takes")
+    r = client.post("/v1/completions", json={"prompt": [1], "priority": 2**63})
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "priority must be an integer from -2^63 to 2^63 - 1, got 9223372036854775808")
