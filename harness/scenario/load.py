@@ -188,6 +188,18 @@ def load_scenario(path: str | Path, *, trace_path: str | Path | None = None) -> 
     return scenario
 
 
+def _typed(c: Checker, value: Node, key: str, kind: str, minimum: int) -> Any:
+    """An option's value of its declared kind (``int``, ``float``, ``bool``, else text), as
+    the trace and replay options declare them; an int at least ``minimum``."""
+    if kind == "int":
+        return c.integer(value, key, minimum=minimum)
+    if kind == "float":
+        return c.number(value, key)
+    if kind == "bool":
+        return c.boolean(value, key)
+    return c.string(value, key)
+
+
 def _parse_trace(c: Checker, y: Node, base: Path, override: str | Path | None,
                  *, key: str = "trace") -> TraceSpec:
     nested = key != "trace"
@@ -199,16 +211,10 @@ def _parse_trace(c: Checker, y: Node, base: Path, override: str | Path | None,
             continue
         kind = TRACE_OPTION_TYPES[name]
         where = f"{key}.{name}"
-        if kind == "int":
-            options[name] = c.integer(value, where, minimum=TRACE_OPTION_MINIMUM.get(name, 0))
-        elif kind == "float":
-            options[name] = c.number(value, where)
-        elif kind == "bool":
-            options[name] = c.boolean(value, where)
-        elif kind == "path":
-            options[name] = str(resolve_trace_path(c.string(value, where), base, c, value, where))
-        else:
-            options[name] = c.string(value, where)
+        options[name] = (
+            str(resolve_trace_path(c.string(value, where), base, c, value, where))
+            if kind == "path" else
+            _typed(c, value, where, kind, TRACE_OPTION_MINIMUM.get(name, 0)))
         if name in TRACE_OPTION_BOUNDS:
             c.bounded(value, where, TRACE_OPTION_BOUNDS[name], options[name])
     check_trace_options(c, options, items, y, key)
@@ -588,16 +594,8 @@ def _parse_replay(c: Checker, y: Node, where: str, loads: Sequence[LoadPoint]
     out: dict[str, Any] = {}
     for name, value in items.items():
         key, kind = f"{where}.{name}", REPLAY_OPTION_TYPES[name]
-        if kind == "int":
-            out[name] = c.integer(value, key, minimum=REPLAY_OPTION_MINIMUM.get(name, 1))
-        elif kind == "float":
-            out[name] = c.number(value, key)
-        elif kind == "bool":
-            out[name] = c.boolean(value, key)
-        elif kind == "choice":
-            out[name] = c.choice(value, key, choices[name])
-        else:
-            out[name] = c.string(value, key)
+        out[name] = (c.choice(value, key, choices[name]) if kind == "choice" else
+                     _typed(c, value, key, kind, REPLAY_OPTION_MINIMUM.get(name, 1)))
     # the tokenizer and the key's variable are the machine's that runs the cell (a Ray
     # worker's, say): looked for there, when the replay starts
     fields = {k: v for k, v in out.items() if k not in ("tokenizer_path", "api_key_env")}
