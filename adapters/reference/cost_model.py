@@ -159,9 +159,10 @@ def load_profile(path: str | Path) -> CostModelParams:
         if key.startswith("_") or key == "metadata":
             continue
         if key not in known:
-            raise ProfileError(
-                f"{path}: unknown profile key {key!r}; known keys: {', '.join(sorted(known))}"
-            )
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ProfileError(f"{path}: unknown profile key {key!r}{hint}; known keys: "
+                               f"{', '.join(sorted(known))}")
         values[key] = value
     values.setdefault("source", str(path))
     params = CostModelParams(**values)

@@ -195,7 +195,7 @@ class Checker:
     def number(self, y: Node, key: str, *, positive: bool = False) -> float:
         v = y.value
         if y.kind != "scalar" or not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise self.fail(y, key, f"must be a number, got {_kind(y)}")
+            raise self.fail(y, key, f"must be a number, got {_kind(y)}" + _exponent_hint(v))
         if not math.isfinite(v) or (positive and v <= 0):
             raise self.fail(y, key, f"must be a {'positive ' if positive else ''}number, got {v}")
         return float(v)
@@ -221,6 +221,18 @@ class Checker:
                 y, key, f"{v!r} is not one of {', '.join(choices)}{did_you_mean(v, choices)}"
             )
         return v
+
+
+def _exponent_hint(value: object) -> str:
+    """YAML 1.1 reads ``1e300`` as text (an exponent needs a dot and a sign: ``1.0e+300``)."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    return (f": YAML reads {value!r} as text; write it as {number:.1e}"
+            if "e" in value.lower() else "")
 
 
 def _kind(y: Node) -> str:

@@ -101,9 +101,7 @@ class TraceOptions:
                 raise bad(name, "a non-negative number of seconds", value)
         if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
             raise bad("end_s", f"a time after --start-s {self.start_s}", self.end_s)
-        if self.time_scale is not None and not (
-            math.isfinite(self.time_scale) and self.time_scale > 0
-        ):
+        if self.time_scale is not None and not self.time_scale > 0:  # NaN too
             raise bad("time_scale", "a positive number", self.time_scale)
         if self.time_scale is not None:
             check_time_scale(self.time_scale, flag("time_scale"))

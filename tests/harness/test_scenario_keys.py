@@ -355,3 +355,10 @@ def test_an_unknown_scenario_model_gets_a_suggestion(tmp_path: Path) -> None:
     err = error_of(path)
     assert where(err) == (6, "model")
     assert "unknown model 'llama-3.1-8B-x' (did you mean 'llama-3.1-8b'?); known" in err.message
+
+
+def test_an_exponent_yaml_reads_as_text_gets_the_spelling_it_takes(tmp_path: Path) -> None:
+    """YAML 1.1 reads ``1e300`` as text: "must be a number, got text" left the user guessing."""
+    err = error_of(scenario(tmp_path, top="load: {rates: [1, 2e3]}\n"))
+    assert err.message == ("must be a number, got text ('2e3'): YAML reads '2e3' as text; "
+                           "write it as 2.0e+03")

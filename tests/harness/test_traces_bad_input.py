@@ -231,7 +231,8 @@ def test_a_quote_left_open_before_200000_characters_still_names_its_line(
 # ---------------------------------------------------------------- bounds on time
 
 
-@pytest.mark.parametrize("scale", [1e300, 1e-300, MAX_TIME_SCALE * 2, MIN_TIME_SCALE / 2])
+@pytest.mark.parametrize("scale", [1e300, 1e-300, MAX_TIME_SCALE * 2, MIN_TIME_SCALE / 2,
+                                   float("inf")])
 def test_time_scale_past_its_bounds_names_the_flag(
         scale: float, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(TraceError) as info:

@@ -169,7 +169,8 @@ def test_profile_may_describe_a_cpu_device(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("content", "message"), [
     ("{", "line 1: not valid JSON"),
-    ('{"memory_efficency": 0.5}', "unknown profile key 'memory_efficency'"),
+    ('{"memory_efficency": 0.5}',
+     r"unknown profile key 'memory_efficency' \(did you mean 'memory_efficiency'\?\)"),
     ('{"memory_efficiency": 1.5}', r"memory_efficiency must be in \(0, 1\]"),
     ('{"step_overhead_s": "fast"}', "step_overhead_s must be a number"),
     ("[1]", "a profile is a JSON object"),
