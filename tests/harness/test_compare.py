@@ -412,7 +412,7 @@ def test_goodput_under_another_slo_warns_and_is_not_judged(
 def test_predicted_figures_say_so_and_how_accurate_such_predictions_are(
         nights: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Every figure compare printed was a prediction of the reference engine, and nothing
-    said so (a review found it): each prediction is named with the side and cells it concerns,
+    said so: each prediction is named with the side and cells it concerns,
     in the words simulate prints, with its measured accuracy; measured sides are not."""
     catalog = prediction_text(prediction_record(ReferenceConfig(
         model="llama-3.1-8b", gpu="h100-sxm")))

@@ -543,7 +543,7 @@ def test_a_report_written_into_a_folder_holds_it_while_it_is_written(
 def test_a_summary_of_a_folder_another_process_writes_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`batchlab summarize` rewrote summary.json and report.md in a folder a run was writing
-    (a reviewer found it, beside the report's refusal). Refused in the same words; once the
+    (while report refused it). Refused in the same words; once the
     writer has ended, it summarizes (and holds the folder meanwhile)."""
     run = tmp_path / "run"
     _simulated_run(run)
