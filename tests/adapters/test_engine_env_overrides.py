@@ -67,17 +67,22 @@ def test_another_wiggle_room_than_the_memory_conversion_assumes_is_refused() -> 
     assert m.status == "not_applied" and m.note == "overridden by --engine-env TGI_WIGGLE_ROOM=0.8"
 
 
-def test_the_command_line_refuses_it_before_anything_starts(
-        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def tgi_dry_run(tmp_path: Path, *flags: str) -> int:
+    """``replay --engine tgi --launch --dry-run`` (native) of four requests with ``flags``."""
     model = tmp_path / "m"
     model.mkdir()
-    code = main([
+    return main([
         "replay", "--launch", "--engine", "tgi", "--container-runtime", "native",
         "--model-path", str(model), "--model", "tiny", "--max-model-len", "2048",
         "--trace", str(REPO / "harness" / "data" / "azure_conv_excerpt.csv"), "--limit", "4",
-        "--no-chunked-prefill", "--no-prefix-caching", "--engine-env", "PREFILL_CHUNKING=1",
-        "--engine-env", "PREFIX_CACHING=1", "--dry-run", "--out", str(tmp_path / "o"),
+        *flags, "--dry-run", "--out", str(tmp_path / "o"),
     ])
+
+
+def test_the_command_line_refuses_it_before_anything_starts(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = tgi_dry_run(tmp_path, "--no-chunked-prefill", "--no-prefix-caching", "--engine-env",
+                       "PREFILL_CHUNKING=1", "--engine-env", "PREFIX_CACHING=1")
     err = capsys.readouterr().err
     assert code == 2
     assert ("chunked_prefill=False sets PREFILL_CHUNKING=0, but --engine-env sets "
@@ -122,15 +127,7 @@ def test_true_and_1_are_the_same_setting_as_tgi_reads_them() -> None:
 
 def test_the_command_line_takes_true_for_1(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    model = tmp_path / "m"
-    model.mkdir()
-    code = main([
-        "replay", "--launch", "--engine", "tgi", "--container-runtime", "native",
-        "--model-path", str(model), "--model", "tiny", "--max-model-len", "2048",
-        "--trace", str(REPO / "harness" / "data" / "azure_conv_excerpt.csv"), "--limit", "4",
-        "--prefix-caching", "--engine-env", "PREFIX_CACHING=true", "--dry-run",
-        "--out", str(tmp_path / "o"),
-    ])
+    code = tgi_dry_run(tmp_path, "--prefix-caching", "--engine-env", "PREFIX_CACHING=true")
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "ask for different settings" not in err

@@ -183,15 +183,20 @@ def test_a_trtllm_replay_under_fcfs_sends_no_priority(tmp_path: Path) -> None:
     assert manifest["priority"] == TRTLLM_NOT_APPLIED
 
 
-def test_vllm_dry_run_with_a_priority_fraction_and_fcfs_says_they_are_not_sent(
-        capsys: pytest.CaptureFixture[str], tmp_path: Path, nothing_starts: None) -> None:
+def vllm_dry_run(tmp_path: Path, *flags: str) -> int:
+    """``replay --engine vllm --launch --dry-run`` of four requests, half of priority 1."""
     model = tmp_path / "m"
     model.mkdir()
-    code = main([
+    return main([
         "replay", "--engine", "vllm", "--launch", "--model-path", str(model), "--model", "tiny",
         "--max-model-len", "2048", "--trace", str(EXCERPT), "--limit", "4",
-        "--priority-fraction", "0.5", "--dry-run", "--out", str(tmp_path / "o"),
+        "--priority-fraction", "0.5", *flags, "--dry-run", "--out", str(tmp_path / "o"),
     ])
+
+
+def test_vllm_dry_run_with_a_priority_fraction_and_fcfs_says_they_are_not_sent(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, nothing_starts: None) -> None:
+    code = vllm_dry_run(tmp_path)
     out = capsys.readouterr().out
     assert code == 0
     assert "request priority: not sent: " in out and "which vllm answers with HTTP 400" in out
@@ -199,14 +204,7 @@ def test_vllm_dry_run_with_a_priority_fraction_and_fcfs_says_they_are_not_sent(
 
 def test_vllm_dry_run_with_the_priority_policy_plans_and_says_applied(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, nothing_starts: None) -> None:
-    model = tmp_path / "m"
-    model.mkdir()
-    code = main([
-        "replay", "--engine", "vllm", "--launch", "--model-path", str(model), "--model", "tiny",
-        "--max-model-len", "2048", "--trace", str(EXCERPT), "--limit", "4",
-        "--priority-fraction", "0.5", "--policy", "priority", "--dry-run",
-        "--out", str(tmp_path / "o"),
-    ])
+    code = vllm_dry_run(tmp_path, "--policy", "priority")
     out = capsys.readouterr().out
     assert code == 0
     assert f"request priority: {VLLM_APPLIED}\n" in out
