@@ -17,9 +17,9 @@ plus ``engine_speed_vs_calibration`` (``{"before": e, "after": e, "burst": name}
 to assume). The comparison and its markdown live in the report package, which renders the same
 section for any live run paired with a simulated one.
 
-An engine that stops answering during the live replay fails the validation: everything above
-is still written (the comparison over the requests completed on both sides), then
-``ValidationFailed`` is raised.
+An engine that stops answering during the live replay, or that completes none of the requests,
+fails the validation: everything above is still written (the comparison over the requests
+completed on both sides), then ``ValidationFailed`` is raised.
 """
 
 from __future__ import annotations
@@ -153,7 +153,8 @@ def run_validation(
     """Replay ``trace`` live against the server ``plan`` describes and simulate it on the
     reference engine (same knobs, ``profile``, the engine's KV cache); write both run folders
     and the comparison (module doc) under ``out_dir``; return the fidelity dict. Raises
-    ``ValidationFailed`` (after writing) when the live side measured nothing comparable.
+    ``ValidationFailed`` (after writing) when the live side measured nothing comparable: the
+    engine stopped answering, or it completed none of the requests.
 
     ``knobs`` are the server's: launched with them, or declared for an attached server (they
     reach the simulation either way). ``model`` is what the engine loaded (its tokenizer folder
@@ -273,10 +274,15 @@ def engine_answers(plan: LaunchPlan, timeout_s: float = 5.0) -> bool:
 
 def _live_failure(stopped: str | None, measured: Mapping[str, Any],
                   num_requests: int) -> str | None:
-    """Why the live half failed (validate then exits 1, as replay when its engine exits), or
-    None. Requests that failed on an engine still up are the engine's answers: compared on
-    what both sides completed, and the command succeeds."""
+    """Why the live half failed (validate then exits 1, as replay does when its engine exits
+    or serves nothing), or None. Requests that failed on an engine still up are the engine's
+    answers: compared on what both sides completed, and the command succeeds, unless none
+    completed: then nothing was compared."""
     completed = int(measured.get("num_completed") or 0)
+    if num_requests and not completed and stopped is None:
+        failures = ", ".join(f"{k} {v}" for k, v in (measured.get("failures") or {}).items())
+        return (f"none of the {num_requests} requests completed live "
+                f"({failures or 'no failure recorded'}): nothing was compared")
     if stopped is None or completed == num_requests:
         return None  # (an engine gone after the last request still measured all of them)
     return (f"{stopped}: {completed} of {num_requests} requests completed live; the "

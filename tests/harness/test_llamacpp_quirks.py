@@ -208,8 +208,14 @@ def test_the_servers_first_error_message_reaches_the_console(
         err = capsys.readouterr().err
         assert "http_error" in err and "Prompt contains invalid tokens" in err
 
-        assert main(validate_args(url, config, profile, tmp_path / "validate")) == 0
-        assert "Prompt contains invalid tokens" in capsys.readouterr().out
+        # every live request refused: nothing compared, so the validation fails, as replay
+        # does, with the server's own words and the comparison still on disk
+        assert main(validate_args(url, config, profile, tmp_path / "validate")) == 1
+        printed = capsys.readouterr()
+        assert "Prompt contains invalid tokens" in printed.out
+        assert ("none of the 8 requests completed live (http_error 8): nothing was compared"
+                in printed.err)
+        assert (tmp_path / "validate" / "fidelity.json").is_file()
 
 
 # ---------------------------------------------------------------- 9: knobs of attached servers
