@@ -32,6 +32,28 @@ UNSET = Knobs(given=frozenset())
 NO_REFERENCE_KNOBS = ReferenceKnobs()
 
 
+# Options of a live target that only some engines read (``adapters.catalog.get_adapter``), and
+# those only a launch reads. Given where nothing reads them they would be ignored without a
+# word, and the run folder would record a setting the engine never had: they are refused.
+ENGINE_OPTIONS: Mapping[str, tuple[str, ...]] = {
+    "runtime": ("tgi",),  # the container runtime of text-generation-launcher
+    "executable": ("vllm", "trtllm", "llamacpp", "reference"),
+    "metric_map": ("openai",),  # other engines' metric names are known
+}
+LAUNCH_OPTIONS = ("runtime", "executable", "engine_env", "port")
+
+
+def unused_option(option: str, engine: str, *, launch: bool) -> str | None:
+    """Why ``option`` (a ``TargetSpec`` field, given) would not be used by ``engine``,
+    launched or attached (``launch``); None when it is used."""
+    engines = ENGINE_OPTIONS.get(option)
+    if engines is not None and engine not in engines:
+        return f"applies to {', '.join(engines)} only, not {engine}"
+    if option in LAUNCH_OPTIONS and not launch:
+        return "applies only to an engine batchlab launches, not to one it attaches to"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class TargetSpec:
     """What a trace runs on, and how: one typed record instead of long parameter lists.

@@ -33,7 +33,7 @@ from harness.cli.common import (
     refuse_cell,
     too_many_failed,
 )
-from harness.target import RunOptions, TargetSpec
+from harness.target import RunOptions, TargetSpec, unused_option
 from harness.targets import LiveTarget
 
 if TYPE_CHECKING:
@@ -395,6 +395,16 @@ def live_target_spec(args: argparse.Namespace, *, url: str | None = None) -> Tar
 
     if not args.launch and url is None:
         raise UserError(f"--engine {args.engine}: give --launch to start it or --url URL")
+    for option, flag, value in (("runtime", "--container-runtime", args.container_runtime),
+                                ("executable", "--engine-executable", args.engine_executable),
+                                ("engine_env", "--engine-env", args.engine_env),
+                                ("port", "--port", args.port),
+                                ("metric_map", "--metric-map", args.metric_map)):
+        if not value or (option == "runtime" and value == "native"):
+            continue  # every engine but TGI runs natively: saying so changes nothing
+        why = unused_option(option, args.engine, launch=bool(args.launch))
+        if why:
+            raise UserError(f"{flag} {why}: it would be ignored")
     model_path = args.model_path or getattr(args, "model", None)
     if not model_path and url is not None and not args.launch:
         model_path = served_model(url, args.engine)  # a running server says what it serves

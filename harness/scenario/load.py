@@ -30,6 +30,7 @@ from harness.scenario.schema import (
     TraceSpec,
     expand,
 )
+from harness.target import unused_option
 from harness.traces.bounds import (
     check_concurrency,
     check_count,
@@ -560,6 +561,13 @@ def _parse_engines(c: Checker, y: Node, loads: Sequence[LoadPoint]) -> tuple[Eng
             env=env,
             line=item.line,
         ))
+        for key, option in (("runtime", "runtime"), ("executable", "executable"),
+                            ("env", "engine_env"), ("port", "port")):
+            if key not in f or (key == "runtime" and out[-1].runtime == "native"):
+                continue  # every engine but TGI runs natively: saying so changes nothing
+            why = unused_option(option, engine, launch=launch)
+            if why:
+                raise c.fail(f[key], f"{where}.{key}", f"{why}: it would be ignored")
     return tuple(out)
 
 

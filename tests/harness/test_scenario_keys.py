@@ -124,8 +124,8 @@ def test_a_misspelt_runtime_is_refused_at_load(tmp_path: Path) -> None:
     err = error_of(scenario(tmp_path, engine=LIVE + "runtime: dockr"))
     assert where(err) == (12, "engines[0].runtime")
     assert err.message == "'dockr' is not one of native, docker, podman; did you mean 'docker'?"
-    path = scenario(tmp_path, engine=LIVE + "runtime: podman")
-    assert load_scenario(path).engines[0].runtime == "podman"
+    path = scenario(tmp_path, engine=LIVE + "runtime: native")
+    assert load_scenario(path).engines[0].runtime == "native"
 
 
 # ---------------------------------------------------------------- synthetic traces
