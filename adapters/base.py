@@ -224,8 +224,20 @@ class FlagNames:
 
     def name(self, token: str) -> str | None:
         """``--max_num_seqs=8`` -> ``max-num-seqs``; ``-q`` -> ``quantization``; else None."""
+        read = self._read(token)
+        return None if read is None else read[0]
+
+    def _read(self, token: str) -> tuple[str, bool] | None:
+        """The flag's one name, and whether the token turns it off (``--no-x``, or an alias
+        of ``no-x``: llama.cpp's ``-nocb``)."""
         name = _flag_name(token)
-        return None if name is None else self.aliases.get(name, name)
+        if name is None:
+            return None
+        negated = token.lstrip("-").replace("_", "-").startswith("no-")
+        name = self.aliases.get(name, name)
+        if name.startswith("no-"):
+            name, negated = name[3:], not negated
+        return name, negated
 
     def of(self, setting: Setting) -> set[str]:
         """The flags a setting sets, its config-file keys included."""
@@ -242,6 +254,49 @@ class FlagNames:
             if name:
                 out.setdefault(name, token.split("=", 1)[0])
         return out
+
+    def values(self, argv: tuple[str, ...]) -> dict[str, Arg]:
+        """The value ``argv`` gives each flag, by its one name, as an engine's parser reads
+        it: the text after ``=``, else the next item unless that is a flag, else a switch
+        (on; off for ``--no-x``). A flag given twice takes its last value, as argparse, click
+        and llama.cpp read it."""
+        out: dict[str, Arg] = {}
+        i = 0
+        while i < len(argv):
+            token, read = argv[i], self._read(argv[i])
+            i += 1
+            if read is None:
+                continue
+            name, negated = read
+            if "=" in token:
+                flag, text = token.split("=", 1)
+                out[name] = Arg(flag, token, text)
+            elif i < len(argv) and self._read(argv[i]) is None:
+                out[name] = Arg(token, shlex.join((token, argv[i])), argv[i])
+                i += 1
+            else:
+                out[name] = Arg(token, token, not negated)
+        return out
+
+    def set_by(self, setting: Setting) -> dict[str, Arg]:
+        """The value a setting gives each flag it sets, its config-file keys included (shown
+        as the key, ``max_batch_size: 64``)."""
+        out = self.values(setting.argv)
+        for key, value in setting.config:
+            name = self.name(self.config_keys[key]) if key in self.config_keys else None
+            if name:
+                out[name] = Arg(key, f"{key}: {_yaml_scalar(value)}",
+                                value if isinstance(value, bool) else str(value))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    """A flag's value in an argv, and the items that gave it, as written."""
+
+    flag: str  # ``--max-num-seqs``, ``--max_num_seqs``, ``-nocb``, ``max_batch_size``
+    written: str  # ``--max-num-seqs 8``, ``--max_num_seqs=8``, ``-nocb``, ``max_batch_size: 8``
+    value: str | bool  # the text of its value; a switch: on (True) or off (False)
 
 
 def with_engine_defaults(
@@ -272,16 +327,25 @@ def _yaml_scalar(value: Any) -> str:
 def _flag_name(token: str) -> str | None:
     """``--no-enable_x=1`` -> ``enable-x``: the flag a token sets, ignoring ``no-``, values and
     the spelling of ``_`` (vLLM and TensorRT-LLM read ``--max_num_seqs`` as ``--max-num-seqs``)."""
-    if not token.startswith("-") or token == "-" or token == "--":
+    if not token.startswith("-") or token == "-" or token == "--" or _is_number(token):
         return None
     name = token.lstrip("-").split("=", 1)[0].replace("_", "-")
     return name[3:] if name.startswith("no-") else name
 
 
+def _is_number(token: str) -> bool:
+    """``-1`` is a value (llama.cpp's ``-np -1``), not a flag."""
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
 def _possible_settings(rule: KnobRule, knobs: Knobs, setting: Setting) -> list[Setting]:
     """``setting`` and what the rule gives on each other value of the knob: everything a knob
     may set, whatever its value (``--quantization`` belongs to weights_dtype=bf16 too, so
-    ``-q fp8`` in extra_args overrides it)."""
+    ``-q fp8`` in extra_args overrides it unset, and contradicts it given)."""
     spec = SPECS.get(rule.knob)
     kind = spec.kind if spec is not None else ""
     values: tuple[Any, ...] = (spec.choices if spec is not None and kind == "choice"
@@ -325,6 +389,52 @@ def _same_env_value(a: str, b: str) -> bool:
         return False
 
 
+# How an engine's parser reads a switch given a value, or a valued flag given a boolean word.
+_ARG_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True,
+                 "0": False, "false": False, "no": False, "off": False}
+
+
+def _same_arg_value(a: str | bool, b: str | bool) -> bool:
+    """Whether an engine reads two values of one flag as the same setting: ``64`` and
+    ``64.0`` are one number, a switch given and ``true`` one boolean; other text is compared
+    as written (``bfloat16`` is not ``float32``)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        truth_a = a if isinstance(a, bool) else _ARG_BOOLEANS.get(a.lower())
+        truth_b = b if isinstance(b, bool) else _ARG_BOOLEANS.get(b.lower())
+        return truth_a is not None and truth_a == truth_b
+    if a == b:
+        return True
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return False
+
+
+def _extra_arg_conflicts(name: str, value: Any, setting: Setting, others: list[Setting],
+                         flags: list[str], extra: Mapping[str, Arg], names: FlagNames
+                         ) -> list[str]:
+    """How ``extra_args`` ask for another setting than a given knob: a flag the knob sets, with
+    another value, or one its value leaves out set as another value of the knob would set it
+    (``-q fp8`` against weights_dtype=bf16: what weights_dtype=fp8 passes). A flag the knob's
+    value leaves out, set to what no value of the knob gives (llama.cpp's ``--cache-ram 8192``
+    with prefix caching on), tunes beyond the knob: recorded as an override, not refused.
+    ``others``: what the knob's rule gives on its other values (``_possible_settings``)."""
+    mine = names.set_by(setting)
+    out: list[str] = []
+    for flag in flags:
+        theirs = extra[flag]
+        if flag not in mine:
+            given_by_another = [arg for other in others
+                                if (arg := names.set_by(other).get(flag)) is not None]
+            if any(_same_arg_value(arg.value, theirs.value) for arg in given_by_another):
+                out.append(f"{name}={value!r} does not set {theirs.flag}, but extra_args set "
+                           f"{theirs.written}, as another {name} would")
+        elif not _same_arg_value(mine[flag].value, theirs.value):
+            out.append(f"{name}={value!r} sets {mine[flag].written}, but extra_args set "
+                       f"{theirs.written}")
+    return out
+
+
 def map_knobs(
     engine: str, rules: tuple[KnobRule, ...], knobs: Knobs, *, allow_approximate: bool,
     names: FlagNames = FlagNames(), env: Mapping[str, str] | None = None,
@@ -334,6 +444,10 @@ def map_knobs(
     ``extra_args`` win over mapped flags: a knob whose flags ``extra_args`` also set (in any
     spelling ``names`` knows) passes none of them and is recorded as not applied, so the
     engine never sees the same flag twice and the record never claims a value it did not get.
+    A knob the user gave is refused when ``extra_args`` set one of its flags to another value
+    (``64`` and ``64.0`` are one value, ``--no-x`` is x off), or set a flag its value leaves
+    out as another value of the knob would: the two ask for different things and only one can
+    reach the engine (``_extra_arg_conflicts``).
 
     ``env`` (the engine environment the user gave, ``--engine-env``) wins over mapped
     environment variables the same way: a knob left unset whose variable it sets is recorded
@@ -345,6 +459,8 @@ def map_knobs(
     if missing:  # a programming error in an adapter, caught by the table tests
         raise KnobError(f"{engine}: mapping table has no rule for {', '.join(missing)}")
     extra_flags = names.written(knobs.extra_args)
+    extra_values = names.values(knobs.extra_args)
+    arg_conflicts: list[str] = []
     user_env = {str(k): str(v) for k, v in (env or {}).items()}
     env_conflicts: list[str] = []
     mapped: list[MappedKnob] = []
@@ -391,6 +507,10 @@ def map_knobs(
         overridden_by: tuple[str, ...] = ()
         if name != "extra_args":
             overridden = sorted(_governed(rule, knobs, setting, names) & extra_flags.keys())
+            if overridden and given and value is not None:  # None asks for nothing
+                arg_conflicts.extend(_extra_arg_conflicts(
+                    name, value, setting, _possible_settings(rule, knobs, setting)[1:],
+                    overridden, extra_values, names))
             if overridden:
                 flags = ", ".join(extra_flags[f] for f in overridden)
                 setting = replace(setting, argv=(), config=())
@@ -421,13 +541,15 @@ def map_knobs(
             + ". Change the knob, or pass --allow-approximate to record it as approximated "
             "or not applied instead."
         )
-    if env_conflicts:
-        raise KnobError(
-            f"{engine}: a knob and --engine-env ask for different settings: "
-            + "; ".join(env_conflicts)
-            + ". Drop one of them (a knob left unset lets --engine-env decide, and is recorded "
-            "as overridden)."
-        )
+    conflicts = [
+        f"{engine}: a knob and {source} ask for different settings: " + "; ".join(found)
+        + f". Drop one of them (a knob left unset lets {source} decide, and is recorded as "
+        "overridden)."
+        for source, found in (("--engine-env", env_conflicts), ("extra_args", arg_conflicts))
+        if found
+    ]
+    if conflicts:
+        raise KnobError(" ".join(conflicts))
     return tuple(mapped), Setting(tuple(argv), tuple(config), tuple(env_out))
 
 

@@ -347,10 +347,16 @@ def mapping_markdown() -> str:
         "",
         "Numeric knobs are shown with symbols: N (`max_num_seqs`), T (`max_num_batched_tokens`), "
         "F (`gpu_memory_utilization`), TP (`tensor_parallel_size`), L (`max_model_len`). "
-        "`extra_args` are appended to the engine's argv as given; a knob whose flag "
-        "`extra_args` also set is dropped and recorded as overridden, whichever way the flag "
-        "is written (`_` or `-`, a short form such as vLLM's `-q` or llama.cpp's `-c`, or "
-        "TensorRT-LLM's command-line flag for a key of its YAML). TensorRT-LLM's `--config` "
+        "`extra_args` are appended to the engine's argv as given, and a flag of a knob they "
+        "also set is found whichever way it is written (`_` or `-`, a short form such as "
+        "vLLM's `-q` or llama.cpp's `-c`, or TensorRT-LLM's command-line flag for a key of its "
+        "YAML). A knob left unset, or given with the value `extra_args` set "
+        "(`--max-num-seqs 64` with `max_num_seqs=64`; numbers and on/off switches compared as "
+        "the engine reads them), passes none of its flags and is recorded as overridden by "
+        "`extra_args`. A knob given with another value (`--max-num-seqs 128` with "
+        "`max_num_seqs=64`), or whose value leaves out a flag `extra_args` set (vLLM's "
+        "`-q fp8` with `weights_dtype=bf16`), is refused at plan time, naming both: drop one "
+        "of the two. TensorRT-LLM's `--config` "
         "(or `--extra_llm_api_options`) in `extra_args` is refused: it would replace the "
         "generated YAML, and with it every knob mapped there.",
         "",

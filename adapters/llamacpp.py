@@ -204,7 +204,7 @@ RULES = with_engine_defaults(RULES, {
 NAMES = FlagNames(aliases={
     "c": "ctx-size", "np": "parallel", "b": "batch-size", "ub": "ubatch-size",
     "ctk": "cache-type-k", "ctv": "cache-type-v", "cb": "cont-batching",
-    "nocb": "cont-batching", "cram": "cache-ram",
+    "nocb": "no-cont-batching", "cram": "cache-ram",
 })
 
 FIXED = (

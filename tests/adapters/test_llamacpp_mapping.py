@@ -101,26 +101,78 @@ def test_bf16_weights_are_refused_for_what_is_really_wrong(tmp_path: Path) -> No
     assert "cannot make the weights bf16" in said and "BF16 GGUF file" in said
 
 
-@pytest.mark.parametrize(("extra", "knob", "mapped_flag"), [
-    (["--ctx-size", "2048"], "max_model_len", "-c"),
-    (["--parallel", "3"], "max_num_seqs", "-np"),
-    (["--batch-size", "64"], "max_num_batched_tokens", "-b"),
-    (["--cache-type-k", "q8_0"], "kv_cache_dtype", "-ctk"),
-    (["--no-cont-batching"], "policy", "-cb"),
-    (["-nocb"], "policy", "-cb"),
+LLAMA_GIVEN = {"max_num_seqs": 2, "max_model_len": 4096, "max_num_batched_tokens": 512,
+               "kv_cache_dtype": "bf16", "policy": "fcfs"}
+
+
+@pytest.mark.parametrize(("extra", "knob", "mapped_flag", "policy"), [
+    (["--ctx-size", "8192"], "max_model_len", "-c", "fcfs"),  # 2 slots x 4096
+    (["--parallel", "2"], "max_num_seqs", "-np", "fcfs"),
+    (["--batch-size", "512"], "max_num_batched_tokens", "-b", "fcfs"),
+    (["--cache-type-k", "bf16"], "kv_cache_dtype", "-ctk", "fcfs"),
+    (["--cont-batching"], "policy", "-cb", "fcfs"),
+    (["--no-cont-batching"], "policy", "-nocb", "static"),
 ])
 def test_extra_args_override_a_flag_written_long_or_short(
-        tmp_path: Path, extra: list[str], knob: str, mapped_flag: str) -> None:
+        tmp_path: Path, extra: list[str], knob: str, mapped_flag: str, policy: str) -> None:
+    """An extra arg giving a knob's own value, written long or short, replaces its flags."""
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    knobs = Knobs.from_mapping({"max_num_seqs": 2, "max_model_len": 4096,
-                                "max_num_batched_tokens": 512, "kv_cache_dtype": "bf16",
-                                "policy": "fcfs", "extra_args": extra})
+    knobs = Knobs.from_mapping({**LLAMA_GIVEN, "policy": policy, "extra_args": extra})
     plan = llamacpp.LlamaCppAdapter(model=str(gguf), port=1, executable="/x").plan(knobs)
     assert mapped_flag not in plan.argv  # llama-server would see the knob twice
     mapped = {m.knob: m for m in plan.mapping}
     assert mapped[knob].status == "not_applied"
     assert mapped[knob].note == f"overridden by extra_args ({extra[0]})"
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--ctx-size", "2048"], "max_model_len=4096 sets -c 8192, but extra_args set --ctx-size 2048"),
+    (["-np", "3"], "max_num_seqs=2 sets -np 2, but extra_args set -np 3"),
+    (["-ub", "64"], "max_num_batched_tokens=512 sets -ub 512, but extra_args set -ub 64"),
+    (["-ctk", "q8_0"], "kv_cache_dtype='bf16' sets -ctk bf16, but extra_args set -ctk q8_0"),
+    (["--no-cont-batching"], "policy='fcfs' sets -cb, but extra_args set --no-cont-batching"),
+    (["-nocb"], "policy='fcfs' sets -cb, but extra_args set -nocb"),
+])
+def test_extra_args_against_a_given_knob_are_refused(
+        tmp_path: Path, extra: list[str], said: str) -> None:
+    """The defect: an extra arg with another value than a knob the user gave ran the engine
+    with the extra arg's value while the run's knobs said the knob's."""
+    knobs = Knobs.from_mapping({**LLAMA_GIVEN, "extra_args": extra})
+    with pytest.raises(KnobError) as err:
+        llamacpp.LlamaCppAdapter(model=str(tmp_path / "m.gguf"), port=1).plan(knobs)
+    assert str(err.value) == (
+        f"llamacpp: a knob and extra_args ask for different settings: {said}. Drop one of them "
+        "(a knob left unset lets extra_args decide, and is recorded as overridden).")
+
+
+def test_switches_are_compared_as_on_or_off(tmp_path: Path) -> None:
+    """--no-cache-prompt is prompt caching off, as prefix_caching=false passes it."""
+    adapter = llamacpp.LlamaCppAdapter(model=str(tmp_path / "m.gguf"), port=1)
+    same = adapter.plan(Knobs.from_mapping({"prefix_caching": False,
+                                            "extra_args": ["--no-cache-prompt"]}))
+    assert {m.knob: m for m in same.mapping}["prefix_caching"].status == "not_applied"
+    with pytest.raises(KnobError, match="prefix_caching=True sets --cache-prompt, but "
+                                        "extra_args set --no-cache-prompt"):
+        adapter.plan(Knobs.from_mapping({"prefix_caching": True,
+                                         "extra_args": ["--no-cache-prompt"]}))
+    with pytest.raises(KnobError, match="prefix_caching=False sets --cache-ram 0, but "
+                                        "extra_args set --cache-ram 512"):
+        adapter.plan(Knobs.from_mapping({"prefix_caching": False,
+                                         "extra_args": ["--cache-ram", "512"]}))
+
+
+def test_an_extra_arg_that_tunes_beyond_a_given_knob_is_an_override(tmp_path: Path) -> None:
+    """--cache-ram 8192 with prefix caching on asks for nothing prefix_caching=true contradicts
+    (only prefix_caching=false sets --cache-ram, to 0): accepted and recorded as overridden,
+    where a rule refusing every flag the knob's value leaves out refused it."""
+    adapter = llamacpp.LlamaCppAdapter(model=str(tmp_path / "m.gguf"), port=1)
+    plan = adapter.plan(Knobs.from_mapping({"prefix_caching": True,
+                                            "extra_args": ["--cache-ram", "8192"]}))
+    mapped = {m.knob: m for m in plan.mapping}["prefix_caching"]
+    assert mapped.status == "not_applied"
+    assert mapped.note == "overridden by extra_args (--cache-ram)"
+    assert plan.argv[-2:] == ("--cache-ram", "8192")
 
 
 def test_approximations_are_recorded(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from adapters.base import (
     map_knobs,
 )
 from adapters.knobs import ReferenceKnobs
+from harness.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -213,28 +214,122 @@ def test_vllm_kv_bf16_without_a_model_dtype_is_not_claimed() -> None:
     assert unset.status == "default" and unset.value == "auto"
 
 
+VLLM_GIVEN = Knobs(max_num_seqs=64, weights_dtype="fp8", tensor_parallel_size=2,
+                   chunked_prefill=False, max_num_batched_tokens=8192, max_model_len=8192)
+
+
 @pytest.mark.parametrize(
     ("extra", "knob", "gone"),
     [
-        (("--max_num_seqs=512",), "max_num_seqs", "--max-num-seqs"),  # vLLM reads _ as -
-        (("--max_num_seqs", "512"), "max_num_seqs", "--max-num-seqs"),
+        (("--max_num_seqs=64",), "max_num_seqs", "--max-num-seqs"),  # vLLM reads _ as -
+        (("--max_num_seqs", "64"), "max_num_seqs", "--max-num-seqs"),
+        (("--max_num_seqs", "064"), "max_num_seqs", "--max-num-seqs"),  # int("064") is 64
         (("-q", "fp8"), "weights_dtype", "--dtype"),  # -q is --quantization
         (("--quantization", "fp8"), "weights_dtype", "--dtype"),
-        (("-tp", "4"), "tensor_parallel_size", "--tensor-parallel-size"),
-        (("--enable_chunked_prefill",), "chunked_prefill", "--no-enable-chunked-prefill"),
+        (("-tp", "2"), "tensor_parallel_size", "--tensor-parallel-size"),
+        (("--no-enable_chunked_prefill",), "chunked_prefill", "--no-enable-chunked-prefill"),
     ],
 )
 def test_extra_args_override_a_mapped_flag_in_any_spelling(
         extra: tuple[str, ...], knob: str, gone: str) -> None:
-    knobs = Knobs(max_num_seqs=64, weights_dtype="bf16", tensor_parallel_size=2,
-                  chunked_prefill=False, max_num_batched_tokens=8192, max_model_len=8192,
-                  extra_args=extra)
-    plan = vllm_plan(knobs)
+    """An extra arg giving a knob's own value, however written, replaces the knob's flags."""
+    plan = vllm_plan(dataclasses.replace(VLLM_GIVEN, extra_args=extra))
     m = by_knob(plan)[knob]
     assert m.status == "not_applied" and m.flags == ()
     assert m.note == f"overridden by extra_args ({extra[0].split('=')[0]})"
+    assert m.value == getattr(VLLM_GIVEN, knob)
     assert gone not in plan.argv
     assert plan.argv[-len(extra):] == extra
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (("--max_num_seqs=128",),
+         "max_num_seqs=64 sets --max-num-seqs 64, but extra_args set --max_num_seqs=128"),
+        (("--max-num-seqs", "128"),
+         "max_num_seqs=64 sets --max-num-seqs 64, but extra_args set --max-num-seqs 128"),
+        (("--max-num-seqs", "64", "--max-num-seqs", "128"),  # argparse: the last one wins
+         "max_num_seqs=64 sets --max-num-seqs 64, but extra_args set --max-num-seqs 128"),
+        (("-q", "awq"), "weights_dtype='fp8' sets --quantization fp8, but extra_args set -q awq"),
+        (("-tp", "4"),
+         "tensor_parallel_size=2 sets --tensor-parallel-size 2, but extra_args set -tp 4"),
+        (("--enable_chunked_prefill",), "chunked_prefill=False sets --no-enable-chunked-prefill, "
+                                        "but extra_args set --enable_chunked_prefill"),
+    ],
+)
+def test_extra_args_against_a_given_knob_are_refused(extra: tuple[str, ...], said: str) -> None:
+    """The defect: max_num_seqs=64 with extra_args --max-num-seqs 128 ran vLLM with 128 while
+    the run's knobs said 64 (recorded only as overridden), where --engine-env against a given
+    knob was refused."""
+    with pytest.raises(KnobError) as err:
+        vllm_plan(dataclasses.replace(VLLM_GIVEN, extra_args=extra))
+    assert str(err.value) == (
+        f"vllm: a knob and extra_args ask for different settings: {said}. Drop one of them (a "
+        "knob left unset lets extra_args decide, and is recorded as overridden).")
+
+
+def test_extra_args_setting_a_flag_the_knob_leaves_out_are_refused() -> None:
+    """-q fp8 quantizes the weights that weights_dtype=bf16 asks to keep in bf16."""
+    with pytest.raises(KnobError) as err:
+        vllm_plan(Knobs.from_mapping({"weights_dtype": "bf16", "extra_args": ["-q", "fp8"]}))
+    assert ("weights_dtype='bf16' does not set -q, but extra_args set -q fp8, as another "
+            "weights_dtype would"
+            in str(err.value))
+
+
+def test_every_contradiction_is_named_at_once() -> None:
+    knobs = Knobs.from_mapping({"max_num_seqs": 8, "max_model_len": 512, "extra_args": [
+        "--max-model-len=1024", "--enforce-eager", "--max-num-seqs", "16"]})
+    with pytest.raises(KnobError) as err:
+        vllm_plan(knobs)
+    assert ("max_num_seqs=8 sets --max-num-seqs 8, but extra_args set --max-num-seqs 16; "
+            "max_model_len=512 sets --max-model-len 512, but extra_args set "
+            "--max-model-len=1024. Drop one of them") in str(err.value)
+
+
+def test_extra_args_against_a_knob_and_engine_env_are_both_named() -> None:
+    adapter = tgi.TgiAdapter("m", port=3000, runtime="native", env={"PREFIX_CACHING": "1"})
+    knobs = Knobs.from_mapping({"prefix_caching": False, "chunked_prefill": False,
+                                "max_num_seqs": 8, "extra_args": ["--max-batch-size", "9"]})
+    with pytest.raises(KnobError) as err:
+        adapter.plan(knobs)
+    assert str(err.value) == (
+        "tgi: a knob and --engine-env ask for different settings: prefix_caching=False sets "
+        "PREFIX_CACHING=0, but --engine-env sets PREFIX_CACHING=1. Drop one of them (a knob "
+        "left unset lets --engine-env decide, and is recorded as overridden). tgi: a knob and "
+        "extra_args ask for different settings: max_num_seqs=8 sets --max-batch-size 8, but "
+        "extra_args set --max-batch-size 9. Drop one of them (a knob left unset lets "
+        "extra_args decide, and is recorded as overridden).")
+
+
+def test_tgi_extra_args_with_the_knobs_value_are_accepted_and_others_refused() -> None:
+    """0.50 is the 0.5 the memory conversion passes; --quantize fp8 is no bf16 weights."""
+    knobs = Knobs.from_mapping({"gpu_memory_utilization": 0.45,
+                                "extra_args": ["--cuda-memory-fraction", "0.50"]})
+    m = by_knob(tgi.TgiAdapter("m", port=3000, runtime="native").plan(knobs))
+    assert m["gpu_memory_utilization"].status == "not_applied"
+    assert m["gpu_memory_utilization"].note == "overridden by extra_args (--cuda-memory-fraction)"
+    with pytest.raises(KnobError, match=r"weights_dtype='bf16' does not set --quantize, but "
+                                        r"extra_args set --quantize=fp8, as another weights_dtype "
+                                        r"would\. Drop one of them"):
+        tgi.TgiAdapter("m", port=3000, runtime="native").plan(Knobs.from_mapping(
+            {"weights_dtype": "bf16", "extra_args": ["--quantize=fp8"]}))
+
+
+def test_the_command_line_refuses_extra_args_against_a_knob_before_anything_starts(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main([
+        "replay", "--launch", "--engine", "vllm", "--engine-executable", "/venv/python",
+        "--model-path", str(tmp_path), "--model", "tiny", "--max-num-seqs", "64",
+        "--extra-arg=--max-num-seqs", "--extra-arg=128",
+        "--trace", str(REPO / "harness" / "data" / "azure_conv_excerpt.csv"), "--limit", "4",
+        "--dry-run", "--out", str(tmp_path / "o"),
+    ])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert ("max_num_seqs=64 sets --max-num-seqs 64, but extra_args set --max-num-seqs 128"
+            in err)
 
 
 def test_extra_args_setting_an_unset_knob_are_not_recorded_as_its_default() -> None:
@@ -245,7 +340,7 @@ def test_extra_args_setting_an_unset_knob_are_not_recorded_as_its_default() -> N
 
 
 def test_extra_args_override_a_mapped_flag() -> None:
-    plan = vllm_plan(Knobs(extra_args=("--dtype", "float32")))
+    plan = vllm_plan(Knobs.from_mapping({"extra_args": ["--dtype", "float32"]}))
     assert plan.argv.count("--dtype") == 1
     assert flag_value(plan.argv, "--dtype") == "float32"
     m = by_knob(plan)["weights_dtype"]
@@ -253,9 +348,11 @@ def test_extra_args_override_a_mapped_flag() -> None:
 
 
 def test_extra_args_override_a_negated_flag() -> None:
-    plan = vllm_plan(Knobs(extra_args=("--enable-chunked-prefill",), chunked_prefill=False))
-    assert "--no-enable-chunked-prefill" not in plan.argv
+    plan = vllm_plan(Knobs(extra_args=("--no-enable-chunked-prefill",), chunked_prefill=False))
+    assert plan.argv.count("--no-enable-chunked-prefill") == 1
     assert by_knob(plan)["chunked_prefill"].status == "not_applied"
+    unset = vllm_plan(Knobs.from_mapping({"extra_args": ["--enable-chunked-prefill"]}))
+    assert by_knob(unset)["chunked_prefill"].status == "not_applied"
 
 
 def test_vllm_plan_says_which_launcher_and_why(monkeypatch: pytest.MonkeyPatch,
@@ -651,11 +748,11 @@ def test_trtllm_kv_bf16_is_not_enforced_and_says_so() -> None:
 @pytest.mark.parametrize(
     ("extra", "knob", "key"),
     [
-        (("--max_batch_size", "512"), "max_num_seqs", "max_batch_size"),
-        (("--max-batch-size=512",), "max_num_seqs", "max_batch_size"),
-        (("--tp_size", "4"), "tensor_parallel_size", "tensor_parallel_size"),
-        (("--free_gpu_memory_fraction", "0.5"), "gpu_memory_utilization", "kv_cache_config"),
-        (("--max_num_tokens", "4096"), "max_num_batched_tokens", "max_num_tokens"),
+        (("--max_batch_size", "64"), "max_num_seqs", "max_batch_size"),
+        (("--max-batch-size=64",), "max_num_seqs", "max_batch_size"),
+        (("--tp_size", "2"), "tensor_parallel_size", "tensor_parallel_size"),
+        (("--free_gpu_memory_fraction", "0.90"), "gpu_memory_utilization", "kv_cache_config"),
+        (("--max_num_tokens", "8192"), "max_num_batched_tokens", "max_num_tokens"),
     ],
 )
 def test_trtllm_cli_flags_in_extra_args_replace_the_yaml_keys(
@@ -667,6 +764,27 @@ def test_trtllm_cli_flags_in_extra_args_replace_the_yaml_keys(
     assert plan.argv[-len(extra):] == extra
     m = by_knob(plan)[knob]
     assert m.status == "not_applied" and m.note.startswith("overridden by extra_args")
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (("--max_batch_size", "512"),
+         "max_num_seqs=64 sets max_batch_size: 64, but extra_args set --max_batch_size 512"),
+        (("--tp_size=4",),
+         "tensor_parallel_size=2 sets tensor_parallel_size: 2, but extra_args set --tp_size=4"),
+        (("--enable_chunked_prefill",), "chunked_prefill=False sets enable_chunked_prefill: "
+                                        "false, but extra_args set --enable_chunked_prefill"),
+    ],
+)
+def test_trtllm_cli_flags_against_a_given_knob_are_refused(
+        extra: tuple[str, ...], said: str) -> None:
+    knobs = trt_knobs(max_num_seqs=64, tensor_parallel_size=2, chunked_prefill=False,
+                      extra_args=list(extra))
+    with pytest.raises(KnobError) as err:
+        trt_plan(knobs)
+    assert f"trtllm: a knob and extra_args ask for different settings: {said}." in str(err.value)
+    assert trt_plan(trt_knobs(extra_args=list(extra))).mapping  # unset: extra_args decide
 
 
 def test_config_tree_nests_dotted_keys() -> None:

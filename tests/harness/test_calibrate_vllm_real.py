@@ -49,8 +49,10 @@ pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(900)]
 
 KNOB_ARGS = ["--max-num-seqs", "16", "--max-num-batched-tokens", "2048", "--max-model-len",
              "1024", "--extra-arg=--dtype", "--extra-arg=float32", "--extra-arg=--enforce-eager"]
+# weights_dtype and kv_cache_dtype unset: the --dtype float32 of extra_args decides both
 KNOBS = Knobs(max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=1024,
-              extra_args=("--dtype", "float32", "--enforce-eager"))
+              extra_args=("--dtype", "float32", "--enforce-eager"),
+              given=frozenset(Knobs.names()) - {"weights_dtype", "kv_cache_dtype"})
 
 
 @pytest.fixture(scope="module")

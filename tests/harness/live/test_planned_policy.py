@@ -25,8 +25,7 @@ def test_a_policy_an_engine_env_variable_overrides_is_not_known() -> None:
 
 
 def test_a_policy_extra_args_override_is_not_known() -> None:
-    knobs = Knobs.from_mapping({"policy": "fcfs",
-                                "extra_args": ["--scheduling-policy", "priority"]})
+    knobs = Knobs.from_mapping({"extra_args": ["--scheduling-policy", "priority"]})
     plan = vllm.VllmAdapter(model="m", port=8000).plan(knobs)
     [policy] = [m for m in plan.mapping if m.knob == "policy"]
     assert policy.overridden_by == ("extra_args",)
