@@ -517,10 +517,11 @@ def summarize(
         p99 = lag["p99"]
         summary["client_limited"] = bool(p99 is not None and p99 > client_lag_threshold_s)
         summary["client_lag_threshold_s"] = client_lag_threshold_s
-    waits = [tl.gate_wait_s for tl in timelines if tl.scheduled_s is not None]
-    if waits:
-        # time a --max-concurrency gate held requests past their arrival; not client lateness
-        summary["gate_wait_s"] = distribution(waits)
+    if any(tl.scheduled_s is not None for tl in timelines):
+        # time a --max-concurrency gate held requests past their arrival (not client
+        # lateness), over every request sent, as send_lag_s: one not held waited 0
+        summary["gate_wait_s"] = distribution(
+            [tl.gate_wait_s for tl in timelines if tl.sent_s is not None])
     if slo is not None and slo.as_dict():
         good = sum(
             1

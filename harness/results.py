@@ -66,7 +66,10 @@ def requests_table(timelines: Sequence[RequestTimeline], *, live: bool = False,
     }
     if live:
         cols["sent_s"] = columns.floats(_nan_if_none(tl.sent_s) for tl in timelines)
-        cols["send_lag_s"] = columns.floats(tl.send_lag_s for tl in timelines)
+        # NaN where the send instant is unknown (a row a dead worker never wrote), as the
+        # summary leaves it out: not a request sent on time
+        cols["send_lag_s"] = columns.floats(math.nan if tl.sent_s is None else tl.send_lag_s
+                                            for tl in timelines)
         cols["scheduled_s"] = columns.floats(_nan_if_none(tl.scheduled_s) for tl in timelines)
         cols["num_chunks"] = columns.ints(len(tl.chunk_times_s) for tl in timelines)
         cols["reached_target_length"] = columns.bools(

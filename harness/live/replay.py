@@ -275,14 +275,13 @@ class _Run:
                 async with asyncio.timeout(self.config.timeout_s):
                     await self.wire.stream(att, request)
             except TimeoutError:
-                att.fail("timeout", f"no end of stream within {self.config.timeout_s:g} s")
+                if not _finished(att):  # (the timeout hit while draining a finished stream)
+                    att.fail("timeout", f"no end of stream within {self.config.timeout_s:g} s")
             except Exception as exc:  # a bug must not stop the replay; the row says what it was
                 log.exception("request %s failed in the client", req.request_id)
                 att.fail("http_error", f"client error {type(exc).__name__}: {exc}")
         except asyncio.CancelledError:
-            finished = (att.error_kind is None and att.end_ns is not None
-                        and att.parser.outcome(eof=att.eof).completed)
-            if not finished:  # (a cancel while draining a finished stream changes nothing)
+            if not _finished(att):  # (a cancel while draining a finished stream changes nothing)
                 att.error_kind = att.error_kind or "not_finished"
                 att.error_message = (att.error_message
                                      or "the run ended before the request finished")
@@ -348,6 +347,14 @@ class _Run:
         )
 
 
+
+
+def _finished(att: Attempt) -> bool:
+    """The stream ended as a completed request: a timeout or cancel after that (while the
+    client reads the rest of the HTTP body, so that the connection can be reused) changes
+    nothing about the request."""
+    return (att.error_kind is None and att.end_ns is not None
+            and att.parser.outcome(eof=att.eof).completed)
 
 
 def _mean_gap_ns(requests: Sequence[TraceRequest]) -> int:
