@@ -455,6 +455,36 @@ def _parse_csv(path: str, text: str, spec: _CsvSpec, fields: _Fields, *, skip_ba
     return parsed
 
 
+class _RepeatedKey(Exception):
+    """A JSON object naming ``key`` more than once, with ``values`` in the order given."""
+
+    def __init__(self, key: str, values: list[Any]) -> None:
+        super().__init__(key)
+        self.key = key
+        self.values = values
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: the object; raises _RepeatedKey where a key repeats (json alone
+    keeps its last value, silently). Every object of the row is checked, nested ones too, as every
+    other fault of the row's JSON is. Cheap: one dict built, as json builds it anyway."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:  # the first key named again
+            if key in seen:
+                raise _RepeatedKey(key, [v for k, v in pairs if k == key])
+            seen.add(key)
+    return obj
+
+
+# strict=False: a control character (a form feed, a tab) inside a string is read as it is, as
+# most JSON readers do, rather than refusing the row. One decoder for every line: json.loads
+# with options would build one per line.
+_JSON_ROW = json.JSONDecoder(strict=False, object_pairs_hook=_unique_keys)
+_SHOWN_REPEATS = 3  # of a repeated key's values, those a message quotes
+
+
 def _parse_mooncake(path: str, text: str, fields: _Fields, *, skip_bad_rows: bool) -> Parsed:
     index = 0
 
@@ -470,11 +500,19 @@ def _parse_mooncake(path: str, text: str, fields: _Fields, *, skip_bad_rows: boo
         request_id = str(index)
         index += 1
         try:
-            # strict=False: a control character (a form feed, a tab) inside a string is
-            # read as it is, as most JSON readers do, rather than refusing the row
-            obj = json.loads(raw, strict=False)
+            obj = _JSON_ROW.decode(raw)
+        except _RepeatedKey as exc:
+            values = ", ".join(repr(_brief(v)) for v in exc.values[:_SHOWN_REPEATS])
+            more = ", ..." if len(exc.values) > _SHOWN_REPEATS else ""
+            raise fields.error(
+                line, exc.key,
+                f"appears {len(exc.values)} times in one JSON object of the row (values "
+                f"{values}{more}): remove all but one") from None
         except json.JSONDecodeError as exc:
-            raise fields.error(line, None, f"invalid JSON: {exc.msg} (column {exc.colno})"
+            msg = exc.msg
+            if raw.startswith("\ufeff"):  # as json.loads says it
+                msg = "Unexpected UTF-8 BOM (decode using utf-8-sig)"
+            raise fields.error(line, None, f"invalid JSON: {msg} (column {exc.colno})"
                                ) from None
         except ValueError as exc:  # json reads integers as Python does: up to 4300 digits
             if "digits" not in str(exc):

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.traces.bounds import check_count, check_rate, check_time_scale, check_tokens
+from harness.traces.bounds import (
+    MAX_TIMESTAMP_S,
+    check_count,
+    check_rate,
+    check_time_scale,
+    check_tokens,
+)
 from harness.traces.records import MOONCAKE_BLOCK_TOKENS, Report, Row, TraceError, is_int
 from harness.traces.synthetic import (
     STREAM_ARRIVALS,
@@ -256,6 +262,20 @@ def apply_limit(rows: list[Row], options: TraceOptions, report: Report) -> list[
     return rows[: options.limit]
 
 
+def _check_scaled_span(rows: list[Row], time_scale: float, label: str) -> None:
+    """Refuse a --time-scale that stretches the trace's arrivals (0 to the last, sorted) past
+    ``MAX_TIMESTAMP_S``, the bound of a trace's own timestamps and span: each factor is bounded
+    alone, but a day of trace times a million is 2,700 years of arrivals."""
+    span = rows[-1].arrival_s if rows else 0.0
+    scaled = span * time_scale
+    if scaled > MAX_TIMESTAMP_S:
+        raise TraceError(
+            f"--time-scale {time_scale:g} stretches the trace's span of {span:.6g} s to "
+            f"{scaled:.3g} s; expected a span of at most {MAX_TIMESTAMP_S:g} seconds, the "
+            "bound on a trace's timestamps (a smaller --time-scale, or --end-s, shortens it)",
+            path=label)
+
+
 def apply_arrivals(
     rows: list[Row],
     options: TraceOptions,
@@ -269,6 +289,7 @@ def apply_arrivals(
     times = np.array([r.arrival_s for r in rows], dtype=float)
     if arrival is None:  # the trace's own timestamps, rescaled
         if options.time_scale is not None and options.time_scale != 1.0:
+            _check_scaled_span(rows, options.time_scale, label)
             times = times * options.time_scale
             report.notes.append(f"arrival times multiplied by {options.time_scale:g}")
             report.timing = {"kind": "time_scale", "value": options.time_scale}
@@ -321,6 +342,13 @@ def apply_arrivals(
         report.timing = {"kind": "rate", "value": rate, "arrival": arrival,
                          **({"burstiness": burstiness} if arrival == "gamma" else {}),
                          "seed": options.seed}
+    last = float(times.max()) if len(times) else 0.0
+    if options.rate is not None and last > MAX_TIMESTAMP_S:  # --time-scale: checked above
+        what = "synthetic arrivals" if arrival is not None else "the trace's arrivals"
+        raise TraceError(
+            f"--rate {options.rate:g} spreads {what} ({len(rows):,} requests) over "
+            f"{last:.3g} s; expected a span of at most {MAX_TIMESTAMP_S:g} seconds, the bound "
+            "on a trace's timestamps (a higher --rate, or --limit, shortens it)", path=label)
     return [r._replace(arrival_s=float(t)) for r, t in zip(rows, times, strict=True)]
 
 

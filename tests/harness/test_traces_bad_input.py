@@ -6,12 +6,14 @@ Cases from a review of the loaders: unsigned 64-bit Mooncake hash ids, JSON numb
 nesting past Python's limits, line separators inside JSON strings, every skipped row in the
 note, BurstGPT failed rows with bad fields, CSV fields over csv's size limit, bounds on
 --time-scale and on datetime spans, all fractional digits with a time zone, and the wording
-for a forced format, a non-UTF-8 byte and a repeated column.
+for a forced format, a non-UTF-8 byte and a repeated column; a key repeated in a JSON row, and
+a --time-scale that stretches a trace past the bound on its span.
 """
 
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -130,6 +132,55 @@ def test_cli_json_past_pythons_limits_is_a_one_line_user_error(
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err
     assert f"error: {path}:1: field 'timestamp': expected at most 1e+10 seconds" in err
+
+
+# ---------------------------------------------------------------- keys repeated in a JSON row
+
+
+@pytest.mark.parametrize("bad_row, key, times, values", [
+    ('{"timestamp": 0, "input_length": 10, "input_length": 900, "output_length": 5, '
+     '"hash_ids": [1]}', "input_length", 2, "10, 900"),
+    ('{"timestamp": 0, "timestamp": 1000, "timestamp": 2000, "timestamp": 3000, '
+     '"input_length": 10, "output_length": 5}', "timestamp", 4, "0, 1000, 2000, ..."),
+    ('{"timestamp": 0, "input_length": 10, "output_length": 5, "note": "a", "note": "b"}',
+     "note", 2, "'a', 'b'"),
+    ('{"timestamp": 0, "input_length": 10, "output_length": 5, '
+     '"meta": {"turn": {"id": 1, "id": 2}}}', "id", 2, "1, 2"),
+])
+def test_a_key_repeated_in_a_json_row_is_a_row_error(
+        tmp_path: Path, bad_row: str, key: str, times: int, values: str) -> None:
+    """json keeps a repeated key's last value: a row that gave input_length twice loaded
+    silently with one of them, the other lost. Every object of the row is checked, as every
+    other fault of its JSON is (nesting too deep, an integer too long)."""
+    path = write(tmp_path, "t.jsonl", GOOD_JSON_ROW + "\n" + bad_row + "\n"
+                 + GOOD_JSON_ROW + "\n")
+    reason = (f"appears {times} times in one JSON object of the row (values {values}): "
+              "remove all but one")
+    assert refused(path) == f"{path}:2: field {key!r}: {reason}"
+    trace = loaded(path, skip_bad_rows=True)
+    assert len(trace) == 2 and trace.counts["skipped_bad_rows"] == 1
+    assert trace.notes[0].endswith(f"(--skip-bad-rows): line 2, field {key!r}: {reason}")
+
+
+def test_cli_a_key_repeated_in_a_json_row_is_a_one_line_user_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "t.jsonl", '{"timestamp": 0, "input_length": 10, "input_length": '
+                 '900, "output_length": 5, "hash_ids": [1]}\n')
+    assert main(["trace", "info", "--trace", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert f"error: {path}:1: field 'input_length': appears 2 times" in err
+
+
+def test_json_rows_with_distinct_keys_still_load(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": '
+                 '5, "meta": {"id": 1, "turn": {"id": 2}}, "other": {"id": 3}}\n'
+                 + '\ufeff' + GOOD_JSON_ROW + "\n")
+    # a byte-order mark at the start of a later line is still named as json names it
+    assert refused(path) == (f"{path}:2: invalid JSON: Unexpected UTF-8 BOM (decode using "
+                             "utf-8-sig) (column 1)")
+    trace = loaded(path, skip_bad_rows=True)
+    assert len(trace) == 1 and trace.requests[0].num_prompt_tokens == 10
 
 
 # ---------------------------------------------------------------- JSON lines end at \n
@@ -260,6 +311,72 @@ def test_datetimes_further_apart_than_the_timestamp_bound_are_refused(tmp_path: 
     assert [r.arrival_s for r in trace.requests] == [0.0, 1.0]
     assert "line 4, field 'TIMESTAMP': expected timestamps at most 1e+10 seconds apart" \
         in trace.notes[0]
+
+
+def _long_trace(tmp_path: Path, span_s: float) -> Path:
+    """Two Mooncake rows ``span_s`` seconds apart (its timestamps are milliseconds)."""
+    return write(tmp_path, "long.jsonl", jsonl_row() + "\n"
+                 + jsonl_row(timestamp=span_s * 1000) + "\n")
+
+
+def test_time_scale_times_a_long_span_past_the_span_bound_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--time-scale and a trace's span were each bounded, but not their product: a span of
+    1e6 s at --time-scale 1e6 reached the run as 1e12 s (31,700 years) of arrivals."""
+    path = _long_trace(tmp_path, 1e6)
+    assert refused(path, time_scale=MAX_TIME_SCALE) == (
+        f"{path}: --time-scale 1e+06 stretches the trace's span of 1e+06 s to 1e+12 s; "
+        "expected a span of at most 1e+10 seconds, the bound on a trace's timestamps (a "
+        "smaller --time-scale, or --end-s, shortens it)")
+    assert main(["trace", "info", "--trace", str(path), "--time-scale", "1e6"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "stretches the trace's span of 1e+06 s to 1e+12 s" in err
+    # up to the bound, and a window that shortens the span, are accepted
+    assert loaded(path, time_scale=1e4).duration_s == 1e10
+    assert loaded(path, time_scale=MAX_TIME_SCALE, end_s=1e4).duration_s == 0.0
+    assert loaded(path, time_scale=MIN_TIME_SCALE).duration_s == pytest.approx(1.0)
+
+
+def test_a_rate_that_spreads_arrivals_past_the_span_bound_is_refused(tmp_path: Path) -> None:
+    """--rate is bounded alone too: 20,001 requests at 1e-6 req/s reached the run as 2e10 s
+    of arrivals, rescaled or synthesized."""
+    path = write(tmp_path, "many.jsonl",
+                 "".join(jsonl_row(timestamp=i) + "\n" for i in range(20_001)))
+    assert refused(path, rate=1e-6) == (
+        f"{path}: --rate 1e-06 spreads the trace's arrivals (20,001 requests) over 2e+10 s; "
+        "expected a span of at most 1e+10 seconds, the bound on a trace's timestamps (a "
+        "higher --rate, or --limit, shortens it)")
+    said = refused(path, rate=1e-6, arrival="poisson")
+    assert said.startswith(f"{path}: --rate 1e-06 spreads synthetic arrivals (20,001 "
+                           "requests) over ")
+    assert loaded(path, rate=1e-6, limit=10_000).duration_s == pytest.approx(9.999e9)
+
+
+def test_a_scenarios_time_scale_past_the_span_bound_names_its_key(tmp_path: Path) -> None:
+    """The same product through a scenario's load.time_scales: refused when the cell's trace
+    is loaded, in the scenario's words."""
+    from harness.scenario import ScenarioError, load_cell_trace, load_scenario
+
+    _long_trace(tmp_path, 1e6)
+    path = write(tmp_path, "s.yaml", textwrap.dedent("""\
+        name: long
+        question: Does a long trace stretch too far?
+        trace:
+          path: long.jsonl
+        model: llama-3.1-8b
+        gpu: h100-sxm
+        engines:
+          - name: fcfs
+            engine: reference
+            knobs: {policy: fcfs, max_model_len: 8192}
+        load: {time_scales: [1.0e+6]}
+        """))
+    scenario = load_scenario(path)
+    with pytest.raises(ScenarioError) as err:
+        load_cell_trace(scenario, scenario.cells()[0].load)
+    assert ("time_scale 1e+06 stretches the trace's span of 1e+06 s to 1e+12 s; expected a "
+            "span of at most 1e+10 seconds") in str(err.value)
+    assert "--" not in str(err.value).split("trace:", 1)[1]
 
 
 # ---------------------------------------------------------------- datetimes with zones
