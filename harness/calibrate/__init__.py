@@ -51,6 +51,7 @@ from harness.calibrate.device import (
 from harness.calibrate.fit import (
     LINEAR_TERMS,
     MEMORY_TERM_MIN_GAIN,
+    OUTLIER_MIN_SPREAD,
     CostShape,
     FitSpace,
     StepFit,
@@ -93,6 +94,7 @@ __all__ = [
     "LINEAR_TERMS",
     "MEMORY_TERM_MIN_GAIN",
     "NO_MEMORY_TERM_BANDWIDTH",
+    "OUTLIER_MIN_SPREAD",
     "SAMPLES_FILE",
     "SEND_GAP_S",
     "CalibrationError",

@@ -128,6 +128,12 @@ LINEAR_TERMS = ("step_overhead_s", "per_seq_overhead_s", "per_kv_token_overhead_
 _ATTENTION_TERMS = ("per_kv_token_overhead_s", "per_attention_pair_overhead_s")
 # A finite memory bandwidth must cut the weighted squared error by this much to be kept.
 MEMORY_TERM_MIN_GAIN = 0.05
+# The least spread of relative errors the outlier rule assumes (1%), however well the fit
+# matches the other samples: with the default 10 spreads, a sample within 10% of the fit is
+# never an outlier. Noise-free steps (a simulated engine) leave a median absolute deviation
+# of rounding, and without a floor the rule would drop samples merely a millionth off (the
+# few first-token samples, and with them the prefill and front-end terms they alone pin).
+OUTLIER_MIN_SPREAD = 0.01
 
 
 @dataclass(frozen=True)
@@ -308,9 +314,11 @@ def fit_step_model(
     1/measured would favour samples that came out short), so the fit follows mean step times,
     which is what TPOT averages. Linear terms non-negative; the two roofline figures by grid
     search within ``space`` (``fit_space``: a catalog GPU's datasheet figures bound them, so
-    efficiencies stay <= 1). Samples further than ``outlier_mads`` median absolute
-    deviations from the fit (a step glued to an unrelated stall) are left out of the last
-    solve, and counted.
+    efficiencies stay <= 1). Samples whose relative error lies further from the median one
+    than ``outlier_mads`` spreads (a step glued to an unrelated stall) are left out of the last
+    solve, and counted; the spread is 1.4826 median absolute deviations (the standard deviation
+    of normal errors), but at least ``OUTLIER_MIN_SPREAD`` (1%), so a sample within
+    ``outlier_mads`` x 1% (10%) of the fit is kept however closely the rest match it.
     """
     if len(samples) < len(LINEAR_TERMS) + 2:
         raise ValueError(f"calibration: only {len(samples)} usable step samples; need at least "
@@ -332,8 +340,8 @@ def fit_step_model(
         if rnd == 1:
             rel = (y - pred) / scale
             centre = float(np.median(rel))
-            mad = float(np.median(np.abs(rel - centre))) or 1e-9
-            kept = np.abs(rel - centre) <= outlier_mads * 1.4826 * mad
+            spread = max(1.4826 * float(np.median(np.abs(rel - centre))), OUTLIER_MIN_SPREAD)
+            kept = np.abs(rel - centre) <= outlier_mads * spread
     _, bw, peak, coef = best
     rel = np.abs(design.predict(bw, peak, coef) - y) / np.maximum(y, 1e-9)
     by_phase: dict[str, list[float]] = {}

@@ -234,6 +234,74 @@ def test_fit_recovers_gpu_efficiencies_on_a_catalog_device() -> None:
     assert "hbm_bandwidth_bytes_per_s" not in values and not notes  # the datasheet stays
 
 
+def _exact_case(small_llama: str, device: str) -> tuple[list[StepSample], CostShape,
+                                                       cal.FitSpace, dict[str, float]]:
+    """Noise-free samples the fit can match to rounding: the device's figures are the upper
+    ends of the search's ranges, which the grid holds exactly."""
+    if device == "testcpu":
+        cm = cpu_config(small_llama).cost_model()
+        space = cal.FitSpace(bandwidth_range=(1e9, 2e10), compute_range=(1e9, 5e10))
+        samples = synthetic_samples(cm, CPU_TRUTH.frontend_latency_s)
+        expected = {t: getattr(CPU_TRUTH, t) for t in cal.LINEAR_TERMS}
+        return samples, CostShape.of(cm), space, {**expected, "memory_bytes_per_s": 2e10,
+                                                  "compute_flops_per_s": 5e10}
+    truth = CostModelParams(memory_efficiency=1.0, compute_efficiency=1.0,
+                            step_overhead_s=2e-3, per_seq_overhead_s=2e-5,
+                            frontend_latency_s=4e-3)
+    knobs = Knobs(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192)
+    config = cal.reference_config("llama-3.1-8b", knobs, device, params=truth)
+    cm = config.cost_model()
+    samples = synthetic_samples(cm, truth.frontend_latency_s,
+                                batch_sizes=(1, 4, 16, 64, 128, 256),
+                                prefill=(128, 512, 2048, 4096, 8000))
+    expected = {"step_overhead_s": 2e-3, "per_seq_overhead_s": 2e-5,
+                "frontend_latency_s": 4e-3,
+                "memory_bytes_per_s": config.gpu_spec.hbm_bandwidth_bytes_per_s,
+                "compute_flops_per_s": config.gpu_spec.peak_bf16_flops}
+    return samples, CostShape.of(cm), cal.fit_space(config, device), expected
+
+
+def _assert_recovers(fit: cal.StepFit, expected: dict[str, float]) -> None:
+    got = {**fit.coefficients, "memory_bytes_per_s": fit.memory_bytes_per_s,
+           "compute_flops_per_s": fit.compute_flops_per_s}
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, rel=1e-3), name
+
+
+@pytest.mark.parametrize("device", ["testcpu", "h100-sxm"])
+def test_a_noise_free_fit_keeps_samples_a_millionth_off(small_llama: str, device: str) -> None:
+    """On noise-free steps the median absolute deviation of the relative errors is rounding,
+    and the outlier rule scaled by it alone dropped every first-token sample a millionth off
+    the rest: the prefill and front-end terms they pin came out zero. The rule's spread has a
+    floor of 1%, so such samples are kept and the coefficients recovered."""
+    samples, shape, space, expected = _exact_case(small_llama, device)
+    nudged = [dataclasses.replace(s, duration_s=s.duration_s * (1 + 1e-6))
+              if s.includes_frontend else s for s in samples]
+    fit = fit_step_model(nudged, shape, space)
+    assert fit.num_outliers == 0
+    _assert_recovers(fit, expected)
+
+
+@pytest.mark.parametrize("factor", [3.0, 1 / 3])
+def test_a_noise_free_fit_still_drops_a_real_outlier(small_llama: str, factor: float) -> None:
+    """A step 3x off (or a third) among noise-free samples, the first-token ones a millionth
+    off, is the only sample dropped and the rest give the coefficients. The fit absorbed such a
+    step of batch 64, the rest kept errors of rounding, and the outlier rule scaled by them
+    alone dropped every first-token sample with it (the front end came out zero)."""
+    samples, shape, space, expected = _exact_case(small_llama, "h100-sxm")
+    nudged = [dataclasses.replace(s, duration_s=s.duration_s * (1 + 1e-6))
+              if s.includes_frontend else s for s in samples]
+    victim = next(i for i, s in enumerate(nudged)
+                  if s.num_seqs == 64 and s.num_kv_tokens > 64 * 512)
+    nudged[victim] = dataclasses.replace(nudged[victim],
+                                         duration_s=nudged[victim].duration_s * factor)
+    fit = fit_step_model(nudged, shape, space)
+    assert fit.num_outliers == 1
+    _assert_recovers(fit, expected)
+    truth_s = samples[victim].duration_s
+    assert float(fit.predict_s(shape, [samples[victim]])[0]) == pytest.approx(truth_s, rel=1e-3)
+
+
 def test_fit_refuses_too_little_data(small_llama: str) -> None:
     shape = CostShape.of(cpu_config(small_llama).cost_model())
     with pytest.raises(ValueError, match="usable step samples"):
