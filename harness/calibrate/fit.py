@@ -134,6 +134,9 @@ MEMORY_TERM_MIN_GAIN = 0.05
 # of rounding, and without a floor the rule would drop samples merely a millionth off (the
 # few first-token samples, and with them the prefill and front-end terms they alone pin).
 OUTLIER_MIN_SPREAD = 0.01
+# Fits without the outliers, each judging every sample again, before the outliers are taken as
+# found (the same samples left out twice in a row ends it sooner).
+OUTLIER_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -318,7 +321,10 @@ def fit_step_model(
     than ``outlier_mads`` spreads (a step glued to an unrelated stall) are left out of the last
     solve, and counted; the spread is 1.4826 median absolute deviations (the standard deviation
     of normal errors), but at least ``OUTLIER_MIN_SPREAD`` (1%), so a sample within
-    ``outlier_mads`` x 1% (10%) of the fit is kept however closely the rest match it.
+    ``outlier_mads`` x 1% (10%) of the fit is kept however closely the rest match it. The
+    samples are judged by the fit of all of them, then again by each fit without those
+    dropped until the same ones are dropped (at most ``OUTLIER_ROUNDS`` times), so that
+    samples an outlier pulled the first fit away from are kept.
     """
     if len(samples) < len(LINEAR_TERMS) + 2:
         raise ValueError(f"calibration: only {len(samples)} usable step samples; need at least "
@@ -332,16 +338,27 @@ def fit_step_model(
     kept = np.ones(len(samples), dtype=bool)
     scale = y.copy()
     best: _Best = (math.inf, math.inf, math.inf, np.zeros(len(LINEAR_TERMS)))
-    for rnd in range(3):  # weights 1/y; 1/prediction; 1/prediction without outliers
+    # weights 1/y; 1/prediction; then 1/prediction without outliers, every sample judged
+    # again by each cleaner fit until the same ones are left out: good samples an outlier had
+    # pulled the fit away from (a bad first-token sample drags the few others, which together
+    # weigh as much as all decode steps) come back, and the last solve leaves out the
+    # outliers alone
+    for rnd in range(2 + OUTLIER_ROUNDS):
         sub = [s for s, k in zip(samples, kept, strict=True) if k]
         best = _search(design.subset(kept), y[kept], _group_weights(sub, scale[kept]), space)
         pred = design.predict(best[1], best[2], best[3])
         scale = np.maximum(pred, 1e-9)
-        if rnd == 1:
+        if rnd >= 1:
             rel = (y - pred) / scale
             centre = float(np.median(rel))
             spread = max(1.4826 * float(np.median(np.abs(rel - centre))), OUTLIER_MIN_SPREAD)
-            kept = np.abs(rel - centre) <= outlier_mads * spread
+            judged = np.abs(rel - centre) <= outlier_mads * spread
+            if rnd >= 2 and np.array_equal(judged, kept):
+                break  # this fit leaves out the samples it was made without
+            kept = judged
+    else:  # still moving: the last judgement's samples, solved once more
+        sub = [s for s, k in zip(samples, kept, strict=True) if k]
+        best = _search(design.subset(kept), y[kept], _group_weights(sub, scale[kept]), space)
     _, bw, peak, coef = best
     rel = np.abs(design.predict(bw, peak, coef) - y) / np.maximum(y, 1e-9)
     by_phase: dict[str, list[float]] = {}
