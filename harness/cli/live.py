@@ -150,6 +150,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     out = Path(args.out)
     warn_prompt_cache(config.target_url, config.prompt_salt)
     server = _who_answers(config.target_url)
+    earlier = _run_id_in(out)  # another run's folder, refused below, is not this one's
     bar = progress_bar(len(trace.requests), "replay")
     failed: WorkerError | None = None
     ended = False  # the replay returned: no error or interrupt is on its way out
@@ -168,7 +169,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         failed = exc
     finally:
         bar.close()
-        if server is not None and (out / "manifest.json").is_file():
+        if server is not None and _run_id_in(out) not in (None, earlier):  # claimed here
             _record_server(out, server, quiet=not ended)
     if failed is not None:
         if failed.summary:
@@ -178,6 +179,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print_live_headline(summary, str(out))
     print(f"results: {out}/")
     return no_request_served(summary, config.target_url, args.max_failed)
+
+
+def _run_id_in(out: Path) -> str | None:
+    """The run id of the manifest in ``out``; None without a readable one. Every run that
+    claims a folder writes a new one there first (``harness.runfolder.claim_run_dir``)."""
+    from harness.manifest import read_manifest
+
+    run_id = read_manifest(out).get("run_id")
+    return str(run_id) if run_id else None
 
 
 def _record_server(out: Path, server: dict[str, Any], *, quiet: bool) -> None:

@@ -4,6 +4,8 @@ emptied first), and every file batchlab writes there carries the run's id."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -412,3 +414,41 @@ def test_a_workers_replay_killed_before_its_merge_is_rebuilt_from_its_workers(
     rebuilt = json.loads((out / "summary.json").read_text())
     assert rebuilt["num_requests"] == merged["num_requests"] == 6
     assert rebuilt["num_completed"] == merged["num_completed"]
+
+
+def test_a_refused_replay_leaves_the_folders_manifest_as_it_was(
+        tmp_path: Path, loopback: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay refused because --out holds another run (or another process holds it) wrote
+    its own server's record into that run's manifest on the way out: the report then named the
+    wrong engine and knobs for results measured on another server."""
+    from harness.cli import live
+
+    server = {"name": "reference", "mode": "attach", "base_url": "http://elsewhere:1",
+              "version": "x", "version_probe": {}}
+    monkeypatch.setattr(live, "_who_answers", lambda url: dict(server))
+    out = tmp_path / "run"
+    small = ["--trace", "synthetic", "--num-requests", "3", "--rate", "20", "--prompt-tokens",
+             "8", "--output-tokens", "4"]
+    assert cli_main(["replay", "--target", loopback, *small, "--out", str(out)]) == 0
+    assert json.loads((out / "manifest.json").read_text())["engine"]["base_url"] == \
+        "http://elsewhere:1"  # this run's server is recorded
+    before = (out / "manifest.json").read_bytes()
+    server["base_url"] = "http://another:2"
+    other = ["--trace", "synthetic", "--num-requests", "5", "--rate", "20", "--prompt-tokens",
+             "8", "--output-tokens", "4"]
+    assert cli_main(["replay", "--target", loopback, *other, "--out", str(out)]) == 2
+    assert (out / "manifest.json").read_bytes() == before
+    assert cli_main(["replay", "--target", loopback, *other, "--workers", "2",
+                     "--out", str(out)]) == 2
+    assert (out / "manifest.json").read_bytes() == before
+    holder = subprocess.Popen(  # another process writing it: refused too, and untouched
+        [sys.executable, "-c", "import sys; from harness.runfolder import hold_dir; "
+         "hold_dir(sys.argv[1]); print('held', flush=True); sys.stdin.read()", str(out)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(live.__file__)
+        .resolve().parents[2])
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert cli_main(["replay", "--target", loopback, *small, "--out", str(out)]) == 2
+    finally:
+        holder.communicate("")
+    assert (out / "manifest.json").read_bytes() == before
