@@ -178,7 +178,49 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     print_live_headline(summary, str(out))
     print(f"results: {out}/")
+    gone = server_gone(out, summary, config.target_url)
+    if gone:
+        print(f"error: {gone}", file=sys.stderr)
+        return EXIT_FAILURE
     return no_request_served(summary, config.target_url, args.max_failed)
+
+
+# Failures that say the connection to the server went: with a server that no longer answers
+# afterwards, the server stopped during the run (or was never there).
+_CONNECTION_FAILURES = ("connect_error", "stream_cut")
+
+
+def server_gone(out: Path, summary: dict[str, Any], url: str) -> str | None:
+    """Why an attached server failed the run: requests failed on the connection and the
+    server no longer answers (its ``/health``, or any HTTP answer at all); None otherwise.
+    The run's summary and manifest then say ``failed``, as for a launched engine that exited
+    mid-run (``harness.live.run``), so that neither a report nor a CI job reads the run as a
+    measurement of load. A server that answers again (restarted) leaves the failures to be
+    counted as usual (``--max-failed``)."""
+    import httpx
+
+    from harness.manifest import update_manifest
+    from harness.results import SUMMARY_FILE, write_json_atomic
+
+    failures = summary.get("failures") or {}
+    counts = {k: int(failures.get(k) or 0) for k in _CONNECTION_FAILURES if failures.get(k)}
+    if not counts or not summary.get("num_completed"):
+        return None  # (none completed: ``no_request_served`` asks whether it was ever up)
+    try:
+        httpx.get(url.rstrip("/") + "/health", timeout=5.0, trust_env=False)
+    except httpx.HTTPError:
+        pass
+    else:
+        return None  # it answers: the failures were the server's answers
+    lost = ", ".join(f"{kind} {n}" for kind, n in counts.items())
+    why = (f"the server at {url} stopped answering during the replay: "
+           f"{sum(counts.values())} requests failed on the connection ({lost}), "
+           f"{summary['num_completed']} of {summary.get('num_requests')} completed, and it "
+           f"does not answer now (the results are in {out})")
+    summary["status"] = "failed"
+    write_json_atomic(summary, out / SUMMARY_FILE)
+    update_manifest(out, {"status": "failed", "error": why})
+    return why
 
 
 def _run_id_in(out: Path) -> str | None:
@@ -515,6 +557,10 @@ def cmd_replay_engine(args: argparse.Namespace) -> int:
         bar.close()
     print_live_headline(summary, args.out)
     print(f"results: {args.out}/ (manifest.json: engine version, argv, knob mapping)")
+    gone = server_gone(Path(args.out), summary, url) if url and not args.launch else None
+    if gone:  # (a launched engine's exit is EngineExited above)
+        print(f"error: {gone}", file=sys.stderr)
+        return EXIT_FAILURE
     return no_request_served(summary, url or "the launched engine", args.max_failed)
 
 

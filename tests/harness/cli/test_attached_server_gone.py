@@ -1,0 +1,89 @@
+"""An attached server that stops answering mid-replay fails the run, as a launched engine's
+exit does. It used to end "finished" with exit 0: every later request a connect_error, the
+run's throughput averaged over the time the server was gone, and nothing said it had died."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.cli import main
+from harness.live.recorder import RECORDS_FILE
+from harness.live.testing import ScheduledStreamServer
+
+REPO = Path(__file__).resolve().parents[3]
+TRACE = str(REPO / "harness" / "data" / "azure_conv_excerpt.csv")
+
+
+@contextmanager
+def serving_until(out: Path | None, **kw: Any) -> Iterator[str]:
+    """The stand-in server in a thread; stopped for good (its port closed) once a request
+    of the replay into ``out`` is on disk, when ``out`` is given."""
+    started, stop = threading.Event(), threading.Event()
+    url: list[str] = []
+
+    async def run() -> None:
+        async with ScheduledStreamServer(ttft_s=0.005, itl_s=0.02, **kw) as server:
+            url.append(server.url)
+            started.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.005)
+
+    def watch() -> None:  # the first finished request recorded: the server goes away
+        assert out is not None
+        while not stop.is_set():
+            records = out / RECORDS_FILE
+            if records.exists() and records.read_text().count("\n") >= 2:  # header + one
+                stop.set()
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    if out is not None:
+        threading.Thread(target=watch, daemon=True).start()
+    try:
+        yield url[0]
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def replay(url: str, out: Path) -> list[str]:
+    return ["replay", "--target", url, "--trace", TRACE, "--limit", "12", "--rate", "8",
+            "--output-tokens", "20", "--out", str(out)]
+
+
+def test_a_server_gone_mid_replay_fails_the_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    with serving_until(out) as url:
+        assert main(replay(url, out)) == 1
+    err = capsys.readouterr().err
+    assert f"the server at {url} stopped answering during the replay" in err
+    assert "connect_error" in err and "does not answer now" in err
+    summary = json.loads((out / "summary.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert summary["status"] == manifest["status"] == "failed"
+    assert "stopped answering" in manifest["error"]
+    assert 1 <= summary["num_completed"] < 12  # what was measured is kept
+
+
+def test_connection_failures_from_a_server_still_up_are_counted_not_fatal(
+        tmp_path: Path) -> None:
+    """A stream cut by a server that still answers is that server's answer: counted as a
+    failure (``--max-failed`` decides), not a dead server."""
+    out = tmp_path / "run"
+    with serving_until(None, faults={"3": "kill"}) as url:
+        assert main(replay(url, out)) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failures"] == {"stream_cut": 1}
+    assert summary["status"] == "finished"
