@@ -85,14 +85,18 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         bases = bases or Baselines.of(ok, base)
         # what a sweep of max_num_seqs asks (the cap within the TPOT SLO, where KV memory
         # binds) before the largest differences between cells
-        batch = _batch_size_findings(ok, ctx.slo)
+        # a cell that ended early (interrupted, its engine gone) has partial figures: said
+        # apart below, never compared with a whole run's
+        whole = [c for c in ok if not c.ended_early]
+        batch = _batch_size_findings(whole, ctx.slo)
         out += batch
-        out += tuning_findings(ok, ctx.slo, latency_stated=bool(batch))
+        out += tuning_findings(whole, ctx.slo, latency_stated=bool(batch))
         scored = []
         for c in ok:
             b = bases.of_cell(c)
-            # a run stopped early has partial figures: said apart, never compared
-            if b is None or b is c or any(get(x.summary, "stopped_early") for x in (b, c)):
+            # a run stopped or ended early has partial figures: said apart, never compared
+            if b is None or b is c or any(get(x.summary, "stopped_early") or x.ended_early
+                                          for x in (b, c)):
                 continue
             score, text = _comparison(c, b)
             if text:
@@ -102,8 +106,8 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         if len(scored) > MAX_COMPARISONS:
             out.append(f"{len(scored) - MAX_COMPARISONS} more cells compare with "
                        f"{bases.phrase(code)} in the tables below.")
-        out += _leaders_by_load(ok)
-        out += _priority_findings(ok, bases, ctx)
+        out += _leaders_by_load(whole)
+        out += _priority_findings(whole, bases, ctx)
     out += _same_results_finding(ok)
     preemption = _preemption_finding(ok, preempted) if len(ok) > 1 else ""
     if preemption:
@@ -566,7 +570,7 @@ def _priority_findings(cells: Sequence[CellResult], bases: Baselines, ctx: Repor
     scored = []
     for c in cells:
         base = bases.of_cell(c)
-        if base is None or base is c:
+        if base is None or base is c or base.ended_early:
             continue
         base_classes = get(base.summary, "by_priority") or {}
         if len(base_classes) < 2:

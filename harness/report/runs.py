@@ -183,6 +183,12 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
     elif state == "done" and summary is None:
         state, reason = "failed", f"no {SUMMARY_FILE} in {run_dir}"
     manifest = read_json_object(run_dir / MANIFEST_FILE)
+    if (state in ("failed", "interrupted") and summary is not None
+            and manifest.get("status") == state):
+        # a sweep's cell that measured part of its trace before it ended (an engine that
+        # exited, Ctrl-C): its figures are shown as a single run's would be, as having ended
+        # early (``ended_early``), and never compared as a whole run's
+        state = "done"
     if state == "not_run" and manifest.get("status") in ("failed", "interrupted"):
         # a run that ended before it measured anything (an engine that did not start)
         state = str(manifest["status"])

@@ -206,7 +206,7 @@ def cells_section(cells: Sequence[CellResult]) -> list[str]:
     for c in cells:
         all_knobs += [k for k in c.knobs if k not in all_knobs]
     common = [k for k in all_knobs if k not in varying]
-    show_status = any(c.state != "done" for c in cells)
+    show_status = any(c.state != "done" or c.ended_early for c in cells)
     show_load = any(c.at_load for c in cells)
     headers = ["cell", "engine", "mode"] + (["load"] if show_load else []) + varying
     if show_status:
@@ -252,7 +252,8 @@ def cells_section(cells: Sequence[CellResult]) -> list[str]:
 
 def _status_text(c: CellResult) -> str:
     if c.state == "done":
-        return "done"
+        ended = c.ended_early
+        return f"ended early: {short(ended)}" if ended else "done"
     if c.state == "not_run":
         return "not run"
     return f"{c.state}: {short(c.reason)}" if c.reason else c.state
