@@ -57,16 +57,19 @@ class CellResult:
     def ended_early(self) -> str | None:
         """How a run with results did not run to its end, from its manifest (an engine that
         exited, Ctrl-C, a run killed outright and summarized afterwards); None when it did."""
-        status = self.manifest.get("status")
+        record = self.manifest
+        if not record.get("status") and self.summary is not None:
+            record = self.summary  # no manifest (deleted): the summary says how it ended
+        status = record.get("status")
         if not self.ok or status not in ("failed", "interrupted", "running"):
             return None
         if status == "running":
             said = "killed while it ran (its manifest still says running)"
         else:
-            said = str(self.manifest.get("error") or self.manifest.get("stopped_early")
+            said = str(record.get("error") or record.get("stopped_early")
                        or ("interrupted (Ctrl-C or SIGTERM)" if status == "interrupted"
                            else status))
-        not_sent = self.manifest.get("num_not_sent")
+        not_sent = record.get("num_not_sent")
         if isinstance(not_sent, int) and not_sent and "never sent" not in said:
             said += f"; {not_sent} requests of the trace were never sent"
         return said

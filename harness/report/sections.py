@@ -190,6 +190,10 @@ def _client_text(cells: Sequence[CellResult]) -> str:
     if not live:
         if any(c.mode == "live" for c in cells):
             return "not known: no live cell finished"
+        unknown = [code(c.name) for c in cells if c.ok and c.mode in ("–", "")]
+        if unknown:  # no manifest to say how it ran
+            return f"not known: {', '.join(unknown)} record{'s' if len(unknown) == 1 else ''} " \
+                   "no mode (no manifest.json)"
         return "not applicable: every cell was simulated" if any(c.ok for c in cells) else "–"
     limited = [c for c in live if client_limited(c)]
     if not limited:
@@ -242,7 +246,12 @@ def cells_section(cells: Sequence[CellResult]) -> list[str]:
     if approx:
         for c, items in approx:
             lines += [f"- {code(c.name)}: " + "; ".join(items)]
-    else:
+    unrecorded = [code(c.name) for c in cells if c.ok and not c.manifest]
+    if unrecorded:  # no manifest.json: how its knobs reached the engine is not known
+        lines += [*([""] if approx else []),
+                  f"Not known for {', '.join(unrecorded)}: no manifest.json records how the "
+                  "knobs were applied."]
+    elif not approx:
         lines.append("Nothing was approximated or left unapplied: every knob was applied as "
                      "given.")
     lines.append("")

@@ -1,0 +1,35 @@
+"""A run folder whose manifest.json is gone (deleted, never copied) is reported from what is
+left, and the report claims nothing the manifest alone could say.
+
+It used to say "not applicable: every cell was simulated" of a live run, "every knob was
+applied as given" of knobs nobody recorded, and nothing of the run having been interrupted,
+which its summary.json still said."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+EXCERPT = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
+
+
+def test_a_run_without_its_manifest_says_what_is_not_known(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert main(["simulate", "--trace", str(EXCERPT), "--limit", "20", "--no-report",
+                 "--out", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    summary.update(status="interrupted", num_not_sent=12)
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "manifest.json").unlink()
+    (run / "steps.parquet").unlink()  # nothing left that says it was simulated
+    assert main(["report", str(run)]) == 0
+    text = (run / "report.md").read_text()
+    assert "every cell was simulated" not in text
+    assert "record no mode (no manifest.json)" in text or "records no mode" in text
+    assert "every knob was applied as given" not in text
+    assert "no manifest.json records how the knobs were applied" in text
+    assert "did not run to its end: interrupted (Ctrl-C or SIGTERM); 12 requests of the " \
+           "trace were never sent" in text
