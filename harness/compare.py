@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.manifest import MANIFEST_FILE
 from harness.prediction import prediction_words
 from harness.report.format import (
     fmt_attainment,
@@ -38,6 +39,7 @@ from harness.report.runs import (
     SCENARIO_FILE,
     STATUS_FILE,
     CellResult,
+    client_limited,
     get,
     load_run,
     load_scenario_dir,
@@ -163,6 +165,11 @@ class Change:
                 "change_pct": self.change_pct, "judgement": self.judgement}
 
 
+# A percentage within this (relative, and absolute in percent) of a limit is at the limit:
+# what floating point makes of a change of exactly the limit.
+_ROUNDING = 1e-9
+
+
 def change_of(metric: Metric, before: Any, after: Any, same_within_pct: float) -> Change:
     """``metric`` from before to after, judged by its direction; a change within
     ``same_within_pct`` percent is "same" (a count only when equal)."""
@@ -172,7 +179,8 @@ def change_of(metric: Metric, before: Any, after: Any, same_within_pct: float) -
         return Change(metric, b, a, None, "n/a")
     pct = (a - b) / abs(b) * 100 if b != 0 else (0.0 if a == 0 else None)
     change = Change(metric, b, a, pct, "same")
-    if a == b or (not metric.is_count and pct is not None and abs(pct) <= same_within_pct):
+    if a == b or (not metric.is_count and pct is not None
+                  and abs(pct) <= same_within_pct * (1 + _ROUNDING) + _ROUNDING):
         return change
     return Change(metric, b, a, pct, "worse" if change.moved_worse else "better")
 
@@ -303,10 +311,12 @@ def read_side(path: Path) -> tuple[list[CellResult], bool]:
         raise CompareError(f"{path}: no such folder")
     if (path / SCENARIO_FILE).exists():
         return load_scenario_dir(path)[1], False
-    if any((path / f).exists() for f in (SUMMARY_FILE, STATUS_FILE, REQUESTS_FILE)):
+    if any((path / f).exists() for f in (SUMMARY_FILE, STATUS_FILE, REQUESTS_FILE,
+                                          MANIFEST_FILE)):
+        # (a manifest alone: a run killed or interrupted before its summary, not compared)
         return [load_run(path)], True
     raise CompareError(f"{path}: not a run folder or scenario folder (no {SUMMARY_FILE}, "
-                       f"{STATUS_FILE} or {SCENARIO_FILE})")
+                       f"{STATUS_FILE}, {MANIFEST_FILE} or {SCENARIO_FILE})")
 
 
 def matches(c: CellResult, patterns: Sequence[str]) -> bool:
@@ -416,8 +426,8 @@ def _check_failure(check: Check, ch: Change) -> str:
     if ch.change_pct is None:
         return f"got worse from 0 ({span}; {limit})"
     worse_pct = abs(ch.change_pct)
-    if worse_pct <= check.max_worse_pct:
-        return ""
+    if worse_pct <= check.max_worse_pct * (1 + _ROUNDING) + _ROUNDING:
+        return ""  # (1.0 -> 1.1 is 10.000000000000009% in floating point: within 10)
     return f"worse by {worse_pct:.1f}% ({span}; {limit})"
 
 
@@ -444,8 +454,9 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
     if not (before.manifest and after.manifest):
         return out
 
-    def differ(aspect: str, what: str, b: Any, a: Any) -> None:
-        if b != a:
+    def differ(aspect: str, what: str, b: Any, a: Any, *, unknown: bool = False) -> None:
+        """``unknown``: None on one side is a value that side did not record, not another."""
+        if b != a and not (unknown and (b is None or a is None)):
             out.append(Difference(cell, aspect, b, a,
                                   f"different {what} ({_short(b)} -> {_short(a)})"))
 
@@ -469,18 +480,48 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
                               {k: a for k, (_, a) in knobs.items()},
                               "different knobs: " + _changes_text(knobs)))
     b_config, a_config = (_engine_config(c) for c in (before, after))
-    config = {k: v for k, v in _changed(b_config, a_config).items() if k not in knobs}
+    # a key one side did not record is not known to differ (a served reference's /version
+    # gives fewer keys than a simulated run's configuration)
+    config = {k: v for k, v in _changed(b_config, a_config).items()
+              if k not in knobs and k in b_config and k in a_config}
     if config:
         out.append(Difference(cell, "engine_config", {k: b for k, (b, _) in config.items()},
                               {k: a for k, (_, a) in config.items()},
                               "different engine configuration: " + _changes_text(config)))
     differ("model", "model", before.manifest.get("model"), after.manifest.get("model"))
-    differ("gpu", "GPU", before.manifest.get("gpu"), after.manifest.get("gpu"))
+    differ("gpu", "GPU", before.manifest.get("gpu"), after.manifest.get("gpu"), unknown=True)
     differ("batchlab_version", "batchlab version", before.manifest.get("batchlab_version"),
            after.manifest.get("batchlab_version"))
     differ("slo", "SLO", _slo(before), _slo(after))
     differ("load", "load", before.load, after.load)
+    b_client, a_client = (_client_settings(c) for c in (before, after))
+    client = _changed(b_client, a_client) if b_client and a_client else {}
+    if client:
+        out.append(Difference(cell, "client", {k: b for k, (b, _) in client.items()},
+                              {k: a for k, (_, a) in client.items()},
+                              "different replay client settings: " + _changes_text(client)))
+    for side, c in (("before", before), ("after", after)):
+        if client_limited(c):
+            out.append(Difference(
+                cell, "client_limited", None, None,
+                f"{side} was client-limited (send lag p99 "
+                f"{fmt_seconds(get(c.summary, 'send_lag_s.p99'))}): its latencies include the "
+                "client's own delay"))
     return out
+
+
+# A live run's replay settings that change the load an engine sees or what is measured: a
+# regression test holds them fixed (``manifest.json`` ``replay``). The rest (the prompt salt,
+# a path, the seed of a synthetic trace already in its digest) do not.
+CLIENT_SETTINGS = ("max_concurrency", "protocol", "timeout_s", "length_control",
+                   "http_client")
+
+
+def _client_settings(c: CellResult) -> dict[str, Any]:
+    replay = c.manifest.get("replay")
+    if not isinstance(replay, Mapping):
+        return {}  # a simulated run: no client
+    return {k: replay.get(k) for k in CLIENT_SETTINGS}
 
 
 def _digest_scheme(c: CellResult) -> int:

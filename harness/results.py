@@ -289,21 +289,39 @@ def nothing_served(summary: Mapping[str, Any], run_dir: Path) -> str | None:
 
 
 def parquet_run_id(path: Path) -> str | None:
-    """The run that wrote a parquet file (its ``batchlab.run_id``); None when it names none."""
-    metadata = pq.read_schema(path).metadata or {}
+    """The run that wrote a parquet file (its ``batchlab.run_id``); None when it names none.
+    ValueError naming the file when it is no parquet file (truncated)."""
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"{path}: cannot be read as a parquet file ({exc})") from None
     value = metadata.get(RUN_ID_KEY)
     return value.decode() if value is not None else None
 
 
+def _read_parquet(path: Path, columns: Sequence[str] = ()) -> pa.Table:
+    """``path`` as a table with ``columns`` at least; ValueError naming the file otherwise
+    (pyarrow's own messages do not)."""
+    try:
+        table = pq.read_table(path)
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"{path}: cannot be read as a parquet file ({exc})") from None
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{path}: no column {', '.join(missing)}")
+    return table
+
+
 def read_timelines(run_dir: Path) -> list[RequestTimeline]:
-    """Rebuild the timelines of a run folder from its parquet files."""
-    req = pq.read_table(run_dir / REQUESTS_FILE).to_pylist()
+    """Rebuild the timelines of a run folder from its parquet files. ValueError naming the
+    file when one cannot be read as one (truncated, not parquet, a column missing)."""
+    req = _read_parquet(run_dir / REQUESTS_FILE).to_pylist()
     chunks_path = run_dir / CHUNKS_FILE
     times: dict[str, list[float]] = {}
     counts: dict[str, list[int]] = {}
     if chunks_path.exists():
-        ch = pq.read_table(chunks_path).sort_by([("request_id", "ascending"),
-                                                  ("chunk_index", "ascending")])
+        ch = _read_parquet(chunks_path, ("request_id", "chunk_index", "t_s", "num_tokens"))
+        ch = ch.sort_by([("request_id", "ascending"), ("chunk_index", "ascending")])
         rid_col = ch.column("request_id").to_pylist()
         t_col = ch.column("t_s").to_numpy()
         n_col = ch.column("num_tokens").to_numpy()

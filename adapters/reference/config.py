@@ -151,6 +151,7 @@ class ReferenceConfig:
             "max_model_len": self.resolved_max_model_len, "prefix_caching": self.prefix_caching,
             "swap_space_gib": self.swap_space_gib, "oversized_prompts": self.oversized_prompts,
             "cost_model": self.params.source,
+            "cost_model_digest": self.params.digest(),
         }
 
     @classmethod

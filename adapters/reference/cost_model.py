@@ -97,6 +97,14 @@ class CostModelParams:
 
     source: str = "built-in defaults (docs/cost-model.md)"
 
+    def digest(self) -> str:
+        """16 hex digits of every coefficient (not ``source``, which names where they were
+        read from): two runs predicted with other coefficients differ here, whatever their
+        profiles' names or paths (``batchlab compare`` warns)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+        text = json.dumps(values, sort_keys=True, allow_nan=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
     def validate(self, where: str = "cost model") -> None:
         for f in fields(self):
             value = getattr(self, f.name)

@@ -118,6 +118,10 @@ class CellResult:
         run = self.manifest.get("load")
         if isinstance(run, Mapping) and run.get("mode") == "closed" and "kind" not in run:
             run = {"kind": "concurrency", "value": run.get("concurrency")}  # older folders
+        replay = self.manifest.get("replay")
+        if run is None and isinstance(replay, Mapping) and replay.get("mode") == "closed":
+            # a live closed loop (`replay --mode closed`): its users, as a simulated one's
+            run = {"kind": "concurrency", "value": replay.get("concurrency")}
         for load in (self.cell.get("load"), run,
                      (self.manifest.get("trace") or {}).get("timing")):
             if isinstance(load, Mapping) and load.get("kind") is not None:
