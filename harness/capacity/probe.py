@@ -10,10 +10,18 @@ live, plus three small files that make its folder a report cell and a resumable 
 
 A probe passes when its SLO attainment (requests meeting every SLO / requests sent) is at
 least the target. A probe the saturation check stopped fails, with the reason recorded.
+
+A probe whose live server stopped answering is no verdict about the load: a launched engine that
+exits ends it (``EngineExited``), and so does an attached server that no longer answers its
+health route after the probe, with requests failed, or a probe that half its requests or more
+could not reach (no connection, a stream cut: ``ServerStoppedAnswering``). Either way the probe
+fails, its folder says why (``status.json`` failed, no ``probe.json``), the search stops, and a
+resumed search runs it again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -22,6 +30,7 @@ from typing import Any
 
 from harness.capacity.saturation import SaturationMonitor, interval_for
 from harness.capacity.search import LOAD_UNITS, LoadKind, ProbeOutcome, normal_load
+from harness.manifest import read_manifest, update_manifest
 from harness.metrics import Pace, Slo
 from harness.redact import redact_tree
 from harness.results import (
@@ -30,8 +39,10 @@ from harness.results import (
     NothingServed,
     nothing_served,
     pace_of,
+    read_json_object,
     write_json_atomic,
 )
+from harness.scenario.attached import connection_failures, is_attached, not_answering
 from harness.scenario.status import CELL_FILE, STATUS_FILE, interrupted_reason
 from harness.target import ClosedLoop, RunOptions, TargetSpec
 from harness.targets import make_target
@@ -130,6 +141,14 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
         write_json_atomic({"state": "failed", "reason": f"{type(exc).__name__}: {exc}"},
                           out_dir / STATUS_FILE)
         raise
+    lost = server_lost(plan, load, summary, out_dir)
+    if lost is not None:  # as a launched engine's exit (harness.live.run): a failed run
+        summary = {**summary, "status": "failed"}
+        with contextlib.suppress(OSError):  # a full disk must not hide what happened
+            write_json_atomic(summary, out_dir / SUMMARY_FILE)
+            update_manifest(out_dir, {"status": "failed", "error": lost})
+        write_json_atomic({"state": "failed", "reason": lost}, out_dir / STATUS_FILE)
+        raise ServerStoppedAnswering(lost)
     why = nothing_served(summary, out_dir)
     if why is not None and set(summary.get("failures") or {}) == {"rejected"}:
         # refused whatever the load (a prompt that cannot fit): no load would pass
@@ -153,6 +172,48 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
                        "target": plan.target, **outcome.as_dict()}, out_dir / PROBE_FILE)
     write_json_atomic({"state": "done"}, out_dir / STATUS_FILE)
     return outcome
+
+
+class ServerStoppedAnswering(RuntimeError):
+    """The live server stopped answering during a probe: the probe failed, and says nothing
+    about the load (``server_lost``)."""
+
+
+def server_lost(plan: ProbePlan, load: float, summary: Mapping[str, Any], out_dir: Path
+                ) -> str | None:
+    """Why a live probe's run is no measurement of the load, in words, or None when it is.
+
+    An attached server that does not answer its health route after the probe, when requests
+    of the probe failed (a server gone after the last request still measured them all); or,
+    attached or launched, a probe that half its requests or more could not reach (no
+    connection, a stream cut): a server killed and started again answers now, but did not
+    answer them. Such failures are not the engine's answer to the load: counted as missed
+    SLOs, they would fail the probe and send the search below the engine's capacity."""
+    if plan.spec.simulated:
+        return None
+    sent = int(summary.get("num_requests") or 0)
+    failed = int(summary.get("num_failed") or 0)
+    unreached = connection_failures(summary)
+    num_unreached = sum(unreached.values())
+    down = not_answering(plan.spec) if is_attached(plan.spec) else None
+    many = sent > 0 and 2 * num_unreached >= sent
+    if not ((down is not None and failed) or many):
+        return None
+    engine = read_manifest(out_dir).get("engine")
+    url = plan.spec.url or (engine.get("base_url") if isinstance(engine, Mapping) else None)
+    who = (f"the server at {url}" if is_attached(plan.spec)
+           else f"the {plan.spec.engine} engine at {url}")
+    at = f"the probe at {load:g} {LOAD_UNITS[plan.kind]}"
+    kinds = ", ".join(f"{k} {v}" for k, v in unreached.items())
+    reached = (f"{num_unreached} of {sent} requests could not connect or were cut off "
+               f"({kinds})" if num_unreached else f"{failed} of {sent} requests failed")
+    if down is not None:
+        what = f"{who} stopped answering during {at} (after it, {down}); {reached}"
+    else:  # restarted since (attached), or its connections lost (launched)
+        what = f"{who} could not be reached during {at}: {reached}" + (
+            "; it answers again now" if is_attached(plan.spec) else "")
+    return (f"{what}. The probe says nothing about the load and is not kept: once the server "
+            "answers again, the same command with --resume runs it again")
 
 
 def _span_s(trace: Trace, kind: LoadKind, load: float) -> float:
@@ -198,6 +259,13 @@ def read_probe(run_dir: Path, digest: str) -> ProbeOutcome | None:
     if not isinstance(data, dict) or data.get("digest") != digest:
         return None
     if not (run_dir / SUMMARY_FILE).exists():
+        return None
+    summary = read_json_object(run_dir / SUMMARY_FILE)
+    sent = summary.get("num_requests")
+    if isinstance(sent, int | float) and sent > 0 and (
+            2 * sum(connection_failures(summary).values()) >= sent):
+        # half its requests or more never reached the server: no verdict about the load (one
+        # an earlier batchlab kept as a verdict is run again)
         return None
     try:
         outcome = ProbeOutcome.from_dict(data)

@@ -8,7 +8,10 @@
 
 ``search.json`` is rewritten after every probe, so an interrupted search shows how far it got;
 ``resume`` reuses every finished probe whose digest matches (what the outcome depends on: the
-engine, knobs, trace, SLO and target) and runs only the rest.
+engine, knobs, trace, SLO and target) and runs only the rest. A server batchlab attached to
+(``--url``) may have been restarted with another configuration since: a resume whose probes it
+answered reporting other settings than it reports now (its knobs, model, version) is refused,
+naming what changed (``check_same_server``), as one with another SLO or trace is.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from harness.results import (
     write_json_atomic,
 )
 from harness.runfolder import check_each, check_removable, holding_dir, remove_run_dir
+from harness.scenario.attached import changed_since, identity_now, is_attached
 from harness.scenario.status import CELL_FILE
 
 CAPACITY_FILE = "capacity.json"
@@ -88,8 +92,9 @@ def _what_changed(before: Any, now: Mapping[str, Any] | None) -> str:
         return ("engine, knobs, trace, SLO, target or early stop changed, or an older "
                 "batchlab judged its probes")
     names = {"cell": "the scenario cell (engine, knobs, trace or the files it reads)",
-             "spec": "engine or knobs", "files": "the bytes of the trace, lengths or "
-             "profile file", "batchlab": "the batchlab version", "options": "trace options",
+             "spec": "engine or knobs", "files": "the bytes of the trace, lengths, profile "
+             "or model config file", "batchlab": "the batchlab version",
+             "options": "trace options",
              "think_time_s": "think time", "target": "target attainment",
              "kind": "search kind (rate or concurrency)", "slo": "SLO"}
     changed = [k for k in sorted(set(before) | set(now))
@@ -152,7 +157,9 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
     out_dir.mkdir(parents=True, exist_ok=True)
     known = known_probes(out_dir, plan.digest, made_from=plan.made_from) if resume else {}
     known_full = known_probes(out_dir, plan.digest, full=True) if resume else {}
-    if not resume:
+    if resume:
+        check_same_server(setting, out_dir)
+    else:
         _clear_earlier_probes(out_dir, setting.name, log)
     done: list[ProbeOutcome] = []
 
@@ -276,11 +283,39 @@ def _search_record(setting: Setting, spec: SearchSpec, status: str,
 
 
 def check_resumable(settings: Sequence[Setting], out_dir: Path) -> None:
-    """Raises ValueError (``known_probes``) when a search in ``out_dir`` was made with other
-    settings: checked before anything is written, so a refused --resume changes nothing."""
+    """Raises ValueError (``known_probes``, ``check_same_server``) when a search in
+    ``out_dir`` was made with other settings, or against an attached server that reports
+    another configuration now: checked before anything is written, so a refused --resume
+    changes nothing."""
     for setting in settings:
         known_probes(out_dir / setting.name, setting.plan.digest,
                      made_from=setting.plan.made_from)
+        check_same_server(setting, out_dir / setting.name)
+
+
+def check_same_server(setting: Setting, search_dir: Path) -> None:
+    """Raises ValueError naming what changed when a probe a resumed search would reuse was
+    measured against the attached server of ``setting`` while it reported another
+    configuration (knobs, model, engine version: ``harness.scenario.attached``) than it reports
+    now: restarted with other settings, the same URL answers another question. Nothing is
+    checked when the server does not answer now (the probes still to run fail then) or the
+    probe recorded no answer."""
+    spec = setting.plan.spec
+    if not is_attached(spec):
+        return
+    reused = [sub for sub in _earlier_probes(search_dir)
+              if read_probe(sub, setting.plan.digest) is not None]
+    if not reused:
+        return
+    now = identity_now(spec)
+    for sub in reused:
+        changes = changed_since(sub, now)
+        if changes:
+            raise ValueError(
+                f"{search_dir}: probe {sub.name} was measured against the server at {spec.url}, "
+                f"which reports another configuration now (changed: {'; '.join(changes)}); "
+                "its probes answer another question: drop --resume to start over, or choose "
+                "another --out")
 
 
 def _bracket_so_far(probes: Sequence[ProbeOutcome]) -> dict[str, float | None]:

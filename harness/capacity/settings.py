@@ -21,7 +21,7 @@ from harness.metrics import PACE_SIGMAS, PACE_TOLERANCE, SHORTEST_STEADY_E2ES, S
 from harness.scenario import Scenario, ScenarioError, select
 from harness.scenario.cell import target_spec
 from harness.scenario.expand import load_cell_trace
-from harness.scenario.schema import Cell, LoadPoint, file_sha256
+from harness.scenario.schema import Cell, LoadPoint, file_sha256, model_config_file
 from harness.target import TargetSpec
 from harness.traces import Trace
 
@@ -115,12 +115,16 @@ def single_setting(spec: TargetSpec, *, name: str, trace_path: str,
 
 def _files_read(spec: TargetSpec, trace_path: str, options: Mapping[str, Any]
                 ) -> dict[str, str | None]:
-    """The bytes of every file the probes read (the trace, a lengths file, a profile), by
-    path: a trace rewritten in place or a recalibrated profile is searched again, not served
-    from the last search, as a scenario cell's digest (``Scenario.cell_digest``)."""
+    """The bytes of every file the probes read (the trace, a lengths file, a profile, the
+    model's config.json where the model is a path), by path: a trace rewritten in place, a
+    recalibrated profile or an edited model config is searched again, not served from the
+    last search, as a scenario cell's digest (``Scenario.cell_digest``)."""
     paths = [] if str(trace_path).startswith("synthetic") else [Path(trace_path)]
     if options.get("lengths_from"):
         paths.append(Path(str(options["lengths_from"])))
+    config = model_config_file(spec.model)
+    if config is not None:
+        paths.append(config)
     if spec.profile:
         from adapters.reference.cost_model import ProfileError, resolve_profile
 

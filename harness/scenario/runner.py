@@ -228,15 +228,17 @@ def run_scenario(
 
 def _cells_to_run(scenario: Scenario, scenario_dir: Path, chosen: Sequence[Cell], resume: bool,
                   progress: SweepProgress) -> tuple[list[Cell], dict[str, CellOutcome]]:
-    """The chosen cells to run, and those kept (``resume``: finished earlier, intact)."""
+    """The chosen cells to run, and those kept (``resume``: finished earlier, intact, and,
+    attached to a server, measured while it reported what it reports now)."""
     todo: list[Cell] = []
     outcomes: dict[str, CellOutcome] = {}
+    server = _ServerNow(scenario)
     for cell in chosen:
         cell_dir = scenario_dir / cell.name
         status = read_status(cell_dir)
         if (resume and status.get("state") == "done"
                 and status.get("digest") == scenario.cell_digest(cell)):
-            damage = check_done_cell(cell_dir, status)
+            damage = check_done_cell(cell_dir, status) or server.changed(cell, cell_dir)
             if not damage:
                 progress.skip_cell(cell.name, "finished earlier")
                 outcomes[cell.name] = CellOutcome(cell.name, "skipped", "finished earlier",
@@ -245,6 +247,37 @@ def _cells_to_run(scenario: Scenario, scenario_dir: Path, chosen: Sequence[Cell]
             progress.message(f"{cell.name}: finished earlier, but {damage}: running it again")
         todo.append(cell)
     return todo, outcomes
+
+
+class _ServerNow:
+    """What the attached servers of a sweep's cells report about themselves now, each asked
+    once (``harness.scenario.attached``)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.now: dict[tuple[str, str], dict[str, Any] | None] = {}
+
+    def changed(self, cell: Cell, cell_dir: Path) -> str:
+        """Why a finished cell attached to a server cannot be kept ('' when it can): the
+        server reported another configuration (knobs, model, engine version) when the cell
+        was measured than it reports now. Its url and knobs are the cell's definition, its
+        configuration is not: restarted with other settings, it answers another question."""
+        from harness.scenario.attached import changed_since, identity_now, is_attached
+        from harness.scenario.cell import target_spec
+
+        if cell.engine.mode != "live":
+            return ""
+        spec = target_spec(cell, self.scenario.model, self.scenario.gpu)
+        if not is_attached(spec) or spec.url is None:
+            return ""
+        key = (spec.engine, spec.url)
+        if key not in self.now:
+            self.now[key] = identity_now(spec)
+        changes = changed_since(cell_dir, self.now[key])
+        if not changes:
+            return ""
+        return (f"the server at {spec.url} reports another configuration now than when it "
+                f"was measured (changed: {'; '.join(changes)})")
 
 
 def _run_cells(scenario: Scenario, scenario_dir: Path, out_root: Path, todo: Sequence[Cell],

@@ -222,8 +222,9 @@ class Scenario:
     def cell_digest(self, cell: Cell) -> str:
         """What determines a cell's results: resume redoes a finished cell whose digest changed.
         Besides the definition, the bytes of every file it reads (traces, a lengths file, a
-        profile) and the batchlab version: a trace rewritten in place, a recalibrated profile
-        or an upgrade is run again, not served from the last run."""
+        profile, the model's config.json) and the batchlab version: a trace rewritten in place,
+        a recalibrated profile, a model config edited or an upgrade is run again, not served
+        from the last run."""
         payload = {
             "cell": cell.as_dict(),
             "trace": self.trace.as_dict(),
@@ -239,11 +240,15 @@ class Scenario:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def _files(self, cell: Cell) -> list[Path]:
-        """The files a cell's results are made from: its traces and their lengths files, and
-        its engine's profile file."""
+        """The files a cell's results are made from: its traces and their lengths files, its
+        engine's profile file, and the config.json of its model (the engine's own, else the
+        scenario's) where that is a path."""
         files = [t.file for t in self.trace.components() if t.file is not None]
         files += [Path(t.options["lengths_from"]) for t in self.trace.components()
                   if t.options.get("lengths_from")]
+        config = model_config_file(cell.engine.model or self.model)
+        if config is not None:
+            files.append(config)
         if cell.engine.profile:
             from adapters.reference.cost_model import ProfileError, resolve_profile
 
@@ -292,6 +297,21 @@ def expand(scenario: Scenario) -> tuple[Cell, ...]:
                 cells.append(Cell(name="__".join(parts), engine=engine, knobs=knobs,
                                   grid=grid_values, load=load))
     return tuple(cells)
+
+
+def model_config_file(model: str | None) -> Path | None:
+    """The config.json a model given as a path stands for (a folder's own, or a JSON file
+    itself), as the reference engine reads its shape from it (``adapters.reference.models.
+    lookup_model``) and a launched engine loads it; None for a name (a catalog model, a hub
+    id) that is no file or folder here, and for a weights file (a GGUF: large, and no
+    config). A folder without one gives its config.json still: a file written there later
+    changes what a cell digests."""
+    if not model:
+        return None
+    path = Path(model)
+    if path.is_dir():
+        return path / "config.json"
+    return path if path.is_file() and path.suffix.lower() == ".json" else None
 
 
 @functools.lru_cache(maxsize=64)

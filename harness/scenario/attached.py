@@ -1,0 +1,177 @@
+"""A server batchlab attached to (``url:``, ``--url``) and did not start: what it reports about
+itself, and whether it still answers.
+
+No knob reaches such a server, so its configuration is whatever whoever started it chose, and
+it may be restarted with another one between two runs. A run attached to it records what it
+reported in its manifest (``engine.version_probe``: its ``/version``, ``/info`` or ``/props``
+answer); ``reported_identity`` reads from that answer what the results depend on (the engine
+version, the knobs it reports, the model it serves and, for a served reference engine, its whole
+configuration), so that a resumed sweep or capacity search can tell whether the same server
+still runs the same way (``changed_since``: what differs from what it reports now).
+
+A server that stops answering mid-run (killed, out of memory, restarted) is told apart from one
+that is merely slow: ``not_answering`` asks its health route, as ``batchlab validate`` does
+after its live replay, and ``connection_failures`` counts the requests that could not connect or
+whose stream was cut, which are no answer of the engine's about the load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from harness.manifest import jsonable, read_manifest
+from harness.redact import redact_tree
+from harness.target import TargetSpec
+
+# Failed requests that the engine never answered: no connection, or a stream closed under them
+CONNECTION_FAILURES = ("connect_error", "stream_cut")
+
+
+def is_attached(spec: TargetSpec) -> bool:
+    """A live target batchlab attaches to rather than starts."""
+    return spec.mode == "attach" and spec.url is not None
+
+
+def reported_identity(version_probe: Any) -> dict[str, Any] | None:
+    """What a server reported about itself in its version probe (``adapters.process.
+    probe_version``'s answer, as a manifest's ``engine.version_probe`` records it), one entry a
+    name: ``engine version``, ``engine``, ``model``, each knob it reports and, for a served
+    reference engine, every setting of the configuration it publishes. None when it answered
+    nothing (it cannot be compared)."""
+    if not isinstance(version_probe, Mapping):
+        return None
+    from adapters.catalog import served_reference_config, server_reported_knobs
+
+    body = jsonable(redact_tree(version_probe.get("body")))  # as the manifest records it
+    version = version_probe.get("version")
+    if body is None and version is None:
+        return None
+    out: dict[str, Any] = {"engine version": version}
+    if isinstance(body, Mapping) and isinstance(body.get("engine"), str):
+        out["engine"] = body["engine"]
+    model = _served_model(body)
+    if model is not None:
+        out["model"] = model
+    out.update(server_reported_knobs(body))
+    config = served_reference_config(body)
+    if config is not None:
+        renamed = {"tp": "tensor_parallel_size"}
+        for key, value in config.items():
+            out.setdefault(renamed.get(key, key), value)
+        prediction = body.get("prediction") if isinstance(body, Mapping) else None
+        if isinstance(prediction, Mapping):
+            out.setdefault("profile", prediction.get("profile"))
+    shown: dict[str, Any] = jsonable(out)
+    return shown
+
+
+def _served_model(body: Any) -> str | None:
+    """The model a server says it serves: a served reference's, TGI's ``model_id``,
+    llama.cpp's ``model_path``, the first of ``/v1/models``; None when it says none."""
+    if not isinstance(body, Mapping):
+        return None
+    from adapters.catalog import served_reference_config
+
+    config = served_reference_config(body) or {}
+    for value in (config.get("model"), body.get("model_id"), body.get("model_path")):
+        if isinstance(value, str) and value:
+            return value
+    data = body.get("data")
+    if isinstance(data, list) and data and isinstance(data[0], Mapping):
+        first = data[0].get("id")
+        return first if isinstance(first, str) and first else None
+    return None
+
+
+def recorded_identity(run_dir: Path) -> dict[str, Any] | None:
+    """What the server a run attached to reported about itself then (its manifest); None when
+    the run recorded no answer."""
+    engine = read_manifest(run_dir).get("engine")
+    return reported_identity(engine.get("version_probe") if isinstance(engine, Mapping)
+                             else None)
+
+
+def identity_now(spec: TargetSpec) -> dict[str, Any] | None:
+    """What the attached server of ``spec`` reports about itself now (the same probe a live run
+    makes before its first request); None when it does not answer, or cannot be planned."""
+    from adapters.knobs import KnobError
+    from adapters.process import probe_version
+    from harness.live.session import plan_for
+
+    try:
+        plan = plan_for(spec)
+    except KnobError:
+        return None
+    return reported_identity(asyncio.run(probe_version(plan.base_url, plan.version_paths)))
+
+
+def identity_changes(before: Mapping[str, Any] | None, now: Mapping[str, Any] | None
+                     ) -> list[str]:
+    """What differs between two ``reported_identity`` answers of a server, in words
+    (``max_num_seqs: 8 then, 16 now``); nothing when either is not known."""
+    if before is None or now is None:
+        return []
+    changes = []
+    for name in sorted(set(before) | set(now)):
+        old, new = before.get(name), now.get(name)
+        if _text(old) != _text(new):
+            changes.append(f"{name}: {_shown(old, name in before)} then, "
+                           f"{_shown(new, name in now)} now")
+    return changes
+
+
+def changed_since(run_dir: Path, now: Mapping[str, Any] | None) -> list[str]:
+    """What the attached server of the run in ``run_dir`` reports now (``now``,
+    ``identity_now``) that differs from what it reported when that run was made; nothing
+    when the two cannot be compared (no answer then, or none now)."""
+    return identity_changes(recorded_identity(run_dir), now)
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _shown(value: Any, reported: bool) -> str:
+    if not reported:
+        return "not reported"
+    return value if isinstance(value, str) else _text(value)
+
+
+def not_answering(spec: TargetSpec, timeout_s: float = 5.0) -> str | None:
+    """Why the live server of ``spec`` does not answer its health route now (``/health does
+    not answer (ConnectError)``, ``/health answers HTTP 503``), or None when it does (as
+    ``harness.validate.engine_answers`` asks it)."""
+    import httpx
+
+    from adapters.knobs import KnobError
+    from harness.live.session import plan_for
+
+    try:
+        plan = plan_for(spec)
+    except KnobError:
+        return None
+    try:
+        response = httpx.get(plan.base_url.rstrip("/") + plan.health_path, timeout=timeout_s,
+                             trust_env=False)
+    except httpx.HTTPError as exc:
+        return f"{plan.health_path} does not answer ({type(exc).__name__})"
+    if response.status_code >= 500:
+        return f"{plan.health_path} answers HTTP {response.status_code}"
+    return None
+
+
+def connection_failures(summary: Mapping[str, Any]) -> dict[str, int]:
+    """The requests of a run the engine never answered, by kind (``CONNECTION_FAILURES``)."""
+    failures = summary.get("failures") or {}
+    if not isinstance(failures, Mapping):
+        return {}
+    out = {}
+    for kind in CONNECTION_FAILURES:
+        count = failures.get(kind)
+        if isinstance(count, int | float) and count > 0:
+            out[kind] = int(count)
+    return out
