@@ -178,6 +178,7 @@ def load_scenario(path: str | Path, *, trace_path: str | Path | None = None) -> 
         name=name, question=question, source=path, trace=trace, loads=loads, model=model,
         gpu=gpu, engines=engines, slo=slo, priority_classes=classes, grid=grid,
         baseline=baseline, seed=seed, lines=key_lines(root),
+        trace_override=None if trace_path is None else str(trace_path),
     )
     _check_trace_at_loads(c, scenario, top)
     cells = _expand_checked(c, scenario, top)

@@ -141,6 +141,8 @@ class SweepResult:
 def scenario_command(scenario: Scenario, out_root: Path, only: str | None = None) -> list[str]:
     """The ``batchlab run`` argv that reproduces the sweep, or one cell of it with ``only``."""
     argv = ["batchlab", "run", display_path(scenario.source)]
+    if scenario.trace_override is not None:  # the file's own trace alone is another sweep
+        argv += ["--trace", scenario.trace_override]
     if Path(out_root).resolve() != (REPO_ROOT / "reports").resolve():
         argv += ["--out", str(out_root)]
     if only:

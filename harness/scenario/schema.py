@@ -186,6 +186,9 @@ class Scenario:
     grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     baseline: str | None = None  # a cell name or an engine name
     seed: int = 0
+    # ``batchlab run --trace PATH``: the trace file that replaced the file's own, as typed (the
+    # command that reproduces the sweep gives it again)
+    trace_override: str | None = None
     # the line of each key of the file, by key path (``engines[0].knobs.max_model_len``): for
     # the errors found after loading (a trace read, a live plan) to name the key they are about
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
