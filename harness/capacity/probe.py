@@ -42,7 +42,12 @@ from harness.results import (
     read_json_object,
     write_json_atomic,
 )
-from harness.scenario.attached import connection_failures, is_attached, not_answering
+from harness.scenario.attached import (
+    ServerStoppedAnswering,
+    connection_failures,
+    is_attached,
+    not_answering,
+)
 from harness.scenario.status import CELL_FILE, STATUS_FILE, interrupted_reason
 from harness.target import ClosedLoop, RunOptions, TargetSpec
 from harness.targets import make_target
@@ -172,11 +177,6 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
                        "target": plan.target, **outcome.as_dict()}, out_dir / PROBE_FILE)
     write_json_atomic({"state": "done"}, out_dir / STATUS_FILE)
     return outcome
-
-
-class ServerStoppedAnswering(RuntimeError):
-    """The live server stopped answering during a probe: the probe failed, and says nothing
-    about the load (``server_lost``)."""
 
 
 def server_lost(plan: ProbePlan, load: float, summary: Mapping[str, Any], out_dir: Path

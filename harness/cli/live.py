@@ -185,41 +185,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return no_request_served(summary, config.target_url, args.max_failed)
 
 
-# Failures that say the connection to the server went: with a server that no longer answers
-# afterwards, the server stopped during the run (or was never there).
-_CONNECTION_FAILURES = ("connect_error", "stream_cut")
-
-
 def server_gone(out: Path, summary: dict[str, Any], url: str) -> str | None:
-    """Why an attached server failed the run: requests failed on the connection and the
-    server no longer answers (its ``/health``, or any HTTP answer at all); None otherwise.
-    The run's summary and manifest then say ``failed``, as for a launched engine that exited
-    mid-run (``harness.live.run``), so that neither a report nor a CI job reads the run as a
-    measurement of load. A server that answers again (restarted) leaves the failures to be
-    counted as usual (``--max-failed``)."""
-    import httpx
+    """Why an attached server failed the run (``harness.scenario.attached.gone_mid_run``),
+    then said in its summary and manifest; None when it did not."""
+    from harness.scenario.attached import gone_mid_run, record_failed
 
-    from harness.manifest import update_manifest
-    from harness.results import SUMMARY_FILE, write_json_atomic
-
-    failures = summary.get("failures") or {}
-    counts = {k: int(failures.get(k) or 0) for k in _CONNECTION_FAILURES if failures.get(k)}
-    if not counts or not summary.get("num_completed"):
-        return None  # (none completed: ``no_request_served`` asks whether it was ever up)
-    try:
-        httpx.get(url.rstrip("/") + "/health", timeout=5.0, trust_env=False)
-    except httpx.HTTPError:
-        pass
-    else:
-        return None  # it answers: the failures were the server's answers
-    lost = ", ".join(f"{kind} {n}" for kind, n in counts.items())
-    why = (f"the server at {url} stopped answering during the replay: "
-           f"{sum(counts.values())} requests failed on the connection ({lost}), "
-           f"{summary['num_completed']} of {summary.get('num_requests')} completed, and it "
-           f"does not answer now (the results are in {out})")
-    summary["status"] = "failed"
-    write_json_atomic(summary, out / SUMMARY_FILE)
-    update_manifest(out, {"status": "failed", "error": why})
+    why = gone_mid_run(url, summary)
+    if why is None:
+        return None
+    why += f" (the results are in {out})"
+    record_failed(out, summary, why)
     return why
 
 
@@ -377,10 +352,18 @@ def _say_if_unfinished(run_dir: Path, summary: dict[str, Any]) -> None:
     trace = manifest.get("trace") or {}
     total = trace.get("num_requests") if isinstance(trace, dict) else None
     of = f" of the trace's {total}" if isinstance(total, int) else ""
-    print(f"warning: {run_dir}'s manifest still says {manifest['status']!r}, and no batchlab "
-          "process is writing it: the run was killed outright (SIGKILL, a power cut). "
-          f"These figures cover the {summary.get('num_requests', 0)} requests{of} it recorded; "
-          "requests in flight when it stopped are lost", file=sys.stderr)
+    said = (f"warning: {run_dir}'s manifest still says {manifest['status']!r}, and no "
+            "batchlab process is writing it: the run was killed outright (SIGKILL, a power "
+            f"cut). These figures cover the {summary.get('num_requests', 0)} requests{of} ")
+    if "num_sent_unrecorded" in summary:  # every send was recorded as it went out
+        in_flight = int((summary.get("failures") or {}).get("not_finished") or 0)
+        not_sent = summary.get("num_not_sent")
+        said += (f"it sent; the {in_flight} in flight when it stopped are rows as "
+                 "not_finished" + (f", and {not_sent} were never sent"
+                                   if isinstance(not_sent, int) else ""))
+    else:  # a folder of an older batchlab: sends were not recorded
+        said += "it recorded; requests in flight when it stopped are lost"
+    print(said, file=sys.stderr)
 
 
 # ---------------------------------------------------------------- engines

@@ -1,12 +1,20 @@
-"""``records.jsonl``: one line per finished request, appended as it finishes, so nothing is lost.
+"""``records.jsonl``: a line when each request is sent and one when it ends, so nothing is lost.
 
 A live run writes each ``RequestTimeline`` here the moment the request ends (success or error),
 flushed at once and fsynced at least every ``fsync_interval_s``. After a crash or Ctrl-C the
 rows already written survive, and ``read_records`` turns them back into timelines (a line cut in
 half by a crash is skipped). The chunk instants travel in the same row.
 
-The first line is a header naming the run that wrote the file (``{"batchlab_records": 1,
-"run_id": ...}``), so a folder's ``records.jsonl`` is never mistaken for another run's.
+Before that, as each request goes out, a *sent record*: the request's row as it stands then
+(``not_finished``, no chunks), marked ``"batchlab_sent": 1``. Its final row, written later,
+replaces it (the last row per request wins); one that never comes (the replay killed outright:
+SIGKILL, the OOM killer) leaves the sent record, so every request sent is a row, as
+``not_finished`` (``load_records``). A reader that knows nothing of sent records takes them
+for the ``not_finished`` rows they are.
+
+The first line is a header naming the run that wrote the file (``{"batchlab_records": 2,
+"run_id": ...}``), so a folder's ``records.jsonl`` is never mistaken for another run's; from
+version 2 on, the file holds a sent record for every request sent (``sends_recorded``).
 A write that fails (a full disk) raises ``OSError`` once; the writer then stops writing,
 and the rows before it stay on disk.
 """
@@ -18,14 +26,21 @@ import contextlib
 import errno
 import json
 import os
-from dataclasses import fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from harness.results import RECORDS_FILE as RECORDS_FILE  # the file this module writes
 from harness.timeline import RequestTimeline
+from harness.traces import TraceRequest
 
 HEADER_KEY = "batchlab_records"
+# The header's version: 2 when the file holds a sent record for every request sent.
+RECORDS_VERSION = 2
+SENT_KEY = "batchlab_sent"  # marks a sent record (module doc)
+# What a sent record that no final row replaced says happened to its request.
+SENT_UNRECORDED_MESSAGE = ("sent, then the run was killed before this request finished: no end "
+                           "of it was recorded")
 
 _FIELDS = tuple(f.name for f in fields(RequestTimeline) if f.name != "extra")
 
@@ -38,6 +53,27 @@ def timeline_to_record(tl: RequestTimeline) -> dict[str, Any]:
     for key, value in tl.extra.items():
         row.setdefault(key, value)
     return row
+
+
+class SentRecord:
+    """A request's sent record, its text made before the request's instant (``head``,
+    ``tail``): at the send only the instants are formatted in (``line``)."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, req: TraceRequest) -> None:
+        self.head = f'{{"request_id": {json.dumps(req.request_id)}, '
+        priority = "null" if req.priority is None else str(int(req.priority))
+        self.tail = (f'"num_prompt_tokens": {int(req.num_prompt_tokens)}, '
+                     f'"num_target_output_tokens": {int(req.num_output_tokens)}, '
+                     f'"priority": {priority}, "error_kind": "not_finished", '
+                     f'"error_message": {json.dumps(SENT_UNRECORDED_MESSAGE)}, '
+                     f'"token_count_source": "chunks", "{SENT_KEY}": 1}}\n')
+
+    def line(self, arrival_s: float, scheduled_s: float | None, sent_s: float) -> str:
+        scheduled = "null" if scheduled_s is None else repr(float(scheduled_s))
+        return (f'{self.head}"arrival_s": {float(arrival_s)!r}, "scheduled_s": {scheduled}, '
+                f'"sent_s": {float(sent_s)!r}, {self.tail}')
 
 
 def record_to_timeline(row: dict[str, Any]) -> RequestTimeline:
@@ -65,7 +101,14 @@ class RecordWriter:
         self.num_written = 0
         self.error: OSError | None = None  # the first failed write; nothing is written after
         if run_id is not None:
-            self._put(json.dumps({HEADER_KEY: 1, "run_id": run_id}) + "\n")
+            self._put(json.dumps({HEADER_KEY: RECORDS_VERSION, "run_id": run_id}) + "\n")
+
+    def write_sent(self, line: str) -> None:
+        """Append a sent record (``SentRecord.line``); on the send path: one ``write``, no
+        JSON encoding. Raises as ``write`` does."""
+        if self._file is None or self.error is not None:
+            raise ValueError(f"{self.path}: writer is closed")
+        self._put(line)
 
     def write(self, tl: RequestTimeline) -> None:
         """Append one row. Raises OSError once when the disk refuses it, ValueError after."""
@@ -128,13 +171,40 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
+@dataclass(frozen=True, slots=True)
+class Records:
+    """What a ``records.jsonl`` holds: ``rows``, each request's last row, in file order;
+    ``unrecorded``, a ``not_finished`` row for each request sent that has no row after its
+    sent record (the run killed outright); ``sends_recorded``, whether the file holds a sent
+    record for every request sent (version 2 on: every request sent is then in ``rows`` or
+    ``unrecorded``)."""
+
+    rows: list[RequestTimeline]
+    unrecorded: list[RequestTimeline]
+    sends_recorded: bool
+
+    @property
+    def timelines(self) -> list[RequestTimeline]:
+        """Every request sent, as a row (``rows``, then ``unrecorded``)."""
+        return [*self.rows, *self.unrecorded]
+
+
 def read_records(path: Path) -> list[RequestTimeline]:
-    """Timelines from a ``records.jsonl``, last row per request id winning, in file order.
+    """Timelines from a ``records.jsonl``, last row per request id winning, in file order;
+    sent records aside (``load_records`` has them too).
 
     A line that is not valid JSON can only be the last one, cut by a crash; it is skipped.
     Anything else malformed is an error naming the line.
     """
+    return load_records(path).rows
+
+
+def load_records(path: Path, *, unrecorded_message: str = SENT_UNRECORDED_MESSAGE) -> Records:
+    """``read_records``'s rows, and a ``not_finished`` row (saying ``unrecorded_message``) for
+    each request whose sent record no row followed (``Records``)."""
     by_id: dict[str, RequestTimeline] = {}
+    sent: dict[str, RequestTimeline] = {}
+    version = 0
     with path.open(encoding="utf-8") as f:
         lines = f.readlines()
     for lineno, line in enumerate(lines, 1):
@@ -147,13 +217,22 @@ def read_records(path: Path) -> list[RequestTimeline]:
                 break  # half-written by a crash
             raise ValueError(f"{path}:{lineno}: not a JSON object") from None
         if isinstance(row, dict) and HEADER_KEY in row:
+            if lineno == 1 and isinstance(row[HEADER_KEY], int):
+                version = row[HEADER_KEY]
             continue
+        is_sent = isinstance(row, dict) and row.pop(SENT_KEY, None) is not None
         try:
             tl = record_to_timeline(row)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{path}:{lineno}: not a request record: {exc}") from None
-        by_id[tl.request_id] = tl
-    return list(by_id.values())
+        if is_sent:
+            sent.setdefault(tl.request_id, tl)
+        else:
+            by_id[tl.request_id] = tl
+    unrecorded = [tl if tl.error_message == unrecorded_message
+                  else replace(tl, error_message=unrecorded_message)
+                  for rid, tl in sent.items() if rid not in by_id]
+    return Records(list(by_id.values()), unrecorded, version >= RECORDS_VERSION)
 
 
 def records_run_id(path: Path) -> str | None:

@@ -20,11 +20,15 @@ One run, one ``httpx.AsyncClient``, one clock::
 
 Failures are rows, never exceptions: each request ends as exactly one ``RequestTimeline``
 appended to ``records.jsonl`` (``harness.live.recorder``) with an ``error_kind`` from
-``harness.timeline.ERROR_KINDS``. At the end (also after Ctrl-C) the rows are consolidated into
+``harness.timeline.ERROR_KINDS``. Before that, as it goes out, a sent record goes there (its
+text made before the request's instant; once its bytes are on the socket, one ``write``), so a
+replay killed outright (SIGKILL) still leaves every request it sent on disk, those in flight
+as ``not_finished``. At the end (also after Ctrl-C) the rows are consolidated into
 ``requests.parquet``/``chunks.parquet`` and ``summary.json``; ``rebuild_summary`` does the same
 from ``records.jsonl`` after a crash. When the disk refuses a row (full), the run stops there:
 what is in flight is recorded as ``not_finished``, the rows already written stay, the manifest
-says where it stopped, and ``RunWriteError`` is raised.
+says where it stopped, and ``RunWriteError`` is raised (a sent record it refuses does the
+same).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from harness.live.protocols import (
     build_body,
     encode_body,
 )
-from harness.live.recorder import RECORDS_FILE, RecordWriter
+from harness.live.recorder import RECORDS_FILE, RecordWriter, SentRecord
 from harness.live.rundir import finish_run_folder, replay_manifest, update_manifest_quietly
 from harness.live.wire import Attempt, Wire, wire_for
 from harness.manifest import update_manifest
@@ -205,6 +209,7 @@ class _Run:
         behind = False  # the previous request was held past its arrival by the gate
         for i, req in enumerate(requests):
             request = self.wire.prepare(req, self.bodies.take(i))  # built before the arrival
+            sent_record = SentRecord(req)
             arrival_ns = self.t0_ns + round(req.arrival_s * 1e9)
             await sleep_until_ns(arrival_ns, spin_ns=self.spin_ns)
             scheduled_ns: int | None = None
@@ -223,7 +228,7 @@ class _Run:
             last_release_ns = arrival_ns if scheduled_ns is None else scheduled_ns
             task = asyncio.create_task(self.execute(
                 req, request, req.arrival_s,
-                None if scheduled_ns is None else self.s(scheduled_ns)))
+                None if scheduled_ns is None else self.s(scheduled_ns), sent_record))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             if gate is not None:
@@ -239,9 +244,10 @@ class _Run:
 
         async def user() -> None:
             for i, req in queue:
+                sent_record = SentRecord(req)
                 arrival_s = self.s(time.perf_counter_ns())
                 request = self.wire.prepare(req, self.bodies.take(i))
-                await self.execute(req, request, arrival_s, None)
+                await self.execute(req, request, arrival_s, None, sent_record)
 
         for _ in range(min(self.config.concurrency, len(requests))):
             task = asyncio.create_task(user())
@@ -263,13 +269,19 @@ class _Run:
     # -- one request
 
     async def execute(self, req: TraceRequest, request: object, arrival_s: float,
-                      scheduled_s: float | None) -> None:
+                      scheduled_s: float | None, sent_record: SentRecord | None = None) -> None:
         att = Attempt(req, arrival_s, scheduled_s, StreamParser(self.config.protocol),
                       decoder=SseDecoder(self.config.max_event_bytes))
         att.sent_ns = time.perf_counter_ns()  # until the wire knows better
         self.num_sent += 1
         self.last_send_lag_s = self.s(att.sent_ns) - (arrival_s if scheduled_s is None
                                                       else scheduled_s)
+        # The sent record is written once this task first waits in the wire: the request's
+        # bytes are then on the socket (the lean client writes them before it waits), so the
+        # write costs its send lag nothing. A row written first (a wire that never waited)
+        # makes it moot.
+        noting = asyncio.get_running_loop().call_soon(
+            self._note_sent, sent_record or SentRecord(req), att)
         try:
             try:
                 async with asyncio.timeout(self.config.timeout_s):
@@ -286,20 +298,38 @@ class _Run:
                 att.error_message = (att.error_message
                                      or "the run ended before the request finished")
                 att.end_ns = None
+            noting.cancel()
             self._record(att)
             raise
+        noting.cancel()
         self._record(att)
+
+    def _note_sent(self, sent_record: SentRecord, att: Attempt) -> None:
+        """Write the request's sent record (``harness.live.recorder``); a full disk stops the
+        run as a row it refuses does."""
+        if self.write_error is not None:
+            return
+        assert att.sent_ns is not None
+        try:
+            self.writer.write_sent(sent_record.line(att.arrival_s, att.scheduled_s,
+                                                    self.s(att.sent_ns)))
+        except OSError as exc:
+            self._write_failed(exc)
+
+    def _write_failed(self, exc: OSError) -> None:
+        """A full disk: stop the run here, keep what was written."""
+        self.write_error = exc
+        self.stopped_at_s = self.s(time.perf_counter_ns())
+        if self.on_write_error is not None:
+            self.on_write_error()
 
     def _record(self, att: Attempt) -> None:
         tl = self._timeline(att)
         if self.write_error is None:
             try:
                 self.writer.write(tl)
-            except OSError as exc:  # a full disk: stop the run here, keep what was written
-                self.write_error = exc
-                self.stopped_at_s = self.s(time.perf_counter_ns())
-                if self.on_write_error is not None:
-                    self.on_write_error()
+            except OSError as exc:
+                self._write_failed(exc)
         self.timelines.append(tl)
         if self.progress is not None:
             # at most every PROGRESS_INTERVAL_NS: a progress bar redraw costs the event loop

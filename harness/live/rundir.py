@@ -17,7 +17,13 @@ from harness.live.prompts import (
     PromptBuilder,
 )
 from harness.live.protocols import OUTPUT_LENGTH_CONTROL
-from harness.live.recorder import RECORDS_FILE, read_records, records_run_id
+from harness.live.recorder import (
+    RECORDS_FILE,
+    SENT_UNRECORDED_MESSAGE,
+    Records,
+    load_records,
+    records_run_id,
+)
 from harness.live.telemetry import TELEMETRY_FILE, engine_preemptions
 from harness.manifest import run_fields, trace_manifest, update_manifest
 from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo, summarize
@@ -30,6 +36,7 @@ from harness.results import (
     write_json_atomic,
     write_timelines,
 )
+from harness.runfolder import writer_of
 from harness.timeline import RequestTimeline
 from harness.traces import Trace
 
@@ -155,7 +162,14 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     ``slo`` defaults to the one in the folder's manifest. Keys of an existing summary that
     ``summarize`` does not produce (e.g. a simulation's step count) are kept. A
     ``records.jsonl`` is used only when it belongs to the folder's run (a live run whose
-    ``run_id`` its header names); otherwise the parquet files are the run's record."""
+    ``run_id`` its header names); otherwise the parquet files are the run's record.
+
+    A request whose sent record no row followed (the replay killed outright) is a
+    ``not_finished`` row. When the records hold every request sent (``Records.sends_recorded``)
+    of a run whose manifest never said how it ended (still "running": killed), the summary
+    also says how much of its trace it sent (``num_planned``, ``num_not_sent``) and how many
+    requests were in flight with no end recorded (``num_sent_unrecorded``), and so does the
+    manifest, whose status is left as it was."""
     out_dir = Path(out_dir)
     manifest: dict[str, Any] = {}
     with contextlib.suppress(ValueError, OSError):
@@ -166,14 +180,19 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     records = out_dir / RECORDS_FILE
     run_id = manifest.get("run_id") if isinstance(manifest.get("run_id"), str) else None
     worker_records = _workers_records(out_dir)
+    read: list[Records] = []  # what the timelines were rebuilt from, when from records
     if records.exists() and _records_belong(records, manifest, run_id):
-        timelines = sorted(read_records(records), key=lambda tl: tl.arrival_s)
+        read = [load_records(records, unrecorded_message=_unrecorded_message(manifest))]
+        timelines = sorted(read[0].timelines, key=lambda tl: tl.arrival_s)
         write_timelines(out_dir, timelines, live=True, run_id=run_id)
     elif worker_records and not (out_dir / REQUESTS_FILE).exists():
         # replay --workers killed before it merged (SIGKILL to the parent): each worker's
         # records, as the merge would have taken them
-        timelines = sorted((tl for path in worker_records for tl in read_records(path)),
-                           key=lambda tl: tl.arrival_s)
+        for path in worker_records:
+            _refuse_if_written(path.parent)
+        read = [load_records(path, unrecorded_message=_unrecorded_message(manifest))
+                for path in worker_records]
+        timelines = sorted((tl for r in read for tl in r.timelines), key=lambda tl: tl.arrival_s)
         write_timelines(out_dir, timelines, live=True, run_id=run_id)
     elif (out_dir / REQUESTS_FILE).exists():
         _check_tables(out_dir, run_id)
@@ -204,15 +223,65 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     # it from): a run that did not finish must not read as a whole one
     if manifest.get("status") and "status" not in summary:
         summary["status"] = manifest["status"]
+    killed = _sends_of_killed_run(manifest, read, len(timelines))
     for key in ("num_planned", "num_not_sent"):
         if key not in summary and manifest.get(key) is not None:
             summary[key] = manifest[key]
+        elif key not in summary and key in killed:
+            summary[key] = killed[key]
+    num_unrecorded = sum(len(r.unrecorded) for r in read)
+    if killed or num_unrecorded:
+        summary["num_sent_unrecorded"] = num_unrecorded
     workers = summary.get("workers")
     if isinstance(workers, list) and any(isinstance(w, dict) and w.get("client_limited")
                                          for w in workers):
         summary["client_limited"] = True  # as replay --workers merged it: when any worker was
     write_json_atomic(summary, old_path)
+    missing = {k: v for k, v in killed.items() if k not in manifest}
+    if missing:  # what the killed run never wrote (its status stays: nothing said how it ended)
+        update_manifest_quietly(out_dir, missing)
     return summary
+
+
+KILLED_STATUSES = ("running", "starting")  # a manifest that never said how its run ended
+
+
+def _unrecorded_message(manifest: dict[str, Any]) -> str:
+    """What a request sent with no row after its sent record is said to have met."""
+    status = manifest.get("status")
+    if status in (None, *KILLED_STATUSES):
+        return SENT_UNRECORDED_MESSAGE
+    return (f"sent, but no row of it was written to {RECORDS_FILE} before the run ended "
+            f"({status})")
+
+
+def _sends_of_killed_run(manifest: dict[str, Any], read: Sequence[Records],
+                         num_rows: int) -> dict[str, int]:
+    """A run killed outright (its manifest still says running) whose records hold every
+    request it sent: how much of its trace that was (the manifest's counts, as the run would
+    have written them). Empty for any other run."""
+    if manifest.get("status") not in KILLED_STATUSES or not read:
+        return {}
+    if not all(r.sends_recorded for r in read):
+        return {}  # records from before sent records: the requests in flight are not there
+    trace = manifest.get("trace")
+    planned = manifest.get("num_planned")
+    if not isinstance(planned, int) and isinstance(trace, dict):
+        planned = trace.get("num_requests")
+    if not isinstance(planned, int):
+        return {}
+    return {"num_planned": planned, "num_not_sent": max(0, planned - num_rows),
+            "num_sent": num_rows, "num_recorded": num_rows,
+            "num_sent_unrecorded": sum(len(r.unrecorded) for r in read)}
+
+
+def _refuse_if_written(folder: Path) -> None:
+    """A worker's folder that a process still writes (a worker recording its requests in
+    flight after its parent was killed) is not read half-written."""
+    holder = writer_of(folder)
+    if holder is not None:
+        raise ValueError(f"{folder}: {holder} is still writing it (a replay worker recording "
+                         "its requests in flight); summarize once it has ended")
 
 
 def _check_tables(out_dir: Path, run_id: str | None) -> None:

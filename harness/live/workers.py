@@ -24,12 +24,16 @@ Stopping. A worker stops as a plain replay does on Ctrl-C (its requests in fligh
 (``timeout``, systemd), unless it was started with that signal ignored, as its parent then
 ignores it too. When the parent alone is stopped, it tells its workers over their pipes, not
 with a signal: a worker may have inherited SIGINT ignored (a run started with ``&`` from a
-script), and would go on replaying.
+script), and would go on replaying. When the parent is killed outright (SIGKILL), each worker
+sees its pipe close (or its parent pid change) and stops the same way, its manifest saying
+why, then exits; ``batchlab summarize`` on the run folder merges the workers' records.
 
 A worker that dies (SIGKILL, the OOM killer) fails the run; the others replay to their end and
-everything is merged. Each worker notes in memory shared with the parent when it hands each
-request to the wire, so the requests a dead worker sent but never recorded are still rows, as
-``not_finished``: every request sent is a row, and num_planned = num_recorded + num_not_sent.
+everything is merged. Each worker writes a sent record as each request goes out
+(``harness.live.recorder``) and notes it in memory shared with the parent too, so the requests
+a dead worker sent but never recorded are still rows, as ``not_finished``: every request sent
+is a row, and num_planned = num_recorded + num_not_sent. The manifest's ``error`` names the
+worker that died, how (signal or exit status), and what became of its requests.
 """
 
 from __future__ import annotations
@@ -49,10 +53,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness.live.config import ReplayConfig
-from harness.live.recorder import RECORDS_FILE, read_records
+from harness.live.recorder import RECORDS_FILE, Records, load_records
 from harness.live.rundir import consolidate, update_manifest_quietly, with_engine_counters
 from harness.live.wire import Attempt, Wire, wire_for
-from harness.manifest import run_fields, trace_manifest, update_manifest
+from harness.manifest import read_manifest, run_fields, trace_manifest, update_manifest
 from harness.metrics import distribution, summarize
 from harness.results import SUMMARY_FILE, write_json_atomic
 from harness.runfolder import RunIdentity, claim_run_dir, release_run_dir
@@ -118,7 +122,8 @@ def worker_configs(config: ReplayConfig, num_workers: int) -> list[ReplayConfig]
 def _worker_main(index: int, trace: Trace, config: ReplayConfig, out_dir: str,
                  to_parent: Any, from_parent: Any, parent_pid: int, sent_log: Any) -> None:
     """One worker process: say ready, wait for t0, replay its part, report."""
-    _exit_with_parent(parent_pid)
+    watch = _ParentWatch(parent_pid)
+    watch.start()
     # SIGTERM and SIGHUP are Ctrl-C here too, as in the parent (``harness.cli.main``); one
     # the worker inherited ignored (``nohup``) stays ignored, as the parent ignores it.
     stop_signals = [sig for sig in (signal.SIGTERM, signal.SIGHUP)
@@ -137,10 +142,13 @@ def _worker_main(index: int, trace: Trace, config: ReplayConfig, out_dir: str,
         cpu_s = time.process_time()
         try:
             summary = asyncio.run(_replay_part(trace, config, Path(out_dir), progress, t0_ns,
-                                               from_parent, stop_signals, sent_log))
+                                               from_parent, stop_signals, sent_log, watch))
         finally:
             for sig in stop_signals:  # the replay has ended: its report must get out
                 signal.signal(sig, signal.SIG_IGN)
+            if watch.gone.is_set():  # no one to report to: the folder says it all
+                _note_parent_gone(Path(out_dir), parent_pid)
+                os._exit(1)  # not a normal exit: it would wait to flush the queue to no one
         to_parent.put(("done", index, {"num_requests": summary.get("num_requests"),
                                        "cpu_s": time.process_time() - cpu_s}))
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -155,9 +163,10 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 async def _replay_part(trace: Trace, config: ReplayConfig, out_dir: Path,
                        progress: Callable[[int, int], None], t0_ns: int, from_parent: Any,
-                       stop_signals: Sequence[signal.Signals], sent_log: Any) -> dict[str, Any]:
+                       stop_signals: Sequence[signal.Signals], sent_log: Any,
+                       watch: _ParentWatch) -> dict[str, Any]:
     """``replay`` of this worker's part, cancelled (as Ctrl-C cancels a plain replay) by a stop
-    signal or by the parent's STOP."""
+    signal, by the parent's STOP, or by the parent's end (``_ParentWatch``)."""
     from harness.live.replay import replay
 
     loop = asyncio.get_running_loop()
@@ -173,8 +182,9 @@ async def _replay_part(trace: Trace, config: ReplayConfig, out_dir: Path,
     def on_parent() -> None:
         try:
             message = from_parent.recv()
-        except (EOFError, OSError):  # the parent is gone: _exit_with_parent ends this process
+        except (EOFError, OSError):  # the parent is gone (killed outright): stop as on Ctrl-C
             loop.remove_reader(from_parent.fileno())
+            watch.parent_gone()
             return
         if message == STOP:
             stop()
@@ -182,12 +192,14 @@ async def _replay_part(trace: Trace, config: ReplayConfig, out_dir: Path,
     for sig in stop_signals:
         loop.add_signal_handler(sig, stop)
     loop.add_reader(from_parent.fileno(), on_parent)
+    watch.attach(loop, stop)
     inner = wire_for(config)  # the client replay would choose, counted as it sends
     index_of = {req.request_id: j for j, req in enumerate(trace.requests)}
     try:
         return await replay(trace, config, out_dir, progress=progress, t0_ns=t0_ns,
                             overwrite=True, wire=_LoggedWire(inner, sent_log, index_of))
     finally:
+        watch.detach()
         loop.remove_reader(from_parent.fileno())
 
 
@@ -217,16 +229,71 @@ class _LoggedWire:
         await self._wire.aclose()
 
 
-def _exit_with_parent(parent_pid: int, interval_s: float = 1.0) -> None:
-    """Stop this worker when its parent is gone (killed outright, so no signal reached the
-    workers): nothing would merge what it replays, and its last message to the parent would
-    wait on a pipe no one reads, forever. What it recorded stays in its own folder."""
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(interval_s)
+class _ParentWatch:
+    """Whether this worker's parent is still there. Killed outright (SIGKILL: no signal reached
+    the workers), nothing would merge what the worker replays, and its last message to the
+    parent would wait on a pipe no one reads, forever. So a worker whose parent is gone stops
+    its replay as on Ctrl-C (``attach``: its requests in flight recorded as ``not_finished``,
+    its folder written), notes why in its manifest and exits; one with no replay running
+    exits at once, and one whose replay has not ended within ``STOP_TIMEOUT_S``, then.
+
+    Its pipe from the parent says so first (``parent_gone``, from the event loop); a thread
+    that polls the parent pid says so too, where no replay reads the pipe."""
+
+    def __init__(self, parent_pid: int, interval_s: float = 1.0) -> None:
+        self.parent_pid = parent_pid
+        self.gone = threading.Event()
+        self._interval_s = interval_s
+        self._lock = threading.Lock()
+        self._replay: tuple[asyncio.AbstractEventLoop, Callable[[], None]] | None = None
+
+    def start(self) -> None:
+        threading.Thread(target=self._watch, name="batchlab-parent-watch", daemon=True).start()
+
+    def attach(self, loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
+        """The replay now running, and how to stop it (from the loop's thread)."""
+        with self._lock:
+            self._replay = (loop, stop)
+        if self.gone.is_set():
+            loop.call_soon_threadsafe(stop)
+
+    def detach(self) -> None:
+        with self._lock:
+            self._replay = None
+
+    def parent_gone(self) -> bool:
+        """Stop the replay, if one runs (any thread); whether one did."""
+        self.gone.set()
+        with self._lock:
+            running = self._replay
+        if running is None:
+            return False
+        loop, stop = running
+        try:
+            loop.call_soon_threadsafe(stop)
+        except RuntimeError:  # the loop has just closed: the replay is over
+            return False
+        return True
+
+    def _watch(self) -> None:
+        while os.getppid() == self.parent_pid:
+            time.sleep(self._interval_s)
+        if self.parent_gone():
+            # the replay records what is in flight, and the worker exits (_worker_main); one
+            # that cannot within the time given does not live on
+            time.sleep(STOP_TIMEOUT_S)
         os._exit(1)  # no normal exit: that would wait to flush the queue to the dead parent
 
-    threading.Thread(target=watch, name="batchlab-parent-watch", daemon=True).start()
+
+def _note_parent_gone(out_dir: Path, parent_pid: int) -> None:
+    """A worker stopped because its parent was killed: its manifest says so (its status is
+    the replay's own, "interrupted")."""
+    if read_manifest(out_dir).get("status") != "interrupted":
+        return  # it had ended already, or never started: nothing to explain
+    update_manifest_quietly(out_dir, {
+        "error": f"stopped because its parent process (replay --workers, pid {parent_pid}) "
+                 "was killed outright: its requests in flight are rows as not_finished; "
+                 f"`batchlab summarize {out_dir.parent.parent}` merges the workers' records"})
 
 
 # ---------------------------------------------------------------- in the parent
@@ -331,11 +398,14 @@ def _replay_workers(trace: Trace, config: ReplayConfig, out_dir: Path, run_id: s
             status = "failed" if status == "finished" else status
         for w, end in ends.items():
             if end.status == "died":  # its own manifest says "running": it never got to end it
-                update_manifest_quietly(dirs[w], {"status": "failed",
-                                                  "error": f"the worker {end.detail}"})
+                update_manifest_quietly(dirs[w], {"status": "failed", "error": (
+                    f"the worker {end.detail}: the {merged.num_sent_unrecorded[w]} requests "
+                    f"it had in flight are rows as not_finished in {out_dir}")})
         summary = merged.summary
         update_manifest_quietly(out_dir, {
             "status": status, "t0_perf_counter_ns": t0_ns, "errors": errors,
+            # what the report says of how the run ended (one line: every worker's error)
+            **({"error": _run_error(errors, summary, len(trace.requests))} if errors else {}),
             "num_sent": summary["num_requests"],  # every request sent is a row, lost ones too
             "num_recorded": summary["num_requests"],
             "num_not_sent": summary["num_not_sent"],
@@ -492,6 +562,16 @@ def _read_one(to_parent: Any, timeout_s: float, ends: dict[int, WorkerEnd],
     return True
 
 
+def _run_error(errors: Sequence[str], summary: dict[str, Any], num_planned: int) -> str:
+    """The manifest's ``error`` of a run that failed: each error (which worker died and how,
+    what became of its requests), and how much of the whole trace was never sent."""
+    said = "; ".join(errors)
+    not_sent = summary.get("num_not_sent")
+    if isinstance(not_sent, int):
+        said += f" (of the run's {num_planned} requests, {not_sent} were never sent)"
+    return said
+
+
 def _worker_errors(parts: Sequence[Trace], ends: dict[int, WorkerEnd],
                    merged: _Merged) -> list[str]:
     """What failed: each worker that reported an error or died, with what became of its part."""
@@ -546,18 +626,23 @@ def _merge(out_dir: Path, trace: Trace, config: ReplayConfig, parts: Sequence[Tr
     """Merge every worker's records (and the rows of what it sent but never recorded) into
     the run folder. A disk that refuses the merged files does not lose the summary: it is
     returned, computed in memory, with the reason."""
-    recorded = [read_records(d / RECORDS_FILE) if (d / RECORDS_FILE).exists() else []
-                for d in dirs]
+    recorded: list[list[RequestTimeline]] = []
     lost = []
-    for w, rows in enumerate(recorded):
+    for w, d in enumerate(dirs):
         end = ends.get(w, WorkerEnd("ended"))
         why = (f"worker {w} {end.detail}" if end.status == "died"
                else f"worker {w} failed ({end.detail})" if end.status == "failed"
                else f"worker {w} ended ({end.status})")
+        message = f"sent, then {why} before this request's row was written"
+        # its rows, and one for each request its sent records say went out with no row after
+        records = (load_records(d / RECORDS_FILE, unrecorded_message=message)
+                   if (d / RECORDS_FILE).exists() else Records([], [], True))
+        rows = records.timelines
+        # and for any its sent records missed, the ones shared memory noted
         extra = unrecorded_sends(parts[w], rows, sent_logs[w], t0_ns=t0_ns, mode=config.mode,
                                  why=why)
-        lost.append(len(extra))
-        recorded[w] = [*rows, *extra]
+        lost.append(len(records.unrecorded) + len(extra))
+        recorded.append([*rows, *extra])
     timelines = merge_timelines(recorded)
     # how the run ended and how much of the trace it sent (as replay's summary says)
     fields = {"status": status, "num_planned": len(trace.requests),

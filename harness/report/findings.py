@@ -116,8 +116,9 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
     for c in ok:
         ended = c.ended_early
         if ended:
-            out.append(f"{code(c.name)} did not run to its end: {ended.rstrip('.')}. Its "
-                       "figures cover the requests it sent.")
+            out.append(f"{code(c.name)} did not run to its end: {ended.rstrip('.')}."
+                       + ("" if c.in_flight_lost else
+                          " Its figures cover the requests it sent."))
     for c in cells:
         if c.state in ("failed", "interrupted", "running"):
             reason = short(c.reason) if c.reason else "no reason recorded"

@@ -65,6 +65,11 @@ class CellResult:
             return None
         if status == "running":
             said = "killed while it ran (its manifest still says running)"
+            if self.in_flight_lost:
+                said += "; the requests in flight then are not among its figures"
+            else:
+                in_flight = get(self.summary, "failures.not_finished") or 0
+                said += f", with {in_flight} requests in flight (rows as not_finished)"
         else:
             said = str(record.get("error") or record.get("stopped_early")
                        or ("interrupted (Ctrl-C or SIGTERM)" if status == "interrupted"
@@ -73,6 +78,14 @@ class CellResult:
         if isinstance(not_sent, int) and not_sent and "never sent" not in said:
             said += f"; {not_sent} requests of the trace were never sent"
         return said
+
+    @property
+    def in_flight_lost(self) -> bool:
+        """Killed outright, summarized from a record of an older batchlab that wrote no
+        request down until it ended: the requests in flight then are not among its figures
+        (a newer one records each send, and they are rows as not_finished)."""
+        return (self.manifest.get("status") == "running" and self.summary is not None
+                and "num_sent_unrecorded" not in self.summary)
 
     @cached_property
     def pace(self) -> Pace | None:

@@ -31,6 +31,11 @@ from harness.target import TargetSpec
 CONNECTION_FAILURES = ("connect_error", "stream_cut")
 
 
+class ServerStoppedAnswering(RuntimeError):
+    """The live server stopped answering during a run (a capacity probe, a sweep's cell): the
+    run failed, its files say so, and it says nothing about the load."""
+
+
 def is_attached(spec: TargetSpec) -> bool:
     """A live target batchlab attaches to rather than starts."""
     return spec.mode == "attach" and spec.url is not None
@@ -145,8 +150,6 @@ def not_answering(spec: TargetSpec, timeout_s: float = 5.0) -> str | None:
     """Why the live server of ``spec`` does not answer its health route now (``/health does
     not answer (ConnectError)``, ``/health answers HTTP 503``), or None when it does (as
     ``harness.validate.engine_answers`` asks it)."""
-    import httpx
-
     from adapters.knobs import KnobError
     from harness.live.session import plan_for
 
@@ -154,14 +157,58 @@ def not_answering(spec: TargetSpec, timeout_s: float = 5.0) -> str | None:
         plan = plan_for(spec)
     except KnobError:
         return None
+    return health_problem(plan.base_url, plan.health_path, timeout_s)
+
+
+def health_problem(base_url: str, health_path: str = "/health", timeout_s: float = 5.0
+                   ) -> str | None:
+    """Why the server at ``base_url`` does not answer ``health_path`` now, or None when it
+    answers (anything below HTTP 500: a server without that route still answers)."""
+    import httpx
+
     try:
-        response = httpx.get(plan.base_url.rstrip("/") + plan.health_path, timeout=timeout_s,
+        response = httpx.get(base_url.rstrip("/") + health_path, timeout=timeout_s,
                              trust_env=False)
     except httpx.HTTPError as exc:
-        return f"{plan.health_path} does not answer ({type(exc).__name__})"
+        return f"{health_path} does not answer ({type(exc).__name__})"
     if response.status_code >= 500:
-        return f"{plan.health_path} answers HTTP {response.status_code}"
+        return f"{health_path} answers HTTP {response.status_code}"
     return None
+
+
+def gone_mid_run(url: str, summary: Mapping[str, Any], health_path: str = "/health"
+                 ) -> str | None:
+    """Why an attached server's run is a failed run, in words, or None: requests of it could
+    not connect or were cut off, some completed before (none: the server was never up, which
+    the run's own "none of the requests succeeded" says), and the server does not answer now.
+    A server that answers again (restarted) leaves the failures to be counted as usual."""
+    lost = connection_failures(summary)
+    if not lost or not summary.get("num_completed"):
+        return None
+    down = health_problem(url, health_path)
+    if down is None:
+        return None
+    said = ", ".join(f"{kind} {n}" for kind, n in lost.items())
+    return (f"the server at {url} stopped answering during the run: {sum(lost.values())} "
+            f"requests could not connect or were cut off ({said}), "
+            f"{summary['num_completed']} of {summary.get('num_requests')} completed, and "
+            f"{down}")
+
+
+def record_failed(out_dir: Path, summary: Mapping[str, Any], why: str) -> dict[str, Any]:
+    """The run in ``out_dir`` failed (``why``): its summary and manifest say so, as for a
+    launched engine that exited mid-run (``harness.live.run``), so that no report, comparison
+    or CI job reads it as a measurement of load; the summary, as written."""
+    import contextlib
+
+    from harness.manifest import update_manifest
+    from harness.results import SUMMARY_FILE, write_json_atomic
+
+    failed = {**summary, "status": "failed"}
+    with contextlib.suppress(OSError):  # a full disk must not hide what happened
+        write_json_atomic(failed, out_dir / SUMMARY_FILE)
+        update_manifest(out_dir, {"status": "failed", "error": why})
+    return failed
 
 
 def connection_failures(summary: Mapping[str, Any]) -> dict[str, int]:

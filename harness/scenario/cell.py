@@ -10,6 +10,12 @@ from typing import Any
 from adapters.knobs import ReferenceKnobs
 from harness.metrics import Slo
 from harness.results import NothingServed, nothing_served
+from harness.scenario.attached import (
+    ServerStoppedAnswering,
+    gone_mid_run,
+    is_attached,
+    record_failed,
+)
 from harness.scenario.schema import Cell
 from harness.target import ClosedLoop, RunOptions, TargetSpec
 from harness.targets import SimulatedTarget, make_target
@@ -45,13 +51,19 @@ def run_cell(job: CellJob, out_dir: Path, progress: ProgressFn) -> Mapping[str, 
     # would double the sweep's time on small runs).
     options = RunOptions(slo=job.slo, progress=progress, command=list(job.command),
                          replay=replay, write_report=False, closed_loop=closed_loop)
-    summary = make_target(target_spec(cell, job.model, job.gpu)).run(job.trace, out_dir, options)
+    spec = target_spec(cell, job.model, job.gpu)
+    summary = make_target(spec).run(job.trace, out_dir, options)
     # its files are on disk; but a cell that served nothing measured nothing: it fails, with
     # the first error, and --resume runs it again
     why = nothing_served(summary, out_dir)
     if why is not None:
         raise NothingServed(why)
+    gone = gone_mid_run(spec.url, summary) if is_attached(spec) and spec.url else None
+    if gone is not None:  # as a launched engine's exit: a failed cell, run again by --resume
+        record_failed(out_dir, summary, gone)
+        raise ServerStoppedAnswering(gone)
     return summary
+
 
 
 def target_spec(cell: Cell, model: str, gpu: str | None) -> TargetSpec:

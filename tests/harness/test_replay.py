@@ -416,7 +416,7 @@ def test_ctrl_c_on_the_command_line(tmp_path: Path, server_process: str) -> None
     records = out / RECORDS_FILE
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if records.exists() and len(records.read_text().splitlines()) >= 3:
+        if records.exists() and len(read_records(records)) >= 3:  # finished, not just sent
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)

@@ -53,7 +53,7 @@ def _kill_worker_once_it_recorded(out: Path, worker: int, num_rows: int) -> Any:
         def watch() -> None:
             deadline = time.monotonic() + WAIT_S
             while time.monotonic() < deadline:
-                if records.exists() and len(records.read_text().splitlines()) > num_rows:
+                if records.exists() and len(read_records(records)) >= num_rows:
                     break
                 time.sleep(0.02)
             assert proc.pid is not None

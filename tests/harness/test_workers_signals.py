@@ -48,7 +48,7 @@ def _wait_for(condition: Callable[[], Any], what: str) -> None:
 
 
 def _rows_in(path: Path) -> int:
-    return len(path.read_text().splitlines()) - 1 if path.exists() else 0  # less the header
+    return len(read_records(path)) if path.exists() else 0  # finished ones, not just sent
 
 
 def _stopped(command: list[str], out: Path, stop: Callable[[subprocess.Popen[str]], None],

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from harness.cli import main
-from harness.live.recorder import RECORDS_FILE
+from harness.live.recorder import RECORDS_FILE, read_records
 from harness.live.testing import ScheduledStreamServer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -41,7 +41,7 @@ def serving_until(out: Path | None, **kw: Any) -> Iterator[str]:
         assert out is not None
         while not stop.is_set():
             records = out / RECORDS_FILE
-            if records.exists() and records.read_text().count("\n") >= 2:  # header + one
+            if records.exists() and read_records(records):  # one finished (not just sent)
                 stop.set()
             time.sleep(0.005)
 
@@ -68,8 +68,8 @@ def test_a_server_gone_mid_replay_fails_the_run(
     with serving_until(out) as url:
         assert main(replay(url, out)) == 1
     err = capsys.readouterr().err
-    assert f"the server at {url} stopped answering during the replay" in err
-    assert "connect_error" in err and "does not answer now" in err
+    assert f"the server at {url} stopped answering during the run" in err
+    assert "connect_error" in err and "/health does not answer (ConnectError)" in err
     summary = json.loads((out / "summary.json").read_text())
     manifest = json.loads((out / "manifest.json").read_text())
     assert summary["status"] == manifest["status"] == "failed"
@@ -87,3 +87,24 @@ def test_connection_failures_from_a_server_still_up_are_counted_not_fatal(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failures"] == {"stream_cut": 1}
     assert summary["status"] == "finished"
+
+
+def test_a_sweep_cell_whose_server_went_away_fails_and_says_why(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same in a scenario cell attached with ``url:``: it ended "done", and the sweep's
+    report compared its partial figures with the other cells'."""
+    out = tmp_path / "out"
+    cell = out / "gone" / "attached"
+    with serving_until(cell) as url:
+        scenario = tmp_path / "s.yaml"
+        scenario.write_text(
+            "name: gone\nquestion: Does a server that dies fail its cell?\n"
+            f"trace:\n  path: {TRACE}\n  limit: 12\n  rate: 8\n  output_tokens: 20\n"
+            "model: llama-3.1-8b\ngpu: h100-sxm\nengines:\n"
+            f"  - name: attached\n    engine: openai\n    url: {url}\n")
+        assert main(["run", str(scenario), "--out", str(out)]) == 1
+    status = json.loads((cell / "status.json").read_text())
+    assert status["state"] == "failed"
+    assert f"the server at {url} stopped answering during the run" in status["reason"]
+    assert json.loads((cell / "summary.json").read_text())["status"] == "failed"
+    assert "stopped answering during the run" in capsys.readouterr().err

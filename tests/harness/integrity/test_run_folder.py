@@ -247,6 +247,7 @@ def test_a_report_says_how_a_run_that_did_not_finish_ended(tmp_path: Path) -> No
     for status, said in (("interrupted", "interrupted (Ctrl-C or SIGTERM); 29 requests of the "
                                          "trace were never sent"),
                          ("running", "killed while it ran (its manifest still says running); "
+                                     "the requests in flight then are not among its figures; "
                                      "29 requests of the trace were never sent"),
                          ("finished", None)):
         (stopped / "manifest.json").write_text(json.dumps({"status": status,

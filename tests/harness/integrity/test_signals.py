@@ -25,7 +25,7 @@ def _stopped_replay(bl: type, loopback: str, out: Path, *signals: signal.Signals
                     "--output-tokens", "40", *extra, "--out", str(out))
     try:
         path = out / records
-        bl.wait_for(lambda: path.exists() and len(path.read_text().splitlines()) >= 4,
+        bl.wait_for(lambda: path.exists() and len(read_records(path)) >= 3,
                     "three finished requests")
         for sig in signals:
             proc.send_signal(sig)
@@ -91,7 +91,7 @@ def test_a_signal_ignored_at_start_stays_ignored(tmp_path: Path, loopback: str,
                             stderr=subprocess.PIPE, text=True)
     try:
         records = out / RECORDS_FILE
-        bl.wait_for(lambda: records.exists() and len(records.read_text().splitlines()) >= 2,
+        bl.wait_for(lambda: records.exists() and len(read_records(records)) >= 1,
                     "a finished request")
         proc.send_signal(signal.SIGHUP)
         _, err = proc.communicate(timeout=120)
@@ -146,7 +146,7 @@ def test_replay_workers_end_when_their_parent_is_killed_outright(
     workers: set[int] = set()
     try:
         records = out / "workers" / "w0" / RECORDS_FILE
-        bl.wait_for(lambda: records.exists() and len(records.read_text().splitlines()) >= 4,
+        bl.wait_for(lambda: records.exists() and len(read_records(records)) >= 3,
                     "three requests finished by a worker")
         workers = bl.children_of(proc.pid)
         assert len(workers) >= 2
