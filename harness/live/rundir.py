@@ -212,8 +212,14 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     if old_path.exists():
         with contextlib.suppress(ValueError, OSError):
             old = json.loads(old_path.read_text())
-            if old.get("run_id") not in (None, run_id):
+            # the run the tables are of: the manifest's, else (no manifest) the parquet files'
+            owner = run_id if run_id is not None else _tables_run_id(out_dir)
+            if old.get("run_id") not in (None, owner):
                 old = {}  # another run's summary (two runs into one folder): none of its keys
+            if not manifest and "num_preemptions" in old:
+                # no manifest to say whether the engine's counter was read (a live run's is
+                # "not known" without it): the summary's own figure stands
+                summary["num_preemptions"] = old["num_preemptions"]
             derived = {"slo", "goodput", "send_lag_s", "client_limited", "client_lag_threshold_s",
                        "gate_wait_s", "by_priority"}
             for key, value in old.items():
@@ -282,6 +288,15 @@ def _refuse_if_written(folder: Path) -> None:
     if holder is not None:
         raise ValueError(f"{folder}: {holder} is still writing it (a replay worker recording "
                          "its requests in flight); summarize once it has ended")
+
+
+def _tables_run_id(out_dir: Path) -> str | None:
+    """The run that wrote the folder's requests.parquet, when it says (None otherwise)."""
+    path = out_dir / REQUESTS_FILE
+    try:
+        return parquet_run_id(path) if path.exists() else None
+    except ValueError:
+        return None
 
 
 def _check_tables(out_dir: Path, run_id: str | None) -> None:

@@ -33,3 +33,24 @@ def test_a_run_without_its_manifest_says_what_is_not_known(tmp_path: Path) -> No
     assert "no manifest.json records how the knobs were applied" in text
     assert "did not run to its end: interrupted (Ctrl-C or SIGTERM); 12 requests of the " \
            "trace were never sent" in text
+
+
+def test_summarize_without_the_manifest_keeps_what_only_the_summary_knew(
+        tmp_path: Path) -> None:
+    """summarize of such a folder took the old summary for another run's (its run_id is not
+    the missing manifest's) and dropped how the run ended and how much of its trace it sent;
+    and it replaced a live run's "not known" preemption count by 0."""
+    run = tmp_path / "run"
+    assert main(["simulate", "--trace", str(EXCERPT), "--limit", "20", "--no-report",
+                 "--out", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    summary.update(status="interrupted", num_planned=32, num_not_sent=12,
+                   num_preemptions=None)
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "manifest.json").unlink()
+    assert main(["summarize", str(run)]) == 0
+    rebuilt = json.loads((run / "summary.json").read_text())
+    assert (rebuilt["status"], rebuilt["num_planned"], rebuilt["num_not_sent"]) == (
+        "interrupted", 32, 12)
+    assert rebuilt["num_preemptions"] is None
+    assert rebuilt["num_requests"] == 20
