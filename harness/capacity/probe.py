@@ -21,7 +21,6 @@ resumed search runs it again.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,7 +29,7 @@ from typing import Any
 
 from harness.capacity.saturation import SaturationMonitor, interval_for
 from harness.capacity.search import LOAD_UNITS, LoadKind, ProbeOutcome, normal_load
-from harness.manifest import read_manifest, update_manifest
+from harness.manifest import read_manifest
 from harness.metrics import Pace, Slo
 from harness.redact import redact_tree
 from harness.results import (
@@ -47,6 +46,7 @@ from harness.scenario.attached import (
     connection_failures,
     is_attached,
     not_answering,
+    record_failed,
 )
 from harness.scenario.status import CELL_FILE, STATUS_FILE, interrupted_reason
 from harness.target import ClosedLoop, RunOptions, TargetSpec
@@ -148,10 +148,7 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
         raise
     lost = server_lost(plan, load, summary, out_dir)
     if lost is not None:  # as a launched engine's exit (harness.live.run): a failed run
-        summary = {**summary, "status": "failed"}
-        with contextlib.suppress(OSError):  # a full disk must not hide what happened
-            write_json_atomic(summary, out_dir / SUMMARY_FILE)
-            update_manifest(out_dir, {"status": "failed", "error": lost})
+        record_failed(out_dir, summary, lost)
         write_json_atomic({"state": "failed", "reason": lost}, out_dir / STATUS_FILE)
         raise ServerStoppedAnswering(lost)
     why = nothing_served(summary, out_dir)
@@ -188,14 +185,18 @@ def server_lost(plan: ProbePlan, load: float, summary: Mapping[str, Any], out_di
     attached or launched, a probe that half its requests or more could not reach (no
     connection, a stream cut): a server killed and started again answers now, but did not
     answer them. Such failures are not the engine's answer to the load: counted as missed
-    SLOs, they would fail the probe and send the search below the engine's capacity."""
+    SLOs, they would fail the probe and send the search below the engine's capacity. A
+    replay or a sweep's cell is a measurement of what happened, not a verdict about a load:
+    it fails only when its server is gone after it (``harness.scenario.attached.
+    gone_mid_run``), and a server restarted under it leaves failures to be counted."""
     if plan.spec.simulated:
         return None
     sent = int(summary.get("num_requests") or 0)
     failed = int(summary.get("num_failed") or 0)
     unreached = connection_failures(summary)
     num_unreached = sum(unreached.values())
-    down = not_answering(plan.spec) if is_attached(plan.spec) else None
+    # (nothing failed: no question whether the server is gone, and no health request)
+    down = not_answering(plan.spec) if is_attached(plan.spec) and failed else None
     many = sent > 0 and 2 * num_unreached >= sent
     if not ((down is not None and failed) or many):
         return None

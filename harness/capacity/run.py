@@ -105,8 +105,13 @@ def _what_changed(before: Any, now: Mapping[str, Any] | None) -> str:
         what = names.get(k, k.replace("_", " "))
         old, new = before.get(k), now.get(k)
         if k == "files" and isinstance(old, Mapping) and isinstance(new, Mapping):
-            paths = sorted(p for p in set(old) | set(new) if old.get(p) != new.get(p))
-            what = "the bytes of " + ", ".join(paths) if paths else what
+            paths = sorted(p for p in set(old) & set(new) if old[p] != new[p])
+            read_now = sorted(set(new) - set(old))
+            said = (["the bytes of " + ", ".join(paths)] if paths else []) + (
+                ["now also read: " + ", ".join(read_now) + " (not among the files the "
+                 "probes were made from: an older batchlab, or another setting)"]
+                if read_now else [])
+            what = "; ".join(said) if said else what
         if k in ("target", "kind", "slo", "early_stop", "think_time_s", "trace"):
             what += f": {before.get(k)!r} then, {now.get(k)!r} now"
         parts.append(what)

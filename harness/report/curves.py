@@ -65,13 +65,22 @@ class Baselines:
 
     @classmethod
     def of(cls, ok: Sequence[CellResult], base: CellResult | None) -> Baselines:
+        """A cell that ended early is compared with nothing, and nothing with it: its
+        figures cover part of its trace (``CellResult.ended_early``)."""
         loads = {c.load for c in ok}
         setting = cell_setting(base) if base is not None else None
+        by_cell: dict[str, CellResult | None]
         if base is None or setting is None or len(loads) < 2:
-            return cls(base, dict.fromkeys((c.name for c in ok), base), False)
-        at_load = {c.load: c for c in ok if cell_setting(c) == setting}
-        at_load[base.load] = base
-        return cls(base, {c.name: at_load.get(c.load) for c in ok}, True)
+            by_cell = dict.fromkeys((c.name for c in ok), base)
+        else:
+            at_load = {c.load: c for c in ok
+                       if cell_setting(c) == setting and not c.ended_early}
+            at_load[base.load] = base
+            by_cell = {c.name: at_load.get(c.load) for c in ok}
+        for c in ok:
+            if c.ended_early and c is not base:
+                by_cell[c.name] = None
+        return cls(base, by_cell, setting is not None and base is not None and len(loads) >= 2)
 
     def of_cell(self, c: CellResult) -> CellResult | None:
         return self.by_cell.get(c.name)

@@ -76,13 +76,16 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
     """The report's text; draws its plots into ``out_dir`` when ``draw``. ``drawn``: run
     figures drawn already (``draw_run_figures``), by PNG name; they are not drawn again."""
     ok = [c for c in cells if c.ok]
+    # a cell that ended early (interrupted, its engine gone) has partial figures: shown, but
+    # no baseline, curve point, capacity evidence or sweep point
+    whole = [c for c in ok if not c.ended_early] or ok
     base = None
     if ctx.baseline is not None:
-        base = next((c for c in ok if c.name == ctx.baseline), None)
-    if base is None and ok:
-        base = ok[0]
+        base = next((c for c in whole if c.name == ctx.baseline), None)
+    if base is None and whole:
+        base = whole[0]
     preempted = preempted_requests(ok)
-    series = load_series(ok)
+    series = load_series(whole)
     searches = find_searches(cells, ctx.slo)
     target = searches[0].target if searches else DEFAULT_TARGET
     capacity = capacity_rows(series, searches, target)
@@ -96,7 +99,10 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
                                                    capacity=capacity, target=target,
                                                    bases=bases)]
     if ctx.baseline and (base is None or base.name != ctx.baseline):
-        lines.append(f"- The requested baseline {code(ctx.baseline)} has no results; "
+        early = any(c.name == ctx.baseline for c in ok)  # results, of part of its trace
+        lines.append(f"- The requested baseline {code(ctx.baseline)} "
+                     + ("ended early: nothing is compared with its partial figures; "
+                        if early else "has no results; ")
                      + (f"{code(base.name)} is used instead." if base else "nothing to compare."))
     lines.append("")
     lines += cells_section(cells)
@@ -104,14 +110,14 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
         lines += latency_section(ok, bases)
         lines += throughput_section(ok, bases)
         lines += goodput_section(ok, bases, ctx)
-        lines += _load_sections(ok, base, ctx, draw, series, capacity, target)
+        lines += _load_sections(whole, base, ctx, draw, series, capacity, target)
         lines += preemption_section(ok, preempted)
         lines += prefix_cache_section(ok)
         lines += output_length_section(ok)
         lines += failures_section(ok)
         lines += priority_section(ok, bases, ctx)
         lines += prediction_section(ok)
-    plotted = _draw_plots(ok, out_dir, ctx, drawn or {}) if draw else []
+    plotted = _draw_plots(ok, out_dir, ctx, drawn or {}, whole=whole) if draw else []
     unread = unreadable_sources(ok) if draw else []
     if plotted or unread:
         lines += ["## Plots", ""]
@@ -254,9 +260,11 @@ def unreadable_sources(ok: Sequence[CellResult]) -> list[str]:
 
 
 def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
-                drawn: Mapping[str, bool]) -> list[tuple[str, str]]:
+                drawn: Mapping[str, bool], *, whole: Sequence[CellResult]
+                ) -> list[tuple[str, str]]:
     """Draw every plot there is data for (but those in ``drawn``); return (alt text, file
-    name) in report order."""
+    name) in report order. ``whole``: the cells that ran to their end, the only points of
+    the sweep and load-curve plots."""
     plotted: list[tuple[str, str]] = []
     if not ok:
         return plotted
@@ -268,7 +276,7 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
             done = figure.draw(runs, out_dir / figure.png)
         if done:
             plotted.append((figure.alt, figure.png))
-    sweep = sweep_cells(ok)
+    sweep = sweep_cells(whole)
     if sweep:
         varying = varying_knobs(sweep)
         series = {c.name: series_key(c, varying) for c in sweep}
@@ -294,9 +302,9 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
         output_tokens_per_s=[p.output_tokens_per_s for p in s.points],
         tpot_p50_s=[p.tpot_p50_s for p in s.points], tpot_p90_s=[p.tpot_p90_s for p in s.points],
         ttft_p90_s=[p.ttft_p90_s for p in s.points],
-        stopped=[bool(p.stopped) for p in s.points]) for s in load_series(ok)]
+        stopped=[bool(p.stopped) for p in s.points]) for s in load_series(whole)]
     by_name = {c.name: c for c in ok}
-    series_cells = [p.cell for s in load_series(ok) for p in s.points]
+    series_cells = [p.cell for s in load_series(whole) for p in s.points]
     note = _predicted_words([n for n in series_cells
                              if n in by_name and is_prediction(by_name[n].manifest)],
                             series_cells)

@@ -74,6 +74,8 @@ class CellResult:
             said = str(record.get("error") or record.get("stopped_early")
                        or ("interrupted (Ctrl-C or SIGTERM)" if status == "interrupted"
                            else status))
+        if self.reason == RESUME_HINT:  # a sweep's cell: --resume runs it again
+            said += f" ({RESUME_HINT})"
         not_sent = record.get("num_not_sent")
         if isinstance(not_sent, int) and not_sent and "never sent" not in said:
             said += f"; {not_sent} requests of the trace were never sent"
@@ -183,6 +185,10 @@ def _manifest_engine(manifest: Mapping[str, Any]) -> tuple[str | None, str | Non
 # ---------------------------------------------------------------- run folders
 
 
+# What a sweep's cell that did not finish is told, wherever its state is said
+RESUME_HINT = "--resume runs it again"
+
+
 def load_run(run_dir: Path, name: str | None = None) -> CellResult:
     """A run folder (a scenario cell or a single ``simulate``/``replay`` run)."""
     run_dir = Path(run_dir)
@@ -208,7 +214,7 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
         # a sweep's cell that measured part of its trace before it ended (an engine that
         # exited, Ctrl-C): its figures are shown as a single run's would be, as having ended
         # early (``ended_early``), and never compared as a whole run's
-        state = "done"
+        state, reason = "done", RESUME_HINT
     if state == "not_run" and manifest.get("status") in ("failed", "interrupted"):
         # a run that ended before it measured anything (an engine that did not start)
         state = str(manifest["status"])
@@ -223,9 +229,9 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
                       f"{RECORDS_FILE} recorded")
     if state == "running":  # nothing said how it ended
         reason = reason or ("still running, or killed before it could say so"
-                            + (" (--resume runs it again)" if status else ""))  # a sweep's cell
+                            + (f" ({RESUME_HINT})" if status else ""))  # a sweep's cell
     elif state == "interrupted":
-        reason = f"{reason or 'stopped by Ctrl-C or SIGTERM'} (--resume runs it again)"
+        reason = f"{reason or 'stopped by Ctrl-C or SIGTERM'} ({RESUME_HINT})"
     return CellResult(
         name=name or run_dir.name, run_dir=run_dir, state=state, reason=reason,
         summary=summary if state == "done" else None,
@@ -273,12 +279,15 @@ def collect(dirs: Sequence[Path]) -> tuple[list[CellResult], list[dict[str, Any]
             metas.append(meta)
             cells += found
             given += [d / c.name for c in found]
-        elif any((d / f).exists() for f in (SUMMARY_FILE, STATUS_FILE, REQUESTS_FILE)):
+        elif any((d / f).exists() for f in (SUMMARY_FILE, STATUS_FILE, REQUESTS_FILE,
+                                           MANIFEST_FILE)):
+            # (a manifest alone: a run killed before its summary, said as such)
             cells.append(load_run(d))
             given.append(d)
         else:
             raise FileNotFoundError(f"{d}: not a run folder or scenario folder (no "
-                                    f"{SUMMARY_FILE}, {STATUS_FILE} or {SCENARIO_FILE})")
+                                    f"{SUMMARY_FILE}, {STATUS_FILE}, {MANIFEST_FILE} or "
+                                    f"{SCENARIO_FILE})")
     seen: dict[str, int] = {}
     for c in cells:
         seen[c.name] = seen.get(c.name, 0) + 1

@@ -117,15 +117,16 @@ def identity_now(spec: TargetSpec) -> dict[str, Any] | None:
 def identity_changes(before: Mapping[str, Any] | None, now: Mapping[str, Any] | None
                      ) -> list[str]:
     """What differs between two ``reported_identity`` answers of a server, in words
-    (``max_num_seqs: 8 then, 16 now``); nothing when either is not known."""
+    (``max_num_seqs: 8 then, 16 now``); nothing when either is not known. Only what both
+    answers report is compared: a key one of them lacks (a setting a newer batchlab serves,
+    ``cost_model_digest``) is not known to differ."""
     if before is None or now is None:
         return []
     changes = []
-    for name in sorted(set(before) | set(now)):
-        old, new = before.get(name), now.get(name)
+    for name in sorted(set(before) & set(now)):
+        old, new = before[name], now[name]
         if _text(old) != _text(new):
-            changes.append(f"{name}: {_shown(old, name in before)} then, "
-                           f"{_shown(new, name in now)} now")
+            changes.append(f"{name}: {_shown(old)} then, {_shown(new)} now")
     return changes
 
 
@@ -140,9 +141,7 @@ def _text(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _shown(value: Any, reported: bool) -> str:
-    if not reported:
-        return "not reported"
+def _shown(value: Any) -> str:
     return value if isinstance(value, str) else _text(value)
 
 

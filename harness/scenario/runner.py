@@ -142,7 +142,9 @@ def scenario_command(scenario: Scenario, out_root: Path, only: str | None = None
     """The ``batchlab run`` argv that reproduces the sweep, or one cell of it with ``only``."""
     argv = ["batchlab", "run", display_path(scenario.source)]
     if scenario.trace_override is not None:  # the file's own trace alone is another sweep
-        argv += ["--trace", scenario.trace_override]
+        # as the scenario's path: from the repository, else absolute (not from where the
+        # command happened to be typed)
+        argv += ["--trace", display_path(Path(scenario.trace_override).resolve())]
     if Path(out_root).resolve() != (REPO_ROOT / "reports").resolve():
         argv += ["--out", str(out_root)]
     if only:

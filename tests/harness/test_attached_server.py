@@ -220,3 +220,15 @@ def test_resuming_a_sweep_runs_again_a_cell_whose_server_was_reconfigured(
     manifest = json.loads((tmp_path / "out" / "attached" / "served" / "manifest.json")
                           .read_text())
     assert manifest["knobs"]["max_num_seqs"] == 16
+
+
+def test_a_setting_only_one_answer_reports_is_no_change() -> None:
+    """A server's answer of a newer batchlab reports a setting an older run's did not
+    (cost_model_digest): "not reported then" counted as a change, so every resume against an
+    unchanged server was refused (capacity) or re-ran its cells (sweep)."""
+    from harness.scenario.attached import identity_changes
+
+    then = {"engine version": "0.1.0", "max_num_seqs": 8}
+    now = {**then, "cost_model_digest": "13f7481f4c62d15f"}
+    assert identity_changes(then, now) == []
+    assert identity_changes(then, {**now, "max_num_seqs": 16}) == ["max_num_seqs: 8 then, 16 now"]

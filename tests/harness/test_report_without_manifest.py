@@ -54,3 +54,15 @@ def test_summarize_without_the_manifest_keeps_what_only_the_summary_knew(
         "interrupted", 32, 12)
     assert rebuilt["num_preemptions"] is None
     assert rebuilt["num_requests"] == 20
+
+
+def test_a_run_killed_before_its_summary_is_reported_as_such(tmp_path: Path) -> None:
+    """A folder with only its manifest (a run killed before it wrote anything else) was "not
+    a run folder" to `batchlab report` (exit 2), while `compare` said how it ended."""
+    run = tmp_path / "killed"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"kind": "live", "status": "running",
+                                                    "run_id": "a" * 32}))
+    assert main(["report", str(run)]) == 0
+    text = (run / "report.md").read_text()
+    assert "`killed` did not finish: still running, or killed before it could say so" in text
