@@ -621,11 +621,8 @@ class LaunchPlan:
             if self.launcher:
                 lines.append(f"launcher: {self.launcher}")
             lines.append("argv (JSON, one item a line):")
-            lines.append("  [")
-            items = [json.dumps(arg, ensure_ascii=False) for arg in argv]
-            lines.extend(f"    {item}," for item in items[:-1])
-            lines.extend(f"    {item}" for item in items[-1:])
-            lines.append("  ]")
+            lines.extend("  " + line for line in
+                         json.dumps(list(argv), ensure_ascii=False, indent=2).splitlines())
         else:
             lines.append("argv: none (attaching to a running server)")
         if self.env:
