@@ -501,8 +501,11 @@ def _leaders(cells: Sequence[CellResult]) -> str:
             not _attainments_differ(c, top) if metric == "goodput.slo_attainment"
             else abs(v - target) <= SAME_WITHIN * abs(target))]
         if len(names) == len(cells) > 1:
-            same = "the same" if all(v == target for _, v in values) else "about the same"
-            return f"{same} {what.split(' ', 1)[1]} in every cell ({fmt(target)})"
+            if all(v == target for _, v in values):
+                return f"the same {what.split(' ', 1)[1]} in every cell ({fmt(target)})"
+            low, high = min(v for _, v in values), max(v for _, v in values)
+            return (f"about the same {what.split(' ', 1)[1]} in every cell "
+                    f"({fmt(low)} to {fmt(high)})")
         tied = [n for n in names if n != top.name and get(
             next(c for c in cells if c.name == n).summary, metric) == target]
         close = [n for n in names if n != top.name and n not in tied]

@@ -25,6 +25,7 @@ from harness.report.curves import (
     Series,
     capacity_ratio,
     capacity_text,
+    cell_setting,
     roofline_of,
 )
 from harness.report.format import (
@@ -100,7 +101,15 @@ def header(cells: Sequence[CellResult], base: CellResult | None, ctx: ReportCont
     if ctx.slo:
         rows.append(("SLO", slo_text(ctx.slo)))
     if base is not None and len(cells) > 1:
-        rows.append(("Baseline", code(base.name)))
+        ok = [c for c in cells if c.ok]
+        shown = code(base.name)
+        if Baselines.of(ok, base).per_load:  # each cell against this setting at its load
+            shown = f"{code(str(cell_setting(base)))} at each load"
+        if ctx.baseline and ctx.baseline != base.name:
+            early = any(c.name == ctx.baseline for c in ok)
+            shown += (f" (requested {code(ctx.baseline)}: "
+                      + ("ended early)" if early else "no results)"))
+        rows.append(("Baseline", shown))
     rows.append(("Client ever the limit", _client_text(cells)))
     predicted = prediction_row(cells)
     if predicted:

@@ -73,7 +73,8 @@ def test_an_interrupted_baseline_is_no_baseline(tmp_path: Path) -> None:
     interrupt(folder / cells[0])
     assert main(["report", str(folder)]) == 0
     text = (folder / "report.md").read_text()
-    assert f"| Baseline | `{cells[1]}` |" in text
+    assert (f"| Baseline | `{cells[1]}` (requested `{cells[0]}`: ended early) |"
+            in text)
     assert (f"The requested baseline `{cells[0]}` ended early: nothing is compared with its "
             f"partial figures; `{cells[1]}` is used instead.") in text
     latency = text.split("### TTFT", 1)[1].split("\n### ", 1)[0]
