@@ -275,7 +275,8 @@ def _offered_load_finding(ok: Sequence[CellResult]) -> list[str]:
     if len(kept) + len(near) == len(ok):
         short = "; ".join(f"{code(c.name)} {fmt_pct(1 - p.completed_per_s / p.arrived_per_s)}"
                           for c, p in near)
-        return ["No cell fell behind its arrivals, though some fell short of them by more "
+        which = "every one" if len(near) == len(ok) else "some"
+        return [f"No cell fell behind its arrivals, though {which} fell short of them by more "
                 f"than {fmt_pct(PACE_TOLERANCE)}, by no more than chance explains ({short}): "
                 "each served about the load offered to it, so their output throughputs are "
                 "close to the offered load's, not what each could serve, and do not tell them "

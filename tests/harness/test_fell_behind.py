@@ -109,6 +109,18 @@ def test_a_cell_just_as_short_as_one_that_fell_behind_is_named_beside_it() -> No
         "what they can serve; `batchlab capacity` finds the highest load each keeps pace with."]
 
 
+def test_every_cell_short_within_chance_is_not_called_some() -> None:
+    """All four cells short of their arrivals within chance: the finding said "some fell
+    short" and then listed every cell."""
+    near = Pace(12.40, 11.24, True, settled=True)
+    (text,) = _offered_load_finding([_cell("a", near), _cell("b", near)])
+    assert text.startswith("No cell fell behind its arrivals, though every one fell short of "
+                           "them by more than 5.0%")
+    kept = Pace(10.0, 9.8, True, settled=True)
+    (text,) = _offered_load_finding([_cell("a", near), _cell("light", kept)])
+    assert "though some fell short" in text
+
+
 def test_a_run_too_short_to_tell_is_not_said_to_have_fallen_behind(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """40 requests over 10 s, each about 5 s long: the requests still decoding when the
