@@ -522,7 +522,7 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
     write_json_atomic({
         "name": name,
         "question": f"What is the highest {what} each engine and knob setting serves with at "
-                    f"least {target:.0%} of requests within the SLO?",
+                    f"least {target * 100:.6g}% of requests within the SLO?",
         "slo": slo, "baseline": base, "cells": cells,
         "command": redact_argv(command) if command else None,
         "capacity": CAPACITY_FILE,

@@ -243,6 +243,8 @@ def _search_spec(args: argparse.Namespace) -> SearchSpec:
         raise UserError(said) from None
     if args.think_time_s and rate:
         raise UserError("--think-time-s: only for --search concurrency")
+    if not (math.isfinite(args.think_time_s) and args.think_time_s >= 0):
+        raise UserError(f"--think-time-s: expected seconds >= 0, got {args.think_time_s:g}")
     return spec
 
 

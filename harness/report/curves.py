@@ -142,7 +142,7 @@ def load_series(ok: Sequence[CellResult]) -> list[Series]:
             tpot_p50_s=get(s, "tpot_s.p50"), tpot_p90_s=get(s, "tpot_s.p90"),
             ttft_p90_s=get(s, "ttft_s.p90"), attainment=get(s, "goodput.slo_attainment"),
             stopped=get(s, "stopped_early"), slo=get(s, "slo") or None,
-            behind=_behind(c.run_dir, listed)))
+            behind=_behind(c.run_dir, listed) or _cell_behind(c)))
     return [Series(key, kind, tuple(sorted(points, key=lambda p: p.load)))
             for (key, kind), points in groups.items() if len(points) >= 2]
 
@@ -158,6 +158,14 @@ def _listed_probes(cells: Sequence[CellResult]) -> dict[Path, str | None]:
         if record is not None:
             listed.update(record.probe_behind)
     return listed
+
+
+def _cell_behind(c: CellResult) -> str | None:
+    """A sweep's load point (no capacity probe) whose engine fell behind its arrivals: what
+    the command line warned of it (``Pace.behind_warning``), as a probe's ``behind``."""
+    pace = c.pace
+    return (f"fell behind: {pace.behind_warning()}" if pace is not None and pace.overloaded
+            else None)
 
 
 def _behind(run_dir: Path, listed: Mapping[Path, str | None]) -> str | None:
@@ -329,7 +337,8 @@ class CapacityRow:
     key: str
     kind: str
     capacity: float | None  # None: not known (below every load tried)
-    bound: str  # "=" a value, "≥" none of the loads failed, "<" all failed
+    bound: str  # "=" a value, "≥" none of the loads failed (or the next failed only by
+    # falling behind its arrivals: between the two, not interpolated), "<" all failed
     source: str  # "search" or "interpolated"
     evidence: str  # probes or load points the number comes from
     cells: tuple[str, ...] = field(default_factory=tuple)
@@ -463,7 +472,10 @@ def interpolated_capacity(s: Series, target: float) -> CapacityRow:
     slo = pts[0].slo
     if any(p.slo != slo for p in pts[1:]):
         return _mixed_slo_row(s, pts)
-    first_fail = next((i for i, p in enumerate(pts) if (p.attainment or 0.0) < target), None)
+    # a load point whose engine fell behind its arrivals fails, whatever its attainment: a
+    # longer trace would turn its backlog into missed SLOs (the capacity search's rule)
+    first_fail = next((i for i, p in enumerate(pts)
+                       if (p.attainment or 0.0) < target or p.behind), None)
     if first_fail is None:
         top = pts[-1]
         return CapacityRow(s.key, s.kind, top.load, "≥", "interpolated",
@@ -476,6 +488,10 @@ def interpolated_capacity(s: Series, target: float) -> CapacityRow:
                            slo=slo)
     a, b = pts[first_fail - 1], pts[first_fail]
     assert a.attainment is not None and b.attainment is not None
+    if b.attainment >= target:  # failed by falling behind alone: nothing to interpolate in
+        return CapacityRow(s.key, s.kind, a.load, "≥", "interpolated",
+                           f"{a.load:g} met it; {b.load:g} met the SLO but its engine fell "
+                           "behind its arrivals", (a.cell, b.cell), slo=slo)
     frac = (a.attainment - target) / (a.attainment - b.attainment)
     value = a.load + frac * (b.load - a.load)
     return CapacityRow(s.key, s.kind, value, "=", "interpolated",

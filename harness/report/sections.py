@@ -600,9 +600,9 @@ def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
               + ("" if waits else " (this SLO bounds no waiting time, so an over-saturated load "
                  "could meet it: being stopped early or falling behind is what fails it)")
               + ". A kept pace allows a shortfall that chance explains, so a capacity may "
-              "exceed the rate the engine sustains by up to about max(5%, 2/√n), n about half "
-              "the probe's requests (6% with 2,000, 20% with 200): more than a search's "
-              "precision on a short trace. *search*: found by `batchlab capacity` (its "
+              "exceed the rate the engine sustains by up to 1/(1 − max(5%, 2/√n)) − 1, n about "
+              "half the probe's requests (7% with 2,000, 25% with 200, 67% with 50): more than "
+              "a search's precision on a short trace. *search*: found by `batchlab capacity` (its "
               "`search.json`: the bracket, to the stated precision); *interpolated*: between "
               "this report's "
               "load points, linear in SLO attainment (a rough figure; a search states its "

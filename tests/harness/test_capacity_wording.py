@@ -102,3 +102,22 @@ def test_a_probe_at_the_target_met_the_slo(run: Path) -> None:
     search = json.loads(_search_file(run).read_text())
     load = _set_failing_probe(run, float(search["target_attainment"]), FELL_BEHIND)
     assert f"; {load} met the SLO but {FELL_BEHIND}" in _capacity_evidence(run)
+
+
+def test_a_target_of_99_9_percent_is_not_asked_as_100(tmp_path: Path) -> None:
+    """The search's question rounded its target to a whole percent: --target 0.999 asked
+    for "at least 100% of requests"."""
+    out = tmp_path / "cap"
+    assert main(["capacity", "--trace", TRACE, "--limit", "40", "--slo", "ttft_s=5",
+                 "--target", "0.999", "--max-probes", "2", "--out", str(out)]) in (0, 1)
+    question = json.loads((out / "scenario.json").read_text())["question"]
+    assert "at least 99.9% of requests" in question
+
+
+def test_a_negative_think_time_is_bad_input(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It failed the search ("search failed: ValueError", exit 1) instead of being refused."""
+    assert main(["capacity", "--trace", TRACE, "--limit", "40", "--slo", "ttft_s=1",
+                 "--search", "concurrency", "--think-time-s", "-1",
+                 "--out", str(tmp_path / "cap")]) == 2
+    assert "--think-time-s: expected seconds >= 0, got -1" in capsys.readouterr().err
