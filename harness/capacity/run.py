@@ -154,11 +154,16 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
         num_requests = len(plan.trace_at(spec.kind, spec.start).requests)
         most = max(1, num_requests // SHORTEST_STEADY_E2ES)
         if num_requests >= 1 and most < spec.highest:
+            lowered = [f"--{name} {value:g}" for name, value in
+                       (("start", spec.start), ("min-load", spec.lowest)) if value > most]
             spec = replace(spec, max_load=float(most), start=min(spec.start, float(most)),
                            min_load=min(spec.lowest, float(most)))
             load_cap = (f"one user per {SHORTEST_STEADY_E2ES} requests of the trace "
                         f"({num_requests} requests: {most} users); with fewer requests each, "
                         "the users' first requests, sent at once, are most of the run")
+            if lowered and log is not None:  # the user's own bounds: said, not silently moved
+                log(f"{setting.name}: {' and '.join(lowered)} lowered to {most} users, the "
+                    f"most this trace can judge: {load_cap}")
     out_dir.mkdir(parents=True, exist_ok=True)
     known = known_probes(out_dir, plan.digest, made_from=plan.made_from) if resume else {}
     known_full = known_probes(out_dir, plan.digest, full=True) if resume else {}

@@ -91,6 +91,13 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         batch = _batch_size_findings(whole, ctx.slo)
         out += batch
         out += tuning_findings(whole, ctx.slo, latency_stated=bool(batch))
+        # cells that differ in scheduling policy, priority among them: what each class got is
+        # the answer, and comes before the all-traffic comparisons it would otherwise follow
+        priority = _priority_findings(whole, bases, ctx)
+        policies = {knob(c, "policy") for c in whole}
+        if priority and len(policies) > 1 and "priority" in policies:
+            out += priority
+            priority = []
         scored = []
         for c in ok:
             b = bases.of_cell(c)
@@ -107,7 +114,7 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
             out.append(f"{len(scored) - MAX_COMPARISONS} more cells compare with "
                        f"{bases.phrase(code)} in the tables below.")
         out += _leaders_by_load(whole)
-        out += _priority_findings(whole, bases, ctx)
+        out += priority
     out += _same_results_finding(ok)
     preemption = _preemption_finding(ok, preempted) if len(ok) > 1 else ""
     if preemption:

@@ -121,3 +121,14 @@ def test_a_negative_think_time_is_bad_input(
                  "--search", "concurrency", "--think-time-s", "-1",
                  "--out", str(tmp_path / "cap")]) == 2
     assert "--think-time-s: expected seconds >= 0, got -1" in capsys.readouterr().err
+
+
+def test_a_minimum_the_trace_cannot_judge_is_said_to_be_lowered(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The cap of one user per few requests lowered --min-load and --start without a word:
+    the search reported "below_min < 10 users" for a minimum the user had set at 100."""
+    main(["capacity", "--trace", TRACE, "--limit", "40", "--slo", "ttft_s=1", "--search",
+          "concurrency", "--min-load", "100", "--start", "100", "--max-probes", "2",
+          "--out", str(tmp_path / "cap")])
+    assert ("--start 100 and --min-load 100 lowered to 10 users, the most this trace can "
+            "judge" in capsys.readouterr().err)
