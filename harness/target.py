@@ -43,9 +43,13 @@ ENGINE_OPTIONS: Mapping[str, tuple[str, ...]] = {
 LAUNCH_OPTIONS = ("runtime", "executable", "engine_env", "port")
 
 
-def unused_option(option: str, engine: str, *, launch: bool) -> str | None:
-    """Why ``option`` (a ``TargetSpec`` field, given) would not be used by ``engine``,
-    launched or attached (``launch``); None when it is used."""
+def unused_option(option: str, engine: str, value: object, *, launch: bool) -> str | None:
+    """Why ``option`` (a ``TargetSpec`` field) given as ``value`` would not be used by
+    ``engine``, launched or attached (``launch``); None when it is used, or not given (a false
+    ``value``). ``runtime`` native is what every engine but TGI does: saying so changes
+    nothing, and is accepted everywhere."""
+    if not value or (option == "runtime" and value == "native"):
+        return None
     engines = ENGINE_OPTIONS.get(option)
     if engines is not None and engine not in engines:
         return f"applies to {', '.join(engines)} only, not {engine}"

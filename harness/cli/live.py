@@ -186,16 +186,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def server_gone(out: Path, summary: dict[str, Any], url: str) -> str | None:
-    """Why an attached server failed the run (``harness.scenario.attached.gone_mid_run``),
-    then said in its summary and manifest; None when it did not."""
-    from harness.scenario.attached import gone_mid_run, record_failed
+    """Why an attached server failed the run, said in its summary and manifest
+    (``harness.scenario.attached.fail_if_gone``), with where the results are; None when it
+    did not."""
+    from harness.scenario.attached import fail_if_gone
 
-    why = gone_mid_run(url, summary)
-    if why is None:
-        return None
-    why += f" (the results are in {out})"
-    record_failed(out, summary, why)
-    return why
+    why = fail_if_gone(out, summary, url)
+    return None if why is None else f"{why} (the results are in {out})"
 
 
 def _run_id_in(out: Path) -> str | None:
@@ -435,9 +432,7 @@ def live_target_spec(args: argparse.Namespace, *, url: str | None = None) -> Tar
                                 ("engine_env", "--engine-env", args.engine_env),
                                 ("port", "--port", args.port),
                                 ("metric_map", "--metric-map", args.metric_map)):
-        if not value or (option == "runtime" and value == "native"):
-            continue  # every engine but TGI runs natively: saying so changes nothing
-        why = unused_option(option, args.engine, launch=bool(args.launch))
+        why = unused_option(option, args.engine, value, launch=bool(args.launch))
         if why:
             raise UserError(f"{flag} {why}: it would be ignored")
     model_path = args.model_path or getattr(args, "model", None)

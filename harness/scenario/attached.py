@@ -194,6 +194,15 @@ def gone_mid_run(url: str, summary: Mapping[str, Any], health_path: str = "/heal
             f"{down}")
 
 
+def fail_if_gone(out_dir: Path, summary: Mapping[str, Any], url: str) -> str | None:
+    """``gone_mid_run``, and when the server went, the run in ``out_dir`` recorded as failed
+    (``record_failed``); why, or None."""
+    why = gone_mid_run(url, summary)
+    if why is not None:
+        record_failed(out_dir, summary, why)
+    return why
+
+
 def record_failed(out_dir: Path, summary: Mapping[str, Any], why: str) -> dict[str, Any]:
     """The run in ``out_dir`` failed (``why``): its summary and manifest say so, as for a
     launched engine that exited mid-run (``harness.live.run``), so that no report, comparison

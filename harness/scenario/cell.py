@@ -12,9 +12,8 @@ from harness.metrics import Slo
 from harness.results import NothingServed, nothing_served
 from harness.scenario.attached import (
     ServerStoppedAnswering,
-    gone_mid_run,
+    fail_if_gone,
     is_attached,
-    record_failed,
 )
 from harness.scenario.schema import Cell
 from harness.target import ClosedLoop, RunOptions, TargetSpec
@@ -58,9 +57,8 @@ def run_cell(job: CellJob, out_dir: Path, progress: ProgressFn) -> Mapping[str, 
     why = nothing_served(summary, out_dir)
     if why is not None:
         raise NothingServed(why)
-    gone = gone_mid_run(spec.url, summary) if is_attached(spec) and spec.url else None
+    gone = fail_if_gone(out_dir, summary, spec.url) if is_attached(spec) and spec.url else None
     if gone is not None:  # as a launched engine's exit: a failed cell, run again by --resume
-        record_failed(out_dir, summary, gone)
         raise ServerStoppedAnswering(gone)
     return summary
 

@@ -564,9 +564,10 @@ def _parse_engines(c: Checker, y: Node, loads: Sequence[LoadPoint]) -> tuple[Eng
         ))
         for key, option in (("runtime", "runtime"), ("executable", "executable"),
                             ("env", "engine_env"), ("port", "port")):
-            if key not in f or (key == "runtime" and out[-1].runtime == "native"):
-                continue  # every engine but TGI runs natively: saying so changes nothing
-            why = unused_option(option, engine, launch=launch)
+            if key not in f:
+                continue
+            value = out[-1].runtime if key == "runtime" else True  # (given: checked above)
+            why = unused_option(option, engine, value, launch=launch)
             if why:
                 raise c.fail(f[key], f"{where}.{key}", f"{why}: it would be ignored")
     return tuple(out)
