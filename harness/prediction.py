@@ -30,6 +30,11 @@ MEASURED_STATISTICS = "means, medians and whole-run rates"
 UNMEASURED_KINDS = ("preemption counts, prefix-cache hits, per-class latencies, batch sizes "
                     "and capacities at an SLO")
 
+# under a predicted capacity: what its error is (the command line, capacity.json)
+CAPACITY_CAVEAT = ("a capacity at an SLO is itself a prediction, whose error no published "
+                   "figure measures: the errors above are those of the throughput and latencies "
+                   "it is made from")
+
 SIMULATED = "by the reference engine"
 # a live run against ``batchlab serve reference``: the server sleeps each step's predicted time
 SERVED = ("by the reference engine served over HTTP (step times from its cost model; HTTP and "
@@ -182,7 +187,19 @@ def prediction_text(prediction: object, *, by: str = SIMULATED,
     comma = "," if acc.held_out else ""
     text = (head + f"; on {acc.figures_text()}{comma} it missed by a median "
             f"{_pct(acc.overall.median)} (worst {_pct(acc.overall.worst)}")
-    return text + _published(acc) + f", {acc.doc})" + _by_kind(acc)
+    text += _published(acc) + f", {acc.doc})" + _by_kind(acc)
+    note = coverage_note(prediction)
+    return text + (f"; but {note}" if note else "")
+
+
+def coverage_note(prediction: object) -> str | None:
+    """"none of the published figures its accuracy was measured on is of this GPU h100-pcie
+    (...): its error here was never measured", when the prediction's model or GPU is none of
+    those its accuracy was measured on (``adapters.reference.prediction``); else None."""
+    if not isinstance(prediction, Mapping):
+        return None
+    note = prediction.get("coverage_note")
+    return note if isinstance(note, str) and note else None
 
 
 def recorded_prediction(engine: object) -> tuple[Mapping[str, Any] | None, str] | None:
@@ -200,6 +217,20 @@ def recorded_prediction(engine: object) -> tuple[Mapping[str, Any] | None, str] 
     if isinstance(body, Mapping) and isinstance(body.get("prediction"), Mapping):
         return body["prediction"], SERVED
     return None
+
+
+def summary_prediction(engine: object) -> dict[str, Any] | None:
+    """What ``summary.json`` says of a run whose figures are predictions, from its manifest's
+    ``engine`` (``recorded_prediction``): ``text`` (``prediction_text``'s words), ``served``
+    (the reference engine served over HTTP, its HTTP and client time measured) and
+    ``record`` (the prediction record, None when the run recorded none). None for a run
+    measured on a real engine: a job that reads only the summary can tell the two apart."""
+    found = recorded_prediction(engine)
+    if found is None:
+        return None
+    record, by = found
+    return {"text": prediction_text(record, by=by), "served": by == SERVED,
+            "record": dict(record) if record is not None else None}
 
 
 def headline_caveat(prediction: object) -> str | None:

@@ -17,6 +17,8 @@ from adapters.reference.cost_model import (
     profile_accuracy,
     profile_changed_since_measured,
     profile_metadata,
+    resolve_profile,
+    shipped_profiles,
 )
 
 # What the catalog's datasheet coefficients (no engine profile) miss by: every published row
@@ -24,6 +26,9 @@ from adapters.reference.cost_model import (
 # `batchlab check-published --catalog --write-docs` (harness.published.catalog), with the same
 # table in docs/published.md; never edited by hand.
 CATALOG_ACCURACY_FILE = Path(__file__).with_name("catalog_accuracy.json")
+# The models and GPUs of the figures each accuracy was measured on: written by
+# `batchlab check-published --write-docs` (harness.published.coverage); never edited by hand.
+COVERAGE_FILE = Path(__file__).with_name("published_coverage.json")
 _QUOTED = ("median_abs_error", "worst_abs_error", "num_rows", "note", "source", "measured",
            "by_kind")
 
@@ -35,13 +40,30 @@ def catalog_accuracy() -> dict[str, Any]:
     return {key: record[key] for key in _QUOTED if key in record}
 
 
+@cache
+def coverage_record() -> dict[str, Any]:
+    """``published_coverage.json``: {} when it is missing or unreadable (then no record
+    says what its figures cover)."""
+    try:
+        record = json.loads(COVERAGE_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def prediction_record(config: ReferenceConfig) -> dict[str, Any]:
     """``kind`` (catalog | profile), ``profile`` (its name or path) and ``accuracy``: the
     catalog's measured accuracy, the profile's held-out accuracy (``profile_accuracy``), or
-    None when it was never measured (a calibrated profile of one's own)."""
+    None when it was never measured (a calibrated profile of one's own).
+
+    With an accuracy: ``covers``, the models and GPUs of the figures it was measured on, and
+    ``coverage_note`` when this configuration's model or GPU is none of them (its error is
+    then not measured: the figures are of other hardware or another model)."""
     if config.profile is None:
-        return {"kind": "catalog", "profile": None, "accuracy": catalog_accuracy()}
-    record: dict[str, Any] = {"kind": "profile", "profile": config.profile}
+        record: dict[str, Any] = {"kind": "catalog", "profile": None,
+                                  "accuracy": catalog_accuracy()}
+        return _with_coverage(record, config, coverage_record().get("catalog"))
+    record = {"kind": "profile", "profile": config.profile}
     try:
         record["accuracy"] = profile_accuracy(config.profile)
         if profile_changed_since_measured(config.profile):
@@ -52,4 +74,46 @@ def prediction_record(config: ReferenceConfig) -> dict[str, Any]:
                 "its fit record does not say which coefficients its accuracy was measured with")
     except ProfileError:
         record["accuracy"] = None
+    if record["accuracy"] is None:
+        return record
+    profiles = coverage_record().get("profiles")
+    name = _shipped_name(config.profile)
+    covers = profiles.get(name) if isinstance(profiles, dict) and name else None
+    return _with_coverage(record, config, covers)
+
+
+def _shipped_name(profile: str) -> str | None:
+    """The shipped profile ``profile`` names, or is the file of; None for one's own."""
+    if profile in shipped_profiles():
+        return profile
+    try:
+        path = resolve_profile(profile).resolve()
+    except (ProfileError, OSError):
+        return None
+    stem = path.stem
+    shipped = resolve_profile(stem).resolve() if stem in shipped_profiles() else None
+    return stem if shipped == path else None
+
+
+def _with_coverage(record: dict[str, Any], config: ReferenceConfig,
+                   covers: object) -> dict[str, Any]:
+    if not isinstance(covers, dict):
+        return record
+    models = [str(m) for m in covers.get("models") or []]
+    gpus = [str(g) for g in covers.get("gpus") or []]
+    record["covers"] = {"models": models, "gpus": gpus}
+    model, gpu = config.model_spec.name, config.gpu_spec.name
+    outside = ([f"model {model} (they are of {_listed(models)})"] if model not in models
+               else []) + ([f"GPU {gpu} (they are on {_listed(gpus)})"] if gpu not in gpus
+                           else [])
+    if outside:
+        record["coverage_note"] = ("none of the published figures its accuracy was measured "
+                                   "on is of this " + " nor of this ".join(outside)
+                                   + ": its error here was never measured")
     return record
+
+
+def _listed(names: list[str]) -> str:
+    if len(names) <= 1:
+        return names[0] if names else "none"
+    return ", ".join(names[:-1]) + " and " + names[-1]

@@ -34,8 +34,9 @@ from harness.capacity.search import (
     Status,
     search,
 )
-from harness.manifest import jsonable
+from harness.manifest import jsonable, read_manifest
 from harness.metrics import SHORTEST_STEADY_E2ES, attainment_text
+from harness.prediction import CAPACITY_CAVEAT, summary_prediction
 from harness.redact import redact_argv, redact_tree
 from harness.results import (
     REPORT_FILE,
@@ -471,6 +472,20 @@ def _what_answers(setting: Setting) -> dict[str, Any]:
             "profile": spec.profile}
 
 
+def _prediction_of(setting_dir: Path, probes: Sequence[ProbeOutcome]) -> dict[str, Any] | None:
+    """What predicted a predicted setting's probes, from the first probe folder that recorded
+    it (``harness.prediction.summary_prediction``), with why its capacity has no measured
+    error; None when no probe folder says."""
+    for probe in probes:
+        if probe.run_dir is None:
+            continue
+        found = summary_prediction(read_manifest(setting_dir / probe.run_dir)
+                                   .get("engine"))
+        if found is not None:
+            return {**found, "capacity_caveat": CAPACITY_CAVEAT}
+    return None
+
+
 def _precision_text(r: SettingResult, spec: SearchSpec, out_dir: Path) -> str | None:
     """The precision a row's search was made to: this search's, or, for a search kept from
     an earlier run, the one its search.json records."""
@@ -509,6 +524,8 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
         # confirmed), so that a load's curve has one point
         deciding = {p.load: p for p in probes if not p.full}
         deciding.update({p.load: p for p in probes if p.full})
+        if row["predicted"]:
+            row["prediction"] = _prediction_of(out_dir / r.setting.name, probes)
         cells += [f"{r.setting.name}/{probe_label(spec.kind, load, full=deciding[load].full)}"
                   for load in sorted(deciding)]
         rows.append(row)

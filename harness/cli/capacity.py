@@ -209,9 +209,9 @@ def _print_predicted(results: list[SettingResult]) -> None:
     for config, names in by_config.items():
         print_predicted(config, names=names)
     if by_config:
-        print("a capacity at an SLO is itself a prediction, whose error no published figure "
-              "measures: the errors above are those of the throughput and latencies it is "
-              "made from")
+        from harness.prediction import CAPACITY_CAVEAT
+
+        print(CAPACITY_CAVEAT)
 
 
 def _log(text: str) -> None:

@@ -452,17 +452,17 @@ def print_failures(summary: dict[str, Any], run_dir: str | None = None) -> None:
             print(f"first error: {first}")
 
 
-def print_behind(summary: dict[str, Any], run_dir: str) -> None:
-    """Warn when the engine fell behind the run's arrivals (``harness.results.run_pace``)."""
+def print_behind(run_dir: str) -> None:
+    """Warn when the engine fell behind the run's arrivals (``harness.results.run_pace``), in
+    the words a scenario cell's warning has (``fell_behind_warning``: a predicted run says
+    what predicted it)."""
     from pathlib import Path
 
-    from harness.manifest import read_manifest
-    from harness.results import run_pace
+    from harness.scenario.status import fell_behind_warning
 
-    folder = Path(run_dir)
-    pace = run_pace(folder, summary, read_manifest(folder))
-    if pace is not None and pace.overloaded:
-        print(f"warning: {pace.behind_warning()}", file=sys.stderr)
+    warning = fell_behind_warning(Path(run_dir))
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> None:
@@ -481,7 +481,7 @@ def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> 
               f"{fmt_s(summary.get('client_lag_threshold_s'))}; the client, not the server, "
               "may have set these figures", file=sys.stderr)
     if run_dir is not None:
-        print_behind(summary, run_dir)
+        print_behind(run_dir)
         print_run_prediction(run_dir)
 
 

@@ -224,7 +224,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         bar.close()
     print_headline(summary)
     print_failures(summary, str(out))
-    print_behind(summary, str(out))
+    print_behind(str(out))
     print_predicted(config, headline=True)
     report = (f"no report: `batchlab report {out}` writes it" if args.no_report
               else f"report: {out / 'report.md'}")

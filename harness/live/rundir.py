@@ -25,8 +25,9 @@ from harness.live.recorder import (
     records_run_id,
 )
 from harness.live.telemetry import TELEMETRY_FILE, engine_preemptions
-from harness.manifest import run_fields, trace_manifest, update_manifest
+from harness.manifest import read_manifest, run_fields, trace_manifest, update_manifest
 from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo, summarize
+from harness.prediction import summary_prediction
 from harness.results import (
     CHUNKS_FILE,
     REQUESTS_FILE,
@@ -97,7 +98,11 @@ PREEMPTIONS_UNSCRAPED = ("not known: a client cannot see preemptions, and no eng
 def with_engine_counters(summary: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """A live run's summary with what only the engine counts: ``num_preemptions`` from its
     telemetry (``engine_preemptions``), None when not known, never the requests' zero; and
-    ``preemptions_from`` saying which."""
+    ``preemptions_from`` saying which. Against the reference engine served over HTTP, also
+    ``prediction`` (``harness.prediction.summary_prediction``): its figures are predictions."""
+    prediction = summary_prediction(read_manifest(out_dir).get("engine"))
+    if prediction is not None:
+        summary["prediction"] = prediction
     n = engine_preemptions(out_dir)
     summary["num_preemptions"] = n
     for figures in (summary.get("by_priority") or {}).values():

@@ -80,9 +80,12 @@ def check_run(args: argparse.Namespace) -> int:
     checked = check_rows(rows, jobs=args.jobs, profile=custom)
     print(render_text(checked))
     if args.write_docs:
+        from harness.published.coverage import write_coverage
+
         FIDELITY_MD.write_text(render_fidelity(
             checked, sensitivity=length_sensitivity(rows, jobs=args.jobs)))
-        print(f"\nwrote {FIDELITY_MD}")
+        write_coverage(rows)
+        print(f"\nwrote {FIDELITY_MD} and adapters/reference/published_coverage.json")
     return 0
 
 
@@ -109,9 +112,12 @@ def _check_catalog(args: argparse.Namespace) -> int:
     print()
     print("\n".join(render_table(accuracy_record(checked))))
     if args.write_docs:
+        from harness.published.coverage import write_coverage
+
         write_catalog(checked)
-        print("\nwrote adapters/reference/catalog_accuracy.json and the table in "
-              "docs/published.md")
+        write_coverage(rows)
+        print("\nwrote adapters/reference/catalog_accuracy.json, "
+              "adapters/reference/published_coverage.json and the table in docs/published.md")
     return 0
 
 

@@ -26,6 +26,7 @@ from harness.manifest import (
     write_manifest,
 )
 from harness.metrics import Slo, chunk_times, request_metric_columns, summarize
+from harness.prediction import summary_prediction
 from harness.results import (
     CHUNKS_FILE,
     REQUESTS_FILE,
@@ -183,6 +184,8 @@ def _write_results(result: SimulationResult, wall_s: float, trace: Trace,
     summary["status"] = "stopped" if result.stopped_reason else "finished"
     summary["num_planned"] = len(trace.requests)
     summary["num_not_sent"] = result.num_not_sent
+    engine = reference_engine_manifest(config, result.num_kv_blocks_total)
+    summary["prediction"] = summary_prediction(engine)
     write_json_atomic(summary, out_dir / SUMMARY_FILE)
 
     cfg = config.as_dict()
@@ -190,7 +193,7 @@ def _write_results(result: SimulationResult, wall_s: float, trace: Trace,
         **run_fields("simulated", command),
         "run_id": run_id,
         "identity": identity.as_dict(),
-        "engine": reference_engine_manifest(config, result.num_kv_blocks_total),
+        "engine": engine,
         "model": cfg.get("model"),
         "gpu": cfg.get("gpu"),
         "knobs": knobs,

@@ -31,7 +31,9 @@ def test_an_overloaded_run_says_it_fell_behind(tmp_path: Path,
     # 32 sequences of llama-3.1-8b serve about 10 req/s of this trace: 10 req/s is too many
     _simulate(tmp_path / "over", "--rate", "10")
     err = capsys.readouterr().err
-    assert f"warning: the engine {BEHIND}" in err
+    # its rates are predictions, and the warning says so first
+    assert (f"warning: predicted by the reference engine with the catalog's datasheet "
+            f"coefficients: the engine {BEHIND}") in err
     pace = load_run(tmp_path / "over").pace
     assert pace is not None and pace.fell_behind and not pace.kept
     # a scenario cell's warning is the same words as the command's

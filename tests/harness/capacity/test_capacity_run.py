@@ -449,6 +449,11 @@ def test_capacity_json_says_whose_capacity_and_the_log_names_failures(
     row = json.loads((out / "capacity.json").read_text())["settings"][0]
     assert (row["engine"], row["mode"], row["predicted"]) == ("reference", "simulated", True)
     assert row["model"] == "llama-3.1-8b" and row["precision_text"] == "within 5%"
+    # what predicted it and how accurate that is, in the command line's words, and why the
+    # capacity itself has no measured error
+    assert row["prediction"]["text"].startswith("predicted by the reference engine")
+    assert row["prediction"]["text"] in said.out
+    assert row["prediction"]["capacity_caveat"] in said.out
 
 
 def test_requests_refused_at_any_load_end_the_search_at_once(
