@@ -53,10 +53,16 @@ def _ray_session(address: str | None) -> Iterator[Any]:
                             ) from None
     started = False
     if not ray.is_initialized():
-        if address:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(include_dashboard=False, log_to_driver=False)
+        try:
+            if address:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(include_dashboard=False, log_to_driver=False)
+        except (ValueError, ConnectionError, RuntimeError, TimeoutError) as exc:
+            # a malformed address, or no cluster there: bad input, said in one line
+            where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
+            raise ScenarioError("--ray", None, "", f"cannot start or join {where}: "
+                                f"{type(exc).__name__}: {str(exc).strip()}") from None
         started = True
     try:
         yield ray

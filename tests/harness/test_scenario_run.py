@@ -458,3 +458,15 @@ def test_max_failed_fails_a_run_that_served_some_and_failed_more(
     err = capsys.readouterr().err
     assert "cell tiny: 10 of 50 requests failed (20.0%), more than --max-failed 0.05" in err
     assert "cell roomy" not in err
+
+
+def test_a_bad_ray_address_is_bad_input_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--ray ADDRESS` that Ray cannot parse: exit 2, one line naming --ray, no cell run."""
+    pytest.importorskip("ray")
+    assert main(["run", str(SMALL), "--only", "continuous*", "--out", str(tmp_path),
+                 "--ray", "bad address"]) == 2
+    err = capsys.readouterr().err
+    assert "--ray: cannot start or join the Ray cluster at 'bad address'" in err
+    assert "Traceback" not in err
+    assert not list((tmp_path / "small").glob("continuous*/summary.json"))
