@@ -231,12 +231,22 @@ def _parse_trace(c: Checker, y: Node, base: Path, override: str | Path | None,
         text = c.string(items["path"], f"{key}.path")
         path = (text if is_synthetic(text)
                 else resolve_trace_path(text, base, c, items["path"], f"{key}.path"))
-    if isinstance(path, str) and (nested or "mix" in items):
-        raise c.fail(items["path"] if nested else items["mix"], f"{key}.path" if nested else
-                     "trace.mix", "a mix keeps each trace's own timestamps (rescaled with "
-                     "time_scale); a synthetic trace has none, its arrivals are drawn at a "
-                     "rate: it cannot be part of a mix")
-    _check_source(c, path, options, items, y, key)
+    try:
+        if isinstance(path, str) and (nested or "mix" in items):
+            raise c.fail(items["path"] if nested else items["mix"], f"{key}.path" if nested
+                         else "trace.mix", "a mix keeps each trace's own timestamps (rescaled "
+                         "with time_scale); a synthetic trace has none, its arrivals are drawn "
+                         "at a rate: it cannot be part of a mix")
+        _check_source(c, path, options, items, y, key)
+    except ScenarioError as exc:
+        if override is None or not is_synthetic(str(override)):
+            raise
+        # the scenario's trace block was written for a file: say where "synthetic" came from
+        raise ScenarioError(exc.file, exc.line, exc.key, (
+            f"{exc.message} (--trace {override} replaced the scenario's trace file; its "
+            "trace: block must give a synthetic trace's options: num_requests, a rate or "
+            "load.rates, and prompt_tokens with output_tokens or lengths_from; no time_scale, "
+            "start_s/end_s or mix)")) from None
     mix: list[TraceSpec] = []
     if "mix" in items:
         for i, part in enumerate(c.seq(items["mix"], "trace.mix")):

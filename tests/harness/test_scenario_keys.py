@@ -362,3 +362,16 @@ def test_an_exponent_yaml_reads_as_text_gets_the_spelling_it_takes(tmp_path: Pat
     err = error_of(scenario(tmp_path, top="load: {rates: [1, 2e3]}\n"))
     assert err.message == ("must be a number, got text ('2e3'): YAML reads '2e3' as text; "
                            "write it as 2.0e+03")
+
+
+def test_trace_synthetic_on_a_file_scenario_says_where_synthetic_came_from(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`run S.yaml --trace synthetic` on a scenario written for a trace file: the error points
+    at the scenario's line and says the synthetic trace came from --trace, with what the
+    scenario's trace block must then give."""
+    repo = Path(__file__).resolve().parents[2]
+    assert main(["run", str(repo / "scenarios" / "engines-h100.yaml"), "--trace", "synthetic",
+                 "--list"]) == 2
+    err = capsys.readouterr().err
+    assert "engines-h100.yaml:24: trace.num_requests: is required" in err
+    assert "--trace synthetic replaced the scenario's trace file" in err
