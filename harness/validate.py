@@ -256,7 +256,8 @@ def run_validation(
     write_json_atomic(fid, out_dir / FIDELITY_FILE)
     write_parquet_atomic(per_request_errors(read_timelines(sim_dir), live_timelines),
                          out_dir / PER_REQUEST_FILE)
-    (out_dir / FIDELITY_MARKDOWN_FILE).write_text(render_fidelity_markdown(fid))
+    (out_dir / FIDELITY_MARKDOWN_FILE).write_text(render_fidelity_markdown(
+        fid, live_engine=read_manifest(live_dir).get("engine")))
     if failed:
         raise ValidationFailed(f"{failed}; results in {out_dir}", fid)
     return fid

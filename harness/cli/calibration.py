@@ -339,8 +339,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     except ValidationFailed as exc:  # everything is on disk; the comparison says what it covers
         bar.close()
-        print(render_fidelity_markdown(exc.fidelity, title="Prediction fidelity", intro=False),
-              end="")
+        print(render_fidelity_markdown(exc.fidelity, title="Prediction fidelity", intro=False,
+                                       live_engine=_live_engine(out)), end="")
         first = first_error_line(str(out / "live"))
         if first:
             print(f"Live requests failed; first error: {first}\n")
@@ -348,7 +348,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     finally:
         bar.close()
-    print(render_fidelity_markdown(fid, title="Prediction fidelity", intro=False), end="")
+    print(render_fidelity_markdown(fid, title="Prediction fidelity", intro=False,
+                                   live_engine=_live_engine(out)), end="")
     speed = fid.get("engine_speed_vs_calibration") or {}
     if speed.get("before") is not None and speed.get("after") is not None:
         print(f"Engine speed since calibration (burst {speed['burst']} again): "
@@ -368,6 +369,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"results: {out}/fidelity.json  (compare: batchlab report {out}/live "
           f"{out}/simulated)")
     return 0
+
+
+def _live_engine(out: Path) -> Any:
+    """The live run's manifest ``engine`` record: a served reference engine's says its
+    figures are predictions too (``render_fidelity_markdown``)."""
+    from harness.manifest import read_manifest
+    from harness.validate import LIVE_DIR
+
+    return read_manifest(out / LIVE_DIR).get("engine")
 
 
 def with_server_knobs(knobs: Knobs, base_url: str) -> Knobs:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -35,8 +36,8 @@ import pyarrow as pa
 
 from harness.columns import numbers
 from harness.metrics import request_metrics, summarize
-from harness.report.format import code, fmt_number, fmt_seconds, table
-from harness.report.predictions import is_served_prediction
+from harness.report.format import code, fmt_number, fmt_seconds, table, value_text
+from harness.report.predictions import UNRECORDED, is_served_prediction, predictor
 from harness.report.runs import TELEMETRY_FILE, CellResult, read_table, trace_digest
 from harness.results import STEPS_FILE, read_timelines
 from harness.timeline import RequestTimeline
@@ -310,13 +311,28 @@ def _pct_error(error: float | None) -> str:
 
 
 def render_fidelity_markdown(fid: Mapping[str, Any], *, title: str = "Prediction fidelity",
-                             level: int = 2, intro: bool = True) -> str:
-    """The report section for one fidelity dict (from ``fidelity``): a table and a sentence."""
+                             level: int = 2, intro: bool = True,
+                             live_engine: Mapping[str, Any] | None = None) -> str:
+    """The report section for one fidelity dict (from ``fidelity``): a table and a sentence.
+
+    ``live_engine``: the live run's manifest ``engine`` record. When it carries a prediction
+    record (the reference engine served over HTTP), the live side is a prediction too, and
+    its column and a sentence say so. Without it, ``fid``'s ``context.engine`` (what
+    ``batchlab validate`` drove) decides: ``reference`` is the reference engine served."""
+    served = _served_predictor(fid, live_engine)
+    side = "measured" if served is None else "served"
     lines = ["#" * level + " " + title, ""]
     if intro:
         lines += ["The reference engine's prediction (simulated, with the same knobs and a "
-                  "calibration profile) against what the live engine measured on the same "
-                  "trace. Error = (predicted − measured) / measured.", ""]
+                  "calibration profile) against "
+                  + ("what the live engine measured" if served is None
+                     else "the reference engine served over HTTP")
+                  + f" on the same trace. Error = (predicted − {side}) / {side}.", ""]
+    if served is not None:
+        lines += ["The live side is the reference engine served over HTTP, itself a "
+                  f"prediction: its step times are predicted with {served}, and only HTTP, "
+                  "the client and real time are measured. Its column is no measurement of "
+                  "hardware: each error is one prediction against another.", ""]
     compared = fid.get("requests_compared") or {}
     if compared.get("note"):
         lines += [f"**Compared on {_requests(compared.get('num_compared', 0))} only**: "
@@ -338,7 +354,8 @@ def render_fidelity_markdown(fid: Mapping[str, Any], *, title: str = "Prediction
             c = batch.get(stat) or {}
             rows.append([f"running batch size, {stat}", fmt_number(c.get("predicted")),
                          fmt_number(c.get("measured")), _pct_error(c.get("relative_error"))])
-    lines += [table(["metric", "predicted", "measured", "error"], rows), ""]
+    live = "measured" if served is None else "served reference (itself predicted)"
+    lines += [table(["metric", "predicted", live, "error"], rows), ""]
     per = fid.get("per_request")
     if per and per.get("num_matched"):
         parts = []
@@ -353,33 +370,109 @@ def render_fidelity_markdown(fid: Mapping[str, Any], *, title: str = "Prediction
     return "\n".join(lines)
 
 
+def _served_predictor(fid: Mapping[str, Any], live_engine: Mapping[str, Any] | None
+                      ) -> str | None:
+    """What predicted the live side's figures when it was the reference engine served over
+    HTTP ("profile `x`", "catalog coefficients", or "its cost model" when only ``fid``'s
+    context says which engine it was); None for a measurement."""
+    if live_engine is not None:
+        return predictor(live_engine)
+    context = fid.get("context")
+    if isinstance(context, Mapping) and context.get("engine") == "reference":
+        return "its cost model"
+    return None
+
+
 # ---------------------------------------------------------------- the report section
+
+
+# A reference run's settings (its manifest's ``config``; a served one's ``/version``
+# answer) that make its cost model: two runs that differ in one predict other step times
+# (the coefficients' digest last: named only when nothing else differs).
+_COST_MODEL_KEYS = ("model", "gpu", "tp", "weights_dtype", "kv_cache_dtype",
+                    "cost_model_digest")
 
 
 def fidelity_pairs(ok: Sequence[CellResult]) -> list[tuple[CellResult, CellResult]]:
     """(live, simulated) cells that ran the same trace (same digest): the simulated one with the
-    same knobs when there is one, else the first simulated one."""
+    same knobs when there is one, else the first simulated one. A served reference engine (a
+    prediction itself) is paired first with a simulation by its own cost model, the one with
+    its settings when there is one: that comparison shows what HTTP, the client and real time
+    add; against another cost model (a profile calibrated on it), the two models' differences
+    (``prediction_section`` says which)."""
     pairs = []
     for live in ok:
         if live.mode != "live" or trace_digest(live) is None:
             continue
         sims = [c for c in ok if c.mode == "simulated"
                 and trace_digest(c) == trace_digest(live)]
-        if not sims:
-            continue
-        same_knobs = [c for c in sims if dict(c.asked_knobs) == dict(live.asked_knobs)]
-        pairs.append((live, (same_knobs or sims)[0]))
+        if sims:  # (min: the first of the best)
+            pairs.append((live, min(sims, key=partial(_unlikeness, live))))
     return pairs
 
 
+def _unlikeness(live: CellResult, sim: CellResult) -> tuple[bool, bool, bool]:
+    """What ``sim`` does not share with ``live``, most telling first: of a served reference,
+    its cost model, then its settings; of any live cell, its knobs."""
+    served = is_served_prediction(live)
+    return (served and bool(_cost_model_differences(live, sim)),
+            served and bool(_settings_differences(live, sim)),
+            dict(sim.asked_knobs) != dict(live.asked_knobs))
+
+
+def _reference_config(c: CellResult) -> Mapping[str, Any]:
+    """A reference run's resolved settings: a simulation's manifest ``engine.config``, a
+    served engine's ``/version`` answer (``engine.version_probe.body.reference``); {} when
+    not recorded."""
+    engine = c.manifest.get("engine")
+    if not isinstance(engine, Mapping):
+        return {}
+    config = engine.get("config")
+    if not isinstance(config, Mapping):
+        probe = engine.get("version_probe")
+        body = probe.get("body") if isinstance(probe, Mapping) else None
+        config = body.get("reference") if isinstance(body, Mapping) else None
+    return config if isinstance(config, Mapping) else {}
+
+
+def _cost_model_differences(served: CellResult, sim: CellResult) -> list[str]:
+    """How the cost model of a served reference differs from a simulation's, in words
+    ("served with catalog coefficients, simulated with profile `a`"; "gpu h100-sxm served,
+    a100-80gb simulated"): what each was predicted with, and each of its settings
+    (``_COST_MODEL_KEYS``) that both runs recorded; the coefficients' digest only when
+    nothing else tells the two apart (a profile edited between the runs). A run that recorded
+    no prediction record is not known to differ in what it was predicted with."""
+    a, b = predictor(served.manifest.get("engine")), predictor(sim.manifest.get("engine"))
+    out = ([] if a == b or UNRECORDED in (a, b)
+           else [f"served with {a}, simulated with {b}"])
+    out += _differences(served, sim, _COST_MODEL_KEYS[:-1])
+    return out or _differences(served, sim, _COST_MODEL_KEYS[-1:])
+
+
+def _settings_differences(served: CellResult, sim: CellResult) -> list[str]:
+    """The scheduler settings both runs recorded (batch caps, policy, KV blocks, ...) that
+    differ, in words ("max_num_seqs 256 served, 2048 simulated")."""
+    keys = [k for k in _reference_config(served)
+            if k not in _COST_MODEL_KEYS and k != "cost_model"]  # (the source's name)
+    return _differences(served, sim, keys)
+
+
+def _differences(served: CellResult, sim: CellResult, keys: Sequence[str]) -> list[str]:
+    a, b = _reference_config(served), _reference_config(sim)
+    return [f"{k} {value_text(a[k])} served, {value_text(b[k])} simulated" for k in keys
+            if k in a and k in b and value_text(a[k]) != value_text(b[k])]
+
+
 def prediction_section(ok: Sequence[CellResult]) -> list[str]:
-    """How well each simulated cell predicted a live cell of the same trace."""
+    """How well each simulated cell predicted a live cell of the same trace; of a served
+    reference engine, what the comparison is of (``_served_pair_text``)."""
     pairs = fidelity_pairs(ok)
     if not pairs:
         return []
     lines = ["## Prediction fidelity", "",
              "Each live cell against the simulated cell that ran the same trace (the same knobs "
-             "where one did): error = (predicted - measured) / measured.", ""]
+             "where one did; a served reference engine against a simulation by its own cost "
+             "model where one did): error = (predicted - measured) / measured.", ""]
     for live, sim in pairs:
         steps = read_table(sim.run_dir / STEPS_FILE)
         telemetry = read_table(live.run_dir / TELEMETRY_FILE)
@@ -395,11 +488,39 @@ def prediction_section(ok: Sequence[CellResult]) -> list[str]:
         served = is_served_prediction(live)
         title = (f"{code(live.name)} served, {code(sim.name)} simulated" if served
                  else f"{code(live.name)} measured, {code(sim.name)} predicted")
-        lines.append(render_fidelity_markdown(fid, title=title, level=3, intro=False))
+        engine = live.manifest.get("engine")
+        lines.append(render_fidelity_markdown(
+            fid, title=title, level=3, intro=False,
+            live_engine=engine if isinstance(engine, Mapping) else None))
         if served:
-            lines += ["", f"{code(live.name)} is the reference engine served over HTTP: its "
-                      "step times come from the same cost model, so this compares the "
-                      "simulation with its own served form (what HTTP, the client and real "
-                      "time add), not a prediction with hardware. The *measured* column is "
-                      "that served run.", ""]
+            lines += ["", _served_pair_text(live, sim), ""]
     return lines
+
+
+def _served_pair_text(live: CellResult, sim: CellResult) -> str:
+    """What a served reference against a simulation compares: by the same cost model, what
+    HTTP, the client and real time add (and the settings they differ in, if any); by another,
+    the two cost models, said plainly with what differs."""
+    names = f"{code(live.name)} and {code(sim.name)}"
+    models = _cost_model_differences(live, sim)
+    settings = _listed(_settings_differences(live, sim))
+    if models:
+        other = f"; and other settings: {settings}" if settings else ""
+        return (f"{names} predict with different cost models ({'; '.join(models)}{other}): "
+                "the errors are the two models' differences together with what HTTP, the "
+                "client and real time add, not what HTTP adds alone, and neither side is a "
+                "measurement of hardware.")
+    text = f"{names} predict with the same cost model ({predictor(live.manifest.get('engine'))})"
+    if not settings:
+        return (text + " and the same settings, so this compares the simulation with its own "
+                "served form: what HTTP, the client and real time add, not a prediction with "
+                "hardware.")
+    return (text + f", but with other settings ({settings}): the errors are partly those "
+            "settings', not only what HTTP, the client and real time add, and not a "
+            "prediction's against hardware.")
+
+
+def _listed(items: Sequence[str], most: int = 4) -> str:
+    """``items`` joined by "; ", the first ``most`` of them and how many more."""
+    more = f"; {len(items) - most} more" if len(items) > most else ""
+    return "; ".join(items[:most]) + more

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any
 
 from harness.metrics import PACE_TOLERANCE, Pace
@@ -39,7 +39,7 @@ from harness.report.format import (
     short,
     slo_text,
 )
-from harness.report.predictions import is_prediction, margin_caveat
+from harness.report.predictions import is_prediction, margin_caveat, predicted_settings
 from harness.report.runs import (
     CellResult,
     approximations,
@@ -68,7 +68,8 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
     (``bases``: what each cell is compared with; ``Baselines.of(ok, base)`` when not given)."""
     ok = [c for c in cells if c.ok]
     out: list[str] = []
-    answer = _capacity_finding(capacity, base, ctx.slo, target)
+    answer = _capacity_finding(capacity, base, ctx.slo, target,
+                               predicted=predicted_settings(capacity, ok))
     if answer:
         out.append(answer)
     out += [*ctx.notes, *slo_notes(ok)]
@@ -366,9 +367,12 @@ def _attainments_differ(c: CellResult, b: CellResult) -> bool:
 
 
 def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
-                      slo: Mapping[str, float] | None, target: float) -> str:
+                      slo: Mapping[str, float] | None, target: float, *,
+                      predicted: Set[str] = frozenset()) -> str:
     """The answer to "how much load fits my SLO": each setting's capacity, with its ratio to
-    the baseline setting's (the Capacity at SLO table says where each comes from)."""
+    the baseline setting's (the Capacity at SLO table says where each comes from).
+    ``predicted``: the settings whose capacity is a prediction, said of each (in a report that
+    mixes predicted and measured cells, ``predicted_settings``)."""
     if not rows or not slo:
         return ""
     base_key = cell_setting(base) if base is not None else None
@@ -380,6 +384,8 @@ def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
             notes.append("interpolated")
         if r.note:
             notes.append(r.note)
+        if r.key in predicted:
+            notes.append("predicted")
         if r.slo is not None and r.slo != slo:  # summarize --slo recomputed its cells' goodput
             notes.append(f"its goodput computed under {slo_text(r.slo)}")
         if len(rows) > 1:

@@ -21,6 +21,7 @@ from harness.prediction import (
     predictor_text,
     recorded_prediction,
 )
+from harness.report.curves import CapacityRow, cell_setting
 from harness.report.format import code, fmt_pct, table
 from harness.report.runs import CellResult
 
@@ -71,6 +72,51 @@ def is_served_prediction(c: CellResult) -> bool:
     return found is not None and found[1] == SERVED
 
 
+def mixes_kinds(cells: Sequence[CellResult]) -> bool:
+    """Some of ``cells`` are predictions and some measurements."""
+    predicted = [is_prediction(c.manifest) for c in cells]
+    return any(predicted) and not all(predicted)
+
+
+def row_labels(cells: Sequence[CellResult]) -> dict[str, str]:
+    """Each cell's name as a table's row writes it, by name: a code span, and " (predicted)"
+    after a predicted cell's when ``cells`` (the report's) mix predictions and measurements,
+    so that a row's figures and its change against a measured baseline read as what they
+    are. A wholly predicted report says so once, above its tables: its rows are not marked."""
+    mixed = mixes_kinds(cells)
+    return {c.name: code(c.name) + (" (predicted)" if mixed and is_prediction(c.manifest)
+                                    else "") for c in cells}
+
+
+def predicted_settings(rows: Sequence[CapacityRow], cells: Sequence[CellResult]) -> set[str]:
+    """The settings (``CapacityRow.key``) among ``rows`` whose capacity rests on predicted
+    cells (of that setting, or named as its evidence), when ``cells`` (the report's) mix
+    predictions and measurements; none in a wholly predicted or wholly measured report."""
+    if not mixes_kinds(cells):
+        return set()
+    return {r.key for r in rows
+            if any(is_prediction(c.manifest) for c in cells
+                   if cell_setting(c) == r.key or c.name in r.cells)}
+
+
+# what predicted a simulated run that recorded no prediction record (an older batchlab's)
+UNRECORDED = "the reference engine (the run recorded no prediction record)"
+
+
+def predictor(engine: object) -> str | None:
+    """What a run's figures were predicted with, from its manifest's ``engine``: "profile
+    `x`" or "catalog coefficients" ("the reference engine ..." when it recorded no
+    prediction record); None for a measurement."""
+    found = recorded_prediction(engine)
+    if found is None:
+        return None
+    record = found[0]
+    if record is None:
+        return UNRECORDED
+    return (f"profile {code(str(record['profile']))}" if record.get("profile")
+            else "catalog coefficients")
+
+
 def _published_text(acc: Accuracy) -> str:
     if not acc.held_out:
         return "not computed for the catalog"
@@ -80,9 +126,6 @@ def _published_text(acc: Accuracy) -> str:
     if acc.published.num_rows == acc.overall.num_rows:
         return "all of them"
     return f"{acc.published.text()} of {acc.published.num_rows}"
-
-
-_UNRECORDED = "the reference engine (the run recorded no prediction record)"
 
 
 @dataclass(frozen=True)
@@ -108,11 +151,7 @@ def _groups(cells: Sequence[CellResult]) -> list[_Group]:
             continue  # a measurement
         record, by = found
         acc = accuracy(record)
-        if record is None:
-            what = _UNRECORDED
-        else:
-            what = (f"profile {code(str(record['profile']))}" if record.get("profile")
-                    else "catalog coefficients")
+        what = predictor(c.manifest.get("engine")) or UNRECORDED
         donor = ((record or {}).get("accuracy") or {}).get("coefficients_from")
         if donor:
             what += f" (coefficients of {code(str(donor))})"
@@ -134,7 +173,7 @@ def _never_text(g: _Group, names: str = "") -> str:
     """Why a group quotes no accuracy, the same words as the *Predicted* row's; of the cells
     ``names`` when given ("... for `a`")."""
     whose = f" for {names}" if names else ""
-    if g.what == _UNRECORDED:
+    if g.what == UNRECORDED:
         return f"its accuracy not recorded in the run{whose}"
     if g.note:
         return f"its accuracy is not known{whose}: {g.note}"
@@ -201,13 +240,15 @@ def kind_note(cells: Sequence[CellResult], kind: str, label: str) -> list[str]:
             never.append(_never_text(g, names))
         elif e is not None:
             held = " held-out" if acc.held_out else ""
+            # which way they erred, when most did one way: the median |error| hides it
             parts.append(f"{names} a median {fmt_pct(e.median)} off (worst "
                          f"{fmt_pct(e.worst)}) over {e.num_rows}{held} figures"
-                         f"{e.sources_text()}")
+                         f"{e.sources_text()}{e.bias()}")
         elif kind in acc.unmeasured_kinds:
             unmeasured.append(names)
     if unmeasured:
-        parts.append(f"no held-out {kind} figure for {', '.join(unmeasured)}")
+        whose = "any cell" if unmeasured == ["every cell"] else ", ".join(unmeasured)
+        parts.append(f"no held-out {kind} figure for {whose}")
     parts += never
     if not parts:
         return []

@@ -110,7 +110,8 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
         lines += latency_section(ok, bases)
         lines += throughput_section(ok, bases)
         lines += goodput_section(ok, bases, ctx)
-        lines += _load_sections(whole, base, ctx, draw, series, capacity, target)
+        lines += _load_sections(whole, base, ctx, draw, series, capacity, target,
+                                report_cells=ok)
         lines += preemption_section(ok, preempted)
         lines += prefix_cache_section(ok)
         lines += output_length_section(ok)
@@ -132,16 +133,18 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
 
 def _load_sections(ok: Sequence[CellResult], base: CellResult | None, ctx: ReportContext,
                    draw: bool, series: Sequence[Series], capacity: Sequence[CapacityRow],
-                   target: float) -> list[str]:
+                   target: float, *, report_cells: Sequence[CellResult]) -> list[str]:
     """Throughput–latency curves, capacity at SLO and the batch-size table, where the cells
-    (or capacity searches beside them) give them."""
-    lines = curves_section(series, has_plot=draw)
+    (or capacity searches beside them) give them. ``ok``: the cells that ran to their end;
+    ``report_cells``: every cell with results (whether they mix predicted and measured ones
+    decides whether a row is marked predicted)."""
+    lines = curves_section(series, has_plot=draw, cells=report_cells)
     base_key = cell_setting(base) if base is not None else None
-    capacity_lines = capacity_section(capacity, base_key, ctx.slo, target)
+    capacity_lines = capacity_section(capacity, base_key, ctx.slo, target, cells=report_cells)
     if capacity_lines and ctx.slo:
         capacity_lines += derived_note(ok, "Capacities at SLO", pace=True)
     lines += capacity_lines
-    lines += batch_size_section(_batch_series(ok))
+    lines += batch_size_section(_batch_series(ok), report_cells=report_cells)
     return lines
 
 
@@ -169,13 +172,31 @@ def write_report(cells: Sequence[CellResult], ctx: ReportContext, out_file: Path
     return out_file
 
 
+def _predicted_runs(runs: Mapping[str, Path]) -> list[str]:
+    """The predicted runs among ``runs``, by name: a simulated run (it has steps.parquet,
+    written before any file a figure is drawn from) or a replay of the served reference
+    engine."""
+    return [name for name, run_dir in runs.items()
+            if (run_dir / STEPS_FILE).exists() or is_prediction(read_manifest(run_dir))]
+
+
 def _figure_note(runs: Mapping[str, Path]) -> str | None:
-    """What a figure drawn from ``runs`` says of itself when any is a prediction: a
-    simulated run (it has steps.parquet, written before any file a figure is drawn from) or a
-    replay of the served reference engine."""
-    predicted = [name for name, run_dir in runs.items()
-                 if (run_dir / STEPS_FILE).exists() or is_prediction(read_manifest(run_dir))]
-    return _predicted_words(predicted, list(runs))
+    """What a figure drawn from ``runs`` says of itself when any is a prediction."""
+    return _predicted_words(_predicted_runs(runs), list(runs))
+
+
+def _legend_labels(runs: Mapping[str, Path]) -> dict[str, str]:
+    """Each run's line in a figure's legend, by name: its name, and " (predicted)" after a
+    predicted run's when the figure mixes predicted and measured runs (a wholly predicted
+    figure's note says so once)."""
+    return _marked(_predicted_runs(runs), list(runs))
+
+
+def _marked(predicted: Sequence[str], names: Sequence[str]) -> dict[str, str]:
+    """``names``, each with " (predicted)" after it when it is among ``predicted`` and some
+    of ``names`` are not."""
+    mixed = 0 < len(set(predicted)) < len(set(names))
+    return {n: n + (" (predicted)" if mixed and n in predicted else "") for n in names}
 
 
 def _predicted_words(predicted: Sequence[str], names: Sequence[str]) -> str | None:
@@ -188,14 +209,16 @@ def _predicted_words(predicted: Sequence[str], names: Sequence[str]) -> str | No
 
 def _latency_figure(runs: Mapping[str, Path], path: Path) -> bool:
     latencies = {}
+    labels = _legend_labels(runs)
     for name, run_dir in runs.items():
         cols = request_columns(run_dir)
-        latencies[name] = {m: cols[m] for m, _ in plots.LATENCY_PANELS if m in cols}
+        latencies[labels[name]] = {m: cols[m] for m, _ in plots.LATENCY_PANELS if m in cols}
     return plots.latency_cdfs(latencies, path, note=_figure_note(runs)) is not None
 
 
 def _engine_state_figure(runs: Mapping[str, Path], path: Path) -> bool:
-    states = {name: s for name, run_dir in runs.items()
+    labels = _legend_labels(runs)
+    states = {labels[name]: s for name, run_dir in runs.items()
               if (s := read_engine_state(run_dir)) is not None}
     return bool(states) and plots.engine_state(states, path,
                                                note=_figure_note(runs)) is not None
@@ -203,11 +226,12 @@ def _engine_state_figure(runs: Mapping[str, Path], path: Path) -> bool:
 
 def _throughput_figure(runs: Mapping[str, Path], path: Path) -> bool:
     tput = {}
+    labels = _legend_labels(runs)
     for name, run_dir in runs.items():
         chunks = read_columns(run_dir / CHUNKS_FILE, ("t_s", "num_tokens"))
         if chunks and "t_s" in chunks and "num_tokens" in chunks:
-            tput[name] = (np.asarray(chunks["t_s"], dtype=np.float64),
-                          np.asarray(chunks["num_tokens"], dtype=np.float64))
+            tput[labels[name]] = (np.asarray(chunks["t_s"], dtype=np.float64),
+                                  np.asarray(chunks["num_tokens"], dtype=np.float64))
     return bool(tput) and plots.throughput_over_time(tput, path,
                                                      note=_figure_note(runs)) is not None
 
@@ -285,8 +309,15 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
         lines = [key for key in set(series.values())  # a series needs two caps to be a line
                  if len({knob(c, "max_num_seqs") for c in sweep if series[c.name] == key}) >= 2]
         sweep = [c for c in sweep if series[c.name] in lines]
+        # a line of predicted cells, in a figure that mixes them with measured ones, says so
+        # in its legend ("TPOT p50 (fcfs, predicted)"; a line of both kinds cannot)
+        predicted = [key for key in lines
+                     if all(is_prediction(c.manifest) for c in sweep if series[c.name] == key)]
+        mixed = 0 < len(predicted) < len(lines)
+        legend = {key: (f"{key}, predicted" if key else "predicted")
+                  if mixed and key in predicted else key for key in lines}
         points = [plots.SweepPoint(
-            series=series[c.name],
+            series=legend[series[c.name]],
             max_num_seqs=int(knob(c, "max_num_seqs")),
             tpot_p50_s=get(c.summary, "tpot_s.p50"), tpot_p90_s=get(c.summary, "tpot_s.p90"),
             output_tokens_per_s=get(c.summary, "throughput.output_tokens_per_s"),
@@ -297,14 +328,18 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
         if plots.batch_size_sweep(points, out_dir / "batch_size.png", tpot_slo_s=tpot_slo,
                                   note=note):
             plotted.append(("TPOT and throughput against max_num_seqs", "batch_size.png"))
+    by_name = {c.name: c for c in ok}
+    load = load_series(whole)
+    legend = _marked([s.key for s in load
+                      if all(p.cell in by_name and is_prediction(by_name[p.cell].manifest)
+                             for p in s.points)], [s.key for s in load])
     curves = [plots.CurveLine(
-        label=s.key, loads=[p.load for p in s.points],
+        label=legend[s.key], loads=[p.load for p in s.points],
         output_tokens_per_s=[p.output_tokens_per_s for p in s.points],
         tpot_p50_s=[p.tpot_p50_s for p in s.points], tpot_p90_s=[p.tpot_p90_s for p in s.points],
         ttft_p90_s=[p.ttft_p90_s for p in s.points],
-        stopped=[bool(p.stopped) for p in s.points]) for s in load_series(whole)]
-    by_name = {c.name: c for c in ok}
-    series_cells = [p.cell for s in load_series(whole) for p in s.points]
+        stopped=[bool(p.stopped) for p in s.points]) for s in load]
+    series_cells = [p.cell for s in load for p in s.points]
     note = _predicted_words([n for n in series_cells
                              if n in by_name and is_prediction(by_name[n].manifest)],
                             series_cells)

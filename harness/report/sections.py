@@ -47,9 +47,11 @@ from harness.report.format import (
 from harness.report.predictions import (
     derived_note,
     kind_note,
+    predicted_settings,
     predicted_text,
     prediction_accuracy_lines,
     prediction_row,
+    row_labels,
     tails_note,
     unmeasured_note,
 )
@@ -314,12 +316,13 @@ def latency_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
                 "for two-fold and more; 1/20 for a fall to a twentieth or less), here and in "
                 "the tables below."
                 if bases.compared() else "."), "", *tails_note(ok)]
+    labels = row_labels(ok)
     for metric, label in LATENCIES:
         if not any(get(c.summary, f"{metric}.count") for c in ok):
             continue
         rows = []
         for c in ok:
-            row: list[str] = [code(c.name)]
+            row: list[str] = [labels[c.name]]
             b = bases.of_cell(c)
             for p in PERCENTILES:
                 v = get(c.summary, f"{metric}.{p}")
@@ -338,8 +341,9 @@ def throughput_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
             ("throughput.output_tokens_per_s", "output tok/s"),
             ("throughput.total_tokens_per_s", "total tok/s"))
     rows = []
+    labels = row_labels(ok)
     for c in ok:
-        row: list[str] = [code(c.name)]
+        row: list[str] = [labels[c.name]]
         b = bases.of_cell(c)
         for key, _ in cols:
             v = get(c.summary, key)
@@ -368,6 +372,7 @@ def goodput_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportConte
         lines += [f"A request is good when it succeeded and met every SLO ({slo_text(ctx.slo)});"
                   " attainment divides by requests sent.", ""]
     rows = []
+    labels = row_labels(ok)
     for c in ok:
         b = bases.of_cell(c)
         if b is not None and not same_slo(c, b):
@@ -378,7 +383,7 @@ def goodput_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportConte
         if b is not None and c is not b and not missing(att) and not missing(batt):
             att_text += f" ({(att - batt) * 100:+.1f} pts)"
         gp = get(c.summary, "goodput.requests_per_s")
-        row = [code(c.name), fmt_int(get(c.summary, "goodput.num_good")),
+        row = [labels[c.name], fmt_int(get(c.summary, "goodput.num_good")),
                fmt_int(get(c.summary, "num_requests")),
                with_delta(fmt_number(gp), gp,
                           get(b.summary, "goodput.requests_per_s") if b else None, c is b),
@@ -396,10 +401,11 @@ def preemption_section(ok: Sequence[CellResult], preempted: Mapping[str, int | N
                         ) -> list[str]:
     rows = []
     swapping = any(get(c.summary, "num_swap_fallbacks") is not None for c in ok)
+    labels = row_labels(ok)
     for c in ok:
         n = preemptions(c)
         total = get(c.summary, "num_requests") or 0
-        row = [code(c.name), "not known" if n is None else f"{n:,}",
+        row = [labels[c.name], "not known" if n is None else f"{n:,}",
                fmt_int(preempted.get(c.name)),
                fmt_number(100 * n / total) if total and n is not None else "–"]
         if swapping:
@@ -498,6 +504,7 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
              + (f" Deltas against the same class in {bases.phrase(code)}." if bases.compared()
                 else ""), ""]
     has_slo = any(get(c.summary, "goodput") for c in ok)
+    labels = row_labels(ok)
     for key in keys:
         rows = []
         for c in ok:
@@ -506,7 +513,7 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
                 continue
             b = bases.of_cell(c)
             base_cls = get(b.summary, f"by_priority.{key}") if b else None
-            row: list[str] = [code(c.name), fmt_int(get(cls, "num_requests"))]
+            row: list[str] = [labels[c.name], fmt_int(get(cls, "num_requests"))]
             for metric in ("ttft_s.p50", "ttft_s.p90", "tpot_s.p90", "itl_s.p99", "itl_s.max",
                            "e2e_s.p90"):
                 v = get(cls, metric)
@@ -549,15 +556,21 @@ def reproduce_section(cells: Sequence[CellResult], ctx: ReportContext, out_dir: 
 
 
 
-def curves_section(series: Sequence[Series], has_plot: bool) -> list[str]:
-    """Each setting across its load points: tokens/s, TPOT, TTFT and SLO attainment."""
+def curves_section(series: Sequence[Series], has_plot: bool,
+                   cells: Sequence[CellResult] = ()) -> list[str]:
+    """Each setting across its load points: tokens/s, TPOT, TTFT and SLO attainment, with
+    how accurate each kind of figure of a predicted cell was measured to be. ``cells``: the
+    report's, the points' among them."""
     if not series:
         return []
+    labels = row_labels(cells)
+    names = {p.cell for s in series for p in s.points}
+    shown = [c for c in cells if c.name in names]
     lines = ["## Throughput–latency curves", "",
              "Each engine and knob setting across its load points, by load: output tokens/s "
              "against TPOT (p50, p90) and TTFT p90"
              + (" (plotted in `throughput_latency.png`, SLO lines drawn in)." if has_plot
-                else "."), ""]
+                else "."), "", *tails_note(shown)]
     for s in series:
         rows = []
         # a point whose goodput `batchlab summarize --slo` recomputed says under which SLO
@@ -568,19 +581,28 @@ def curves_section(series: Sequence[Series], has_plot: bool) -> list[str]:
                 f" (failed: {p.behind.split(':')[0]})" if p.behind else "")
             if several:
                 att += f" under {slo_text(p.slo)}" if p.slo else " (no SLO)"
-            rows.append([load_text({"kind": s.kind, "value": p.load}), code(p.cell),
+            rows.append([load_text({"kind": s.kind, "value": p.load}),
+                         labels.get(p.cell, code(p.cell)),
                          fmt_number(p.output_tokens_per_s), fmt_seconds(p.tpot_p50_s),
                          fmt_seconds(p.tpot_p90_s), fmt_seconds(p.ttft_p90_s), att])
         lines += [f"### {code(s.key)}", "",
                   table(["load", "cell", "output tok/s", "TPOT p50", "TPOT p90", "TTFT p90",
                          "SLO attainment"], rows, align=("r", "l", "r", "r", "r", "r", "r")),
                   ""]
+    lines += kind_note(shown, "throughput", "output tokens/s")
+    lines += kind_note(shown, "TPOT/ITL", "TPOT")
+    lines += kind_note(shown, "TTFT", "TTFT")
+    if any(p.attainment is not None for s in series for p in s.points):
+        lines += derived_note(shown, "SLO attainments")
     return lines
 
 
 def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
-                     slo: Mapping[str, float] | None, target: float) -> list[str]:
-    """Capacity at SLO per setting, with its ratio to the baseline setting's."""
+                     slo: Mapping[str, float] | None, target: float,
+                     cells: Sequence[CellResult] = ()) -> list[str]:
+    """Capacity at SLO per setting, with its ratio to the baseline setting's. ``cells``: the
+    report's; a setting whose capacity is predicted is marked so when they mix predicted and
+    measured cells (``predicted_settings``)."""
     if not rows:
         return []
     lines = ["## Capacity at SLO", ""]
@@ -609,20 +631,26 @@ def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
               "precision). ≥: a lower bound (no load tried failed, the search was cut short, or "
               "the trace was too short to test more); <: every load tried failed.", ""]
     base = next((r for r in rows if r.key == base_key), rows[0])
+    predicted = predicted_settings(rows, cells)
     table_rows = []
     for r in rows:
         ratio = "baseline" if r is base else capacity_ratio(r, base) or "–"
         evidence = r.evidence
         if r.cells:
             evidence += "; " + ", ".join(code(c) for c in r.cells[:4])
-        table_rows.append([code(r.key), capacity_text(r), ratio, r.source, evidence])
+        setting = code(r.key) + (" (predicted)" if r.key in predicted else "")
+        table_rows.append([setting, capacity_text(r), ratio, r.source, evidence])
     lines += [table(["setting", "capacity", "vs baseline", "from", "evidence"], table_rows,
                     align=("l", "r", "r", "l", "l")), ""]
     return lines
 
 
-def batch_size_section(series: Mapping[str, Sequence[BatchRow]]) -> list[str]:
-    """The seed's batch-size table from measurements, with the turn marked."""
+def batch_size_section(series: Mapping[str, Sequence[BatchRow]],
+                       report_cells: Sequence[CellResult] | None = None) -> list[str]:
+    """The seed's batch-size table from measurements, with the turn marked, and how accurate
+    each kind of figure of a predicted cell was measured to be. ``report_cells``: the
+    report's, when it has cells outside the sweep (whether it mixes predicted and measured
+    ones decides whether a row is marked predicted)."""
     if not series:
         return []
     lines = ["## Batch size", "",
@@ -636,10 +664,12 @@ def batch_size_section(series: Mapping[str, Sequence[BatchRow]]) -> list[str]:
              "since the previous cap (1: in proportion, memory-bound; near 0: flat); the turn "
              "is the first cap under 0.5.", ""]
     cells = [r.cell for rows in series.values() for r in rows]
+    labels = row_labels(report_cells if report_cells is not None else cells)
     predicted = predicted_text(cells)
     if predicted:
         lines += [predicted, ""]
     lines += unmeasured_note(cells, "Running batches, KV use, what bound them and the turn")
+    lines += tails_note(cells)
     roof_line = _roofline_text(series)
     if roof_line:
         lines += [roof_line, ""]
@@ -654,7 +684,8 @@ def batch_size_section(series: Mapping[str, Sequence[BatchRow]]) -> list[str]:
             gain = "–" if r.gain is None else f"{r.gain:.2f}"
             if r.past_turn and (i == 0 or not rows[i - 1].past_turn):
                 gain += " **← turn**"
-            table_rows.append([str(r.cap), code(r.cell.name), running,
+            shown = labels.get(r.cell.name, code(r.cell.name))
+            table_rows.append([str(r.cap), shown, running,
                                fmt_seconds(get(s, "tpot_s.p50")),
                                fmt_seconds(get(s, "tpot_s.p90")),
                                fmt_number(get(s, "throughput.output_tokens_per_s")), kv,
@@ -665,6 +696,8 @@ def batch_size_section(series: Mapping[str, Sequence[BatchRow]]) -> list[str]:
                          "output tok/s", "KV use mean / peak", "preemptions", "bound by", "gain",
                          "roofline"], rows=table_rows,
                         align=("r", "l", "r", "r", "r", "r", "r", "r", "l", "l", "l")), ""]
+    lines += kind_note(cells, "TPOT/ITL", "TPOT")
+    lines += kind_note(cells, "throughput", "output tokens/s")
     return lines
 
 

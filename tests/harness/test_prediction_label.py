@@ -318,14 +318,15 @@ def test_each_latency_and_throughput_table_says_how_far_its_kind_was_measured_to
     cat = catalog_accuracy()["by_kind"]["TTFT"]
     [note, blank] = kind_note(cells, "TTFT", "TTFT")
     assert blank == ""
+    assert _bias(cat) and _bias(ttft)  # which way they erred: said, as the accuracy table does
     assert note == (
         "How far predicted TTFT was measured to miss published TTFT figures: "
         f"`cat` a median {fmt_pct(cat['median_abs_error'])} off (worst "
         f"{fmt_pct(cat['worst_abs_error'])}) over {cat['num_rows']} figures from "
-        f"{len(cat['sources'])} sources; "
+        f"{len(cat['sources'])} sources{_bias(cat)}; "
         f"`trt` a median {fmt_pct(ttft['median_abs_error'])} off (worst "
         f"{fmt_pct(ttft['worst_abs_error'])}) over {ttft['num_rows']} held-out figures from "
-        f"one source ({ttft['sources'][0]}); "
+        f"one source ({ttft['sources'][0]}){_bias(ttft)}; "
         "no held-out TTFT figure for `vllm`, `tgi` "
         "([how accurate the predictions are](#how-accurate-the-predictions-are)).")
     # measured cells add nothing; a run that recorded no accuracy says it is unknown

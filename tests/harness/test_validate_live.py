@@ -81,6 +81,11 @@ def test_validate_reads_the_served_engines_kv_cache(tmp_path: Path,
                                           "source": "engine"}
     assert fid["warnings"] == [] and "warning" not in captured.err
     assert abs(fid["ttft_s"]["p90"]["relative_error"]) < 0.5, fid["ttft_s"]
+    # the live side is the reference engine served over HTTP: itself a prediction, never
+    # called "measured", on the terminal and in fidelity.md
+    for text in (captured.out, (out / "fidelity.md").read_text()):
+        assert "served reference (itself predicted)" in text
+        assert "| measured |" not in text
 
 
 @pytest.mark.parametrize(("fields", "args", "said"), [
