@@ -401,7 +401,9 @@ def mapping_markdown() -> str:
     out.extend([
         "## Telemetry columns",
         "",
-        "Every live run writes `telemetry.parquet`, scraped every 0.25 s: `t_s`, "
+        "A live run that knows its engine (`--engine NAME`, launched or with `--url`; every "
+        "live scenario cell) writes `telemetry.parquet`, scraped every 0.25 s (a plain "
+        "`replay --target URL` scrapes nothing: it does not know which metrics to read): `t_s`, "
         "`num_running`, `num_waiting`, `kv_usage` (0..1), `num_preemptions` (increase since "
         "the previous scrape), `num_steps`, `num_batched_tokens`, `batch_tokens_mean`, "
         "`missing` and `scrape_error`. A signal the engine does not export is null and named "

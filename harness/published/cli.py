@@ -64,15 +64,20 @@ def check_run(args: argparse.Namespace) -> int:
         try:
             profile = read_profile(args.profile)
         except ProfileError as exc:
-            print(f"error: --profile: {exc}", file=sys.stderr)
+            print(f"batchlab check-published: error: --profile: {exc}", file=sys.stderr)
             return 2
         rows = select(rows, profile=f"{profile.engine}-{profile.gpu}")
         if not rows:
-            print(f"error: no published rows for {profile.engine} on {profile.gpu}",
+            engines = sorted({r.engine for r in load_rows()})
+            print(f"batchlab check-published: error: --profile {args.profile}: no published "
+                  f"rows for engine {profile.engine!r} on {profile.gpu} (the published figures "
+                  f"are of {', '.join(engines)}: a profile calibrated on another engine has "
+                  "none to be checked against; `batchlab validate` checks it against its engine)",
                   file=sys.stderr)
             return 2
         if args.write_docs:
-            print("error: --write-docs needs all rows (drop --profile)", file=sys.stderr)
+            print("batchlab check-published: error: --write-docs needs all rows (drop "
+                  "--profile)", file=sys.stderr)
             return 2
     # A shipped name checks the rows with the shipped profiles (in parallel); a file is used
     # for every selected row.
@@ -95,11 +100,13 @@ def _check_catalog(args: argparse.Namespace) -> int:
     rows = load_rows()
     if args.profile:
         if args.profile not in shipped_profiles():
-            print("error: --catalog --profile takes a shipped profile's name (its rows)",
+            print("batchlab check-published: error: --catalog --profile takes a shipped "
+                  "profile's name (its rows)",
                   file=sys.stderr)
             return 2
         if args.write_docs:
-            print("error: --write-docs needs all rows (drop --profile)", file=sys.stderr)
+            print("batchlab check-published: error: --write-docs needs all rows (drop "
+                  "--profile)", file=sys.stderr)
             return 2
         rows = select(rows, profile=args.profile)
     checked = check_rows(rows, jobs=args.jobs, catalog=True)
@@ -125,9 +132,7 @@ def profiles_add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "The engine profiles shipped in adapters/reference/profiles: each engine's scheduling "
         "defaults on one GPU and the cost-model coefficients fitted on published rows. Use one "
-        "with --profile NAME wherever the reference engine runs.\n\nexample:\n"
-        "  batchlab profiles")
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        "with --profile NAME wherever the reference engine runs.")
 
 
 def profiles_run(args: argparse.Namespace) -> int:

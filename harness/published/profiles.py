@@ -76,7 +76,12 @@ def read_profile(name_or_path: str | Path) -> EngineProfile:
     meta = raw.get("metadata") or {}
     scheduler = {k: v for k, v in (meta.get("scheduler") or {}).items() if k in SCHEDULER_KEYS}
     name = path.stem
-    engine = str(meta.get("engine") or name.split("-", 1)[0])
+    # a shipped profile names its engine; one written by `batchlab calibrate` records the
+    # engine it measured (an object: name, version, URL, ...)
+    recorded = meta.get("engine")
+    if isinstance(recorded, dict):
+        recorded = recorded.get("name")
+    engine = str(recorded or name.split("-", 1)[0])
     gpu = str(meta.get("gpu") or params.device or "h100-sxm")
     return EngineProfile(name=name, engine=engine, gpu=gpu, params=params,
                          scheduler=scheduler, path=path, fit=dict(meta.get("fit") or {}), raw=raw)

@@ -305,6 +305,26 @@ def test_check_published_cli_for_one_profile(capsys: pytest.CaptureFixture[str])
     assert cli.check_run(parser.parse_args(["--profile", "nope"])) == 2
 
 
+def test_check_published_names_the_engine_of_a_calibrated_profile(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A profile `batchlab calibrate` wrote records its engine as an object: the refusal names
+    the engine, not the object, and says what the published figures are of."""
+    raw = json.loads(read_profile("vllm-h100-sxm").path.read_text())
+    raw["metadata"]["engine"] = {"name": "reference", "version": "0.1.0",
+                                 "base_url": "http://127.0.0.1:8000"}
+    raw["metadata"].pop("fit", None)
+    path = tmp_path / "calibrated.json"
+    path.write_text(json.dumps(raw))
+    parser = argparse.ArgumentParser()
+    cli.check_add_arguments(parser)
+    assert cli.check_run(parser.parse_args(["--profile", str(path)])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"batchlab check-published: error: --profile {path}: no published "
+                          "rows for engine 'reference' on h100-sxm (the published figures are "
+                          "of tgi, trtllm, vllm")
+    assert "base_url" not in err
+
+
 def test_profiles_cli_lists_every_profile(capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     cli.profiles_add_arguments(parser)
