@@ -27,6 +27,7 @@ import difflib
 import hashlib
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -182,19 +183,65 @@ def _read_profile(name_or_path: str | Path) -> tuple[Path, dict[str, Any]]:
     """The file a profile name or path means, and its JSON object; errors name the file."""
     path = resolve_profile(name_or_path)
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(), object_pairs_hook=_RepeatsNoted.of)
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read profile: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{path}: line {exc.lineno}: not valid JSON: {exc.msg}") from None
+    _refuse_repeated_keys(path, raw)
     if not isinstance(raw, dict):
         raise ProfileError(f"{path}: a profile is a JSON object of cost-model fields")
     return path, raw
 
 
+class _RepeatsNoted(dict[str, Any]):
+    """A JSON object one of whose keys was written more than once: ``repeated`` is that key
+    and its values in file order. json alone keeps the last value silently, so an edited
+    copy with ``"memory_efficiency"`` twice would run with whichever came last; the walk in
+    ``_refuse_repeated_keys`` refuses it with the key's path (the hook itself cannot know it).
+    """
+
+    repeated: tuple[str, list[Any]]
+
+    @classmethod
+    def of(cls, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        """``object_pairs_hook``: a plain dict, unless a key repeats."""
+        obj = dict(pairs)
+        if len(obj) == len(pairs):
+            return obj
+        counts = Counter(k for k, _ in pairs)
+        key = next(k for k, _ in pairs if counts[k] > 1)
+        noted = cls(obj)
+        noted.repeated = (key, [v for k, v in pairs if k == key])
+        return noted
+
+
+def _refuse_repeated_keys(path: Path, value: object, where: str = "") -> None:
+    """ProfileError at the first object (in file order) that repeats a key, naming its path."""
+    if isinstance(value, _RepeatsNoted):
+        key, values = value.repeated
+        shown = ", ".join(json.dumps(v)[:40] for v in values[:3])
+        raise ProfileError(
+            f"{path}: {_join(where, key)}: appears {len(values)} times in one JSON object "
+            f"(values {shown}{', ...' if len(values) > 3 else ''}): remove all but one")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_repeated_keys(path, item, _join(where, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_repeated_keys(path, item, f"{where}[{i}]")
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
 def _checked_metadata(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
     """``raw``'s ``metadata`` object ({} when absent), refused when it or its ``scheduler`` is
-    not an object: a file whose engine defaults cannot be read must not run without them."""
+    not an object, when ``scheduler`` names a key the engine does not know (a misspelt
+    default would run silently with the built-in one), or when its ``fit`` record has a part
+    of the wrong type (the accuracy quoted after a run reads it: checked here, before the run,
+    not found broken after it)."""
     meta = raw.get("metadata", {})
     if not isinstance(meta, dict):
         raise ProfileError(f"{path}: metadata: must be a JSON object, got {meta!r}")
@@ -202,7 +249,96 @@ def _checked_metadata(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(scheduler, dict):
         raise ProfileError(
             f"{path}: metadata.scheduler: must be a JSON object, got {scheduler!r}")
+    _check_scheduler_keys(path, scheduler)
+    _check_fit(path, meta.get("fit"))
     return meta
+
+
+def _check_scheduler_keys(path: Path, scheduler: dict[str, Any]) -> None:
+    """Each key of ``metadata.scheduler`` is an engine default the reference takes
+    (``PROFILE_SCHEDULER_KEYS``), ``sources`` (where each default was read) or a note
+    (``_``-prefixed, as at the top level)."""
+    known = (*PROFILE_SCHEDULER_KEYS, "sources")
+    for key in scheduler:
+        if key in known or key.startswith("_"):
+            continue
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ProfileError(f"{path}: metadata.scheduler: unknown key {key!r}{hint}; known "
+                           f"keys: {', '.join(known)}")
+
+
+# The parts of ``metadata.fit`` that ``profile_accuracy`` and ``profile_changed_since_measured``
+# read (written by ``batchlab fit-published``: harness/published/refit.py). Each may be absent
+# or null; any other key is the fitter's own (``batchlab calibrate`` writes a record of other
+# keys altogether) and is not checked.
+_FIT_STATS = ("train", "held_out", "held_out_workload_published")
+_FIT_STRINGS = ("measured_digest", "coefficients_from")
+# In each statistics record: the figures the accuracy quotes.
+_STATS_NUMBERS = ("median_abs_error", "worst_abs_error")
+_STATS_COUNTS = ("num_rows", "num_over")
+
+
+def _check_fit(path: Path, fit: object) -> None:
+    """``metadata.fit``, where present: an object whose statistics records are objects of
+    numbers and whose digest and donor are strings; errors name the field's path."""
+    if fit is None:
+        return
+    fit = _object(path, "metadata.fit", fit)
+    for key in _FIT_STATS:
+        _check_stats(path, f"metadata.fit.{key}", fit.get(key))
+    if fit.get("held_out_by_kind") is not None:
+        where = "metadata.fit.held_out_by_kind"
+        for kind, stats in _object(path, where, fit["held_out_by_kind"]).items():
+            _check_stats(path, f"{where}.{kind}", _object(path, f"{where}.{kind}", stats))
+    for key in _FIT_STRINGS:
+        value = fit.get(key)
+        if value is not None and not isinstance(value, str):
+            raise _type_error(path, f"metadata.fit.{key}", value, "a string")
+
+
+def _check_stats(path: Path, where: str, stats: object) -> None:
+    """One statistics record (``{"num_rows": 8, "median_abs_error": 0.23, ...}``) or null."""
+    if stats is None:
+        return
+    for key, value in _object(path, where, stats).items():
+        if value is None:
+            continue
+        if key in _STATS_NUMBERS or key in _STATS_COUNTS:
+            counts = key in _STATS_COUNTS
+            if isinstance(value, bool) or not isinstance(value, int if counts else int | float):
+                raise _type_error(path, f"{where}.{key}", value,
+                                  "an integer" if counts else "a number")
+            if not value >= 0 or not math.isfinite(value):  # NaN, as Python's json reads it
+                raise ProfileError(f"{path}: {where}.{key}: must be a finite number >= 0, "
+                                   f"got {value!r}")
+        elif key == "sources" and not isinstance(value, list):
+            raise _type_error(path, f"{where}.{key}", value, "an array")
+
+
+def _object(path: Path, where: str, value: object) -> dict[str, Any]:
+    """``value``, refused unless it is a JSON object."""
+    if not isinstance(value, dict):
+        raise _type_error(path, where, value, "an object")
+    return value
+
+
+def _type_error(path: Path, where: str, value: object, expected: str) -> ProfileError:
+    """"bad.json: metadata.fit.train: expected an object, got a string ("x")"."""
+    return ProfileError(f"{path}: {where}: expected {expected}, got {_json_type(value)}")
+
+
+def _json_type(value: object) -> str:
+    """``value``'s JSON type as an error names it, with a scalar's value: "a string ("x")",
+    "an array", "null", "true"."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    kind = "a string" if isinstance(value, str) else "a number"
+    return f"{kind} ({json.dumps(value)[:40]})"
 
 
 _HARDWARE_OVERRIDES = (
@@ -427,7 +563,8 @@ class CostModel:
 
 
 # Scheduler defaults a profile may carry (``metadata.scheduler``): the engine's own values for
-# the knobs a user leaves unset. Keys are ReferenceConfig fields.
+# the knobs a user leaves unset. Keys are ReferenceConfig fields; any other key there but
+# ``sources`` and ``_`` notes is refused at load (``_check_scheduler_keys``).
 PROFILE_SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "policy", "preemption",
                           "admission", "chunked_prefill", "prefix_caching",
                           "gpu_memory_utilization", "block_size", "oversized_prompts")
