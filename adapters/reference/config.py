@@ -183,6 +183,8 @@ class ReferenceConfig:
         if "preemption" in knobs.given_names() and "admission" not in given_reference:
             values.pop("admission", None)  # follows the given preemption (class doc)
         values.update(given_reference)
+        if "max_num_batched_tokens" not in knobs.given_names():
+            _whole_prefill_budget(values, model)
         return cls(model=model, gpu=gpu, profile=profile, cost_params=cost_params, **values)
 
     def effective_knobs(self) -> dict[str, Any]:
@@ -197,6 +199,29 @@ class ReferenceConfig:
             "prefix_caching": self.prefix_caching, "tensor_parallel_size": self.tp,
             "max_model_len": self.resolved_max_model_len,
         }
+
+
+def _whole_prefill_budget(values: dict[str, Any], model: str) -> None:
+    """vLLM's own default for a step budget nobody set when prompts are prefilled whole
+    (chunked prefill off, or the static policy) and the engine refuses what it could never
+    run (``oversized_prompts`` "refuse"): max(max_model_len, its usual budget), the least it
+    accepts (vllm ``engine/arg_utils.py``: ``if not self.enable_chunked_prefill:
+    self.max_num_batched_tokens = max(model_config.max_model_len, ...)``; the vLLM adapter
+    passes the same, docs/engines.md). An engine that rejects such prompts instead
+    (TensorRT-LLM's profiles) keeps its budget."""
+    whole = not values.get("chunked_prefill", True) or values.get("policy") == "static"
+    if not whole or values.get("oversized_prompts", "refuse") != "refuse":
+        return
+    max_len = values.get("max_model_len")
+    if max_len is None:
+        try:
+            max_len = lookup_model(model).max_position_embeddings
+        except UnknownModelError:
+            return  # the configuration names the model's error
+    if isinstance(max_len, int) and not isinstance(max_len, bool):
+        budget = values.get("max_num_batched_tokens", 8192)
+        values["max_num_batched_tokens"] = max(max_len, budget) if isinstance(budget, int) \
+            else budget
 
 
 def _profile_defaults(profile: str) -> dict[str, Any]:
@@ -300,7 +325,7 @@ def _validate(c: ReferenceConfig) -> None:
         raise ConfigError(
             f"max_model_len: {c.max_model_len} exceeds the model's max_position_embeddings "
             f"({model_spec.max_position_embeddings})")
-    if c.policy == "static" or (not c.chunked_prefill and c.oversized_prompts == "refuse"):
+    if (c.policy == "static" or not c.chunked_prefill) and c.oversized_prompts == "refuse":
         why = "the static policy prefills" if c.policy == "static" else \
             "with chunked prefill off a prompt is prefilled"
         if c.max_num_batched_tokens < c.resolved_max_model_len:
@@ -312,7 +337,8 @@ def _validate(c: ReferenceConfig) -> None:
                       else "")
             raise ConfigError(
                 f"max_num_batched_tokens: {c.max_num_batched_tokens} must be >= max_model_len "
-                f"({c.resolved_max_model_len}) because {why} whole in one step (vLLM's rule)"
+                f"({c.resolved_max_model_len}) because {why} whole in one step (vLLM's rule; "
+                "left unset, it is raised to max_model_len as vLLM does)"
                 f"{origin}; raise --max-num-batched-tokens, lower --max-model-len"
                 + ("" if c.policy == "static" else ", or use --chunked-prefill"))
     if c.num_gpu_blocks is None:

@@ -41,6 +41,11 @@ class CostModelExecutor:
         self.cost_model = cost_model
 
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:
+        if out.num_cost_tokens == 0 and out.num_swapped_blocks == 0:
+            # a step that only preempted (a running pass whose first request was its own
+            # victim) runs no model: vLLM's model runner returns EMPTY_MODEL_RUNNER_OUTPUT
+            # when no token is scheduled (vllm/v1/worker/gpu_model_runner.py execute_model)
+            return ExecutorOutput(0.0)
         return ExecutorOutput(self.cost_model.step_s(
             out.num_cost_tokens, out.num_cost_seqs, out.num_kv_tokens,
             out.num_attention_pairs, out.num_swapped_blocks))

@@ -208,25 +208,33 @@ class Scheduler:
         return True
 
     def _rejection(self, r: Request) -> str:
-        if r.num_prompt_tokens < 1 or r.max_output_tokens < 1:
+        return self.rejection(r.num_prompt_tokens, r.max_output_tokens)
+
+    def rejection(self, num_prompt_tokens: int, max_output_tokens: int) -> str:
+        """Why a request of these sizes can never run ('' when it can): rejected at arrival
+        (by ``add_request``; the served engine asks before it accepts one)."""
+        if num_prompt_tokens < 1 or max_output_tokens < 1:
             return "a request needs at least one prompt token and one output token"
         max_len = self.config.max_model_len
-        if r.num_prompt_tokens + r.max_output_tokens > max_len:
-            return (f"prompt ({r.num_prompt_tokens}) + output ({r.max_output_tokens}) tokens "
+        if num_prompt_tokens + max_output_tokens > max_len:
+            return (f"prompt ({num_prompt_tokens}) + output ({max_output_tokens}) tokens "
                     f"exceed max_model_len ({max_len})")
+        num_max_kv_tokens = num_prompt_tokens + max_output_tokens - 1  # Request's
         if not self.config.chunked_prefill:  # a prefill runs whole in one step
             budget = self.config.max_num_batched_tokens
-            if r.num_prompt_tokens > budget:
-                return (f"prompt ({r.num_prompt_tokens}) tokens exceed max_num_batched_tokens "
+            if num_prompt_tokens > budget:
+                return (f"prompt ({num_prompt_tokens}) tokens exceed max_num_batched_tokens "
                         f"({budget}): with chunked prefill off a prompt is prefilled whole in "
                         "one step")
-            # recompute (and swap, which falls back to it when the host is full)
-            if self.config.preemption != "none" and r.num_max_kv_tokens > budget:
-                return (f"prompt ({r.num_prompt_tokens}) + output ({r.max_output_tokens}) "
+            # recompute (and swap, which falls back to it when the host is full); reserve
+            # admission (the static policy's too) never preempts
+            if (self.config.preemption != "none" and self.config.admission != "reserve"
+                    and num_max_kv_tokens > budget):
+                return (f"prompt ({num_prompt_tokens}) + output ({max_output_tokens}) "
                         f"tokens exceed max_num_batched_tokens ({budget}): with chunked "
                         "prefill off, a request preempted late would re-prefill them whole in "
                         "one step")
-        need = self.blocks.blocks_for(r.num_max_kv_tokens)
+        need = self.blocks.blocks_for(num_max_kv_tokens)
         if need > self.blocks.num_gpu_blocks:
             return (f"needs {need} KV blocks even alone, but the KV cache has only "
                     f"{self.blocks.num_gpu_blocks}")

@@ -150,19 +150,9 @@ class ServedEngine:
     # -- requests in
 
     def rejection(self, num_prompt_tokens: int, max_output_tokens: int) -> str:
-        """Why a request of these sizes can never run ('' when it can): the scheduler's rule."""
-        if num_prompt_tokens < 1 or max_output_tokens < 1:
-            return "a request needs at least one prompt token and one output token"
-        max_len = self.config.resolved_max_model_len
-        if num_prompt_tokens + max_output_tokens > max_len:
-            return (f"prompt ({num_prompt_tokens}) + output ({max_output_tokens}) tokens "
-                    f"exceed max_model_len ({max_len})")
-        blocks = self.core.blocks
-        need = blocks.blocks_for(num_prompt_tokens + max_output_tokens - 1)
-        if need > blocks.num_gpu_blocks:
-            return (f"needs {need} KV blocks even alone, but the KV cache has only "
-                    f"{blocks.num_gpu_blocks}")
-        return ""
+        """Why a request of these sizes can never run ('' when it can): the scheduler's rule,
+        the one ``simulate`` rejects by, asked before the request is accepted (HTTP 400)."""
+        return self.core.scheduler.rejection(num_prompt_tokens, max_output_tokens)
 
     def submit(self, num_prompt_tokens: int, max_output_tokens: int, *, priority: int = 0,
                request_id: str | None = None, received_s: float | None = None,

@@ -103,8 +103,18 @@ def test_trtllm_profiles_start_and_reject_prompts_over_the_step_budget() -> None
         assert config({}, profile=name).oversized_prompts == "reject"
     assert config({}, profile="vllm-h100-sxm").oversized_prompts == "refuse"
     with pytest.raises(ConfigError) as plain:  # chunked prefill off by the user: vLLM's rule
-        config({"chunked_prefill": False}, profile=None)
+        config({"chunked_prefill": False, "max_num_batched_tokens": 8192}, profile=None)
     assert "profile" not in str(plain.value) and "vLLM's rule" in str(plain.value)
+    # a budget nobody set is vLLM's own default then: max(max_model_len, its usual budget)
+    unset = config({"chunked_prefill": False}, profile=None)
+    assert unset.max_num_batched_tokens == unset.resolved_max_model_len == 131072
+    short = config({"chunked_prefill": False, "max_model_len": 4096}, profile=None)
+    assert short.max_num_batched_tokens == 8192
+    vllm = config({"chunked_prefill": False}, profile="vllm-h100-sxm")
+    assert vllm.max_num_batched_tokens == vllm.resolved_max_model_len
+    # and the static policy under TensorRT-LLM's profile keeps its budget: it rejects instead
+    static = config({"policy": "static"})
+    assert static.max_num_batched_tokens == trt.max_num_batched_tokens
 
 
 def test_a_profile_that_turns_chunked_prefill_off_says_so_when_prompts_cannot_fit(
@@ -117,8 +127,8 @@ def test_a_profile_that_turns_chunked_prefill_off_says_so_when_prompts_cannot_fi
     path.write_text(json.dumps(body))
     with pytest.raises(ConfigError, match=r"profile .*no-chunking.json turns chunked prefill "
                                           r"off"):
-        ReferenceConfig.from_knobs(Knobs.from_mapping({}), model="llama-3.1-8b", gpu=None,
-                                   profile=str(path))
+        ReferenceConfig.from_knobs(Knobs.from_mapping({"max_num_batched_tokens": 8192}),
+                                   model="llama-3.1-8b", gpu=None, profile=str(path))
 
 
 def test_unknown_profile_name_lists_the_shipped_ones() -> None:

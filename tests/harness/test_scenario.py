@@ -150,9 +150,11 @@ def test_grid_and_engine_knob_conflict(tmp_path: Path) -> None:
 
 def test_engine_config_checked_before_running(tmp_path: Path) -> None:
     """A simulated cell the engine would refuse stops the sweep at load time."""
-    path = write(tmp_path, GOOD.replace("{policy: fcfs}", "{policy: fcfs, chunked_prefill: false}"))
+    path = write(tmp_path, GOOD.replace("{policy: fcfs}", "{policy: fcfs, chunked_prefill: false, "
+                                                          "max_num_batched_tokens: 8192}"))
     err = error_of(path)
-    assert (err.line, err.key) == (14, "engines[1].knobs")
+    # (left unset, the budget would be raised to max_model_len, as vLLM does)
+    assert (err.line, err.key) == (14, "engines[1].knobs.max_num_batched_tokens")
     assert "cell cont: max_num_batched_tokens" in str(err) and "max_model_len" in str(err)
 
 

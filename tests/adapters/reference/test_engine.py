@@ -131,3 +131,22 @@ def test_engine_core_steps_for_a_live_driver() -> None:
     step2 = core.step(step1.end_s)
     assert step2.finished_request_ids == ("a",) and not core.has_unfinished()
     assert core.num_done == 2
+
+
+def test_a_step_that_only_preempts_runs_no_model() -> None:
+    """Priority scheduling whose first running request is its own victim schedules no token
+    that step: vLLM runs no model then (EMPTY_MODEL_RUNNER_OUTPUT), so the step costs no GPU
+    time; every step that computes tokens does."""
+    core = EngineCore(ReferenceConfig(num_gpu_blocks=4, block_size=4, max_num_seqs=4,
+                                      max_num_batched_tokens=64, policy="priority"))
+    core.add_request(Request("lo", 4, 6, priority=1))
+    t = core.step(0.0).end_s
+    core.add_request(Request("hi", 4, 6, arrival_s=0.001, priority=0, index=1))
+    while core.has_unfinished():
+        t = core.step(t).end_s
+    c = core.steps.columns
+    rows = list(zip(c["duration_s"], c["num_prefill_tokens"], c["num_decode_tokens"],
+                    c["num_preempted"], strict=True))
+    empty = [r for r in rows if r[1] == 0 and r[2] == 0]
+    assert empty and all(d == 0.0 and preempted > 0 for d, _, _, preempted in empty)
+    assert all(d > 0 for d, prefill, decode, _ in rows if prefill or decode)

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from adapters.knobs import Knobs
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.cost_model import CostModelParams
 from harness.live.protocols import parse_stream
@@ -158,3 +159,31 @@ def test_a_crashed_step_loop_fails_requests_and_reports_unhealthy(
             assert client.get("/health").status_code == 503
             after = client.post("/v1/completions", json={"prompt": [1], "max_tokens": 3})
             assert after.status_code == 500 and "boom" in after.json()["error"]["message"]
+
+
+
+def _trtllm_16k() -> ReferenceConfig:
+    return ReferenceConfig.from_knobs(Knobs.from_mapping({"max_model_len": 16384}),
+                                      model="llama-3.1-8b", gpu=None, profile="trtllm-h100-sxm")
+
+
+def _no_chunking_recompute() -> ReferenceConfig:
+    return ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", chunked_prefill=False,
+                           max_num_batched_tokens=8192, max_model_len=16384,
+                           oversized_prompts="reject")
+
+
+@pytest.mark.parametrize(("make", "prompt", "output"), [
+    (_trtllm_16k, 9000, 3),  # the prompt alone is over the step budget
+    (_no_chunking_recompute, 8000, 400),  # a late preemption would re-prefill both
+])
+def test_the_served_engine_refuses_at_once_what_simulate_rejects(
+        make: Any, prompt: int, output: int) -> None:
+    """Chunked prefill off: a request that can never run is refused when it arrives (HTTP
+    400 from the handlers), in the words simulate rejects it with, not failed later."""
+    config = make()
+    answer = ServedEngine(config, clock=lambda: 0.0).submit(prompt, output)
+    assert isinstance(answer, Rejection)
+    result = simulate([TraceRequest("r", 0.0, prompt, output)], config)
+    assert result.timelines[0].error_kind == "rejected"
+    assert answer.message in result.timelines[0].error_message
