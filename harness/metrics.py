@@ -49,6 +49,11 @@ QUEUE_GROWTH_SHARE = 0.1
 PACE_TOLERANCE = 0.05
 PACE_SIGMAS = 2.0
 SHORTEST_STEADY_E2ES = 4
+# Output counts the engine made itself (harness.timeline.TOKEN_COUNT_SOURCES): a request over
+# its target by one of these got more tokens than it asked for, the server ignoring max_tokens.
+# The client's own counts ("tokenizer": the streamed text re-tokenized; "chunks": one token per
+# text event) can exceed the target without that, so they are counted apart.
+SERVER_COUNT_SOURCES = frozenset({"engine", "timings", "usage", "usage_total"})
 
 
 
@@ -480,6 +485,8 @@ def summarize(
     num_out = sum(tl.output_tokens for tl in ok)
     num_in = sum(tl.num_prompt_tokens for tl in ok)
     num_reached = sum(1 for tl in ok if tl.reached_target_length)
+    over = [tl for tl in ok if tl.output_tokens > tl.num_target_output_tokens]
+    num_over = sum(1 for tl in over if tl.token_count_source in SERVER_COUNT_SOURCES)
     summary: dict[str, Any] = {
         "num_requests": len(timelines),
         "num_completed": len(ok),
@@ -508,6 +515,10 @@ def summarize(
         "output_length_fidelity": {
             "num_reached_target": num_reached,
             "fraction_reached_target": num_reached / len(ok) if ok else None,
+            # more tokens than asked (counted in num_reached_target too): by the server's count,
+            # and by the client's, which can count more than were generated
+            "num_over_target": num_over,
+            "num_over_target_client_counted": len(over) - num_over,
         },
     }
     lags = [tl.send_lag_s for tl in timelines if tl.sent_s is not None]

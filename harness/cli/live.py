@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adapters.catalog import ENGINES
-from adapters.knobs import UNIFORM, KnobError
+from adapters.knobs import KnobError
 from harness.cli.common import (
     EXIT_FAILURE,
     GPU_HELP,
@@ -134,6 +135,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from harness.live.workers import WorkerError, replay_workers
 
     refuse_cell(Path(args.out))
+    refuse_bad_url("--target", args.target)
+    refuse_bad_url("--url", args.url)
     if args.engine:
         if args.workers != 1:
             raise UserError("--workers: only for a replay against --target (not with --engine)")
@@ -141,7 +144,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     _refuse_engine_options_without_engine(args)
     if not args.target:
         raise UserError("--target URL is required (the server to replay against)")
+    check_workers(args.workers)
     trace = load_trace(args)
+    num_workers = workers_for(args.workers, len(trace.requests))
     try:
         config = ReplayConfig(target_url=args.target, **replay_kwargs(args))
         config.validate()
@@ -156,7 +161,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     ended = False  # the replay returned: no error or interrupt is on its way out
     try:
         if args.workers != 1:
-            summary = replay_workers(trace, config, out, num_workers=args.workers,
+            summary = replay_workers(trace, config, out, num_workers=num_workers,
                                      progress=bar.update_to, command=command_line(),
                                      overwrite=args.overwrite)
         else:
@@ -183,6 +188,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"error: {gone}", file=sys.stderr)
         return EXIT_FAILURE
     return no_request_served(summary, config.target_url, args.max_failed)
+
+
+def check_workers(num_workers: int) -> None:
+    """``--workers`` below 1 or above the machine's bound, refused before the trace is read."""
+    from harness.live.workers import check_num_workers
+
+    try:
+        check_num_workers(num_workers, "--workers")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def workers_for(num_workers: int, num_requests: int) -> int:
+    """The workers a ``--workers`` replay of ``num_requests`` starts: at most one per request,
+    said on stderr when that is fewer than asked."""
+    from harness.live.workers import num_workers_to_start
+
+    started = num_workers_to_start(num_workers, num_requests, "--workers")
+    if started < num_workers:
+        print(f"note: --workers {num_workers}: the trace has {num_requests} requests, so "
+              f"{started} workers start (one more would have nothing to send)", file=sys.stderr)
+    return started
 
 
 def server_gone(out: Path, summary: dict[str, Any], url: str) -> str | None:
@@ -284,17 +311,48 @@ def warn_prompt_cache(url: str, salt: str) -> None:
         print(warning, file=sys.stderr)
 
 
+def refuse_bad_url(flag: str, url: str | None) -> None:
+    """A server URL that no client could send to, refused as bad input naming ``flag``,
+    before a trace is loaded, a server probed or a run folder claimed."""
+    from harness.live.config import target_url_problem
+
+    why = None if url is None else target_url_problem(url, flag)
+    if why:
+        raise UserError(why)
+
+
 def _refuse_engine_options_without_engine(args: argparse.Namespace) -> None:
     """Engine options mean nothing without ``--engine``: refuse them rather than drop them
-    (``--dry-run`` would otherwise send real traffic)."""
-    given = [f for f, on in (("--dry-run", args.dry_run), ("--launch", args.launch),
-                             ("--url", args.url is not None),
-                             ("--allow-approximate", args.allow_approximate)) if on]
-    given += [s.flag for s in UNIFORM
-              if s.name != "max_model_len" and getattr(args, s.name, None) not in (None, [])]
+    (``--dry-run`` would otherwise send real traffic, ``--engine-env`` or a knob would be
+    recorded as given and change nothing). Every option of the engine and uniform-knob groups
+    counts (``_engine_only_options``); an option is given when its value is not its default."""
+    given = [_flag_given(flags, getattr(args, dest, default))
+             for flags, dest, default in _engine_only_options()
+             if getattr(args, dest, default) != default]
     if given:
         raise UserError(f"{', '.join(given)}: only with --engine NAME (the engine to plan, "
-                        "launch or attach to); plain --target replays send no knobs")
+                        "launch or attach to); a plain --target replay only sends the trace's "
+                        "requests, so it would ignore them")
+
+
+@functools.cache
+def _engine_only_options() -> tuple[tuple[tuple[str, ...], str, Any], ...]:
+    """``(flags, dest, default)`` of every option of ``replay``'s engine and uniform-knob
+    groups but ``--engine`` itself, read from the parser ``add_replay`` builds: an option added
+    there later is refused without ``--engine`` too. (``--max-model-len`` is a trace option:
+    it clips the trace, with or without an engine.)"""
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_replay(sub)
+    parser = sub.choices["replay"]
+    return tuple((tuple(action.option_strings), action.dest, action.default)
+                 for group in parser._action_groups if group.title in ENGINE_GROUPS
+                 for action in group._group_actions if action.dest != "engine")
+
+
+def _flag_given(flags: Sequence[str], value: object) -> str:
+    """The flag that set ``value``: ``--no-X`` for a False of ``--X/--no-X``, else the first."""
+    negative = [f for f in flags if f.startswith("--no-")]
+    return negative[0] if value is False and negative else flags[0]
 
 
 def add_summarize(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -366,10 +424,13 @@ def _say_if_unfinished(run_dir: Path, summary: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- engines
 
 
+ENGINE_GROUPS = ("engine", "uniform knobs")  # add_engine_options's groups, by title
+
+
 def add_engine_options(p: argparse.ArgumentParser, *, gpu_help: str | None = None) -> None:
     """Engine and uniform-knob options of a live replay (``--engine``); see docs/engines.md."""
     g = p.add_argument_group(
-        "engine",
+        ENGINE_GROUPS[0],
         "launch an engine with mapped knobs (--launch) or attach to one (--url); "
         "`batchlab engines` shows each engine's mapping",
     )
@@ -427,6 +488,7 @@ def live_target_spec(args: argparse.Namespace, *, url: str | None = None) -> Tar
 
     if not args.launch and url is None:
         raise UserError(f"--engine {args.engine}: give --launch to start it or --url URL")
+    refuse_bad_url("--url", url)
     for option, flag, value in (("runtime", "--container-runtime", args.container_runtime),
                                 ("executable", "--engine-executable", args.engine_executable),
                                 ("engine_env", "--engine-env", args.engine_env),

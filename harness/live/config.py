@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -96,9 +98,9 @@ class ReplayConfig:
                              self.server_policy)
 
     def validate(self) -> None:
-        url = httpx.URL(self.target_url)
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"target_url: {self.target_url!r} is not an http(s)://host[:port] URL")
+        bad_url = target_url_problem(self.target_url, "target_url")
+        if bad_url:
+            raise ValueError(bad_url)
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol: {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
         if self.length_control not in LENGTH_CONTROLS:
@@ -147,6 +149,46 @@ class ReplayConfig:
         d = asdict(self)
         d["slo"] = self.slo.as_dict() if self.slo is not None else None
         return d  # api_key_env is a variable name, never the key
+
+
+def target_url_problem(url: str, name: str) -> str | None:
+    """Why ``url`` (the field or flag ``name``) is not the base URL of a server both HTTP
+    clients can reach, in one line naming it; None when it is one.
+
+    Checked before anything is sent or a run folder claimed: a port out of range or an
+    unclosed ``[`` otherwise surfaces as an exception from deep in a client (``OverflowError``
+    from ``connect()``, ``httpx.InvalidURL``) instead of a refusal. What may carry a
+    credential (user and password, the query) is not repeated."""
+    why = _url_defect(url)
+    if why is None:
+        return None
+    shown = re.sub(r"(?<=//)[^/?#]*@", "***@", re.sub(r"[?#].*", "?***", url, flags=re.S))
+    return f"{name}: {shown!r}: not an http(s)://host[:port] URL ({why})"
+
+
+def _url_defect(url: str) -> str | None:
+    if not url:
+        return "empty"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "it holds whitespace or a control character"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # parsed on access: out of range or not a number raises
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535", ...
+        return str(exc)
+    if parts.scheme not in ("http", "https"):
+        return f"scheme {parts.scheme!r}" if parts.scheme else "no http:// or https://"
+    if not parts.hostname:
+        return "no host"
+    if port == 0:
+        return "port 0 is not one a server listens on"
+    if parts.query or parts.fragment:
+        return "a base URL has no ?query or #fragment: the request path is added to it"
+    try:
+        httpx.URL(url)  # the httpx client's own parser must take it too
+    except httpx.InvalidURL as exc:
+        return str(exc)
+    return None
 
 
 # ---------------------------------------------------------------- precise waiting

@@ -351,13 +351,17 @@ class StreamParser:
             predicted_n = None
         else:
             self._predicted_n = predicted_n
+        wrong = _openai_shape_problem(obj, self.protocol)
+        if wrong:
+            self._fail("protocol_error", wrong)
+            return
         choices = obj.get("choices")
-        if not isinstance(choices, list) or not choices:
-            return  # usage-only trailer, or an empty keep-alive object
-        choice = choices[0] if isinstance(choices[0], dict) else {}
+        if not choices:
+            return  # the usage-only trailer (choices [], or none beside usage or timings)
+        choice = choices[0]
         if self.protocol == "openai-chat":
             delta = choice.get("delta") or {}
-            text = _first_str(delta, ("content", "reasoning_content", "reasoning"))
+            text = _first_str(delta, _CHAT_TEXT_FIELDS)
         else:
             raw = choice.get("text")
             text = raw if isinstance(raw, str) else ""
@@ -396,6 +400,10 @@ class StreamParser:
         return "usage_total" if self._predicted_n is not None else ""
 
     def _on_tgi(self, obj: dict[str, Any], t_ns: int) -> None:
+        wrong = _tgi_shape_problem(obj)
+        if wrong:
+            self._fail("protocol_error", wrong)
+            return
         token = obj.get("token")
         if isinstance(token, dict):
             # One event per generated token; a special token (EOS) is still a generated token.
@@ -463,6 +471,70 @@ class StreamParser:
             error_message=message,
             count_source=self.count_source(),
         )
+
+
+# Where each protocol's events carry generated text: a string, or null (vLLM and llama.cpp
+# send ``"content": null`` on a chat role-only delta, ``"reasoning_content": null`` beside
+# content), never another type.
+_CHAT_TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
+
+
+def _openai_shape_problem(obj: Mapping[str, Any], protocol: ProtocolName) -> str | None:
+    """What makes an OpenAI stream event not one the protocol defines, in words naming the
+    field; None for a well-formed one. Such an event is a ``protocol_error``: read as it
+    stands it carries no token, and a stream of them followed by ``[DONE]`` would count as a
+    request completed with no output. Accepted: ``choices: []`` (the usage-only trailer),
+    no ``choices`` beside a ``usage`` or ``timings`` object (a trailer too), a chat delta
+    without content (role-only, or ``{}``), null or empty text."""
+    choices = obj.get("choices")
+    if choices is None:
+        if isinstance(obj.get("usage"), dict) or isinstance(obj.get("timings"), dict):
+            return None
+        return f"event has no choices list: {_excerpt(obj)}"
+    if not isinstance(choices, list):
+        return f"event's choices is not a list: {_excerpt(obj)}"
+    if choices and not isinstance(choices[0], dict):
+        return f"event's choices[0] is not an object: {_excerpt(obj)}"
+    if not choices:
+        return None
+    choice = choices[0]
+    if protocol == "openai-chat":
+        delta = choice.get("delta")
+        if delta is None:
+            return None  # a choice with only a finish_reason
+        if not isinstance(delta, dict):
+            return f"event's choices[0].delta is not an object: {_excerpt(obj)}"
+        for key in _CHAT_TEXT_FIELDS:
+            if delta.get(key) is not None and not isinstance(delta[key], str):
+                return f"event's choices[0].delta.{key} is not a string: {_excerpt(obj)}"
+    elif choice.get("text") is not None and not isinstance(choice["text"], str):
+        return f"event's choices[0].text is not a string: {_excerpt(obj)}"
+    return None
+
+
+def _tgi_shape_problem(obj: Mapping[str, Any]) -> str | None:
+    """What makes a TGI ``/generate_stream`` event not one TGI defines (``token`` an object
+    with a string ``text``, ``generated_text`` a string or null, ``details`` an object or
+    null), in words naming the field; None for a well-formed one. An event with none of the
+    three carries nothing the stream is made of."""
+    if all(obj.get(key) is None for key in ("token", "generated_text", "details")):
+        return f"event has no token, generated_text or details: {_excerpt(obj)}"
+    token = obj.get("token")
+    if token is not None and not isinstance(token, dict):
+        return f"event's token is not an object: {_excerpt(obj)}"
+    if isinstance(token, dict) and token.get("text") is not None \
+            and not isinstance(token["text"], str):
+        return f"event's token.text is not a string: {_excerpt(obj)}"
+    if obj.get("generated_text") is not None and not isinstance(obj["generated_text"], str):
+        return f"event's generated_text is not a string: {_excerpt(obj)}"
+    if obj.get("details") is not None and not isinstance(obj["details"], dict):
+        return f"event's details is not an object: {_excerpt(obj)}"
+    return None
+
+
+def _excerpt(obj: Mapping[str, Any]) -> str:
+    """The start of an event, for the user to see what the server sent."""
+    return repr(json.dumps(obj)[:200])
 
 
 def _is_count(value: object) -> bool:

@@ -68,6 +68,10 @@ DEFAULT_START_MARGIN_S = 1.0  # between the last worker's "ready" and t0
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0  # for a stopped worker to record what was in flight and exit
 STOP = "stop"  # the parent's word to a worker, in place of t0 or after it
+# Workers add sending capacity one core at a time; beyond this many per CPU they only
+# time-share the cores, and each still costs a spawned interpreter (a second or more of imports,
+# tens of MB), so a count above it is taken for a mistake (--workers 1000) and refused.
+MAX_WORKERS_PER_CPU = 4
 
 
 class WorkerError(RuntimeError):
@@ -88,6 +92,37 @@ class WorkerEnd:
     # finished, interrupted, failed (it reported an error) or died (exited without a word)
     status: str
     detail: str = ""  # the error it reported, or how it exited
+
+
+def max_num_workers() -> int:
+    """The most workers a replay may start here: MAX_WORKERS_PER_CPU per CPU this process
+    may run on."""
+    try:
+        num_cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        num_cpus = os.cpu_count() or 1
+    return MAX_WORKERS_PER_CPU * num_cpus
+
+
+def check_num_workers(num_workers: int, name: str = "workers") -> None:
+    """ValueError, naming ``name`` (the field or flag), for a worker count below 1 or above
+    ``max_num_workers()``."""
+    if num_workers < 1:
+        raise ValueError(f"{name}: must be at least 1, got {num_workers}")
+    most = max_num_workers()
+    if num_workers > most:
+        raise ValueError(
+            f"{name}: {num_workers} is more than {most} ({MAX_WORKERS_PER_CPU} per CPU of the "
+            f"{most // MAX_WORKERS_PER_CPU} this process may use): workers beyond the cores "
+            "only share them, adding no sending capacity")
+
+
+def num_workers_to_start(num_workers: int, num_requests: int, name: str = "workers") -> int:
+    """How many processes a replay asked for ``num_workers`` starts for ``num_requests``: at
+    most one per request, since a worker without a request would start an interpreter, wait
+    for t0 and write an empty folder. ValueError as ``check_num_workers``."""
+    check_num_workers(num_workers, name)
+    return max(1, min(num_workers, num_requests))
 
 
 def split_trace(trace: Trace, num_workers: int) -> list[Trace]:
@@ -320,14 +355,14 @@ def replay_workers(
     start_margin_s: float = DEFAULT_START_MARGIN_S,
     on_t0: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Replay ``trace`` from ``num_workers`` processes into one run folder; the summary.
+    """Replay ``trace`` from ``num_workers`` processes (at most one per request:
+    ``num_workers_to_start``) into one run folder; the summary.
 
     ``on_t0`` gets the shared clock origin (``perf_counter_ns``, ``start_margin_s`` ahead)
     once every worker has it. Raises ``WorkerError``, after the run folder is written, when
     a worker did not start, failed or died."""
     config.validate()
-    if num_workers < 1:
-        raise ValueError(f"workers: must be at least 1, got {num_workers}")
+    num_workers = num_workers_to_start(num_workers, len(trace.requests))
     configs = worker_configs(config, num_workers)
     out_dir = Path(out_dir)
     run_id = claim_run_dir(out_dir, RunIdentity("live", trace.digest, target=config.target_url),

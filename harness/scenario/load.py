@@ -529,6 +529,11 @@ def _parse_engines(c: Checker, y: Node, loads: Sequence[LoadPoint]) -> tuple[Eng
                          f"only the reference engine can be simulated; {engine} runs live")
         knobs = _parse_knobs(c, f["knobs"], f"{where}.knobs") if "knobs" in f else {}
         url = c.string(f["url"], f"{where}.url") if "url" in f else None
+        if url is not None:
+            from harness.live.config import target_url_problem
+
+            if why := target_url_problem(url, f"{where}.url"):  # "<key>: <why>"
+                raise c.fail(f["url"], f"{where}.url", why.split(": ", 1)[1])
         launch = c.boolean(f["launch"], f"{where}.launch") if "launch" in f else url is None
         if mode == "live" and not launch and url is None:
             raise c.fail(item, f"{where}.url", "a live engine that is not launched needs a url")
