@@ -158,6 +158,19 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+# Fields every summary.json has (harness.metrics.summarize): a JSON object with none of them is
+# not a run's figures (another document written over the file).
+SUMMARY_KEYS = ("num_requests", "num_completed", "num_failed")
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """A run's ``summary.json`` read for its figures: {} when ``read_json_object`` finds no
+    object, and also when the object has none of ``SUMMARY_KEYS``, which must read as no
+    summary, not as a run that served nothing."""
+    summary = read_json_object(path)
+    return summary if any(key in summary for key in SUMMARY_KEYS) else {}
+
+
 def write_json_atomic(obj: Any, path: Path) -> None:
     """Write ``obj`` as strict JSON (non-finite floats as null, see ``finite_json``) to a
     temporary file, then rename."""

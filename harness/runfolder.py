@@ -24,6 +24,11 @@
   setting folders, ``scenario.json``, ``capacity.json``, ``report.md``, figures) is held
   with the same lock while it runs (``hold_dir``, ``holding_dir``), without a manifest and
   without looking at its files: a second sweep or search into it is refused at once.
+- Each folder a sweep or search will write (its own, each cell, setting or probe folder) is
+  none of batchlab's or one of its own kind (``results_folder``, ``refuse_results_folder``):
+  another run's folder, a scenario's or a capacity search's is refused, named as what it is,
+  before anything is written or deleted. Nothing is written inside a run's folder: a sweep,
+  a search, ``report -o`` and ``compare --json`` look above the path (``folder_above``).
 - ``batchlab report`` and ``batchlab summarize`` hold a folder they rewrite files in the same
   way, and refuse a folder another process holds (``writer_of``): its files are from two
   moments then.
@@ -42,10 +47,10 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from harness.manifest import MANIFEST_FILE, read_manifest
 from harness.results import (
@@ -55,8 +60,10 @@ from harness.results import (
     REPORT_FILE,
     REPORT_PLOTS,
     REQUESTS_FILE,
+    SEARCH_FILE,
     STEPS_FILE,
     SUMMARY_FILE,
+    read_json_object,
     write_json_atomic,
 )
 
@@ -258,6 +265,111 @@ def refuse_cell_folder(out_dir: Path | str, what: str = "--out") -> None:
             f"{what} {out}: is a cell of a scenario or capacity search (its cell.json); "
             "`batchlab run SCENARIO --only CELL` (or `batchlab capacity ... --resume`) redoes "
             "it: choose another folder")
+
+
+# ---------------------------------------------------------------- what a folder is for
+#
+# The files that say what batchlab made a folder for. harness.scenario and harness.capacity
+# name them too; imported from there, they would load those packages with this module.
+_CELL_FILE = "cell.json"  # a scenario cell or capacity probe (harness.scenario.status)
+_SCENARIO_FILE = "scenario.json"  # a sweep's record; a capacity search writes one too
+_CAPACITY_FILE = "capacity.json"  # a capacity search's answers (harness.capacity.run)
+_RUN_OF_KIND = {"simulated": "a simulate run", "live": "a replay run"}
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class ResultsFolder:
+    """What batchlab made a folder for, as the file that says so (``marker``) tells."""
+
+    kind: str  # "cell" | "run" | "capacity" | "search" | "scenario"
+    marker: str  # the file: cell.json, manifest.json, summary.json, capacity.json, ...
+    what: str  # as a refusal words it: "the run folder of a simulate run"
+
+    def describe(self) -> str:
+        return f"{self.what} ({self.marker})"
+
+
+def run_marker(folder: Path) -> str | None:
+    """The file that makes ``folder`` a run's (its ``manifest.json`` or ``summary.json``)."""
+    return next((name for name in (MANIFEST_FILE, SUMMARY_FILE) if (folder / name).is_file()),
+                None)
+
+
+def results_folder(folder: Path) -> ResultsFolder | None:
+    """What batchlab made ``folder`` for: a cell of a sweep or search (its ``cell.json``, the
+    cell's run too), a run's folder (``manifest.json``, ``summary.json``), a capacity search's
+    (``capacity.json``, or a ``scenario.json`` naming one), one setting's search in it
+    (``search.json``) or a scenario sweep's (``scenario.json``); None for any other folder,
+    or none there."""
+    if not folder.is_dir():
+        return None
+    if (folder / _CELL_FILE).is_file():
+        return ResultsFolder("cell", _CELL_FILE, "a cell of a scenario sweep or capacity search")
+    marker = run_marker(folder)
+    if marker is not None:
+        kind = read_manifest(folder).get("kind")
+        return ResultsFolder("run", marker, "the folder of a run" if not isinstance(kind, str)
+                             else f"the run folder of {_RUN_OF_KIND.get(kind, f'a {kind} run')}")
+    sweep = read_json_object(folder / _SCENARIO_FILE)
+    if (folder / _CAPACITY_FILE).is_file() or "capacity" in sweep:
+        marker = _CAPACITY_FILE if (folder / _CAPACITY_FILE).is_file() else _SCENARIO_FILE
+        return ResultsFolder("capacity", marker, "the folder of a capacity search")
+    if (folder / SEARCH_FILE).is_file():
+        return ResultsFolder("search", SEARCH_FILE,
+                             "the folder of one setting of a capacity search")
+    if (folder / _SCENARIO_FILE).is_file():
+        name = sweep.get("name")
+        return ResultsFolder("scenario", _SCENARIO_FILE, f"the folder of scenario {name}"
+                             if isinstance(name, str) else "the folder of a scenario sweep")
+    return None
+
+
+def folder_above(path: Path, of: Callable[[Path], _T | None]) -> tuple[Path, _T] | None:
+    """The nearest folder that ``path`` (a file or folder to write) lands in or under, for
+    which ``of`` (``run_marker``, ``results_folder``) says something, resolved, with what it
+    said; None when none does. ``report -o`` and ``compare --json`` keep out of a run's
+    folder by it, a sweep or search out of any batchlab folder."""
+    parent = path.resolve().parent
+    for folder in (parent, *parent.parents):
+        said = of(folder)
+        if said is not None:
+            return folder, said
+    return None
+
+
+def _run_or_cell(folder: Path) -> ResultsFolder | None:
+    found = results_folder(folder)
+    return found if found is not None and found.kind in ("run", "cell") else None
+
+
+def refuse_results_folder(folder: Path | str, what: str = "--out", *,
+                          allow: Collection[str] = (),
+                          instead: str = "choose another --out") -> None:
+    """RunDirError naming ``folder`` and what batchlab made it for (``results_folder``) unless
+    that is a kind in ``allow``, or when it lies inside a run's or a cell's folder: a sweep or
+    search writing there would replace that run's report and figures, and leave folders in
+    it that a later run into it refuses. Looks only: a sweep or search checks the folders it
+    will write with it before it writes or deletes anything."""
+    out = Path(folder)
+    found = results_folder(out)
+    if found is not None and found.kind not in allow:
+        raise RunDirError(f"{what} {out}: is {found.describe()}: {instead}")
+    above = folder_above(out, _run_or_cell)
+    if above is not None:
+        inside, found = above
+        raise RunDirError(f"{what} {out}: is inside {shown(inside)}, {found.describe()}: "
+                          f"{instead}")
+
+
+def shown(folder: Path) -> str:
+    """A resolved folder as the user likely wrote it: relative to the working folder when
+    inside it."""
+    try:
+        return str(folder.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(folder)
 
 
 def claim_run_dir(out_dir: Path | str, identity: RunIdentity, *, overwrite: bool = False,

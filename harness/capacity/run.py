@@ -45,7 +45,13 @@ from harness.results import (
     read_json_object,
     write_json_atomic,
 )
-from harness.runfolder import check_each, check_removable, holding_dir, remove_run_dir
+from harness.runfolder import (
+    check_each,
+    check_removable,
+    holding_dir,
+    refuse_results_folder,
+    remove_run_dir,
+)
 from harness.scenario.attached import changed_since, identity_now, is_attached
 from harness.scenario.status import CELL_FILE
 
@@ -363,6 +369,23 @@ def recorded_result(setting: Setting, out_dir: Path) -> SettingResult | None:
     return SettingResult(setting, None, "interrupted", interrupted=probes, earlier=True)
 
 
+def check_out_folders(settings: Sequence[Setting], out_dir: Path) -> None:
+    """RunDirError unless the search may write ``out_dir``: none there, a folder of no run,
+    or an earlier capacity search's, not inside a run's folder; each setting's folder in it
+    none there or an earlier search of that setting; each probe folder in one a probe's
+    (``runfolder.refuse_results_folder``, naming what each is instead: another run's folder
+    written into, a scenario sweep's). Looks only, before anything is written or deleted."""
+    refuse_results_folder(out_dir, allow=("capacity",))
+    folders = [out_dir / setting.name for setting in settings]
+    instead = "move it, or choose another --out"
+    check_each(folders, lambda folder: refuse_results_folder(
+        folder, "setting folder", allow=("search",), instead=instead))
+    probes = [sub for folder in folders if folder.is_dir() for sub in sorted(folder.iterdir())
+              if sub.is_dir() and sub.name.startswith(("rate-", "conc-"))]
+    check_each(probes, lambda folder: refuse_results_folder(
+        folder, "probe folder", allow=("cell",), instead=instead))
+
+
 def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *,
                  name: str, resume: bool = False, baseline: str | None = None,
                  command: Sequence[str] | None = None, log: Log | None = None,
@@ -380,6 +403,7 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
     # one search writes ``out_dir`` at a time (harness.runfolder.holding_dir): one there is
     # held before anything in it is read, a new one as soon as it is made
     with contextlib.ExitStack() as holding:
+        check_out_folders(settings, out_dir)  # before anything in it is locked or read
         if out_dir.is_dir():
             holding.enter_context(holding_dir(out_dir))
         if resume:

@@ -127,6 +127,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         if (out / setting.name).exists() and not (out / setting.name).is_dir():
             raise UserError(f"--out {out}: {setting.name} is a file there, where the search "
                             f"of setting {setting.name} goes; move it, or choose another --out")
+    from harness.capacity.run import check_out_folders
+
+    try:  # another run's folder, a scenario's: refused before anything is read or written
+        check_out_folders(settings, out)
+    except RunDirError as exc:
+        raise UserError(str(exc)) from None
     if args.resume:
         from harness.capacity.run import check_resumable
 

@@ -20,7 +20,8 @@ exit status:
      its value, or the AFTER cell did not finish; or the metric is goodput computed under
      different SLOs on the two sides (`batchlab summarize --slo` changed one)
   2  bad input: a folder that is not a run or scenario folder, nothing to pair, an unknown
-     metric or a malformed --fail-if
+     metric, a malformed --fail-if, or a --json FILE in a run's, scenario's or capacity
+     search's folder, or over a file that is not an earlier comparison
 
 metrics (summary.json fields, docs/metrics.md; lower is better unless marked +):
   ttft_s.p50 ttft_s.p90 ttft_s.p99 tpot_s.p50 tpot_s.p90 itl_s.p50 itl_s.p90
@@ -62,7 +63,8 @@ def add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    "throughput.output_tokens_per_s=5; failures=0: any increase); repeatable")
     p.add_argument("--json", metavar="FILE",
                    help="also write the comparison as JSON (format batchlab-compare, "
-                   "version 2; SI units, as summary.json)")
+                   "version 2; SI units, as summary.json); a file of its own, outside any "
+                   "run or scenario folder, or an earlier comparison it replaces")
     p.add_argument("--only", metavar="PATTERN",
                    help="compare only cells whose name (or engine name) matches a shell "
                    "pattern; several patterns separated by commas")
@@ -100,8 +102,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not same >= 0:
         raise UserError("--same-within: expected a percentage >= 0")
     only = [p for p in (s.strip() for s in (args.only or "").split(",")) if p]
-    if args.json and Path(args.json).is_dir():
-        raise UserError(f"--json {args.json}: a folder; give a file name")
+    if args.json:
+        _check_json_output(Path(args.json))
     try:
         checks = [Check(metric_named(name), limit)
                   for name, limit in map(parse_check, args.fail_if)]
@@ -121,3 +123,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise UserError(f"--json {out}: {exc.strerror or exc}") from None
         print(f"json: {out}")
     return EXIT_FAILURE if result.failed_checks else EXIT_OK
+
+
+def _check_json_output(out: Path) -> None:
+    """``--json`` is a file of its own: UserError when it is a folder, lands in a run's,
+    cell's, scenario's or capacity search's folder or under one (``runfolder.folder_above``,
+    the rule that keeps ``report -o`` out of a run's folder), or is a file there already that
+    is not a comparison batchlab wrote (a run's summary.json, its records, the user's own): a
+    comparison written again replaces only an earlier comparison."""
+    from harness.compare import FORMAT
+    from harness.results import read_json_object
+    from harness.runfolder import folder_above, results_folder, shown
+
+    if out.is_dir():
+        raise UserError(f"--json {out}: a folder; give a file name")
+    instead = "write the comparison to a file of its own, e.g. --json reports/compare.json"
+    found = folder_above(out, results_folder)
+    if found is not None:
+        folder, what = found
+        where = "is" if folder == out.resolve().parent else f"is inside {shown(folder)},"
+        raise UserError(f"--json {out}: {out.parent} {where} {what.describe()}: {instead}")
+    if (out.exists() or out.is_symlink()) and read_json_object(out).get("format") != FORMAT:
+        raise UserError(f"--json {out}: a file is there that is not a comparison batchlab "
+                        f"wrote (format {FORMAT}); remove it, or choose another file name")

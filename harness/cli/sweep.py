@@ -16,7 +16,7 @@ from harness.cli.common import (
     refuse_in_writing,
     too_many_failed,
 )
-from harness.results import SUMMARY_FILE, read_json_object
+from harness.results import SUMMARY_FILE, read_summary
 
 
 def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -80,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if outcome.state == "failed":
             print(f"cell {outcome.name} failed: {outcome.reason}", file=sys.stderr)
         elif outcome.state in ("done", "skipped") and outcome.run_dir is not None:
-            why = too_many_failed(read_json_object(outcome.run_dir / SUMMARY_FILE),
+            why = too_many_failed(read_summary(outcome.run_dir / SUMMARY_FILE),
                                   args.max_failed)
             if why:
                 too_many.append(outcome.name)
@@ -171,34 +171,27 @@ def _check_report_output(args: argparse.Namespace, dirs: list[Path]) -> None:
         raise UserError(str(exc)) from None
 
 
-def _run_marker(folder: Path) -> str | None:
-    """The file that makes ``folder`` a run's (its ``manifest.json`` or ``summary.json``)."""
-    from harness.manifest import MANIFEST_FILE
-
-    return next((name for name in (MANIFEST_FILE, SUMMARY_FILE) if (folder / name).is_file()),
-                None)
-
-
 def _own_run_report(args: argparse.Namespace, dirs: list[Path]) -> bool:
     """``-o`` names the one run folder's own report.md, where ``batchlab report RUN_DIR``
     writes it."""
     from harness.report import REPORT_FILE
+    from harness.runfolder import run_marker
 
     return (len(dirs) == 1 and bool(args.output) and not args.baseline
-            and _run_marker(dirs[0]) is not None
+            and run_marker(dirs[0]) is not None
             and Path(args.output).resolve() == (dirs[0] / REPORT_FILE).resolve())
 
 
 def _refuse_run_folder(out: Path, dirs: list[Path]) -> None:
-    """RunDirError when ``out`` is in a run folder, or under one."""
-    from harness.runfolder import RunDirError
+    """RunDirError when ``out`` is in a run folder, or under one (``runfolder.folder_above``,
+    as ``compare --json`` is kept out of one)."""
+    from harness.runfolder import RunDirError, folder_above, run_marker, shown
 
-    parent = out.resolve().parent
-    found = next(((f, m) for f in (parent, *parent.parents)
-                  if (m := _run_marker(f)) is not None), None)
+    found = folder_above(out, run_marker)
     if found is None:
         return
     folder, marker = found
+    parent = out.resolve().parent
     whose = ("a run folder this report compares" if folder in {d.resolve() for d in dirs}
              else "another run's folder")
     if folder == parent:
@@ -206,17 +199,8 @@ def _refuse_run_folder(out: Path, dirs: list[Path]) -> None:
                 "(latency_cdf.png, engine_state.png, throughput.png) would replace that run's "
                 "own")
     else:
-        what = (f"{out.parent} is inside {_shown(folder)}, {whose} (its {marker}): the "
+        what = (f"{out.parent} is inside {shown(folder)}, {whose} (its {marker}): the "
                 "report would leave files batchlab did not write in that run's folder, which "
                 "a later run into it refuses")
     raise RunDirError(f"-o {out}: {what}; write the report to a folder of its own, e.g. "
                       "-o reports/comparison/report.md")
-
-
-def _shown(folder: Path) -> str:
-    """A resolved folder as the user likely wrote it: relative to the working folder when
-    inside it."""
-    try:
-        return str(folder.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(folder)

@@ -76,12 +76,56 @@ class SentRecord:
                 f'"sent_s": {float(sent_s)!r}, {self.tail}')
 
 
-def record_to_timeline(row: dict[str, Any]) -> RequestTimeline:
+# What a row's fields must be for the row to be read, so that a malformed one is refused by
+# its line and not met deep in the metrics: rows are kept by request id, a string; instants and
+# counts are numbers (None only where the field allows it); the rest strings or None.
+_REQUIRED = ("request_id", "arrival_s", "num_prompt_tokens", "num_target_output_tokens")
+_NUMBERS = ("arrival_s", "num_prompt_tokens", "num_target_output_tokens", "num_preemptions",
+            "num_retries")
+_NUMBERS_OR_NONE = ("priority", "sent_s", "scheduled_s", "finished_s", "num_output_tokens")
+_STRINGS = ("request_id",)
+_STRINGS_OR_NONE = ("error_kind", "error_message", "finish_reason", "token_count_source")
+
+
+def record_to_timeline(row: Any) -> RequestTimeline:
+    """The timeline of one row; ValueError saying what is wrong with a row that is not a
+    request record (not an object, a field missing or of another type)."""
+    _check_row(row)
     known = {k: row[k] for k in _FIELDS if k in row}
     known["chunk_times_s"] = tuple(float(t) for t in row.get("chunk_times_s", ()))
     known["chunk_num_tokens"] = tuple(int(n) for n in row.get("chunk_num_tokens", ()))
     extra = {k: v for k, v in row.items() if k not in _FIELDS}
     return RequestTimeline(**known, extra=extra)
+
+
+def _check_row(row: Any) -> None:
+    if not isinstance(row, dict):
+        raise ValueError(f"a JSON {_json_type(row)}, not an object")
+    missing = [name for name in _REQUIRED if name not in row]
+    if missing:
+        raise ValueError(f"no {', '.join(missing)}")
+    for names, kind, none in ((_NUMBERS, "a number", False), (_NUMBERS_OR_NONE, "a number", True),
+                              (_STRINGS, "a string", False), (_STRINGS_OR_NONE, "a string", True)):
+        for name in names:
+            value = row.get(name)
+            if name not in row or (none and value is None):
+                continue
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (number if kind == "a number" else isinstance(value, str)):
+                raise ValueError(f"{name} is {json.dumps(value)[:40]}, not {kind}")
+
+
+def _json_type(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words."""
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "true/false"
+    if value is None:
+        return "null"
+    return "number"
 
 
 class RecordWriter:
@@ -224,7 +268,7 @@ def load_records(path: Path, *, unrecorded_message: str = SENT_UNRECORDED_MESSAG
         try:
             tl = record_to_timeline(row)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{path}:{lineno}: not a request record: {exc}") from None
+            raise ValueError(f"{path}:{lineno}: not a request record ({exc})") from None
         if is_sent:
             sent.setdefault(tl.request_id, tl)
         else:

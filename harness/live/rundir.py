@@ -32,6 +32,7 @@ from harness.results import (
     CHUNKS_FILE,
     REQUESTS_FILE,
     SUMMARY_FILE,
+    SUMMARY_KEYS,
     parquet_run_id,
     read_timelines,
     write_json_atomic,
@@ -176,11 +177,13 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     requests were in flight with no end recorded (``num_sent_unrecorded``), and so does the
     manifest, whose status is left as it was."""
     out_dir = Path(out_dir)
-    manifest: dict[str, Any] = {}
-    with contextlib.suppress(ValueError, OSError):
-        manifest = json.loads((out_dir / MANIFEST_FILE).read_text())
+    manifest = _json_object_or_none(out_dir / MANIFEST_FILE, "no manifest")
     if slo is None and manifest.get("slo"):
-        slo = Slo(**manifest["slo"])
+        try:
+            slo = Slo(**manifest["slo"])
+        except TypeError:  # not an object of Slo's fields
+            raise ValueError(f"{out_dir / MANIFEST_FILE}: slo is not an SLO ("
+                             f"{json.dumps(manifest['slo'])[:60]}); pass --slo") from None
     threshold = float(manifest.get("client_lag_threshold_s") or DEFAULT_CLIENT_LAG_THRESHOLD_S)
     records = out_dir / RECORDS_FILE
     run_id = manifest.get("run_id") if isinstance(manifest.get("run_id"), str) else None
@@ -214,22 +217,21 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     if run_id is not None:
         summary["run_id"] = run_id
     old_path = out_dir / SUMMARY_FILE
-    if old_path.exists():
-        with contextlib.suppress(ValueError, OSError):
-            old = json.loads(old_path.read_text())
-            # the run the tables are of: the manifest's, else (no manifest) the parquet files'
-            owner = run_id if run_id is not None else _tables_run_id(out_dir)
-            if old.get("run_id") not in (None, owner):
-                old = {}  # another run's summary (two runs into one folder): none of its keys
-            if not manifest and "num_preemptions" in old:
-                # no manifest to say whether the engine's counter was read (a live run's is
-                # "not known" without it): the summary's own figure stands
-                summary["num_preemptions"] = old["num_preemptions"]
-            derived = {"slo", "goodput", "send_lag_s", "client_limited", "client_lag_threshold_s",
-                       "gate_wait_s", "by_priority"}
-            for key, value in old.items():
-                if key not in summary and key not in derived:
-                    summary[key] = value
+    old = _earlier_summary(old_path)
+    if old:
+        # the run the tables are of: the manifest's, else (no manifest) the parquet files'
+        owner = run_id if run_id is not None else _tables_run_id(out_dir)
+        if old.get("run_id") not in (None, owner):
+            old = {}  # another run's summary (two runs into one folder): none of its keys
+        if not manifest and "num_preemptions" in old:
+            # no manifest to say whether the engine's counter was read (a live run's is
+            # "not known" without it): the summary's own figure stands
+            summary["num_preemptions"] = old["num_preemptions"]
+        derived = {"slo", "goodput", "send_lag_s", "client_limited", "client_lag_threshold_s",
+                   "gate_wait_s", "by_priority"}
+        for key, value in old.items():
+            if key not in summary and key not in derived:
+                summary[key] = value
     # how the run ended, as its manifest says (a crash rebuilt here has no summary to keep
     # it from): a run that did not finish must not read as a whole one
     if manifest.get("status") and "status" not in summary:
@@ -252,6 +254,33 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     if missing:  # what the killed run never wrote (its status stays: nothing said how it ended)
         update_manifest_quietly(out_dir, missing)
     return summary
+
+
+def _json_object_or_none(path: Path, none: str) -> dict[str, Any]:
+    """The JSON object in ``path``; {} when it is missing or unreadable, and, with a warning
+    line saying it is read as ``none``, when it holds JSON that is not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, OSError):
+        return {}
+    if isinstance(data, dict):
+        return data
+    log.warning("warning: %s: not a JSON object (%s): read as %s", path,
+                json.dumps(data)[:40], none)
+    return {}
+
+
+def _earlier_summary(path: Path) -> dict[str, Any]:
+    """The summary a rebuild replaces, for the keys it keeps; {} when there is none, and, with
+    a warning line, when the file is not a summary: not a JSON object, or one with none of the
+    fields every summary has (another document written over it), none of whose keys may pass
+    for the run's."""
+    old = _json_object_or_none(path, "no earlier summary")
+    if old and not any(key in old for key in SUMMARY_KEYS):
+        log.warning("warning: %s: not a summary (none of %s): read as no earlier summary",
+                    path, ", ".join(SUMMARY_KEYS))
+        return {}
+    return old
 
 
 KILLED_STATUSES = ("running", "starting")  # a manifest that never said how its run ended
@@ -327,9 +356,7 @@ def _workers_records(out_dir: Path) -> list[Path]:
         records = folder / RECORDS_FILE
         if not records.exists():
             continue
-        manifest: dict[str, Any] = {}
-        with contextlib.suppress(ValueError, OSError):
-            manifest = json.loads((folder / MANIFEST_FILE).read_text())
+        manifest = _json_object_or_none(folder / MANIFEST_FILE, "no manifest")
         run_id = manifest.get("run_id") if isinstance(manifest.get("run_id"), str) else None
         if _records_belong(records, manifest, run_id):
             found.append(records)

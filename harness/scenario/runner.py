@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.results import REPORT_FILE, REPORT_PLOTS, write_json_atomic
-from harness.runfolder import check_each, holding_dir
+from harness.runfolder import check_each, holding_dir, refuse_results_folder
 from harness.scenario._text import REPO_ROOT, display_path, exception_reason
 from harness.scenario.cell import CellJob, CellRunner, run_cell
 from harness.scenario.expand import load_cell_trace, select
@@ -194,6 +194,9 @@ def run_scenario(
     # one sweep writes the folder at a time (harness.runfolder.holding_dir): one already there
     # is held before its cells are read (resume), a new one as soon as it is made
     with contextlib.ExitStack() as holding:
+        # another run's folder, a capacity search's, or one inside a run's: refused before
+        # anything in it is locked, read, written or deleted (a scenario's own is resumed)
+        refuse_results_folder(scenario_dir, allow=("scenario",))
         if scenario_dir.is_dir():
             holding.enter_context(holding_dir(scenario_dir))
         todo, outcomes = _cells_to_run(scenario, scenario_dir, chosen, resume, progress)
@@ -204,7 +207,7 @@ def run_scenario(
                 traces[cell.load] = load_cell_trace(scenario, cell.load)
         _refuse_rejected(scenario, todo, traces)
         # a folder of the user's files, or one being written: refused now, every one named
-        check_each((scenario_dir / cell.name for cell in todo), check_cell_dir)
+        check_each((scenario_dir / cell.name for cell in todo), _check_cell_folder)
         # only now, with every check passed and every trace read: a run refused above leaves
         # the folder (and the definition of results already in it) as it was
         holding.enter_context(holding_dir(scenario_dir))
@@ -228,6 +231,15 @@ def run_scenario(
         for c in all_cells
     )
     return SweepResult(scenario_dir=scenario_dir, report=report, outcomes=ordered)
+
+
+def _check_cell_folder(cell_dir: Path) -> None:
+    """RunDirError unless the sweep may (re)write ``cell_dir``: none there, or a cell's
+    (``refuse_results_folder``: not another run's folder, a scenario's or a capacity
+    search's, each named as what it is), that ``check_cell_dir`` lets it empty."""
+    refuse_results_folder(cell_dir, "cell folder", allow=("cell",),
+                          instead="move it, or choose another --out")
+    check_cell_dir(cell_dir)
 
 
 def _cells_to_run(scenario: Scenario, scenario_dir: Path, chosen: Sequence[Cell], resume: bool,
