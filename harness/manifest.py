@@ -25,7 +25,7 @@ from typing import Any
 
 from harness.redact import redact_tree
 from harness.results import write_json_atomic
-from harness.traces import DIGEST_SCHEME, Trace, describe
+from harness.traces import DIGEST_SCHEME, MixPart, Trace, describe
 
 MANIFEST_FILE = "manifest.json"
 
@@ -38,9 +38,13 @@ def batchlab_version() -> str:
 
 
 def trace_manifest(trace: Trace) -> dict[str, Any]:
-    return {
+    """The trace as a manifest keeps it: with ``path``, ``format``, ``options`` and
+    ``file_sha256``, what ``load_trace`` needs to give the same requests again. A mix has no
+    one file: its ``path`` and ``file_sha256`` are None, its ``options`` empty, and ``parts``
+    names each of its traces that way, in mix order (``_part_record``)."""
+    record: dict[str, Any] = {
         "source": trace.source,
-        "path": _absolute(trace.source),
+        "path": None if trace.parts else _absolute(trace.source),
         "file_sha256": trace.file_sha256,
         "format": trace.format,
         "options": dict(trace.options),
@@ -51,6 +55,26 @@ def trace_manifest(trace: Trace) -> dict[str, Any]:
         "counts": dict(trace.counts),
         "timing": trace.timing,
         "stats": describe(trace),
+    }
+    if trace.parts:
+        record["parts"] = [_part_record(part) for part in trace.parts]
+    return record
+
+
+def _part_record(part: MixPart) -> dict[str, Any]:
+    """One trace of a mix: loaded from ``path`` with ``options`` (it gives ``digest``), then
+    every request given ``priority`` (None: left as loaded)."""
+    trace = part.trace
+    return {
+        "source": trace.source,
+        "path": _absolute(trace.source),
+        "file_sha256": trace.file_sha256,
+        "format": trace.format,
+        "options": dict(trace.options),
+        "digest": trace.digest,
+        "num_requests": len(trace.requests),
+        "timing": trace.timing,
+        "priority": part.priority,
     }
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import hashlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.scenario._text import as_keys
 from harness.scenario.schema import (
@@ -19,6 +18,9 @@ from harness.scenario.schema import (
     ScenarioError,
     TraceSpec,
 )
+
+if TYPE_CHECKING:
+    from harness.traces import MixPart, Trace, TraceRequest
 
 
 def select(cells: Sequence[Cell], patterns: str | Sequence[str] | None) -> tuple[Cell, ...]:
@@ -40,12 +42,13 @@ def select(cells: Sequence[Cell], patterns: str | Sequence[str] | None) -> tuple
 def trace_options(scenario: Scenario, load: LoadPoint, spec: TraceSpec | None = None
                   ) -> dict[str, Any]:
     """The ``TraceOptions`` keyword arguments of one trace (default: the main one) at one load
-    point."""
+    point. A load's time scale multiplies the trace's own: each part of a mix keeps its timing
+    relative to the others."""
     options = dict((spec or scenario.trace).options)
     if load.kind == "rate":
         options["rate"] = load.value
-    elif load.kind == "time_scale":
-        options["time_scale"] = load.value
+    elif load.kind == "time_scale" and load.value is not None:
+        options["time_scale"] = load.value * options.get("time_scale", 1.0)
     options.setdefault("seed", scenario.seed)
     return options
 
@@ -72,33 +75,73 @@ def load_cell_trace(scenario: Scenario, load: LoadPoint) -> Any:
         except (ValueError, OSError, TypeError) as exc:
             key = "trace" if i == 0 else f"trace.mix[{i - 1}]"
             raise ScenarioError(scenario.source, spec.line, key, as_keys(str(exc))) from None
-        if spec.priority is not None:
-            trace = dataclasses.replace(trace, requests=tuple(
-                dataclasses.replace(r, priority=spec.priority) for r in trace.requests))
-        parts.append(trace)
-    trace = parts[0] if len(parts) == 1 else merge_traces(parts)
+        parts.append(traces.MixPart(trace, spec.priority))
+    trace = with_priority(parts[0]) if len(parts) == 1 else merge_traces(parts)
     return assign_priorities(trace, scenario.priority_classes, seed=scenario.seed)
 
 
-def merge_traces(parts: Sequence[Any]) -> Any:
+def with_priority(part: MixPart) -> Trace:
+    """The part's trace, every request given the part's priority (if it has one)."""
+    if part.priority is None:
+        return part.trace
+    return dataclasses.replace(part.trace, requests=tuple(
+        dataclasses.replace(r, priority=part.priority) for r in part.trace.requests))
+
+
+def merge_traces(parts: Sequence[MixPart]) -> Trace:
     """Replay several traces at once: requests merged by arrival (stable), ids made unique by
-    a ``m<i>-`` prefix for the i-th added trace, digest over the parts' digests."""
-    requests = list(parts[0].requests)
-    for i, part in enumerate(parts[1:], start=1):
-        requests += [dataclasses.replace(r, request_id=f"m{i}-{r.request_id}")
-                     for r in part.requests]
+    a ``m<i>-`` prefix for the i-th added trace, prefix ids renumbered apart for each trace
+    (``renumber_prefix_ids``), digest over the merged requests. ``parts`` keeps each trace
+    as it was loaded, so that a manifest can name every one."""
+    from harness.traces.records import requests_digest
+
+    requests: list[TraceRequest] = []
+    next_id = 0
+    for i, part in enumerate(parts):
+        renumbered, next_id = renumber_prefix_ids(with_priority(part).requests, next_id)
+        if i:
+            renumbered = [dataclasses.replace(r, request_id=f"m{i}-{r.request_id}")
+                          for r in renumbered]
+        requests += renumbered
     requests.sort(key=lambda r: r.arrival_s)
-    digest = hashlib.sha256("+".join(p.digest for p in parts).encode()).hexdigest()
     counts: dict[str, int] = {}
     for part in parts:
-        for key, value in part.counts.items():
+        for key, value in part.trace.counts.items():
             counts[key] = counts.get(key, 0) + value
-    notes = tuple(f"{Path(p.source).name}: {n}" for p in parts for n in p.notes)
+    notes = [f"{Path(p.trace.source).name}: {n}" for p in parts for n in p.trace.notes]
+    notes.append(f"mix of {len(parts)} traces merged by arrival")
+    if next_id:
+        notes.append("prefix ids renumbered apart for each trace: no two traces share a "
+                     "cached prefix")
+    first = parts[0].trace
     return dataclasses.replace(
-        parts[0], requests=tuple(requests), source=" + ".join(str(p.source) for p in parts),
-        format="+".join(p.format for p in parts), digest=digest,
-        notes=(*notes, f"mix of {len(parts)} traces merged by arrival"), counts=counts,
+        first, requests=tuple(requests), source=" + ".join(p.trace.source for p in parts),
+        format="+".join(p.trace.format for p in parts), digest=requests_digest(requests),
+        notes=tuple(notes), counts=counts,
+        # no one file or set of options loads a mix: each part's are in ``parts``
+        options={}, file_sha256=None, parts=tuple(parts),
     )
+
+
+def renumber_prefix_ids(requests: Sequence[TraceRequest], first_id: int
+                        ) -> tuple[list[TraceRequest], int]:
+    """The requests with each distinct prefix id renamed ``first_id``, ``first_id + 1``, ... in
+    order of first appearance, and the next free id.
+
+    Each trace names its prefix blocks in a space of its own: Mooncake files number their
+    hash ids from 0, and clipped requests' own ids come from their line numbers, so the same
+    id in two traces of a mix is different content. Renamed one trace after another from
+    where the last stopped, no id is in two traces, while a trace's requests share exactly
+    the prefixes they shared before; the same trace always gets the same ids."""
+    renamed: dict[int, int] = {}
+    out = []
+    for r in requests:
+        if r.prefix_hash_ids:
+            ids = tuple(renamed.setdefault(h, first_id + len(renamed))
+                        for h in r.prefix_hash_ids)
+            r = dataclasses.replace(r, prefix_hash_ids=ids)
+        out.append(r)
+    return out, first_id + len(renamed)
 
 
 def assign_priorities(trace: Any, classes: Sequence[PriorityClass], *, seed: int) -> Any:

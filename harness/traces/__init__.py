@@ -45,7 +45,7 @@ from harness.traces.formats import MOONCAKE_BLOCK_TOKENS
 from harness.traces.info import describe
 from harness.traces.load import load_trace
 from harness.traces.options import ARRIVALS, FORMATS, ON_TOO_LONG, TraceOptions
-from harness.traces.records import DIGEST_SCHEME, Trace, TraceError, TraceRequest
+from harness.traces.records import DIGEST_SCHEME, MixPart, Trace, TraceError, TraceRequest
 from harness.traces.synthetic import synthetic_arrivals_s
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "ON_TOO_LONG",
     "REPO_ROOT",
     "TRACES_DIR_ENV",
+    "MixPart",
     "Trace",
     "TraceError",
     "TraceOptions",

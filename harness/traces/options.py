@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -249,7 +250,8 @@ _OWN_IDS_PER_ROW = 1 << 20  # more blocks than any prompt within the token bound
 
 def own_prefix_ids(line: int, num_blocks: int) -> tuple[int, ...]:
     """Prefix ids that only the request of source line ``line`` has: negative, where trace
-    ids are never negative, and apart for every line."""
+    ids are never negative, and apart for every line of the file. Another file's line has
+    the same ids: a mix renumbers each trace's ids apart (``scenario.expand.merge_traces``)."""
     base = -(line + 1) * _OWN_IDS_PER_ROW
     return tuple(base - k for k in range(num_blocks))
 
@@ -362,7 +364,7 @@ def apply_priorities(
         return rows
     if options.priority_fraction is None:
         return rows
-    num_high = round(options.priority_fraction * len(rows))
+    num_high = round_half_up(options.priority_fraction, len(rows))
     high = set(
         seeded_rng(options.seed, STREAM_PRIORITY).permutation(len(rows))[:num_high].tolist()
     )
@@ -371,3 +373,10 @@ def apply_priorities(
         f"seed {options.seed}"
     )
     return [r._replace(priority=0 if i in high else 1) for i, r in enumerate(rows)]
+
+
+def round_half_up(fraction: float, n: int) -> int:
+    """floor(F·N + 1/2), with F the decimal it was written as: round() takes halves to even
+    (0.5 of 5 would give 2, 0.1 of 5 none), and the float product misses halves that the
+    decimals make (0.29 × 50 is 14.5, in floats 14.499...)."""
+    return math.floor(Fraction(str(float(fraction))) * n + Fraction(1, 2))

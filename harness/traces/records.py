@@ -43,6 +43,9 @@ class Trace:
     # the options that were set (``TraceOptions.as_record``), to load the same requests again
     options: dict[str, object] = field(default_factory=dict)
     file_sha256: str | None = None  # sha256 of the file read (the lengths file of a synthetic)
+    # a mix (``harness.scenario.expand.merge_traces``): each trace in it, in mix order; its
+    # own ``source``, ``options`` and ``file_sha256`` load it again. () for a single trace
+    parts: tuple[MixPart, ...] = ()
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -62,6 +65,15 @@ class Trace:
             assert r.arrival_s >= previous, f"request {r.request_id} arrives out of order"
             previous = r.arrival_s
             assert r.num_prompt_tokens >= 1 and r.num_output_tokens >= 1, r
+
+
+@dataclass(frozen=True, slots=True)
+class MixPart:
+    """One trace of a mix: the trace as ``load_trace`` gave it, then the priority every request
+    of it was given (a scenario's ``priority``), before the traces were merged."""
+
+    trace: Trace
+    priority: int | None = None
 
 
 class TraceError(ValueError):
