@@ -44,6 +44,7 @@ from harness.report.runs import (
     load_run,
     load_scenario_dir,
     trace_digest,
+    wrong_text,
 )
 from harness.results import REQUESTS_FILE, SUMMARY_FILE
 
@@ -444,6 +445,10 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
         if not c.manifest:
             out.append(Difference(cell, "manifest", None, None,
                                   f"{side} has no manifest.json: what it ran is not known"))
+        if c.unread:
+            out.append(Difference(cell, "manifest", None, None,
+                                  f"{side}'s {wrong_text(c.unread)}: read as absent, so what "
+                                  "it recorded is not known"))
         if c.ended_early:
             out.append(Difference(cell, "ended_early", None, None,
                                   f"{side} ended early: {c.ended_early}"))
@@ -454,6 +459,11 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
     if not (before.manifest and after.manifest):
         return out
 
+    def known(*fields: str) -> bool:
+        """Neither side's manifest.json (or cell.json) had these fields of the wrong type (said
+        above): what they would differ in is not known."""
+        return not (before.unread_in(*fields) or after.unread_in(*fields))
+
     def differ(aspect: str, what: str, b: Any, a: Any, *, unknown: bool = False) -> None:
         """``unknown``: None on one side is a value that side did not record, not another."""
         if b != a and not (unknown and (b is None or a is None)):
@@ -461,20 +471,23 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
                                   f"different {what} ({_short(b)} -> {_short(a)})"))
 
     b_scheme, a_scheme = (_digest_scheme(c) for c in (before, after))
-    if b_scheme != a_scheme:  # digests made two ways: equal traces need not have equal ones
+    # digests made two ways: equal traces need not have equal ones
+    if known("trace") and b_scheme != a_scheme:
         out.append(Difference(cell, "trace", b_scheme, a_scheme,
                               f"trace digests made two ways (scheme {b_scheme} -> {a_scheme}, "
                               "a batchlab upgrade): whether the traces are the same is not "
                               "known"))
-    else:
+    elif known("trace"):
         differ("trace", "trace digest", trace_digest(before), trace_digest(after))
     b_pred, a_pred = is_prediction(before.manifest), is_prediction(after.manifest)
-    if b_pred != a_pred:
+    if b_pred != a_pred and known("engine"):
         out.append(Difference(cell, "kind", _kind(b_pred), _kind(a_pred),
                               f"before {_kind(b_pred)}, after {_kind(a_pred)}"))
-    differ("engine", "engine", before.engine, after.engine)
-    differ("engine_version", "engine version", before.engine_version, after.engine_version)
-    knobs = _changed(before.knobs, after.knobs)
+    if known("engine"):
+        differ("engine", "engine", before.engine, after.engine)
+        differ("engine_version", "engine version", before.engine_version,
+               after.engine_version)
+    knobs = _changed(before.knobs, after.knobs) if known("knobs") else {}
     if knobs:
         out.append(Difference(cell, "knobs", {k: b for k, (b, _) in knobs.items()},
                               {k: a for k, (_, a) in knobs.items()},
@@ -492,8 +505,10 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
     differ("gpu", "GPU", before.manifest.get("gpu"), after.manifest.get("gpu"), unknown=True)
     differ("batchlab_version", "batchlab version", before.manifest.get("batchlab_version"),
            after.manifest.get("batchlab_version"))
-    differ("slo", "SLO", _slo(before), _slo(after))
-    differ("load", "load", before.load, after.load)
+    if known("slo"):
+        differ("slo", "SLO", _slo(before), _slo(after))
+    if known("load", "replay", "trace"):  # (a trace's own timing: ``CellResult.load_point``)
+        differ("load", "load", before.load, after.load)
     b_client, a_client = (_client_settings(c) for c in (before, after))
     client = _changed(b_client, a_client) if b_client and a_client else {}
     if client:

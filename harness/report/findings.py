@@ -50,6 +50,7 @@ from harness.report.runs import (
     series_key,
     sweep_cells,
     varying_knobs,
+    wrong_text,
 )
 
 SAME_WITHIN = 0.05  # relative differences under 5% are called "about the same"
@@ -134,6 +135,11 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
             out.append(f"{code(c.name)} " + (
                 f"measured nothing: {reason.removeprefix('NothingServed: ').rstrip('.')}."
                 if nothing else f"did not finish: {reason.rstrip('.')}."))
+    for c in cells:
+        if c.unread:
+            out.append(f"In {code(c.name)}, fields of another type than batchlab writes there "
+                       "were read as absent (what they record is not known here): "
+                       f"{wrong_text(c.unread)}.")
     stale = [c.name for c in ok if c.stale]
     if stale:
         out.append(f"{', '.join(map(code, stale))} "

@@ -7,7 +7,7 @@ to be against published real-hardware figures. The wording of a prediction recor
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.prediction import (
@@ -17,6 +17,7 @@ from harness.prediction import (
     UNMEASURED_KINDS,
     Accuracy,
     accuracy,
+    coverage_note,
     prediction_text,
     predictor_text,
     recorded_prediction,
@@ -137,6 +138,9 @@ class _Group:
     accuracy: Accuracy | None
     note: str | None  # why no accuracy is quoted, from the record (a profile edited since)
     names: list[str]  # the cells, as code spans
+    # cells whose model or GPU is none of those the accuracy was measured on, by the record's
+    # words for it (``harness.prediction.coverage_note``): their error was never measured
+    uncovered: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _groups(cells: Sequence[CellResult]) -> list[_Group]:
@@ -160,7 +164,22 @@ def _groups(cells: Sequence[CellResult]) -> list[_Group]:
         note = _accuracy_note(record) if acc is None else None
         group = groups.setdefault((what, repr(acc), note), _Group(what, acc, note, []))
         group.names.append(code(c.name))
+        uncovered = coverage_note(record) if acc is not None else None
+        if uncovered:
+            group.uncovered.setdefault(uncovered, []).append(code(c.name))
     return list(groups.values())
+
+
+def _uncovered(groups: Sequence[_Group], cells: Sequence[CellResult]) -> list[tuple[str, str]]:
+    """(whose, the record's words) for the cells among ``cells`` whose model or GPU is none of
+    those their prediction's accuracy was measured on: ("`a`, `b`", "none of the published
+    figures its accuracy was measured on is of this model ..."), one per record's words."""
+    by_note: dict[str, list[str]] = {}
+    for g in groups:
+        for note, names in g.uncovered.items():
+            by_note.setdefault(note, []).extend(names)
+    return [("every cell" if len(names) == len(cells) > 1 else ", ".join(names), note)
+            for note, names in by_note.items()]
 
 
 def _accuracy_note(record: Mapping[str, Any] | None) -> str | None:
@@ -214,7 +233,9 @@ def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
             f"over each kind of figure. The published figures are {MEASURED_STATISTICS}: "
             "no p90, p99 or maximum, so a predicted tail percentile's error is not known; nor "
             f"is that of {UNMEASURED_KINDS}, which no published figure gives.", "",
-            table(headers, rows, align=["l"] * len(headers)), ""]
+            table(headers, rows, align=["l"] * len(headers)), "",
+            *(line for whose, note in _uncovered(groups, cells)
+              for line in (f"{whose}: but {note}.", ""))]
 
 
 def tails_note(cells: Sequence[CellResult]) -> list[str]:
@@ -276,15 +297,25 @@ def unmeasured_note(cells: Sequence[CellResult], what: str, *,
 
 def predicted_text(cells: Sequence[CellResult]) -> str | None:
     """"Every figure is **predicted** ..." or "Figures of `a`, `b` are **predicted** ...", for
-    text that quotes the cells' numbers away from their tables (findings, plots); None
-    without a predicted cell."""
-    names = _predicted_names(cells)
+    text that quotes the cells' numbers away from their tables (findings, plots), with the
+    cells whose model or GPU is none of those their prediction's accuracy was measured on;
+    None without a predicted cell."""
+    groups = _groups(cells)
+    names = [n for g in groups for n in g.names]
     if not names:
         return None
     whose = ("Every figure here is" if len(names) == len(cells)
              else f"Figures of {', '.join(names)} are")
+    uncovered = _uncovered(groups, cells)
+    if len(uncovered) == 1 and len(names) == len(cells) and (
+            len(cells) == 1 or uncovered[0][0] == "every cell"):
+        # of every cell: "but none of ... its error here was never measured"
+        but = f"; but {uncovered[0][1]}"
+    else:
+        but = "".join(f"; {'but ' if i == 0 else ''}for {of}, {note}"
+                      for i, (of, note) in enumerate(uncovered))
     return (f"{whose} {_bold('predicted')} by the reference engine, not measured on "
-            f"hardware ({ACCURACY_LINK}).")
+            f"hardware ({ACCURACY_LINK}){but}.")
 
 
 def derived_note(cells: Sequence[CellResult], what: str, *, pace: bool = False) -> list[str]:

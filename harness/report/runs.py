@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -48,10 +48,18 @@ class CellResult:
     # a scenario cell whose results were made from an earlier definition of it (knobs, trace,
     # files) than the scenario's last sweep recorded: left as it was by --only or --resume
     stale: bool = False
+    # fields of its manifest.json and cell.json of another type than the report reads there,
+    # read as absent (an edit, another tool's file): ``check_fields``
+    unread: tuple[WrongType, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.state == "done" and self.summary is not None
+
+    def unread_in(self, *fields: str) -> bool:
+        """Whether anything of these top-level fields of its manifest.json or cell.json was
+        read as absent, being of the wrong type (``unread``)."""
+        return any(w.keys[0] in fields for w in self.unread)
 
     @property
     def ended_early(self) -> str | None:
@@ -172,6 +180,186 @@ def get(summary: Mapping[str, Any] | None, dotted: str) -> Any:
     return node
 
 
+# ---------------------------------------------------------------- what is read of the JSON
+
+
+@dataclass(frozen=True, slots=True)
+class JsonType:
+    """A type a field of a run folder's JSON file must have to be read as the report reads
+    it; ``name`` as an error says it ("a number")."""
+
+    name: str
+    test: Callable[[Any], bool]
+
+
+NUMBER = JsonType("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool))
+OBJECT = JsonType("an object", lambda v: isinstance(v, Mapping))
+LIST = JsonType("a list", lambda v: isinstance(v, list))
+STRING = JsonType("a string", lambda v: isinstance(v, str))
+STRINGS = JsonType("a list of strings",
+                   lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
+# a load's value: "inf" is a rate of every request at once (JSON has no infinity)
+LOAD_VALUE = JsonType('a number or "inf"', lambda v: NUMBER.test(v) or v == "inf")
+
+
+def _under(name: str, fields: Mapping[str, JsonType]) -> dict[str, JsonType]:
+    """The object ``name`` and ``fields`` of it (``*``: any of its keys)."""
+    return {name: OBJECT, **{f"{name}.{k}": kind for k, kind in fields.items()}}
+
+
+def _numbers(*names: str) -> dict[str, JsonType]:
+    return dict.fromkeys(names, NUMBER)
+
+
+_DISTRIBUTION = _numbers("mean", "p50", "p90", "p95", "p99", "max", "count")  # a latency's
+_SLO = _numbers("ttft_s", "tpot_s", "e2e_s")  # metrics.Slo.as_dict
+_LOAD = {"value": LOAD_VALUE, "think_time_s": NUMBER}  # format.load_text
+# The figures of a run, and of each of its priority classes (``by_priority.*``)
+_FIGURES: dict[str, JsonType] = {
+    **_numbers("num_requests", "num_completed", "num_failed", "num_preemptions", "duration_s"),
+    **_under("failures", {"*": NUMBER}),  # requests by error kind
+    **_under("throughput", _numbers("requests_per_s", "input_tokens_per_s",
+                                    "output_tokens_per_s", "total_tokens_per_s")),
+    **_under("ttft_s", _DISTRIBUTION), **_under("tpot_s", _DISTRIBUTION),
+    **_under("itl_s", _DISTRIBUTION), **_under("e2e_s", _DISTRIBUTION),
+    **_under("send_lag_s", _DISTRIBUTION),
+    **_under("slo", _SLO),
+    **_under("goodput", _numbers("num_good", "requests_per_s", "slo_attainment")),
+    **_under("output_length_fidelity", _numbers("num_reached_target",
+                                                "fraction_reached_target")),
+}
+# The fields of summary.json the report and ``batchlab compare`` read, by ``get``'s dotted
+# name (``*``: any key of an object), and the type each must have (harness.metrics.summarize
+# writes them). null is "not recorded"; a field not listed is not checked. A summary with
+# another type in any of them is not read (``load_run``): ``batchlab summarize`` rebuilds it.
+SUMMARY_FIELDS: dict[str, JsonType] = {
+    **_FIGURES,
+    **_numbers("num_not_sent", "num_swap_fallbacks"),
+    **_under("prefix_cache", _numbers("queries_tokens", "hits_tokens", "hit_rate",
+                                      "preempted_hit_rate", "num_requests_with_prefix_ids")),
+    **_under("by_priority", _under("*", _FIGURES)),
+}
+# A prediction record (adapters.reference.prediction_record), as harness.prediction reads it
+_ERRORS = _numbers("median_abs_error", "worst_abs_error", "num_rows", "num_over")
+_PREDICTION: dict[str, JsonType] = _under("accuracy", {
+    **{f"{of}{k}": kind for of in ("", "held_out_", "held_out_published_")
+       for k, kind in _ERRORS.items()},
+    **_under("by_kind", _under("*", _ERRORS)),
+    **_under("held_out_by_kind", _under("*", _ERRORS)),
+})
+# The fields of manifest.json (harness/manifest.py) the report and ``compare`` read, as
+# ``SUMMARY_FIELDS``; one of another type is read as absent (``CellResult.unread``).
+MANIFEST_FIELDS: dict[str, JsonType] = {
+    **_under("engine", {
+        "config": OBJECT,
+        **_under("prediction", _PREDICTION),  # simulated
+        # served: the reference engine's /version answer
+        **_under("version_probe", _under("body", {"reference": OBJECT,
+                                                  **_under("prediction", _PREDICTION)})),
+    }),
+    **_under("knobs", {"policy": STRING}),
+    "knob_sources": OBJECT, "mapping": LIST, "approximations": LIST,
+    **_under("trace", {**_under("timing", _LOAD), "notes": LIST, **_under("stats", _numbers(
+        "num_requests", "span_s", "prompt_tokens_mean", "output_tokens_mean"))}),
+    **_under("load", {**_LOAD, "concurrency": NUMBER}),
+    **_under("replay", {"concurrency": NUMBER}),
+    **_under("slo", _SLO),
+    **_under("roofline", _numbers("context_len", "ridge_flop_per_byte",
+                                  "datasheet_ridge_flop_per_byte", "turn_batch_size",
+                                  "max_batch", "max_batch_in_kv", "max_num_seqs",
+                                  "intensity_at_max_batch")),
+    "num_not_sent": NUMBER, "command": STRINGS,
+}
+# The fields of a sweep's cell.json (harness/scenario) the report and ``compare`` read, as
+# ``MANIFEST_FIELDS``.
+CELL_FIELDS: dict[str, JsonType] = {
+    "engine": OBJECT, **_under("knobs", {"policy": STRING}), "grid": OBJECT,
+    **_under("load", _LOAD),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WrongType:
+    """A field of a run folder's JSON file whose value is not of the type read there."""
+
+    file: str  # "summary.json", "manifest.json", "cell.json"
+    keys: tuple[str, ...]  # the path to it: ("by_priority", "0", "failures")
+    expected: str  # a ``JsonType``'s name
+    got: str  # "a string", "a list", ...
+
+    @property
+    def field(self) -> str:
+        """Dotted, as ``get`` spells it: "by_priority.0.failures"."""
+        return ".".join(self.keys)
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.field}: expected {self.expected}, got {self.got}"
+
+
+def check_fields(record: Mapping[str, Any], fields: Mapping[str, JsonType], file: str
+                 ) -> list[WrongType]:
+    """The fields of ``record`` (the JSON object of ``file``) that ``fields`` lists and whose
+    value has another type; null passes (not recorded)."""
+    return [WrongType(file, keys, kind.name, _type_name(value, kind))
+            for name, kind in fields.items()
+            for keys, value in _values(record, name.split("."), ())
+            if value is not None and not kind.test(value)]
+
+
+def _values(node: Any, parts: Sequence[str], keys: tuple[str, ...]
+            ) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(path, value) of each field ``parts`` names under ``node`` (``*``: any key); none
+    under a value that is not an object."""
+    if not parts:
+        yield keys, node
+        return
+    if not isinstance(node, Mapping):
+        return
+    names = list(node) if parts[0] == "*" else [parts[0]] if parts[0] in node else []
+    for name in names:
+        yield from _values(node[name], parts[1:], (*keys, str(name)))
+
+
+def _type_name(value: Any, expected: JsonType | None = None) -> str:
+    """"a string", "a list", "true", ...; "a list holding a number" where a list of strings
+    was expected."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        other = next((x for x in value if not isinstance(x, str)), None)
+        return (f"a list holding {_type_name(other)}" if expected is STRINGS and value
+                else "a list")
+    return ("a number" if isinstance(value, int | float) else "a string"
+            if isinstance(value, str) else "an object" if isinstance(value, Mapping)
+            else type(value).__name__)
+
+
+def without(record: Mapping[str, Any], wrong: Sequence[WrongType]) -> dict[str, Any]:
+    """``record`` with the ``wrong`` fields taken out (read as absent): the objects on their
+    path are copied, ``record`` is left as it was."""
+    out = dict(record)
+    for w in wrong:
+        *parents, last = w.keys
+        node = out
+        for key in parents:
+            node[key] = node = dict(node[key])
+        node.pop(last, None)
+    return out
+
+
+def wrong_text(wrong: Sequence[WrongType], *, file: bool = True) -> str:
+    """"manifest.json: engine: expected an object, got a list; knobs: ...", each file named
+    once (``file``: named at all)."""
+    parts, named = [], None
+    for w in wrong:
+        text = f"{w.field}: expected {w.expected}, got {w.got}"
+        parts.append(text if w.file == named or not file else f"{w.file}: {text}")
+        named = w.file
+    return "; ".join(parts)
+
+
 def _manifest_engine(manifest: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """(engine name, version) from the manifest's ``engine`` record (harness/manifest.py)."""
     engine = manifest.get("engine")
@@ -202,13 +390,27 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
         state = "not_run"
     reason = str(status.get("reason", ""))
     unreadable = summary is None and (run_dir / SUMMARY_FILE).exists()
+    # a field the report reads, of another type (an edit, another tool's file): not read
+    wrong = check_fields(summary, SUMMARY_FIELDS, SUMMARY_FILE) if summary else []
     if unreadable:  # damaged (a full disk, an edit): the run's own files may still be whole
         state, reason = "failed", (
             f"{run_dir / SUMMARY_FILE} cannot be read as a summary; `batchlab summarize "
             f"{run_dir}` rebuilds it from the run's requests")
+    elif wrong:
+        summary = None
+        more = f" (and {len(wrong) - 2} more fields)" if len(wrong) > 2 else ""
+        state, reason = "failed", (
+            f"{SUMMARY_FILE}: {wrong_text(wrong[:2], file=False)}{more}; `batchlab summarize "
+            f"{run_dir}` rebuilds it from the run's requests")
     elif state == "done" and summary is None:
         state, reason = "failed", f"no {SUMMARY_FILE} in {run_dir}"
     manifest = read_json_object(run_dir / MANIFEST_FILE)
+    cell = read_json_object(run_dir / CELL_FILE)
+    # a manifest's or cell's field of another type: read as absent, and said (``unread``)
+    unread = (check_fields(manifest, MANIFEST_FIELDS, MANIFEST_FILE)
+              + check_fields(cell, CELL_FIELDS, CELL_FILE))
+    manifest = without(manifest, [w for w in unread if w.file == MANIFEST_FILE])
+    cell = without(cell, [w for w in unread if w.file == CELL_FILE])
     if (state in ("failed", "interrupted") and summary is not None
             and manifest.get("status") == state):
         # a sweep's cell that measured part of its trace before it ended (an engine that
@@ -235,8 +437,7 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
     return CellResult(
         name=name or run_dir.name, run_dir=run_dir, state=state, reason=reason,
         summary=summary if state == "done" else None,
-        manifest=manifest,
-        cell=read_json_object(run_dir / CELL_FILE),
+        manifest=manifest, cell=cell, unread=tuple(unread),
     )
 
 

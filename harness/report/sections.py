@@ -262,7 +262,13 @@ def cells_section(cells: Sequence[CellResult]) -> list[str]:
         lines += [*([""] if approx else []),
                   f"Not known for {', '.join(unrecorded)}: no manifest.json records how the "
                   "knobs were applied."]
-    elif not approx:
+    unread = [code(c.name) for c in cells if c.ok and c.manifest
+              and c.unread_in("knobs", "mapping", "approximations", "knob_sources")]
+    if unread:  # read as absent, being of the wrong type (said in the key findings)
+        lines += [*([""] if approx or unrecorded else []),
+                  f"Not known for {', '.join(unread)}: a field recording the knobs or how they "
+                  "were applied was of the wrong type, read as absent (see the key findings)."]
+    if not (approx or unrecorded or unread):
         lines.append("Nothing was approximated or left unapplied: every knob was applied as "
                      "given.")
     lines.append("")

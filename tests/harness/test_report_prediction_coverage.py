@@ -1,0 +1,91 @@
+"""A predicted cell whose model or GPU is none of those its prediction's accuracy was measured
+on says so in the report: under the accuracy table, and in the sentence above the key findings
+that says the figures are predicted. The table used to quote the measured error as if it held
+for such a cell (an H100 PCIe run, or profile tgi-h100-sxm, whose held-out figures are all of
+a 70B model, on an 8B one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from adapters.reference.config import ReferenceConfig
+from adapters.reference.prediction import prediction_record
+from harness.cli import main
+from harness.prediction import coverage_note
+from harness.report.predictions import predicted_text, prediction_accuracy_lines
+from harness.report.runs import CellResult
+
+REPO = Path(__file__).resolve().parents[2]
+EXCERPT = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
+SUMMARY = {"num_requests": 10, "num_completed": 10, "num_failed": 0, "duration_s": 10.0}
+
+SXM = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm")
+PCIE = ReferenceConfig(model="llama-3.1-8b", gpu="h100-pcie")
+TGI = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", profile="tgi-h100-sxm")
+TRT = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", profile="trtllm-h100-sxm")
+
+
+def _note(config: ReferenceConfig) -> str:
+    note = coverage_note(prediction_record(config))
+    assert note is not None
+    return note
+
+
+def _cell(name: str, config: ReferenceConfig, *, served: bool = False) -> CellResult:
+    record = prediction_record(config)
+    engine: dict[str, Any] = (
+        {"name": "reference", "mode": "attach", "version_probe": {"body": {
+            "prediction": record, "reference": config.as_dict()}}} if served else
+        {"name": "reference", "mode": "simulated", "config": config.as_dict(),
+         "prediction": record})
+    return CellResult(name, Path(f"/nonexistent/{name}"), "done", summary=SUMMARY,
+                      manifest={"kind": "live" if served else "simulated", "engine": engine})
+
+
+def test_the_records_say_what_the_accuracy_was_never_measured_on() -> None:
+    assert "this GPU h100-pcie" in _note(PCIE)
+    assert "this model llama-3.1-8b" in _note(TGI)
+    assert coverage_note(prediction_record(SXM)) is None
+    assert coverage_note(prediction_record(TRT)) is None
+
+
+def test_the_accuracy_table_says_of_which_cells_its_error_was_never_measured() -> None:
+    cells = [_cell("reference", SXM), _cell("predicted-tgi", TGI),
+             _cell("predicted-trtllm", TRT)]
+    lines = prediction_accuracy_lines(cells)
+    table_end = max(i for i, line in enumerate(lines) if line.startswith("|"))
+    assert lines[table_end + 1:] == ["", f"`predicted-tgi`: but {_note(TGI)}.", ""]
+
+
+def test_one_line_names_every_cell_a_record_says_it_of() -> None:
+    cells = [_cell("a", PCIE), _cell("b", PCIE), _cell("served", PCIE, served=True),
+             _cell("sxm", SXM)]
+    lines = prediction_accuracy_lines(cells)
+    assert [line for line in lines if "never measured" in line] == [
+        f"`a`, `b`, `served`: but {_note(PCIE)}."]
+    assert f"every cell: but {_note(PCIE)}." in prediction_accuracy_lines(cells[:2])
+
+
+def test_the_predicted_figures_sentence_says_it() -> None:
+    cells = [_cell("reference", SXM), _cell("predicted-tgi", TGI)]
+    assert predicted_text(cells) == (
+        "Every figure here is **predicted** by the reference engine, not measured on hardware "
+        "([how accurate the predictions are](#how-accurate-the-predictions-are)); but for "
+        f"`predicted-tgi`, {_note(TGI)}.")
+    assert predicted_text([_cell("reference", SXM), _cell("trt", TRT)]) == (
+        "Every figure here is **predicted** by the reference engine, not measured on hardware "
+        "([how accurate the predictions are](#how-accurate-the-predictions-are)).")
+
+
+def test_a_run_on_a_gpu_no_published_figure_is_of_says_it_in_its_report(
+        tmp_path: Path) -> None:
+    run = tmp_path / "pcie"
+    assert main(["simulate", "--gpu", "h100-pcie", "--trace", str(EXCERPT), "--limit", "20",
+                 "--out", str(run)]) == 0
+    text = (run / "report.md").read_text()
+    note = _note(PCIE)
+    assert ("Every figure here is **predicted** by the reference engine, not measured on "
+            "hardware ([how accurate the predictions are](#how-accurate-the-predictions-are)); "
+            f"but {note}.\n\n- Served 20 of 20") in text
+    assert f"\n`pcie`: but {note}.\n" in text
