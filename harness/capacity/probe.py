@@ -38,7 +38,7 @@ from harness.results import (
     NothingServed,
     nothing_served,
     pace_of,
-    read_json_object,
+    read_summary,
     write_json_atomic,
 )
 from harness.scenario.attached import (
@@ -261,7 +261,7 @@ def read_probe(run_dir: Path, digest: str) -> ProbeOutcome | None:
         return None
     if not (run_dir / SUMMARY_FILE).exists():
         return None
-    summary = read_json_object(run_dir / SUMMARY_FILE)
+    summary = read_summary(run_dir / SUMMARY_FILE)
     sent = summary.get("num_requests")
     if isinstance(sent, int | float) and sent > 0 and (
             2 * sum(connection_failures(summary).values()) >= sent):

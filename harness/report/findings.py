@@ -178,6 +178,11 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
             out.append(f"In {code(c.name)} only {fmt_pct(frac)} of requests reached their "
                        "target output length, so its tokens/s is not comparable token for "
                        "token.")
+        over = get(c.summary, "output_length_fidelity.num_over_target")
+        if not missing(over) and over > 0:
+            out.append(f"In {code(c.name)} {over:,} requests returned more output tokens than "
+                       "the trace asks (by the server's own count): the server did not honour "
+                       "max_tokens, so its tokens/s counts tokens the trace never asked for.")
         if c.attached:
             out.append(f"{code(c.name)} ran on a server started outside batchlab: no knob "
                        "reached it, so its settings are what the server had (see "

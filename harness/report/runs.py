@@ -23,6 +23,7 @@ from harness.results import (
     STEPS_FILE,
     SUMMARY_FILE,
     read_json_object,
+    read_summary,
     run_pace,
 )
 
@@ -226,7 +227,8 @@ _FIGURES: dict[str, JsonType] = {
     **_under("slo", _SLO),
     **_under("goodput", _numbers("num_good", "requests_per_s", "slo_attainment")),
     **_under("output_length_fidelity", _numbers("num_reached_target",
-                                                "fraction_reached_target")),
+                                                "fraction_reached_target", "num_over_target",
+                                                "num_over_target_client_counted")),
 }
 # The fields of summary.json the report and ``batchlab compare`` read, by ``get``'s dotted
 # name (``*``: any key of an object), and the type each must have (harness.metrics.summarize
@@ -381,7 +383,7 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
     """A run folder (a scenario cell or a single ``simulate``/``replay`` run)."""
     run_dir = Path(run_dir)
     status = read_json_object(run_dir / STATUS_FILE)
-    summary = read_json_object(run_dir / SUMMARY_FILE) or None
+    summary = read_summary(run_dir / SUMMARY_FILE) or None
     if status:
         state = str(status.get("state", "running"))
     elif summary is not None:
@@ -529,7 +531,15 @@ def read_columns(path: Path, columns: Sequence[str]) -> dict[str, np.ndarray] | 
             tab = file.read(columns=wanted)
     except (OSError, ValueError):
         return None
-    return {c: numbers(tab.column(c)) for c in wanted}
+    out = {}
+    for c in wanted:
+        try:
+            out[c] = numbers(tab.column(c))
+        except TypeError as exc:  # damaged, or written by something else: bad input, said so
+            raise ValueError(f"{path}: column {c}: {exc} (not a file batchlab wrote as it "
+                             "is; a live run's `batchlab summarize DIR` rebuilds it from its "
+                             "records.jsonl)") from None
+    return out
 
 
 def request_columns(run_dir: Path) -> dict[str, np.ndarray]:

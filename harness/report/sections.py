@@ -464,15 +464,26 @@ def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
 
 
 def output_length_section(ok: Sequence[CellResult]) -> list[str]:
+    # more tokens than asked (the server ignored max_tokens): a column when any run had
+    # some, by the server's count or, apart, the client's
+    over = [k for k in ("num_over_target", "num_over_target_client_counted")
+            if any(not missing(n := get(c.summary, f"output_length_fidelity.{k}")) and n > 0
+                   for c in ok)]
     rows = []
     for c in ok:
         rows.append([code(c.name), fmt_int(get(c.summary, "num_completed")),
                      fmt_int(get(c.summary, "output_length_fidelity.num_reached_target")),
-                     fmt_pct(get(c.summary, "output_length_fidelity.fraction_reached_target"))])
+                     fmt_pct(get(c.summary, "output_length_fidelity.fraction_reached_target"))]
+                    + [fmt_int(get(c.summary, f"output_length_fidelity.{k}")) for k in over])
+    headers = {"num_over_target": "more than asked",
+               "num_over_target_client_counted": "more than asked (client's count)"}
     return ["## Output-length fidelity", "",
             "Requests that produced at least the trace's output length (an engine that stops "
-            "early serves fewer tokens).", "",
-            table(["cell", "completed", "reached target", "fraction"], rows), ""]
+            "early serves fewer tokens)" + (", and those that produced more (a server that "
+            "ignored max_tokens: its tokens/s counts tokens the trace never asked for)"
+            if over else "") + ".", "",
+            table(["cell", "completed", "reached target", "fraction",
+                   *(headers[k] for k in over)], rows), ""]
 
 
 def failures_section(ok: Sequence[CellResult]) -> list[str]:

@@ -170,3 +170,34 @@ def test_check_fields_reads_null_as_not_recorded_and_a_boolean_as_no_number() ->
     assert wrong == [WrongType("manifest.json", ("command",), "a list of strings",
                                "a list holding a number")]
     assert without(manifest, wrong) == {"knobs": {"policy": "fcfs", "extra_args": [1]}}
+
+
+def test_a_parquet_column_of_another_type_is_bad_input_naming_the_file_and_column(
+        sim: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """requests.parquet whose latency column holds text: `report` exits 2 naming the file and
+    the column, no traceback."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run = tmp_path / "run"
+    shutil.copytree(sim, run)
+    table = pq.read_table(run / "requests.parquet")
+    table = table.set_column(table.schema.get_field_index("ttft_s"), "ttft_s",
+                             pa.array(["x"] * table.num_rows))
+    pq.write_table(table, run / "requests.parquet")
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'requests.parquet'}: column ttft_s: not a numeric column: string" in err
+    assert "Traceback" not in err
+
+
+def test_a_summary_replaced_by_another_document_is_no_summary(
+        sim: Path, tmp_path: Path) -> None:
+    """A JSON object with none of a summary's fields (a comparison written over it) is not a
+    run that served nothing: the cell says its summary cannot be read and how to rebuild it."""
+    run = tmp_path / "run"
+    shutil.copytree(sim, run)
+    (run / "summary.json").write_text(json.dumps({"format": "batchlab-compare", "pairs": []}))
+    cell = load_run(run)
+    assert cell.state == "failed" and "cannot be read as a summary" in cell.reason
+    assert "batchlab summarize" in cell.reason

@@ -5,11 +5,12 @@ child behind: tests/harness/integrity/test_signals.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from adapters.reference import ReferenceConfig
@@ -59,10 +60,13 @@ def _render_in_a_child(run: Path, expected: type[Exception]) -> Exception:
 def test_a_failed_render_is_raised_with_the_childs_traceback(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _simulate(run, write_report=False)
-    manifest = json.loads((run / "manifest.json").read_text())
-    (run / "manifest.json").write_text(json.dumps({**manifest, "command": 5}))
+    # a damaged requests.parquet: a latency column of text
+    table = pq.read_table(run / "requests.parquet")
+    table = table.set_column(table.schema.get_field_index("ttft_s"), "ttft_s",
+                             pa.array(["x"] * table.num_rows))
+    pq.write_table(table, run / "requests.parquet")
     message = str(_render_in_a_child(run, ReportError))
-    assert "Traceback" in message and "TypeError" in message
+    assert "Traceback" in message and "column ttft_s: not a numeric column" in message
     assert f"batchlab report {run}" in message  # what to run once it is fixed
 
 
