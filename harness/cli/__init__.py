@@ -89,11 +89,26 @@ def build_parser(only: str | None = None
     return parser, commands
 
 
+def _command_parser(parser: argparse.ArgumentParser,
+                    args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command's own parser that ``args`` were parsed by (``batchlab trace info``:
+    ``info``'s), else ``parser``."""
+    for dest in ("command", "trace_command"):
+        name = getattr(args, dest, None)
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not name or not subs or name not in subs[0].choices:
+            break
+        parser = subs[0].choices[name]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else list(argv)
     chosen = args_list[0] if args_list and args_list[0] in _NAMES else None
     parser, commands = build_parser(chosen)
-    args = parser.parse_args(args_list)
+    args, extras = parser.parse_known_args(args_list)
+    if extras:  # the command's own usage and hints, not the top level's
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
     args.argv = args_list  # what was typed: a command may need to know which flags were given
     if not args.command:
         parser.print_help()

@@ -167,3 +167,21 @@ def test_target_and_url_must_agree(capsys: pytest.CaptureFixture[str]) -> None:
                  "--output-tokens", "4"])
     assert code == 2
     assert "different servers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "usage"), [
+    (["costmodel", "--max-model-len", "4096"], "usage: batchlab costmodel"),
+    (["simulate", "--polcy", "fcfs"], "usage: batchlab simulate"),
+    (["trace", "info", "--bogus"], "usage: batchlab trace info"),
+])
+def test_an_unknown_option_is_answered_with_its_commands_usage(
+        argv: list[str], usage: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not the top level's `usage: batchlab [-h] COMMAND ...`: the command's own, and its
+    name in the error line."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage)
+    assert f"{usage.removeprefix('usage: ')}: error: unrecognized arguments: {argv[-2]}" in err \
+        or f"{usage.removeprefix('usage: ')}: error: unrecognized arguments: {argv[-1]}" in err
