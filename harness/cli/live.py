@@ -187,7 +187,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if gone:
         print(f"error: {gone}", file=sys.stderr)
         return EXIT_FAILURE
-    return no_request_served(summary, config.target_url, args.max_failed)
+    return no_request_served(summary, config.target_url, out, args.max_failed)
 
 
 def check_workers(num_workers: int) -> None:
@@ -281,12 +281,15 @@ def _who_answers(url: str) -> dict[str, Any] | None:
             "base_url": url, "version": probe.get("version"), "version_probe": probe}
 
 
-def no_request_served(summary: dict[str, Any], url: str | None,
+def no_request_served(summary: dict[str, Any], url: str | None, out: Path,
                       max_failed: float | None = None) -> int:
     """EXIT_FAILURE, said on stderr, when the run sent requests and none succeeded (nothing
     listening, a wrong URL or model name), or more than ``max_failed`` of them failed
     (``--max-failed``): its files are kept, but a script or CI job must not take it for a
-    measurement."""
+    measurement. One that served nothing says so in its summary and manifest too (status
+    ``failed``, with the reason): a job that reads only the summary sees it."""
+    from harness.scenario.attached import record_failed
+
     sent = summary.get("num_requests") or 0
     failures = summary.get("failures") or {}
     if sent and not summary.get("num_completed"):
@@ -294,6 +297,8 @@ def no_request_served(summary: dict[str, Any], url: str | None,
                else "the first error above says why")
         print(f"error: none of the {sent} requests succeeded "
               f"(failures: {failures}); {why}", file=sys.stderr)
+        kinds = ", ".join(f"{k} {v}" for k, v in failures.items())
+        record_failed(out, summary, f"none of the {sent} requests succeeded ({kinds})")
         return EXIT_FAILURE
     too_many = too_many_failed(summary, max_failed)
     if too_many:
@@ -601,7 +606,8 @@ def cmd_replay_engine(args: argparse.Namespace) -> int:
     if gone:  # (a launched engine's exit is EngineExited above)
         print(f"error: {gone}", file=sys.stderr)
         return EXIT_FAILURE
-    return no_request_served(summary, url or "the launched engine", args.max_failed)
+    return no_request_served(summary, url or "the launched engine", Path(args.out),
+                             args.max_failed)
 
 
 def add_engines(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -229,7 +229,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     report = (f"no report: `batchlab report {out}` writes it" if args.no_report
               else f"report: {out / 'report.md'}")
     print(f"results: {out}/ ({report})")
-    why = nothing_served(summary, out) or too_many_failed(summary, args.max_failed)
+    served_none = nothing_served(summary, out)
+    if served_none is not None:  # its summary and manifest say so (as replay's)
+        from harness.scenario.attached import record_failed
+
+        record_failed(out, summary, served_none)
+    why = served_none or too_many_failed(summary, args.max_failed)
     if why is not None:  # its files are kept; a script must not take it for a measurement
         print(f"error: {why}", file=sys.stderr)
         return EXIT_FAILURE

@@ -124,7 +124,12 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
     out += _prefix_cache_finding(ok)
     for c in ok:
         ended = c.ended_early
-        if ended:
+        served_none = (get(c.summary, "num_requests") or 0) > 0 \
+            and not get(c.summary, "num_completed")
+        if ended and served_none and c.manifest.get("status") == "failed":
+            # sent its whole trace and had nothing back: a failure, not a run cut short
+            out.append(f"{code(c.name)} failed: {ended.rstrip('.')}; nothing was measured.")
+        elif ended:
             out.append(f"{code(c.name)} did not run to its end: {ended.rstrip('.')}."
                        + ("" if c.in_flight_lost else
                           " Its figures cover the requests it sent."))

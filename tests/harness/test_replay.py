@@ -447,4 +447,9 @@ def test_a_replay_where_no_request_succeeded_fails_the_command(
                  "--num-requests", "3", "--rate", "50", "--prompt-tokens", "8",
                  "--output-tokens", "4", "--out", str(out)]) == 1
     assert "none of the 3 requests succeeded" in capsys.readouterr().err
-    assert json.loads((out / "summary.json").read_text())["failures"] == {"connect_error": 3}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failures"] == {"connect_error": 3}
+    # a job that reads only the summary, or the manifest, sees a failure, not a finished run
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert summary["status"] == manifest["status"] == "failed"
+    assert manifest["error"] == "none of the 3 requests succeeded (connect_error 3)"

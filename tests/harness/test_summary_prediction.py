@@ -48,3 +48,4 @@ def test_a_served_reference_replay_says_so_and_a_measured_engine_does_not(
         "name": "vllm", "version_probe": {"body": {"version": "0.11.0"}}})
     assert "prediction" not in with_engine_counters({}, measured)
     assert summary_prediction(None) is None
+
