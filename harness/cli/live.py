@@ -469,7 +469,8 @@ def add_engine_options(p: argparse.ArgumentParser, *, gpu_help: str | None = Non
                    "or canonical=metric pairs, e.g. num_running=foo_running,num_waiting=foo_q")
     g.add_argument("--port", type=int, help="port of the launched server (default: a free one)")
     g.add_argument("--ready-timeout-s", type=float, default=900.0, metavar="S",
-                   help="how long to wait for the launched server's /health (900)")
+                   help="how long to wait for the server's /health: a launched one (900), "
+                   "one at --url (at most 30)")
     g.add_argument("--telemetry-interval-s", type=float, default=0.25, metavar="S",
                    help="seconds between /metrics scrapes (0.25)")
     add_gpu_option(g, gpu_help or GPU_HELP + "; the served reference simulates it, other "
@@ -540,9 +541,14 @@ def served_model(url: str, engine: str) -> str:
         names = [body["model_id"]]
     if len(names) == 1:
         return names[0]
+    tried = [str(t) for t in probe.get("tried") or []]
+    if tried and all("ConnectError" in t or "ConnectTimeout" in t for t in tried):
+        # nothing listening: that, not a missing --model, is the problem
+        raise UserError(f"--engine {engine} --url {url}: no server answers there "
+                        f"({'; '.join(tried)}); is it up?")
     said = (f"it serves {', '.join(names)}: choose one" if names
-            else f"it named none at /v1/models or /info ({'; '.join(probe.get('tried') or [])})"
-            if probe.get("tried") else "it named none at /v1/models or /info")
+            else f"it named none at /v1/models or /info ({'; '.join(tried)})"
+            if tried else "it named none at /v1/models or /info")
     raise UserError(f"--engine {engine} --url {url}: give --model (the served model name); "
                     f"{said}")
 
@@ -565,7 +571,8 @@ def run_engine(args: argparse.Namespace, trace: Trace, replay: dict[str, Any],
     except KnobError as exc:
         raise UserError(str(exc)) from None
     except EngineStartError as exc:
-        raise UserError(f"{exc}\n(see {out_dir}/manifest.json and the server logs there)") from None
+        logs = " and the server logs there" if args.launch else ""  # attached: none of ours
+        raise UserError(f"{exc}\n(see {out_dir}/manifest.json{logs})") from None
 
 
 def cmd_replay_engine(args: argparse.Namespace) -> int:

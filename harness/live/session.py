@@ -54,7 +54,10 @@ def engine_session(spec: TargetSpec, log_dir: Path, *, plan: LaunchPlan | None =
     plan = plan or plan_for(spec)
     health = plan.base_url + plan.health_path
     if not plan.launch:
-        ready_s = asyncio.run(wait_healthy(health, timeout_s=ATTACH_READY_TIMEOUT_S,
+        # a running server answers at once or not at all: --ready-timeout-s may shorten the
+        # wait, never lengthen it past ATTACH_READY_TIMEOUT_S (its 900 s default is a launch's)
+        wait_s = min(ATTACH_READY_TIMEOUT_S, spec.ready_timeout_s or ATTACH_READY_TIMEOUT_S)
+        ready_s = asyncio.run(wait_healthy(health, timeout_s=wait_s,
                                            timeout_note=f"no ready server at {plan.base_url}"))
         yield EngineSession(plan, None, ready_s)
         return

@@ -221,3 +221,31 @@ def test_calibrate_refuses_a_malformed_url_as_replay_does(
     err = capsys.readouterr().err
     assert "--url: 'http://[::1': not an http(s)://host[:port] URL" in err
     assert "Traceback" not in err
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_engine_url_where_nothing_listens_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not "give --model": nothing answered at all. With --model, the wait for /health is
+    --ready-timeout-s when shorter than the attach wait, and an attached run has no server
+    logs of ours to point at."""
+    url = f"http://127.0.0.1:{_free_port()}"
+    trace = ["--trace", "synthetic", "--num-requests", "2", "--rate", "10",
+             "--prompt-tokens", "8", "--output-tokens", "2"]
+    assert main(["replay", "--engine", "reference", "--url", url, *trace,
+                 "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert f"--engine reference --url {url}: no server answers there" in err
+    assert "give --model" not in err
+    assert main(["replay", "--engine", "reference", "--url", url, "--model", "m",
+                 "--ready-timeout-s", "1", *trace, "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert f"no ready server at {url} after 1 s" in err
+    assert "server logs" not in err
