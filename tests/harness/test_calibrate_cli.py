@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -216,13 +215,12 @@ def test_calibrate_refuses_an_out_folder_before_the_engine_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "adir"
     folder.mkdir()
-    started = time.perf_counter()
-    # nothing listens on port 9: a check made after attaching would wait 30 s for it
+    # nothing listens on port 9: a check made after attaching would fail with "no ready
+    # server" instead, after waiting for it
     assert main(["calibrate", "--url", "http://127.0.0.1:9", *TARGET_8B, "--gpu", "testgpu",
                  "--out", str(folder)]) == 2
     err = capsys.readouterr().err
     assert f"--out {folder}: is a folder" in err and "no ready server" not in err
-    assert time.perf_counter() - started < 10
 
 
 @pytest.mark.parametrize("interval", ["0", "-1", "nan"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -101,13 +100,12 @@ def test_validate_refuses_a_profile_of_another_engine_before_anything_runs(
         fields: dict[str, object], args: list[str], said: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     profile = _profile(tmp_path, **fields)
-    started = time.perf_counter()
-    # nothing listens on port 9: a check made after attaching would wait 30 s for it
+    # nothing listens on port 9: a check made after attaching would fail with "no ready
+    # server" instead, after waiting for it
     assert main(["validate", "--url", "http://127.0.0.1:9", *TARGET, *args, *TRACE,
                  "--profile", str(profile), "--out", str(tmp_path / "v")]) == 2
     err = capsys.readouterr().err
     assert said in err and "no ready server" not in err
-    assert time.perf_counter() - started < 10
     assert not (tmp_path / "v").exists()
 
 
