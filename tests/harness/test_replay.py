@@ -80,7 +80,7 @@ def test_open_loop_records_every_chunk(tmp_path: Path, protocol: str, http_clien
         assert tl.chunk_num_tokens == (1,) * 6
         assert tl.num_output_tokens == 6 and tl.token_count_source == "usage"
         assert tl.sent_s is not None and tl.sent_s >= tl.arrival_s  # never early
-        assert tl.send_lag_s < 1.0  # loose: a loaded machine is slow, not wrong
+        assert tl.send_lag_s >= 0.0  # measured, from the instant it was due
         assert tl.ttft_s() >= 0.02  # the server waits 20 ms before the first chunk
         assert list(tl.chunk_times_s) == sorted(tl.chunk_times_s)
         assert tl.finished_s is not None and tl.finished_s >= tl.chunk_times_s[-1]
@@ -159,13 +159,17 @@ def test_max_concurrency_gate(tmp_path: Path) -> None:
 
 def test_closed_loop_never_exceeds_its_users(tmp_path: Path) -> None:
     trace = make_trace(24, gap_s=10.0)  # arrival times are ignored in the closed loop
-    summary, rows, server = run(trace, tmp_path, mode="closed", concurrency=3)
+    _, rows, server = run(trace, tmp_path, mode="closed", concurrency=3)
     assert server.stats.max_active <= 3
     assert len(by_id(rows)) == 24 and all(tl.ok for tl in rows)
     # users take requests in trace order (arrival_s: the instant a user became free and took one)
     assert [tl.request_id for tl in sorted(rows, key=lambda tl: tl.arrival_s)] == [
         r.request_id for r in trace.requests]
-    assert summary["duration_s"] < 10.0  # trace arrivals were not waited for
+    # after the first wave, the k-th request arrived only once k - 2 had finished (a user
+    # became free): arrivals follow finishes, not the trace's times
+    arrivals = sorted(tl.arrival_s for tl in rows)
+    finishes = sorted(tl.finished_s for tl in rows if tl.finished_s is not None)
+    assert all(arrivals[k] >= finishes[k - 3] for k in range(3, len(arrivals)))
 
 
 # ---------------------------------------------------------------- failures are rows
