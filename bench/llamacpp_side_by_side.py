@@ -13,7 +13,8 @@ Starts llama.cpp's ``llama-server`` (``make engines``: ``.build/llama-server`` a
 
 Each client sends N requests of P prompt tokens asking for exactly O output tokens, from C
 users (closed loop). The prompt cache is off, so every request computes its prompt. Prints the
-figures and each client's ratio against the server's own (the baseline).
+figures and each client's ratio against the server's own (the baseline): the server's timings
+of that client's requests, read from the part of its log written while that client ran.
 
     .venv/bin/python bench/llamacpp_side_by_side.py [--requests 32 --users 4 --output 64]
 """
@@ -29,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,10 @@ EVAL = re.compile(r"task (\d+) \|\s+eval time =\s+([\d.]+) ms /\s+(\d+) tokens \
 VLLM_RUNNER = """
 import sys
 from vllm.benchmarks.serve import add_cli_args, main
-from vllm.utils.argparse_utils import FlexibleArgumentParser
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:
+    from vllm.utils import FlexibleArgumentParser
 p = FlexibleArgumentParser()
 add_cli_args(p)
 main(p.parse_args(sys.argv[1:]))
@@ -60,6 +65,8 @@ main(p.parse_args(sys.argv[1:]))
 
 
 def ms(values: list[float]) -> str:
+    if not values:
+        return "none"
     p50, mean = statistics.median(values) * 1e3, statistics.fmean(values) * 1e3
     return f"p50 {p50:7.2f} ms  mean {mean:7.2f} ms"
 
@@ -72,6 +79,48 @@ def server_timings(log: str) -> dict[int, dict[str, float]]:
     for task, _ms, n, per_token in EVAL.findall(log):
         out.setdefault(int(task), {}).update(tpot_s=float(per_token) / 1e3, tokens=int(n))
     return {t: v for t, v in out.items() if "tpot_s" in v}
+
+
+class ServerLog:
+    """llama-server's log files read piece by piece: ``new()`` returns the whole lines written
+    since the previous call, so each client's part of the log can be told from the others'."""
+
+    def __init__(self, paths: tuple[Path, ...]) -> None:
+        self._offsets = dict.fromkeys(paths, 0)
+
+    def new(self) -> str:
+        parts = []
+        for path, start in self._offsets.items():
+            if not path.exists():
+                continue
+            with path.open("rb") as f:
+                f.seek(start)
+                data = f.read()
+            end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
+            self._offsets[path] = start + end
+            parts.append(data[:end].decode(errors="replace"))
+        return "".join(parts)
+
+
+def timings_since(log: ServerLog, num_requests: int, wait_s: float = 5.0
+                  ) -> dict[int, dict[str, float]]:
+    """The server's timings of the requests it finished since the last read of ``log``: waits
+    up to ``wait_s`` for ``num_requests`` of them (the server writes its log lines from its
+    own thread, possibly after the client has its last byte)."""
+    text = log.new()
+    deadline = time.monotonic() + wait_s
+    while len(server_timings(text)) < num_requests and time.monotonic() < deadline:
+        time.sleep(0.1)
+        text += log.new()
+    return server_timings(text)
+
+
+def baseline_row(own: dict[int, dict[str, float]]) -> dict[str, Any]:
+    """The server's own figures for one client's requests, in the clients' shape."""
+    return {"ttft": [v["prompt_s"] for v in own.values() if "prompt_s" in v],
+            "tpot": [v["tpot_s"] for v in own.values()],
+            "tokens": int(sum(v["tokens"] for v in own.values())),
+            "num": len(own)}
 
 
 def run_batchlab(url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -146,29 +195,41 @@ def main() -> int:
     with ServerProcess(argv, log_dir=work, name="llama-server") as server:
         server.start()
         asyncio.run(server.wait_ready(url + "/health", timeout_s=60))
+        log = ServerLog((server.stderr_path, server.stdout_path))
+        log.new()  # start-up lines
         ours = run_batchlab(url, args, work / "batchlab")
-        log = server.stderr_path.read_text() + server.stdout_path.read_text()
-        own = server_timings(log)
+        rows = [("batchlab", ours, baseline_row(timings_since(log, ours["num"])))]
         theirs = run_vllm_client(url, args, work)
+        if theirs:
+            rows.append(("vllm bench serve", theirs,
+                         baseline_row(timings_since(log, theirs["num"]))))
     print(f"\n{'client':<32} {'TTFT':<34} {'TPOT':<34} output tokens")
-    srv_ttft = [v["prompt_s"] for v in own.values() if "prompt_s" in v]
-    srv_tpot = [v["tpot_s"] for v in own.values()]
-    srv_tokens = int(sum(v["tokens"] for v in own.values()))
-    print(f"{'llama-server log (baseline)':<32} {ms(srv_ttft):<34} {ms(srv_tpot):<34} "
-          f"{srv_tokens} ({len(own)} requests; TTFT = prompt eval in the slot)")
-    rows = [("batchlab", ours)] + ([("vllm bench serve", theirs)] if theirs else [])
-    for name, fig in rows:
+    for name, fig, own in rows:
         print(f"{name:<32} {ms(fig['ttft']):<34} {ms(fig['tpot']):<34} {fig['tokens']} "
               f"({fig['num']} requests)")
+        print(f"{'  llama-server log (baseline)':<32} {ms(own['ttft']):<34} "
+              f"{ms(own['tpot']):<34} {own['tokens']} ({own['num']} requests; TTFT = prompt "
+              f"eval in the slot)")
     exact = args.requests * args.output
-    print(f"\nasked for {exact} output tokens in all ({args.requests} x {args.output})")
-    for name, fig in rows:
-        tpot_ratio = statistics.median(fig["tpot"]) / statistics.median(srv_tpot)
-        ttft_extra = statistics.median(fig["ttft"]) - statistics.median(srv_ttft)
+    print(f"\nasked for {exact} output tokens in all ({args.requests} x {args.output}); each "
+          f"client against the server's own timings of its requests")
+    status = 0
+    for name, fig, own in rows:
+        if not own["tpot"] or not own["ttft"]:
+            print(f"{name}: no ratio: no line of the server's log written while it ran matched "
+                  f"both\n    {PROMPT.pattern}\n    {EVAL.pattern}\n  (has llama-server's log "
+                  f"format changed?)")
+            status = 1
+            continue
+        if not fig["tpot"] or not fig["ttft"]:
+            print(f"{name}: no ratio: the client measured no TTFT or TPOT")
+            continue
+        tpot_ratio = statistics.median(fig["tpot"]) / statistics.median(own["tpot"])
+        ttft_extra = statistics.median(fig["ttft"]) - statistics.median(own["ttft"])
         print(f"{name}: TPOT p50 / server's {tpot_ratio:.3f}; TTFT p50 - server's prompt time "
               f"{ttft_extra * 1e3:+.1f} ms; output tokens / asked {fig['tokens'] / exact:.3f}")
     print(f"(run folder and server log: {work})")
-    return 0
+    return status
 
 
 if __name__ == "__main__":

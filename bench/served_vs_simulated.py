@@ -37,6 +37,8 @@ from harness.serve import launch_server_process
 from harness.sim import simulate
 from harness.traces import TraceOptions, load_trace
 
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_TRACE = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
 QUANTILES = ("p50", "p90", "p99")
 
 
@@ -65,7 +67,9 @@ def fmt_ms(value: float | None) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", default="harness/data/azure_conv_excerpt.csv")
+    p.add_argument("--trace", default=str(DEFAULT_TRACE),
+                   help="trace file (default: harness/data/azure_conv_excerpt.csv in the "
+                   "repository, wherever the script is run from)")
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--rate", type=float, default=4.0)
     p.add_argument("--protocol", default="openai", choices=("openai", "openai-chat", "tgi"))

@@ -67,13 +67,24 @@ def _line(label: str, result: SimulationResult, wall_s: float, cpu_s: float) -> 
             f"{ok:,}/{num_req:,} completed, {sim_s:,.0f} simulated s")
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1 (argparse answers anything else with exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("trace", nargs="?", help=f"trace file (default: shared {TRACE_NAME})")
-    parser.add_argument("--limit", type=int, help="first N requests only")
+    parser.add_argument("--limit", type=_positive_int, help="first N requests only")
     parser.add_argument("--no-baseline", action="store_true", help="skip the step-by-step run")
     parser.add_argument("--no-cli", action="store_true", help="skip the command-line runs")
-    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+    parser.add_argument("--repeat", type=_positive_int, default=1, metavar="N",
                         help="command-line runs and their core runs, best of N (1)")
     args = parser.parse_args(argv)
 

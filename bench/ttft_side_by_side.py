@@ -59,6 +59,7 @@ from harness.target import ClosedLoop
 from harness.traces import Trace, TraceOptions, load_trace
 
 REPO = Path(__file__).resolve().parent.parent
+DEFAULT_TRACE = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
 CHUNK_HASH_TOKENS = 16  # vLLM's timed_trace builds prompts from one hash per 16 tokens
 
 # A reference server on a socket made as bind_socket made it before (proto 0: Nagle stays on).
@@ -225,7 +226,9 @@ def print_table(title: str, rows: dict[str, dict[str, float] | str]) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", default="harness/data/azure_conv_excerpt.csv")
+    p.add_argument("--trace", default=str(DEFAULT_TRACE),
+                   help="trace file (default: harness/data/azure_conv_excerpt.csv in the "
+                   "repository, wherever the script is run from)")
     p.add_argument("--limit", type=int, default=200)
     p.add_argument("--rate", type=float, default=8.0)
     p.add_argument("--closed-requests", type=int, default=40,

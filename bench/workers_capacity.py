@@ -2,9 +2,11 @@
 
 Starts the scheduled-stream loopback server of ``bench/client_capacity.py`` (``harness.live.
 testing``: first chunk 20 ms after the request, then one every 5 ms, 16 tokens; it does no
-model work) in a subprocess, then for 1 worker and for 2 workers replays constant-rate traces at
-rising rates through ``harness.live.workers.replay_workers`` until the client falls behind
-(sent rate off by more than 2 %, send-lag p50 over 5 ms, or a failure). Per step it prints the
+model work) in a subprocess, then replays constant-rate traces at rising rates through
+``harness.live.workers.replay_workers``, at each rate with 1 worker and with 2 workers back to
+back (taking turns to go first, so that drift in the machine's load hits both), each until it
+falls behind (sent rate off by more than 2 %, send-lag p50 over 5 ms, or a failure; the other
+goes on alone). Per step it prints the
 sent rate, send lag, streamed tokens/s, and where the CPU went: each worker's CPU seconds in
 its replay and the server's (from /proc), as a fraction of the run, so that the limit can be
 named: a worker near 100 % of a core is a client limit; the server near 100 % is a server
@@ -132,15 +134,20 @@ def limit_of(r: dict[str, Any]) -> str:
                                 f"workers {'/'.join(f'{c:.0%}' for c in r['worker_cpu'])})")
 
 
-def sweep(url: str, pid: int, workers: int, rates: list[float], step_s: float,
-          tmp: Path) -> list[dict[str, Any]]:
-    results = []
-    for rate in rates:
-        r = step(url, pid, workers, rate, step_s, tmp / f"w{workers}-r{rate:g}")
-        results.append(r)
-        print(line(r), flush=True)
-        if not kept_up(r):
+def sweep(url: str, pid: int, rates: list[float], step_s: float,
+          tmp: Path) -> dict[int, list[dict[str, Any]]]:
+    """Each rate with 1 and with 2 workers back to back, which goes first alternating from
+    rate to rate; each stops at its first rate not kept up. Steps per number of workers."""
+    results: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+    for i, rate in enumerate(rates):
+        going = [w for w, done in results.items() if not done or kept_up(done[-1])]
+        if not going:
             break
+        for workers in going if i % 2 == 0 else going[::-1]:
+            results[workers].append(step(url, pid, workers, rate, step_s,
+                                         tmp / f"w{workers}-r{rate:g}"))
+        for workers in going:
+            print(line(results[workers][-1]), flush=True)
     return results
 
 
@@ -163,8 +170,8 @@ def main() -> int:
         best: dict[int, dict[str, Any] | None] = {}
         limits: dict[int, str] = {}
         with tempfile.TemporaryDirectory() as tmp:
-            for workers in (1, 2):
-                results = sweep(url, server.pid, workers, rates, args.step_s, Path(tmp))
+            by_workers = sweep(url, server.pid, rates, args.step_s, Path(tmp))
+            for workers, results in by_workers.items():
                 kept = [r for r in results if kept_up(r)]
                 best[workers] = max(kept, key=lambda r: r["rate"]) if kept else None
                 behind = next((r for r in results if not kept_up(r)), None)
