@@ -28,11 +28,12 @@ def test_an_attached_server_names_the_model_it_serves(tmp_path: Path) -> None:
     assert summary["num_completed"] == 3
 
 
-def test_nothing_answering_asks_for_the_model(tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_nothing_answering_says_no_server_answers(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Not "give --model": with nothing listening, no --model would help."""
     code = main(["replay", "--engine", "vllm", "--url", "http://127.0.0.1:9", "--trace",
                  str(TRACE), "--limit", "2", "--out", str(tmp_path / "run")])
     assert code == 2
     err = capsys.readouterr().err
-    assert "--engine vllm --url http://127.0.0.1:9: give --model (the served model name)" in err
-    assert "/v1/models: ConnectError" in err
+    assert "--engine vllm --url http://127.0.0.1:9: no server answers there" in err
+    assert "/v1/models: ConnectError" in err and "give --model" not in err
