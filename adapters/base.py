@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -20,6 +21,16 @@ from adapters.knobs import SPECS, KnobError, Knobs
 __all__ = ["KnobError", "Knobs"]
 
 UNKNOWN: Any = object()  # an engine default batchlab does not know (it may depend on the GPU)
+
+# A URL's userinfo, as harness.redact masks it (adapters import no harness): after "scheme://",
+# up to the last "@" of the authority.
+_URL_USERINFO = re.compile(r"(?<=://)[^/?#\s\"<>\\`]*@")
+
+
+def shown_url(text: str) -> str:
+    """``text`` with the user and password of every URL in it masked, for a message or the
+    dry run: ``http://bob:pw@host:8000`` -> ``http://***@host:8000``."""
+    return _URL_USERINFO.sub("***@", text) if "@" in text else text
 
 # applied: as asked; approximated: something close, said how; not_applied: the engine does
 # not get it; default: unset by the user, the engine's own value applies
@@ -613,9 +624,11 @@ class LaunchPlan:
         unambiguous; ``config_dir`` (the folder the generated files will be written to, when
         known) replaces ``{config_dir}`` in it and in the files' names.
 
-        Values are shown as they are: whoever prints it redacts secrets first (``harness.live``
-        prints a plan whose argv and environment went through ``harness.redact``)."""
-        lines = [f"engine: {self.engine}", f"url: {self.base_url}  (protocol {self.protocol})"]
+        Values are shown as they are, but for the URL's credentials (``shown_url``): whoever
+        prints it redacts secrets first (``harness.live`` prints a plan whose argv and
+        environment went through ``harness.redact``)."""
+        lines = [f"engine: {self.engine}",
+                 f"url: {shown_url(self.base_url)}  (protocol {self.protocol})"]
         argv = self.argv if config_dir is None else self.resolved_argv(config_dir)
         if self.launch:
             if self.launcher:

@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from adapters.base import shown_url
 from adapters.ownership import (
     describe_pid,
     die_with_parent,
@@ -307,9 +308,9 @@ class ServerProcess:
         if isinstance(body, dict) and "launch_nonce" in body and body["launch_nonce"] != \
                 self.nonce:
             raise EngineStartError(
-                f"{self.name}: {version_url} answered for another launch (its launch_nonce is "
-                "not this one's): another server holds the port; batchlab measures only its "
-                "own server")
+                f"{self.name}: {shown_url(version_url)} answered for another launch (its "
+                "launch_nonce is not this one's): another server holds the port; batchlab "
+                "measures only its own server")
 
     # ------------------------------------------------------------ stop
 
@@ -457,8 +458,8 @@ async def wait_healthy(
             waited = time.monotonic() - start
             if waited >= timeout_s:
                 raise EngineStartError(
-                    f"{timeout_note} after {timeout_s:g} s (last answer from {url}: "
-                    f"{last_error}{detail()}")
+                    f"{timeout_note} after {timeout_s:g} s (last answer from "
+                    f"{shown_url(url)}: {last_error}{detail()}")
             await asyncio.sleep(min(poll_s, max(0.0, timeout_s - waited)))
     finally:
         if own:

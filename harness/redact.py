@@ -7,10 +7,16 @@ What is a secret is decided by an allow-list, not by guessing from names:
   ``***`` (``MY_AUTH=zzz`` is as secret as ``HF_TOKEN=hf_...``);
 - in an argv (batchlab's own command line, an engine's launch argv, ``--extra-arg`` values), the
   value after a flag with a secret word in its name (``--api-key X``, ``--hf-token=X``) is
-  ``***``; flags ending in ``-env`` name a variable, not a value, and are kept;
+  ``***``, every value up to the next flag for a flag that takes several
+  (``MULTI_VALUE_SECRET_FLAGS``: vLLM's ``--api-key K1 K2``); flags ending in ``-env`` name a
+  variable, not a value, and are kept, unless what follows is no variable name (a key pasted
+  in its place, ``env_var_name``);
+- a URL's user and password (``http://user:pass@host``) are ``***`` wherever a URL is stored or
+  shown: argv items (``--url=http://***@host`` too), string values of a record, free text
+  (``redact_url``);
 - free text (server logs, error messages) has every known secret value replaced
-  (``scrub_text``, ``scrub_files``): the values redacted above and the API key a replay read
-  from its variable.
+  (``scrub_text``, ``scrub_files``): the values redacted above, a URL's password and the API
+  key a replay read from its variable.
 
     redact_argv(["batchlab", "replay", "--engine-env", "HF_TOKEN=abc", "--extra-arg=--api-key",
                  "--extra-arg=sk-1"])
@@ -24,9 +30,10 @@ import functools
 import os
 import re
 import shlex
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, AnyStr, BinaryIO, Generic
+from urllib.parse import unquote
 
 MASK = "***"
 
@@ -44,11 +51,21 @@ SAFE_ENV_NAMES = frozenset({
 # Flags whose next argument is KEY=VALUE environment: batchlab's, docker's and podman's.
 _ENV_FLAGS = frozenset({"--engine-env", "--env", "-e"})
 _EXTRA_ARG = "--extra-arg"
+# Secret flags that take several values (vLLM: ``--api-key K1 K2``, any of which is accepted):
+# every argument up to the next flag is masked, not only the first.
+MULTI_VALUE_SECRET_FLAGS = frozenset({"--api-key"})
+# A URL's userinfo: after "scheme://", up to the last "@" of the authority (a password may hold
+# an unescaped "@"; the host may not). Not past a path, query, fragment, whitespace or quote.
+_URL_USERINFO = re.compile(r"(?<=://)[^/?#\s\"<>\\`]*@")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd",
                            "credential", "credentials", "auth", "cookie", "bearer"})
-# A value this short (or a number, a boolean) is not scrubbed from free text: it would blank
-# every "1" of a log. Structured places (env, argv) are redacted whatever the value.
+# Which secret values are scrubbed from free text (``_scrubbable``): one of _ALWAYS_SCRUB_LEN
+# characters or more always; a shorter one only from _MIN_SCRUB_LEN on and when it is not a
+# number or a boolean-like word, which would blank every "1", "true" or "2048" of a log.
+# Structured places (env, argv) are redacted whatever the value.
 _MIN_SCRUB_LEN = 3
+_ALWAYS_SCRUB_LEN = 8
 _PLAIN_VALUES = frozenset({"true", "false", "yes", "no", "on", "off", "none", "null"})
 # Free text only: structured files (manifest, summary, records) are redacted field by field,
 # and a value replaced inside them could hit a key or a knob value (a secret "fp16").
@@ -57,6 +74,13 @@ _TEXT_SUFFIXES = (".log", ".txt")
 
 def safe_env_name(name: str) -> bool:
     return name in SAFE_ENV_NAMES
+
+
+def env_var_name(text: str) -> bool:
+    """Whether ``text`` can name an environment variable (``[A-Za-z_][A-Za-z0-9_]*``). Where a
+    NAME is asked for (``--api-key-env VAR``), anything else is most likely the key itself,
+    pasted in its place: refused without repeating it, and masked where an argv is stored."""
+    return _ENV_NAME.fullmatch(text) is not None
 
 
 def redact_env(env: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,16 +95,47 @@ def _redact_assignment(text: str) -> str:
 
 def secret_flag(token: str) -> bool:
     """``--api-key``, ``--hf-token=...``, ``--auth``: a flag named like a secret."""
+    return _secret_named(token) and not _names_variable(token)
+
+
+def _secret_named(token: str) -> bool:
     if not token.startswith("-") or token in _ENV_FLAGS:
         return False
     name = token.lstrip("-").split("=", 1)[0].lower()
-    if name.endswith("-env") or name.endswith("_env"):
-        return False  # names a variable (--api-key-env VAR), not a value
     return any(word in _SECRET_WORDS for word in re.split(r"[-_.]", name))
 
 
+def _names_variable(token: str) -> bool:
+    """``--api-key-env``: the flag names a variable (``VAR``), not a value."""
+    name = token.lstrip("-").split("=", 1)[0].lower()
+    return name.endswith("-env") or name.endswith("_env")
+
+
+def redact_url(text: str) -> str:
+    """``text`` with the user and password of every URL in it masked:
+    ``http://bob:pw@host:8000/v1`` -> ``http://***@host:8000/v1`` (a lone user, often a token:
+    ``https://ghp_x@host`` -> ``https://***@host``). Anything else is unchanged."""
+    return _URL_USERINFO.sub(MASK + "@", text) if "@" in text else text
+
+
+def url_secrets(text: str) -> set[str]:
+    """The credentials of every URL in ``text``, as ``redact_url`` masks them: a password
+    (``user:pw@``), or the lone user (``token@``); also percent-decoded, as a server may log it."""
+    values: set[str] = set()
+    for found in _URL_USERINFO.finditer(text):
+        user, colon, password = found.group()[:-1].partition(":")
+        value = password if colon else user
+        values.update(v for v in (value, unquote(value)) if v)
+    return values
+
+
 def _redact_tokens(tokens: list[str]) -> list[str]:
-    """Redact one flat argv: env assignments and values of secret flags."""
+    """Redact one flat argv: env assignments, values of secret flags, URL credentials."""
+    return [redact_url(token) for token in _redact_flags(tokens)]
+
+
+def _redact_flags(tokens: list[str]) -> list[str]:
+    """Env assignments and values of secret flags of one flat argv masked."""
     out = list(tokens)
     i = 0
     while i < len(out):
@@ -92,19 +147,41 @@ def _redact_tokens(tokens: list[str]) -> list[str]:
             elif i + 1 < len(out):
                 out[i + 1] = _redact_assignment(out[i + 1])
                 i += 1
+        elif _secret_named(token) and _names_variable(token):
+            # --api-key-env VAR is kept; a key pasted in place of VAR is not
+            if eq and not env_var_name(value):
+                out[i] = f"{flag}={MASK}"
+            elif not eq and i + 1 < len(out) and not out[i + 1].startswith("--") \
+                    and not env_var_name(out[i + 1]):
+                out[i + 1] = MASK
+                i += 1
         elif secret_flag(token):
             if eq:
                 out[i] = f"{flag}={MASK}"
-            elif i + 1 < len(out) and not out[i + 1].startswith("--"):
-                out[i + 1] = MASK
-                i += 1
+            else:
+                several = flag in MULTI_VALUE_SECRET_FLAGS
+                while i + 1 < len(out) and not out[i + 1].startswith("--"):
+                    out[i + 1] = MASK
+                    i += 1
+                    if not several:
+                        break
         i += 1
     return out
 
 
 def redact_argv(argv: Sequence[Any]) -> list[str]:
-    """An argv safe to store: env values and secret flag values masked, also inside the
-    ``--extra-arg`` values of batchlab's command line (which form an argv of their own)."""
+    """An argv safe to store: env values, secret flag values and URL credentials masked, also
+    inside the ``--extra-arg`` values of batchlab's command line (which form an argv of their
+    own)."""
+    return _redact_argv(argv, _redact_tokens)
+
+
+def _redact_argv_flags(argv: Sequence[Any]) -> list[str]:
+    """``redact_argv`` but for URL credentials (``secret_values`` finds those itself)."""
+    return _redact_argv(argv, _redact_flags)
+
+
+def _redact_argv(argv: Sequence[Any], redact: Callable[[list[str]], list[str]]) -> list[str]:
     tokens = [str(a) for a in argv]
     # --extra-arg values: (index, prefix to keep, value)
     extra: list[tuple[int, str, str]] = []
@@ -122,9 +199,9 @@ def redact_argv(argv: Sequence[Any]) -> list[str]:
         else:
             rest.append(i)
         i += 1
-    for idx, value in zip(rest, _redact_tokens([tokens[j] for j in rest]), strict=True):
+    for idx, value in zip(rest, redact([tokens[j] for j in rest]), strict=True):
         tokens[idx] = value
-    redacted = _redact_tokens([value for _, _, value in extra])
+    redacted = redact([value for _, _, value in extra])
     for (idx, prefix, _), value in zip(extra, redacted, strict=True):
         tokens[idx] = prefix + value
     return tokens
@@ -132,7 +209,8 @@ def redact_argv(argv: Sequence[Any]) -> list[str]:
 
 def redact_tree(value: Any) -> Any:
     """A manifest-like record with ``env`` mappings and ``command``/``argv``/``extra_args``
-    lists redacted, at any depth; everything else unchanged."""
+    lists redacted and URL credentials in every string masked (``redact_url``), at any depth;
+    everything else unchanged."""
     if isinstance(value, Mapping):
         if value.get("knob") == "extra_args":  # a knob mapping entry (adapters.base.MappedKnob)
             return _redact_extra_args_mapping(value)
@@ -149,11 +227,13 @@ def redact_tree(value: Any) -> Any:
         return out
     if isinstance(value, list | tuple):
         return [redact_tree(v) for v in value]
+    if isinstance(value, str):
+        return redact_url(value)
     return value
 
 
 def _redact_extra_args_mapping(entry: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(entry)
+    out = {key: redact_tree(item) for key, item in entry.items()}
     if isinstance(out.get("value"), list | tuple):
         out["value"] = redact_argv(out["value"])
     if isinstance(out.get("flags"), list | tuple):
@@ -168,16 +248,22 @@ def _redact_extra_args_mapping(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def secret_values(*, env: Mapping[str, str] | None = None, argv: Sequence[Any] = (),
-                  api_key_env: str | None = None) -> frozenset[str]:
-    """The secret values of a run, to scrub from free text (logs, error messages)."""
+                  api_key_env: str | None = None, urls: Iterable[str | None] = (),
+                  ) -> frozenset[str]:
+    """The secret values of a run, to scrub from free text (logs, error messages): env values
+    off the allow-list, secret flag values and URL credentials of ``argv``, the credentials of
+    ``urls`` (a target or base URL), the API key in ``api_key_env``. Only those
+    ``_scrubbable``."""
     values: set[str] = set()
     for key, value in (env or {}).items():
         if not safe_env_name(key):
             values.add(str(value))
     tokens = [str(a) for a in argv]
-    for original, redacted in zip(tokens, redact_argv(tokens), strict=True):
+    for original, redacted in zip(tokens, _redact_argv_flags(tokens), strict=True):
         if original != redacted:
             values.update(_masked_parts(original, redacted))
+    for text in (*tokens, *(u for u in urls if u)):
+        values.update(url_secrets(text))
     api_key = os.environ.get(api_key_env) if api_key_env else None
     if api_key:
         values.add(api_key)
@@ -194,7 +280,14 @@ def _masked_parts(original: str, redacted: str) -> Iterable[str]:
 
 
 def _scrubbable(value: str) -> bool:
+    """Whether a secret value is scrubbed from free text. ``_ALWAYS_SCRUB_LEN`` (8) characters
+    or more: always, digits (``8675309123456789``) or not. Shorter: from ``_MIN_SCRUB_LEN``
+    (3) on, unless it is a number (``512``, ``0.9``) or a boolean-like word (``true``,
+    ``off``): masking those would garble every count and flag of a log. Such a short value is
+    still redacted where it is stored (env, argv), only not searched for in text."""
     v = value.strip()
+    if len(v) >= _ALWAYS_SCRUB_LEN:
+        return True
     return (len(v) >= _MIN_SCRUB_LEN and not v.replace(".", "", 1).isdigit()
             and v.lower() not in _PLAIN_VALUES)
 
@@ -290,7 +383,9 @@ def scrub_text(text: str, secrets: Iterable[str]) -> str:
     """``text`` with every secret value replaced by ``***``, and any beginning of one of
     ``MIN_CUT_SECRET`` characters or more: an error body is kept only so long, and a server
     that echoes the key may have had it cut in two, the cut perhaps quoted after
-    (``'...sk-LEAK'``). Half a key is still half a key."""
+    (``'...sk-LEAK'``). Half a key is still half a key. A URL's credentials are masked
+    whether given or not (``redact_url``)."""
+    text = redact_url(text)
     masker = _mask_pattern(secrets)
     return text if masker is None else masker.sub(MASK, text)
 

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from harness.manifest import MANIFEST_FILE, read_manifest
+from harness.redact import redact_url
 from harness.results import (
     CHUNKS_FILE,
     PROBE_FILE,
@@ -116,6 +117,12 @@ class RunIdentity:
     trace_digest: str | None
     engine: str | None = None  # None: a plain replay against a URL
     target: str | None = None  # the URL of an attached server or a plain replay
+
+    def __post_init__(self) -> None:
+        # stored and shown without its credentials, so compared without them too: the
+        # manifest keeps http://***@host (harness.redact), and a run again is the same run
+        if self.target:
+            object.__setattr__(self, "target", redact_url(self.target))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

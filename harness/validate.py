@@ -49,7 +49,7 @@ from harness.calibrate.measure import KvCacheInfo, SpeedProbe
 from harness.live.telemetry import DEFAULT_INTERVAL_S, TELEMETRY_FILE
 from harness.manifest import jsonable, read_manifest, update_manifest
 from harness.metrics import Slo
-from harness.redact import redact_env
+from harness.redact import redact_env, redact_tree, redact_url
 from harness.report.fidelity import fidelity, per_request_errors, render_fidelity_markdown
 from harness.report.runs import read_table
 from harness.results import STEPS_FILE, read_timelines, write_json_atomic, write_parquet_atomic
@@ -213,7 +213,7 @@ def run_validation(
         slo=slo, progress=progress, command=command, replay=replay,
         overwrite=True))
     stopped = None if engine_answers(plan) else (
-        f"the engine at {plan.base_url} stopped answering during the live replay "
+        f"the engine at {redact_url(plan.base_url)} stopped answering during the live replay "
         f"({plan.health_path} does not answer)")
     speed_after = SpeedProbe(None, stopped) if stopped else probe("after")
     _record_knobs(live_dir, plan, knobs,
@@ -253,6 +253,7 @@ def run_validation(
     if failed:
         fid["live_failed"] = failed
     fid["warnings"] = warnings
+    fid = redact_tree(fid)  # as a manifest: the URL's credentials, extra_args' secret values
     write_json_atomic(fid, out_dir / FIDELITY_FILE)
     write_parquet_atomic(per_request_errors(read_timelines(sim_dir), live_timelines),
                          out_dir / PER_REQUEST_FILE)
@@ -296,7 +297,9 @@ def _kv_cache(probed: KvCacheInfo | None, meta: Mapping[str, Any]
     from: ``engine``, ``profile`` or ``assumed`` (None: the reference sizes its own)."""
     if probed is not None:
         return probed, "engine"
-    engine_meta = meta.get("engine") or {}
+    engine_meta = meta.get("engine")  # calibrate's record; a shipped profile names its engine
+    if not isinstance(engine_meta, Mapping):
+        return None, "assumed"
     if engine_meta.get("num_kv_blocks") and engine_meta.get("block_size"):
         return KvCacheInfo(int(engine_meta["block_size"]),
                            int(engine_meta["num_kv_blocks"])), "profile"

@@ -31,7 +31,7 @@ from harness.calibrate.measure import (
 from harness.calibrate.workload import WorkloadSpec, design_workload
 from harness.live.telemetry import DEFAULT_INTERVAL_S
 from harness.manifest import batchlab_version, jsonable
-from harness.redact import redact_argv, redact_tree
+from harness.redact import redact_argv, redact_tree, redact_url
 from harness.results import write_json_atomic, write_parquet_atomic
 
 
@@ -155,7 +155,7 @@ def calibrate(
             "batchlab_version": batchlab_version(),
             "command": redact_argv(command) if command is not None else None,
             "engine": {
-                "name": plan.engine, "version": version, "base_url": plan.base_url,
+                "name": plan.engine, "version": version, "base_url": redact_url(plan.base_url),
                 "launched": plan.launch, "model": plan.model,
                 "block_size": None if kv is None else kv.block_size,
                 "num_kv_blocks": None if kv is None else kv.num_blocks,

@@ -31,7 +31,7 @@ from harness.capacity.saturation import SaturationMonitor, interval_for
 from harness.capacity.search import LOAD_UNITS, LoadKind, ProbeOutcome, normal_load
 from harness.manifest import read_manifest
 from harness.metrics import Pace, Slo
-from harness.redact import redact_tree
+from harness.redact import redact_tree, redact_url
 from harness.results import (
     PROBE_FILE,
     SUMMARY_FILE,
@@ -202,6 +202,7 @@ def server_lost(plan: ProbePlan, load: float, summary: Mapping[str, Any], out_di
         return None
     engine = read_manifest(out_dir).get("engine")
     url = plan.spec.url or (engine.get("base_url") if isinstance(engine, Mapping) else None)
+    url = redact_url(str(url))  # said on the console and in the manifest
     who = (f"the server at {url}" if is_attached(plan.spec)
            else f"the {plan.spec.engine} engine at {url}")
     at = f"the probe at {load:g} {LOAD_UNITS[plan.kind]}"

@@ -25,6 +25,7 @@ from harness.cli.common import (
     progress_bar,
 )
 from harness.cli.live import add_engine_options, live_target_spec, warn_prompt_cache
+from harness.redact import redact_url, scrub_text, secret_values
 from harness.target import TargetSpec
 
 CALIBRATE_GPU_HELP = (
@@ -180,18 +181,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                                    device=device, out_path=out, work_dir=work_dir, spec=spec,
                                    tokenizer_path=tokenizer,
                                    telemetry_interval_s=args.telemetry_interval_s,
-                                   command=command_line(), replay={"prompt_salt": salt})
+                                   command=command_line(), replay={"prompt_salt": salt},
+                                   log=lambda line: print(redact_url(line)))
             except KnobError:
                 raise
             except (CalibrationError, ValueError) as exc:
                 # the engine died, requests failed, too little was measured: the run failed,
                 # and what it measured stays in the work folder (as replay's exit 1)
-                print(f"batchlab calibrate: error: {exc}{_see(work_dir)}", file=sys.stderr)
+                print(f"batchlab calibrate: error: {shown_error(exc)}{_see(work_dir)}",
+                      file=sys.stderr)
                 return EXIT_FAILURE
     except KnobError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(shown_error(exc)) from None
     except EngineStartError as exc:  # nothing ran: a server that never answered or started
-        raise UserError(f"{exc}{_see(work_dir)}") from None
+        raise UserError(f"{shown_error(exc)}{_see(work_dir)}") from None
     fit = result.fit
     c = fit.coefficients
     memory = ("no memory term" if not math.isfinite(fit.memory_bytes_per_s)
@@ -207,6 +210,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     print(f"profile: {out}  (workload run folders: {work_dir})")
     return 0
+
+
+def shown_error(exc: BaseException) -> str:
+    """An error's message as it may be printed: a server that did not start is quoted with its
+    argv and log tail, so the secrets of the command line (``--engine-env`` values, secret
+    ``--extra-arg`` values, URL credentials) are scrubbed from it (``harness.redact``), as
+    ``replay --engine`` does (``harness.live.run``)."""
+    return scrub_text(str(exc), secret_values(argv=command_line()))
 
 
 def _see(work_dir: Path) -> str:
@@ -329,11 +340,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                  command=command_line(), progress=bar.update_to,
                                  telemetry_interval_s=args.telemetry_interval_s,
                                  metric_map=spec.metric_map, gpu=args.gpu,
-                                 log=lambda line: print(line, file=sys.stderr))
-    except KnobError as exc:
-        raise UserError(str(exc)) from None
-    except (EngineStartError, ValueError) as exc:
-        raise UserError(str(exc)) from None
+                                 log=lambda line: print(redact_url(line), file=sys.stderr))
+    except (KnobError, EngineStartError, ValueError) as exc:
+        raise UserError(shown_error(exc)) from None
     except ValidationFailed as exc:  # everything is on disk; the comparison says what it covers
         bar.close()
         print(render_fidelity_markdown(exc.fidelity, title="Prediction fidelity", intro=False,
@@ -341,7 +350,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         first = first_error_line(str(out / "live"))
         if first:
             print(f"Live requests failed; first error: {first}\n")
-        print(f"batchlab validate: error: {exc}", file=sys.stderr)
+        print(f"batchlab validate: error: {shown_error(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     finally:
         bar.close()
@@ -354,7 +363,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
               "(+: slower; a drifting machine, not the model).\n")
     else:
         reason = speed.get("before_reason") or speed.get("after_reason")
-        print(f"Engine speed since calibration: not measured ({reason}).\n")
+        print(f"Engine speed since calibration: not measured ({redact_url(str(reason))}).\n")
     first = first_error_line(str(out / "live"))
     if first:
         print(f"Live requests failed; first error: {first}\n")

@@ -34,6 +34,7 @@ from harness.cli.common import (
     refuse_cell,
     too_many_failed,
 )
+from harness.redact import redact_url
 from harness.target import RunOptions, TargetSpec, unused_option
 from harness.targets import LiveTarget
 
@@ -219,7 +220,7 @@ def server_gone(out: Path, summary: dict[str, Any], url: str) -> str | None:
     from harness.scenario.attached import fail_if_gone
 
     why = fail_if_gone(out, summary, url)
-    return None if why is None else f"{why} (the results are in {out})"
+    return None if why is None else f"{redact_url(why)} (the results are in {out})"
 
 
 def _run_id_in(out: Path) -> str | None:
@@ -293,7 +294,8 @@ def no_request_served(summary: dict[str, Any], url: str | None, out: Path,
     sent = summary.get("num_requests") or 0
     failures = summary.get("failures") or {}
     if sent and not summary.get("num_completed"):
-        why = (f"is the server at {url} up?" if set(failures) == {"connect_error"}
+        why = (f"is the server at {redact_url(str(url))} up?"
+               if set(failures) == {"connect_error"}
                else "the first error above says why")
         print(f"error: none of the {sent} requests succeeded "
               f"(failures: {failures}); {why}", file=sys.stderr)
@@ -479,13 +481,23 @@ def add_engine_options(p: argparse.ArgumentParser, *, gpu_help: str | None = Non
 
 
 def engine_env(items: Sequence[str]) -> dict[str, str]:
+    """``--engine-env KEY=VALUE`` items as a mapping. One that is not KEY=VALUE is refused
+    naming its place, never its text: its value is likely a secret (``HF_TOKENhf_...``)."""
     env: dict[str, str] = {}
-    for item in items:
+    for place, item in enumerate(items, start=1):
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise UserError(f"--engine-env {item!r}: expected KEY=VALUE")
+            what = "no '=' in it" if not sep else "nothing before its '='"
+            raise UserError(f"--engine-env (the {_ordinal(place)} one): expected KEY=VALUE, "
+                            f"{what} (its text is not repeated: it may hold a secret)")
         env[key] = value
     return env
+
+
+def _ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 12th, 21st, ..."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def live_target_spec(args: argparse.Namespace, *, url: str | None = None) -> TargetSpec:
@@ -544,13 +556,13 @@ def served_model(url: str, engine: str) -> str:
     tried = [str(t) for t in probe.get("tried") or []]
     if tried and all("ConnectError" in t or "ConnectTimeout" in t for t in tried):
         # nothing listening: that, not a missing --model, is the problem
-        raise UserError(f"--engine {engine} --url {url}: no server answers there "
+        raise UserError(f"--engine {engine} --url {redact_url(url)}: no server answers there "
                         f"({'; '.join(tried)}); is it up?")
     said = (f"it serves {', '.join(names)}: choose one" if names
             else f"it named none at /v1/models or /info ({'; '.join(tried)})"
             if tried else "it named none at /v1/models or /info")
-    raise UserError(f"--engine {engine} --url {url}: give --model (the served model name); "
-                    f"{said}")
+    raise UserError(f"--engine {engine} --url {redact_url(url)}: give --model (the served "
+                    f"model name); {said}")
 
 
 def run_engine(args: argparse.Namespace, trace: Trace, replay: dict[str, Any],

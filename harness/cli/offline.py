@@ -331,6 +331,7 @@ def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from harness.redact import env_var_name
     from harness.serve import ServerOptions, serve
 
     config = reference_config(args)
@@ -345,6 +346,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "(--gpu-memory-utilization, --num-gpu-blocks)")
     api_key = None
     if args.api_key_env:
+        if not env_var_name(args.api_key_env):  # a key pasted for VAR: not repeated
+            raise UserError("--api-key-env: expected the NAME of the environment variable "
+                            "that holds the key (letters, digits and _, not starting with a "
+                            "digit); what was given is not one, and is not repeated here (it "
+                            "may be the key itself)")
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise UserError(f"--api-key-env {args.api_key_env}: that environment variable is "

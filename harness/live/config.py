@@ -28,6 +28,7 @@ from harness.live.protocols import (
 )
 from harness.live.sse_framing import DEFAULT_MAX_EVENT_BYTES
 from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo
+from harness.redact import env_var_name
 
 if TYPE_CHECKING:
     from harness.traces import TraceRequest
@@ -134,8 +135,13 @@ class ReplayConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name}: must be a name or None, got {value!r}")
-        if self.api_key_env is not None and self.api_key_env not in os.environ:
-            raise ValueError(f"api_key_env: environment variable {self.api_key_env} is not set")
+        if self.api_key_env is not None:
+            bad_name = api_key_env_problem(self.api_key_env, "api_key_env")
+            if bad_name:
+                raise ValueError(bad_name)
+            if self.api_key_env not in os.environ:
+                raise ValueError(
+                    f"api_key_env: environment variable {self.api_key_env} is not set")
         if self.tokenizer_path:
             # loaded here (once: it is kept), before a run folder is claimed and an earlier
             # run's files cleared: a tokenizer that will not load is refused as bad input
@@ -162,8 +168,27 @@ def target_url_problem(url: str, name: str) -> str | None:
     why = _url_defect(url)
     if why is None:
         return None
-    shown = re.sub(r"(?<=//)[^/?#]*@", "***@", re.sub(r"[?#].*", "?***", url, flags=re.S))
-    return f"{name}: {shown!r}: not an http(s)://host[:port] URL ({why})"
+    return f"{name}: {_shown_bad_url(url)!r}: not an http(s)://host[:port] URL ({why})"
+
+
+def _shown_bad_url(url: str) -> str:
+    """A refused URL as its refusal may quote it: the query and fragment cut, and everything up
+    to its last "@" masked, whether "//" comes before it (``http://u:pw@host``) or not
+    (``u:pw@host``, ``http:/u:pw@host``): not yet a URL, so not parsed as one."""
+    shown = re.sub(r"[?#].*", "?***", url, flags=re.S)
+    return re.sub(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?.*@", lambda m: f"{m.group(1) or ''}***@",
+                  shown, flags=re.S)
+
+
+def api_key_env_problem(name: str, field: str) -> str | None:
+    """Why ``name`` (the field or flag ``field``) cannot name the variable that holds the API
+    key, or None. What is no variable name is most likely the key itself, pasted in its
+    place: it is not repeated."""
+    if env_var_name(name):
+        return None
+    return (f"{field}: expected the NAME of the environment variable that holds the key "
+            "(letters, digits and _, not starting with a digit); what was given is not one, "
+            "and is not repeated here (it may be the key itself)")
 
 
 def _url_defect(url: str) -> str | None:
@@ -177,7 +202,9 @@ def _url_defect(url: str) -> str | None:
     except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535", ...
         return str(exc)
     if parts.scheme not in ("http", "https"):
-        return f"scheme {parts.scheme!r}" if parts.scheme else "no http:// or https://"
+        # without "//", what reads as a scheme may be a user name (u:pw@host): not repeated
+        return (f"scheme {parts.scheme!r}" if parts.scheme and "//" in url
+                else "no http:// or https://")
     if not parts.hostname:
         return "no host"
     if port == 0:

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from harness.live.protocols import Prompt, PromptMode, ProtocolName
+from harness.redact import redact_url
 from harness.traces import TraceRequest
 
 SAFE_TOKEN_ID_RANGE = (1000, 30000)  # [low, high): plain tokens in every common vocabulary
@@ -350,12 +351,14 @@ def prompt_cache_hint(base_url: str, *, timeout_s: float = 5.0) -> str | None:
 
 
 def prompt_cache_warning(base_url: str, salt: str) -> str | None:
-    """The console warning for an attached server that may cache prompts (None: no cause)."""
+    """The console warning for an attached server that may cache prompts (None: no cause);
+    the URL's credentials masked (``harness.redact.redact_url``)."""
     if salt:
         return None
     why = prompt_cache_hint(base_url)
     if why is None:
         return None
-    return (f"warning: {base_url} may answer repeated prompts from its cache: {why}. batchlab's "
-            "prompts are the same run after run (seed, request id), so a second run can measure "
-            "the cache, not the scheduler; pass --prompt-salt auto for fresh prompts each run")
+    return (f"warning: {redact_url(base_url)} may answer repeated prompts from its cache: "
+            f"{why}. batchlab's prompts are the same run after run (seed, request id), so a "
+            "second run can measure the cache, not the scheduler; pass --prompt-salt auto for "
+            "fresh prompts each run")

@@ -8,6 +8,9 @@ A launch refuses a port something already listens on, and the ready answer must 
 launched process group (``adapters.process.ServerProcess``): batchlab never measures a server
 it did not start while believing it did.
 
+A server that does not become ready raises ``EngineStartError`` quoting its argv and log tail:
+scrubbed here of the plan's secrets (``harness.redact``), so that no caller prints them.
+
 Used by ``run_live`` (one replay), ``calibrate`` and ``validate`` (several replays).
 """
 
@@ -22,8 +25,8 @@ from urllib.parse import urlsplit
 
 from adapters.base import KnobError, LaunchPlan
 from adapters.catalog import ENGINES, make_adapter
-from adapters.process import ServerProcess, terminate_on_signals, wait_healthy
-from harness.redact import scrub_files, secret_values
+from adapters.process import EngineStartError, ServerProcess, terminate_on_signals, wait_healthy
+from harness.redact import redact_url, scrub_files, scrub_text, secret_values
 from harness.target import TargetSpec
 
 DEFAULT_READY_TIMEOUT_S = 900.0  # vLLM takes 60-110 s on 2 CPU cores; big models far longer
@@ -53,12 +56,15 @@ def engine_session(spec: TargetSpec, log_dir: Path, *, plan: LaunchPlan | None =
     """
     plan = plan or plan_for(spec)
     health = plan.base_url + plan.health_path
+    secrets = plan_secrets(plan)
     if not plan.launch:
         # a running server answers at once or not at all: --ready-timeout-s may shorten the
         # wait, never lengthen it past ATTACH_READY_TIMEOUT_S (its 900 s default is a launch's)
         wait_s = min(ATTACH_READY_TIMEOUT_S, spec.ready_timeout_s or ATTACH_READY_TIMEOUT_S)
-        ready_s = asyncio.run(wait_healthy(health, timeout_s=wait_s,
-                                           timeout_note=f"no ready server at {plan.base_url}"))
+        with _scrubbed(secrets):
+            ready_s = asyncio.run(wait_healthy(
+                health, timeout_s=wait_s,
+                timeout_note=f"no ready server at {redact_url(plan.base_url)}"))
         yield EngineSession(plan, None, ready_s)
         return
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -69,15 +75,36 @@ def engine_session(spec: TargetSpec, log_dir: Path, *, plan: LaunchPlan | None =
     version_url = plan.base_url + plan.version_paths[0] if plan.version_paths else None
     try:
         with terminate_on_signals(), server:
-            server.start()
-            if on_start is not None:
-                on_start(server)
-            ready_s = asyncio.run(server.wait_ready(
-                health, timeout_s=spec.ready_timeout_s or DEFAULT_READY_TIMEOUT_S,
-                version_url=version_url))
+            with _scrubbed(secrets):
+                server.start()
+                if on_start is not None:
+                    on_start(server)
+                ready_s = asyncio.run(server.wait_ready(
+                    health, timeout_s=spec.ready_timeout_s or DEFAULT_READY_TIMEOUT_S,
+                    version_url=version_url))
             yield EngineSession(plan, server, ready_s)
     finally:  # the server is gone: its logs may have printed its argv or environment
-        scrub_files(log_dir, secret_values(env=plan.env, argv=plan.argv))
+        scrub_files(log_dir, secrets)
+
+
+def plan_secrets(plan: LaunchPlan) -> frozenset[str]:
+    """What of ``plan`` must not be shown: environment off the allow-list, secret flag values
+    of its argv, its URL's credentials (``harness.redact.secret_values``)."""
+    return secret_values(env=plan.env, argv=plan.argv, urls=(plan.base_url,))
+
+
+@contextlib.contextmanager
+def _scrubbed(secrets: frozenset[str]) -> Iterator[None]:
+    """An ``EngineStartError`` raised in the block, raised again without ``secrets``: it
+    quotes the server's argv and the last lines of its logs."""
+    try:
+        yield
+    except EngineStartError as exc:
+        said = str(exc)
+        shown = scrub_text(said, secrets)
+        if shown == said:
+            raise
+        raise EngineStartError(shown) from None
 
 
 def _listen_address(base_url: str) -> tuple[str, int] | None:
@@ -124,9 +151,9 @@ def plan_for(spec: TargetSpec) -> LaunchPlan:
                   if v is not None]
         if given and not spec.allow_approximate:
             raise KnobError(
-                f"{spec.engine} at {spec.url} was started outside batchlab, so knobs cannot "
-                f"reach it ({', '.join(given)}). Set them where the server is started, or pass "
-                "--allow-approximate to record them as not applied."
+                f"{spec.engine} at {redact_url(spec.url)} was started outside batchlab, so "
+                f"knobs cannot reach it ({', '.join(given)}). Set them where the server is "
+                "started, or pass --allow-approximate to record them as not applied."
             )
         return adapter.attach(spec.url, spec.knobs)
     return adapter.plan(spec.knobs, allow_approximate=spec.allow_approximate)

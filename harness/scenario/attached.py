@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.manifest import jsonable, read_manifest
-from harness.redact import redact_tree
+from harness.redact import redact_tree, redact_url
 from harness.target import TargetSpec
 
 # Failed requests that the engine never answered: no connection, or a stream closed under them
@@ -188,8 +188,8 @@ def gone_mid_run(url: str, summary: Mapping[str, Any], health_path: str = "/heal
     if down is None:
         return None
     said = ", ".join(f"{kind} {n}" for kind, n in lost.items())
-    return (f"the server at {url} stopped answering during the run: {sum(lost.values())} "
-            f"requests could not connect or were cut off ({said}), "
+    return (f"the server at {redact_url(url)} stopped answering during the run: "
+            f"{sum(lost.values())} requests could not connect or were cut off ({said}), "
             f"{summary['num_completed']} of {summary.get('num_requests')} completed, and "
             f"{down}")
 

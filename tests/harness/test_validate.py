@@ -155,6 +155,8 @@ def test_validate_says_what_it_assumed_when_the_engine_hides_its_kv_cache() -> N
     recorded = {"engine": {"block_size": 16, "num_kv_blocks": 160}}
     assert _kv_cache(None, recorded) == (kv, "profile")
     assert _kv_cache(None, {"engine": {"block_size": None}}) == (None, "assumed")
+    # a shipped profile names its engine (a string): it records no KV cache
+    assert _kv_cache(None, {"engine": "vllm"}) == (None, "assumed")
     config = reference_config("llama-3.1-8b", Knobs(max_num_seqs=8), "h100-sxm")
     warning = assumed_kv_warning(config)
     blocks = config.resolved_num_gpu_blocks()
