@@ -40,6 +40,7 @@ from harness.report.runs import (
     STATUS_FILE,
     CellResult,
     client_limited,
+    engine_config,
     get,
     load_run,
     load_scenario_dir,
@@ -492,7 +493,7 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
         out.append(Difference(cell, "knobs", {k: b for k, (b, _) in knobs.items()},
                               {k: a for k, (_, a) in knobs.items()},
                               "different knobs: " + _changes_text(knobs)))
-    b_config, a_config = (_engine_config(c) for c in (before, after))
+    b_config, a_config = (engine_config(c) for c in (before, after))
     # a key one side did not record is not known to differ (a served reference's /version
     # gives fewer keys than a simulated run's configuration)
     config = {k: v for k, v in _changed(b_config, a_config).items()
@@ -549,20 +550,6 @@ def _digest_scheme(c: CellResult) -> int:
 
 def _kind(predicted: bool) -> str:
     return "predicted (reference engine)" if predicted else "measured"
-
-
-def _engine_config(c: CellResult) -> Mapping[str, Any]:
-    """The engine's configuration as the run recorded it: a simulated run's, or what a served
-    reference published at /version (a live run's manifest keeps the answer)."""
-    engine = c.manifest.get("engine")
-    if not isinstance(engine, Mapping):
-        return {}
-    config = engine.get("config")
-    if not isinstance(config, Mapping):
-        probe = engine.get("version_probe")
-        body = probe.get("body") if isinstance(probe, Mapping) else None
-        config = body.get("reference") if isinstance(body, Mapping) else None
-    return config if isinstance(config, Mapping) else {}
 
 
 def _slo(c: CellResult) -> Any:

@@ -38,7 +38,13 @@ from harness.columns import numbers
 from harness.metrics import request_metrics, summarize
 from harness.report.format import code, fmt_number, fmt_seconds, table, value_text
 from harness.report.predictions import UNRECORDED, is_served_prediction, predictor
-from harness.report.runs import TELEMETRY_FILE, CellResult, read_table, trace_digest
+from harness.report.runs import (
+    TELEMETRY_FILE,
+    CellResult,
+    engine_config,
+    read_table,
+    trace_digest,
+)
 from harness.results import STEPS_FILE, read_timelines
 from harness.timeline import RequestTimeline
 
@@ -420,21 +426,6 @@ def _unlikeness(live: CellResult, sim: CellResult) -> tuple[bool, bool, bool]:
             dict(sim.asked_knobs) != dict(live.asked_knobs))
 
 
-def _reference_config(c: CellResult) -> Mapping[str, Any]:
-    """A reference run's resolved settings: a simulation's manifest ``engine.config``, a
-    served engine's ``/version`` answer (``engine.version_probe.body.reference``); {} when
-    not recorded."""
-    engine = c.manifest.get("engine")
-    if not isinstance(engine, Mapping):
-        return {}
-    config = engine.get("config")
-    if not isinstance(config, Mapping):
-        probe = engine.get("version_probe")
-        body = probe.get("body") if isinstance(probe, Mapping) else None
-        config = body.get("reference") if isinstance(body, Mapping) else None
-    return config if isinstance(config, Mapping) else {}
-
-
 def _cost_model_differences(served: CellResult, sim: CellResult) -> list[str]:
     """How the cost model of a served reference differs from a simulation's, in words
     ("served with catalog coefficients, simulated with profile `a`"; "gpu h100-sxm served,
@@ -452,13 +443,13 @@ def _cost_model_differences(served: CellResult, sim: CellResult) -> list[str]:
 def _settings_differences(served: CellResult, sim: CellResult) -> list[str]:
     """The scheduler settings both runs recorded (batch caps, policy, KV blocks, ...) that
     differ, in words ("max_num_seqs 256 served, 2048 simulated")."""
-    keys = [k for k in _reference_config(served)
+    keys = [k for k in engine_config(served)
             if k not in _COST_MODEL_KEYS and k != "cost_model"]  # (the source's name)
     return _differences(served, sim, keys)
 
 
 def _differences(served: CellResult, sim: CellResult, keys: Sequence[str]) -> list[str]:
-    a, b = _reference_config(served), _reference_config(sim)
+    a, b = engine_config(served), engine_config(sim)
     return [f"{k} {value_text(a[k])} served, {value_text(b[k])} simulated" for k in keys
             if k in a and k in b and value_text(a[k]) != value_text(b[k])]
 

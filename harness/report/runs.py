@@ -379,6 +379,23 @@ def _manifest_engine(manifest: Mapping[str, Any]) -> tuple[str | None, str | Non
 RESUME_HINT = "--resume runs it again"
 
 
+
+def engine_config(c: CellResult) -> Mapping[str, Any]:
+    """A reference run's resolved engine settings as the run recorded them: a simulation's
+    manifest ``engine.config``, or what a served reference published at ``/version`` (a live
+    run's manifest keeps the answer, ``engine.version_probe.body.reference``); {} when not
+    recorded."""
+    engine = c.manifest.get("engine")
+    if not isinstance(engine, Mapping):
+        return {}
+    config = engine.get("config")
+    if not isinstance(config, Mapping):
+        probe = engine.get("version_probe")
+        body = probe.get("body") if isinstance(probe, Mapping) else None
+        config = body.get("reference") if isinstance(body, Mapping) else None
+    return config if isinstance(config, Mapping) else {}
+
+
 def load_run(run_dir: Path, name: str | None = None) -> CellResult:
     """A run folder (a scenario cell or a single ``simulate``/``replay`` run)."""
     run_dir = Path(run_dir)
