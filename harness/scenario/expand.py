@@ -84,8 +84,11 @@ def with_priority(part: MixPart) -> Trace:
     """The part's trace, every request given the part's priority (if it has one)."""
     if part.priority is None:
         return part.trace
-    return dataclasses.replace(part.trace, requests=tuple(
-        dataclasses.replace(r, priority=part.priority) for r in part.trace.requests))
+    from harness.traces.records import requests_digest
+
+    requests = tuple(dataclasses.replace(r, priority=part.priority) for r in part.trace.requests)
+    # the digest covers priorities: other priorities are other requests
+    return dataclasses.replace(part.trace, requests=requests, digest=requests_digest(requests))
 
 
 def merge_traces(parts: Sequence[MixPart]) -> Trace:
@@ -159,6 +162,10 @@ def assign_priorities(trace: Any, classes: Sequence[PriorityClass], *, seed: int
         for r, k in zip(trace.requests, picks, strict=True)
     )
     mix = ", ".join(f"{p.name}={p.share:g}" for p in classes)
+    from harness.traces.records import requests_digest
+
+    # the digest covers priorities: another seed or mix draws other requests
     return dataclasses.replace(
-        trace, requests=requests, notes=(*trace.notes, f"priority classes assigned ({mix})")
+        trace, requests=requests, notes=(*trace.notes, f"priority classes assigned ({mix})"),
+        digest=requests_digest(requests),
     )

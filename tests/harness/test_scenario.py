@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from harness.scenario import (
     select,
 )
 from harness.scenario.cell import target_spec
+from harness.traces.records import requests_digest
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DATA = REPO / "tests" / "data"
@@ -236,6 +238,13 @@ def test_priority_classes_assigned_by_share() -> None:
     assert 4 <= prios.count(0) <= 18
     again = assign_priorities(trace, scenario.priority_classes, seed=99)
     assert again is trace  # a trace that carries priorities keeps them
+    # the digest covers the priorities drawn: another seed, other requests, another digest
+    plain = dataclasses.replace(trace, requests=tuple(
+        dataclasses.replace(r, priority=None) for r in trace.requests))
+    seeds = [assign_priorities(plain, scenario.priority_classes, seed=s) for s in (1, 2)]
+    assert [r.priority for r in seeds[0].requests] != [r.priority for r in seeds[1].requests]
+    assert seeds[0].digest == requests_digest(seeds[0].requests) != seeds[1].digest
+    assert trace.digest == requests_digest(trace.requests)
 
 
 def test_trace_mix_merges_by_arrival(tmp_path: Path) -> None:
