@@ -126,5 +126,9 @@ def test_vllm_honours_max_num_seqs(engine_ready: None, tmp_path: Path) -> None:
                                                                             (8, wide))}
     tokens = {cap: sum(r["num_batched_tokens"] or 0 for r in rows) for cap, rows in
               ((2, capped), (8, wide))}
-    assert tokens[2] == tokens[8] == 16 * (32 + 64), tokens
+    # every token, but for the last step's at most: vLLM records a step's stats in /metrics
+    # just after its tokens are streamed, so the scrape at the run's end may come first (CI:
+    # 1,529 of 1,536 at cap 8, once)
+    for cap, counted in tokens.items():
+        assert 16 * (32 + 64) - cap <= counted <= 16 * (32 + 64), tokens
     assert steps[8] < steps[2] / 2, steps
