@@ -458,7 +458,7 @@ def print_behind(run_dir: str) -> None:
     what predicted it)."""
     from pathlib import Path
 
-    from harness.scenario.status import fell_behind_warning
+    from harness.behind import fell_behind_warning
 
     warning = fell_behind_warning(Path(run_dir))
     if warning:

@@ -10,13 +10,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.behind import fell_behind_warning
 from harness.scenario._text import exception_reason
 from harness.scenario.cell import CellJob, run_cell
 from harness.scenario.schema import Scenario, ScenarioError
 from harness.scenario.status import (
     ERROR_FILE,
     CellOutcome,
-    fell_behind_warning,
     finish_status,
     prepare_cell_dir,
     read_status,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from harness.behind import fell_behind_warning
 from harness.results import REPORT_FILE, REPORT_PLOTS, write_json_atomic
 from harness.runfolder import check_each, holding_dir, refuse_results_folder
 from harness.scenario._text import REPO_ROOT, display_path, exception_reason
@@ -23,7 +24,6 @@ from harness.scenario.status import (
     CellOutcome,
     check_cell_dir,
     check_done_cell,
-    fell_behind_warning,
     finish_status,
     interrupted_reason,
     mark_pending,

@@ -180,20 +180,3 @@ def _parse_problem(path: Path) -> str:
 def _sha256(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def fell_behind_warning(cell_dir: Path) -> str:
-    """What a finished cell's engine did when it fell behind its arrivals, as ``simulate``
-    warns of it ('' when it kept pace, or the check cannot be made); a predicted cell's
-    warning starts by saying what predicted it (its rates are predictions)."""
-    from harness.manifest import read_manifest
-    from harness.prediction import predictor_text, recorded_prediction
-    from harness.results import SUMMARY_FILE, read_json_object, run_pace
-
-    manifest = read_manifest(cell_dir)
-    pace = run_pace(cell_dir, read_json_object(cell_dir / SUMMARY_FILE), manifest)
-    warning = "" if pace is None else pace.behind_warning()
-    found = recorded_prediction(manifest.get("engine"))
-    if warning and found is not None:
-        warning = f"predicted {predictor_text(found[0], by=found[1])}: {warning}"
-    return warning

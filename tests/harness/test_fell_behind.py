@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.behind import fell_behind_warning
 from harness.cli import main as cli_main
 from harness.metrics import Pace
 from harness.report import render_run_report
 from harness.report.findings import _behind_finding, _offered_load_finding
 from harness.report.runs import CellResult, load_run
-from harness.scenario.status import fell_behind_warning
 
 REPO = Path(__file__).resolve().parents[2]
 EXCERPT = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
