@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +175,8 @@ class _Run:
 
     def __init__(self, config: ReplayConfig, wire: Wire, writer: RecordWriter,
                  bodies: _Bodies, tokenizer: TextTokenizer | None, num_total: int,
-                 progress: Callable[[int, int], None] | None, t0_ns: int | None = None) -> None:
+                 progress: Callable[[int, int], None] | None, t0_ns: int | None = None,
+                 secrets: Iterable[str] = ()) -> None:
         self.config = config
         self.wire = wire
         self.writer = writer
@@ -194,8 +195,10 @@ class _Run:
         self.write_error: OSError | None = None  # the disk refused a row: the run stops
         self.stopped_at_s: float | None = None
         self.on_write_error: Callable[[], object] | None = None
-        # a server may echo the API key in an error body: never into a row
-        self.secrets = secret_values(api_key_env=config.api_key_env)
+        # a server may echo the API key in an error body, an error may quote the target URL
+        # with its credentials, a launched server its environment: never into a row
+        self.secrets = secret_values(api_key_env=config.api_key_env,
+                                     urls=(config.target_url,)) | frozenset(secrets)
 
     def s(self, t_ns: int) -> float:
         return (t_ns - self.t0_ns) / 1e9
@@ -413,6 +416,7 @@ async def replay(
     early_stop: EarlyStop | None = None,
     t0_ns: int | None = None,
     wire: Wire | None = None,
+    secrets: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Replay ``trace`` against ``config.target_url``; write the run folder; return the summary.
 
@@ -423,6 +427,8 @@ async def replay(
     ``t0_ns`` sets the clock origin instead of now (a ``perf_counter_ns`` instant, possibly
     ahead: worker processes replaying parts of one trace share it). ``early_stop``: see
     ``harness.live.early_stop``; the reason is written to summary and manifest (``stopped_early``).
+    ``secrets``: values masked in every row's error message besides the API key and the
+    target URL's credentials (a launched server's environment: ``run_live``).
 
     Cancelled (Ctrl-C), it records the requests in flight as ``not_finished``, still writes
     the parquet files and ``summary.json`` from what was measured, then re-raises. Raises
@@ -432,7 +438,7 @@ async def replay(
     def run(run_id: str) -> Coroutine[Any, Any, dict[str, Any]]:
         return _replay(trace, config, out_dir, run_id, telemetry=telemetry, progress=progress,
                        command=command, on_t0=on_t0, early_stop=early_stop, t0_ns=t0_ns,
-                       wire=wire)
+                       wire=wire, secrets=secrets)
 
     if run_id is not None:  # claimed, and let go, by the caller
         return await run(run_id)
@@ -447,8 +453,8 @@ async def replay(
 async def _replay(trace: Trace, config: ReplayConfig, out_dir: Path, run_id: str, *,
                   telemetry: TelemetrySource | None, progress: Callable[[int, int], None] | None,
                   command: Sequence[str] | None, on_t0: Callable[[int], None] | None,
-                  early_stop: EarlyStop | None, t0_ns: int | None, wire: Wire | None
-                  ) -> dict[str, Any]:
+                  early_stop: EarlyStop | None, t0_ns: int | None, wire: Wire | None,
+                  secrets: Iterable[str]) -> dict[str, Any]:
     """``replay`` into a folder claimed already."""
     for stale in (RECORDS_FILE, REQUESTS_FILE, CHUNKS_FILE, SUMMARY_FILE):
         (out_dir / stale).unlink(missing_ok=True)
@@ -483,7 +489,8 @@ async def _replay(trace: Trace, config: ReplayConfig, out_dir: Path, run_id: str
     writer = RecordWriter(out_dir / RECORDS_FILE, fsync_interval_s=config.fsync_interval_s,
                           run_id=run_id)
     stop = asyncio.Event()
-    run = _Run(config, wire, writer, bodies, tokenizer, len(requests), progress, t0_ns)  # t0
+    run = _Run(config, wire, writer, bodies, tokenizer, len(requests), progress, t0_ns,
+               secrets)  # t0
     if on_t0 is not None:
         on_t0(run.t0_ns)
     sync_task = asyncio.create_task(writer.sync_loop(stop))

@@ -215,7 +215,8 @@ def run_live(
     run_id = claim_run_dir(out_path, RunIdentity(
         "live", trace.digest, engine=plan.engine,
         target=None if plan.launch else plan.base_url), overwrite=options.overwrite)
-    secrets = secret_values(env=plan.env, argv=plan.argv, api_key_env=config.api_key_env)
+    secrets = secret_values(env=plan.env, argv=plan.argv, api_key_env=config.api_key_env,
+                            urls=(plan.base_url,))
     (out_path / TELEMETRY_FILE).unlink(missing_ok=True)
     for name, content in plan.config_files.items():
         (out_path / name).write_text(content)
@@ -245,7 +246,7 @@ def run_live(
             summary = asyncio.run(_replay_on(
                 plan, trace, config, out_path, scraper, engine, progress=options.progress,
                 command=options.command, run_id=run_id, early_stop=early_stop,
-                knobs=spec.knobs,
+                knobs=spec.knobs, secrets=secrets,
             ))
             died = server.poll() if server is not None else None
             if died is not None:
@@ -316,6 +317,7 @@ async def _replay_on(
     run_id: str,
     early_stop: EarlyStop | None = None,
     knobs: Knobs | None = None,
+    secrets: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     engine["version_probe"] = await probe_version(plan.base_url, plan.version_paths)
     engine["version"] = engine["version_probe"].get("version")
@@ -331,7 +333,7 @@ async def _replay_on(
     origin: list[int] = []
     summary = await replay(trace, config, out_dir, telemetry=scraper, progress=progress,
                            command=command, on_t0=origin.append, run_id=run_id,
-                           early_stop=early_stop)
+                           early_stop=early_stop, secrets=secrets)
     if origin:
         _align_telemetry(out_dir, scraper, origin[0])
     # the engine's own counters, now that its telemetry is on disk
