@@ -251,8 +251,10 @@ def tails_note(cells: Sequence[CellResult]) -> list[str]:
 def kind_note(cells: Sequence[CellResult], kind: str, label: str) -> list[str]:
     """Under a table of ``label`` figures (TTFT, TPOT, ...; ``kind`` one of ``KINDS``): how
     far the predicted cells' figures of that kind were measured to miss published ones, or
-    that they never were. [] without a predicted cell."""
+    that they never were; and of the cells whose model or GPU is none of those figures',
+    that the error quoted does not hold for them. [] without a predicted cell."""
     parts, unmeasured, never = [], [], []
+    quoted: list[_Group] = []  # the groups whose error of this kind is quoted
     for g in _groups(cells):
         acc = g.accuracy
         names = "every cell" if len(g.names) == len(cells) > 1 else ", ".join(g.names)
@@ -265,6 +267,7 @@ def kind_note(cells: Sequence[CellResult], kind: str, label: str) -> list[str]:
             parts.append(f"{names} a median {fmt_pct(e.median)} off (worst "
                          f"{fmt_pct(e.worst)}) over {e.num_rows}{held} figures"
                          f"{e.sources_text()}{e.bias()}")
+            quoted.append(g)
         elif kind in acc.unmeasured_kinds:
             unmeasured.append(names)
     if unmeasured:
@@ -273,6 +276,9 @@ def kind_note(cells: Sequence[CellResult], kind: str, label: str) -> list[str]:
     parts += never
     if not parts:
         return []
+    # an error quoted for a cell must not read as holding where it was never measured
+    parts += [f"but {note}" if whose == "every cell" or len(cells) == 1
+              else f"but for {whose}, {note}" for whose, note in _uncovered(quoted, cells)]
     return [f"How far predicted {label} was measured to miss published {kind} figures: "
             + "; ".join(parts) + f" ({ACCURACY_LINK}).", ""]
 

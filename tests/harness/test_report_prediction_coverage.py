@@ -89,3 +89,17 @@ def test_a_run_on_a_gpu_no_published_figure_is_of_says_it_in_its_report(
             "hardware ([how accurate the predictions are](#how-accurate-the-predictions-are)); "
             f"but {note}.\n\n- Served 20 of 20") in text
     assert f"\n`pcie`: but {note}.\n" in text
+
+
+def test_the_note_under_each_table_says_it_too() -> None:
+    """Under the TTFT table, "a median 32% off" must not read as the error of a cell the
+    published figures never covered."""
+    from harness.report.predictions import kind_note
+
+    [alone, _] = kind_note([_cell("pcie", PCIE)], "TTFT", "TTFT")
+    assert f"; but {_note(PCIE)} ([how accurate" in alone
+    [mixed, _] = kind_note([_cell("reference", SXM), _cell("predicted-tgi", TGI)],
+                           "throughput", "throughput")
+    assert f"; but for `predicted-tgi`, {_note(TGI)} ([how accurate" in mixed
+    [covered, _] = kind_note([_cell("reference", SXM), _cell("trt", TRT)], "TTFT", "TTFT")
+    assert "never measured" not in covered
