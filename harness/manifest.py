@@ -14,6 +14,7 @@ and values of secret-named flags in ``command``/``argv`` are stored as ``***``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.redact import redact_tree
-from harness.results import write_json_atomic
+from harness.results import SUMMARY_FILE, write_json_atomic
 from harness.traces import DIGEST_SCHEME, MixPart, Trace, describe
 
 MANIFEST_FILE = "manifest.json"
@@ -130,3 +131,14 @@ def update_manifest(run_dir: Path, fields: Mapping[str, Any]) -> None:
 def write_manifest(run_dir: Path, manifest: Mapping[str, Any]) -> None:
     """Write the whole manifest, secrets redacted."""
     write_json_atomic(redact_tree(manifest), run_dir / MANIFEST_FILE)
+
+
+def record_failed(out_dir: Path, summary: Mapping[str, Any], why: str) -> dict[str, Any]:
+    """The run in ``out_dir`` failed (``why``): its summary and manifest say so, as for a
+    launched engine that exited mid-run (``harness.live.run``), so that no report, comparison
+    or CI job reads it as a measurement of load; the summary, as written."""
+    failed = {**summary, "status": "failed"}
+    with contextlib.suppress(OSError):  # a full disk must not hide what happened
+        write_json_atomic(failed, out_dir / SUMMARY_FILE)
+        update_manifest(out_dir, {"status": "failed", "error": why})
+    return failed

@@ -29,7 +29,7 @@ from typing import Any
 
 from harness.capacity.saturation import SaturationMonitor, interval_for
 from harness.capacity.search import LOAD_UNITS, LoadKind, ProbeOutcome, normal_load
-from harness.manifest import read_manifest
+from harness.manifest import read_manifest, record_failed
 from harness.metrics import Pace, Slo
 from harness.redact import redact_tree, redact_url
 from harness.results import (
@@ -46,7 +46,6 @@ from harness.scenario.attached import (
     connection_failures,
     is_attached,
     not_answering,
-    record_failed,
 )
 from harness.scenario.status import CELL_FILE, STATUS_FILE, interrupted_reason
 from harness.target import ClosedLoop, RunOptions, TargetSpec

@@ -35,6 +35,7 @@ from harness.cli.common import (
     too_many_failed,
 )
 from harness.redact import redact_url
+from harness.results import nothing_served
 from harness.target import RunOptions, TargetSpec, unused_option
 from harness.targets import LiveTarget
 
@@ -289,18 +290,14 @@ def no_request_served(summary: dict[str, Any], url: str | None, out: Path,
     (``--max-failed``): its files are kept, but a script or CI job must not take it for a
     measurement. One that served nothing says so in its summary and manifest too (status
     ``failed``, with the reason): a job that reads only the summary sees it."""
-    from harness.scenario.attached import record_failed
+    served_none = nothing_served(summary, out)  # as simulate, scenario cells and probes say it
+    if served_none is not None:
+        from harness.manifest import record_failed
 
-    sent = summary.get("num_requests") or 0
-    failures = summary.get("failures") or {}
-    if sent and not summary.get("num_completed"):
-        why = (f"is the server at {redact_url(str(url))} up?"
-               if set(failures) == {"connect_error"}
-               else "the first error above says why")
-        print(f"error: none of the {sent} requests succeeded "
-              f"(failures: {failures}); {why}", file=sys.stderr)
-        kinds = ", ".join(f"{k} {v}" for k, v in failures.items())
-        record_failed(out, summary, f"none of the {sent} requests succeeded ({kinds})")
+        if set(summary.get("failures") or {}) == {"connect_error"}:
+            served_none += f"; is the server at {redact_url(str(url))} up?"
+        print(f"error: {served_none}", file=sys.stderr)
+        record_failed(out, summary, served_none)
         return EXIT_FAILURE
     too_many = too_many_failed(summary, max_failed)
     if too_many:

@@ -231,7 +231,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"results: {out}/ ({report})")
     served_none = nothing_served(summary, out)
     if served_none is not None:  # its summary and manifest say so (as replay's)
-        from harness.scenario.attached import record_failed
+        from harness.manifest import record_failed
 
         record_failed(out, summary, served_none)
     why = served_none or too_many_failed(summary, args.max_failed)

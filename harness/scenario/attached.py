@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.manifest import jsonable, read_manifest
+from harness.manifest import jsonable, read_manifest, record_failed
 from harness.redact import redact_tree, redact_url
 from harness.target import TargetSpec
 
@@ -201,22 +201,6 @@ def fail_if_gone(out_dir: Path, summary: Mapping[str, Any], url: str) -> str | N
     if why is not None:
         record_failed(out_dir, summary, why)
     return why
-
-
-def record_failed(out_dir: Path, summary: Mapping[str, Any], why: str) -> dict[str, Any]:
-    """The run in ``out_dir`` failed (``why``): its summary and manifest say so, as for a
-    launched engine that exited mid-run (``harness.live.run``), so that no report, comparison
-    or CI job reads it as a measurement of load; the summary, as written."""
-    import contextlib
-
-    from harness.manifest import update_manifest
-    from harness.results import SUMMARY_FILE, write_json_atomic
-
-    failed = {**summary, "status": "failed"}
-    with contextlib.suppress(OSError):  # a full disk must not hide what happened
-        write_json_atomic(failed, out_dir / SUMMARY_FILE)
-        update_manifest(out_dir, {"status": "failed", "error": why})
-    return failed
 
 
 def connection_failures(summary: Mapping[str, Any]) -> dict[str, int]:

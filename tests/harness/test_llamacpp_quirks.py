@@ -198,7 +198,7 @@ def test_the_servers_first_error_message_reaches_the_console(
         out = printed.out
         assert "failures: http_error 4" in out
         assert "first error: request" in out and "Prompt contains invalid tokens" in out
-        assert "none of the 4 requests succeeded" in printed.err
+        assert "none of the 4 requests completed" in printed.err
         assert "is the server" not in printed.err  # it answered: its own words say why
 
         assert main(["calibrate", "--engine", "openai", "--url", url, "--model", "m",

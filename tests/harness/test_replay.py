@@ -450,10 +450,14 @@ def test_a_replay_where_no_request_succeeded_fails_the_command(
     assert main(["replay", "--target", f"http://127.0.0.1:{port}", "--trace", "synthetic",
                  "--num-requests", "3", "--rate", "50", "--prompt-tokens", "8",
                  "--output-tokens", "4", "--out", str(out)]) == 1
-    assert "none of the 3 requests succeeded" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error: none of the 3 requests completed (connect_error 3); the first: " in err
+    assert f"; is the server at http://127.0.0.1:{port} up?" in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failures"] == {"connect_error": 3}
     # a job that reads only the summary, or the manifest, sees a failure, not a finished run
     manifest = json.loads((out / "manifest.json").read_text())
     assert summary["status"] == manifest["status"] == "failed"
-    assert manifest["error"] == "none of the 3 requests succeeded (connect_error 3)"
+    # the same words as a simulated run, a scenario cell or a capacity probe that served none
+    assert manifest["error"].startswith("none of the 3 requests completed (connect_error 3); "
+                                        "the first: ")

@@ -179,7 +179,7 @@ def test_a_server_of_malformed_events_completes_no_request(
     out = tmp_path / "run"
     assert main(replay(url, out, "--http-client", http_client)) == 1
     err = capsys.readouterr().err
-    assert "none of the 3 requests succeeded" in err and "protocol_error" in err
+    assert "none of the 3 requests completed" in err and "protocol_error" in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_completed"] == 0 and summary["failures"] == {"protocol_error": 3}
 
