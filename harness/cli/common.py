@@ -476,19 +476,20 @@ def print_live_headline(summary: dict[str, Any], run_dir: str | None = None) -> 
         print(f"warning: {completed - reached} of {completed} completed requests returned fewer "
               f"output tokens than the trace asks{none}: the server stopped them early, so "
               "tokens/s and TPOT do not compare token for token", file=sys.stderr)
-    over = fidelity.get("num_over_target") or 0
-    if completed and over:
-        print(f"warning: {over} of {completed} completed requests returned more output tokens "
-              "than the trace asks (by the server's own count): the server did not honour "
-              "max_tokens, so tokens/s counts tokens the trace never asked for and does not "
-              "compare token for token", file=sys.stderr)
-    over_client = fidelity.get("num_over_target_client_counted") or 0
-    if completed and over_client:
-        print(f"warning: {over_client} of {completed} completed requests returned more output "
-              "tokens than the trace asks as the client counted them (the server gave no "
-              "count: the --tokenizer on the text, or one token per event, which can count "
-              "more than were generated): check that the server honours max_tokens",
-              file=sys.stderr)
+    # more tokens than asked, by the server's own count (it ignored max_tokens) or only as
+    # the client counted them (which can count more than were generated)
+    for key, counted, meaning in (
+            ("num_over_target", "(by the server's own count)",
+             "the server did not honour max_tokens, so tokens/s counts tokens the trace never "
+             "asked for and does not compare token for token"),
+            ("num_over_target_client_counted",
+             "as the client counted them (the server gave no count: the --tokenizer on the "
+             "text, or one token per event, which can count more than were generated)",
+             "check that the server honours max_tokens")):
+        over = fidelity.get(key) or 0
+        if completed and over:
+            print(f"warning: {over} of {completed} completed requests returned more output "
+                  f"tokens than the trace asks {counted}: {meaning}", file=sys.stderr)
     lag = summary.get("send_lag_s") or {}
     if summary.get("client_limited"):
         print(f"warning: client-limited run: send-lag p99 {fmt_s(lag.get('p99'))} exceeds "
