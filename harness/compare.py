@@ -439,8 +439,9 @@ def _check_failure(check: Check, ch: Change) -> str:
 def differences(cell: str, before: CellResult, after: CellResult) -> list[Difference]:
     """What differs between two runs that a regression test holds fixed: the trace, whether
     the timings are predicted or measured, the engine and its version, its knobs and
-    configuration, model, GPU, batchlab's version, SLO and load; and a side that ended early
-    or was made from an earlier definition of its cell."""
+    configuration, model, GPU, batchlab's version, SLO and load; and a side that ended early,
+    was stopped early by an early-stop rule (compared all the same: its figures cover part of
+    its trace) or was made from an earlier definition of its cell."""
     out: list[Difference] = []
     for side, c in (("before", before), ("after", after)):
         if not c.manifest:
@@ -453,6 +454,12 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
         if c.ended_early:
             out.append(Difference(cell, "ended_early", None, None,
                                   f"{side} ended early: {c.ended_early}"))
+        if c.ok and get(c.summary, "status") == "stopped":  # by a rule asked for: compared
+            why = get(c.summary, "stopped_early")
+            out.append(Difference(cell, "stopped_early", None, None,
+                                  f"{side} was stopped early"
+                                  + (f" ({why})" if isinstance(why, str) and why else "")
+                                  + ": its figures cover only the part of its trace it ran"))
         if c.stale:
             out.append(Difference(cell, "stale", None, None,
                                   f"{side} was made from an earlier definition of the cell "

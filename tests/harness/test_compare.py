@@ -328,6 +328,27 @@ def test_an_interrupted_run_folder_is_not_compared_and_fails_its_checks(
     assert "different" not in out.err  # no warnings about a pair that was not compared
 
 
+def test_a_run_stopped_by_an_early_stop_rule_is_compared_with_a_warning(
+        nights: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run an early-stop rule ended finished as asked, so it is compared; but its figures
+    cover part of its trace, and the comparison says so rather than set them beside a whole
+    night's as if alike."""
+    stopped = tmp_path / "stopped"
+    shutil.copytree(nights["n1"] / "continuous", stopped)
+    why = "TTFT p90 above 2 s after 20 requests"
+    for name, extra in (("summary.json", {"status": "stopped", "stopped_early": why}),
+                        ("manifest.json", {"status": "stopped", "stopped_early": why})):
+        doc = json.loads((stopped / name).read_text())
+        (stopped / name).write_text(json.dumps({**doc, **extra}))
+    assert main(["compare", str(nights["n1"] / "continuous"), str(stopped)]) == 0
+    out = capsys.readouterr()
+    assert "not compared" not in out.out and "throughput.requests_per_s" in out.out
+    assert (f"not comparable as a regression test: after was stopped early ({why}): its "
+            "figures cover only the part of its trace it ran: continuous vs stopped") in out.err
+    main(["compare", str(nights["n1"] / "continuous"), str(nights["n1"] / "continuous")])
+    assert "stopped early" not in capsys.readouterr().err
+
+
 def test_only_restricts_the_cells(nights: dict[str, Path]) -> None:
     result = compare(nights["n1"], nights["slow"], only=["stat*"])
     assert [p.name for p in result.pairs] == ["static"]
