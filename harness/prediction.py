@@ -189,7 +189,28 @@ def prediction_text(prediction: object, *, by: str = SIMULATED,
             f"{_pct(acc.overall.median)} (worst {_pct(acc.overall.worst)}")
     text += _published(acc) + f", {acc.doc})" + _by_kind(acc)
     note = coverage_note(prediction)
-    return text + (f"; but {note}" if note else "")
+    if note:
+        return text + f"; but {note}"
+    return text + _kinds_uncovered(prediction, list(acc.by_kind))
+
+
+def _kinds_uncovered(prediction: Mapping[str, Any], kinds: list[str]) -> str:
+    """"; but none of the published TTFT or E2E figures its accuracy was measured on is of
+    this GPU a100-80gb: their errors here were never measured", for the kinds among ``kinds``
+    whose own figures are none of the run's model or GPU ('' when there is none)."""
+    by_kind = prediction.get("coverage_by_kind")
+    by_outside: dict[str, list[str]] = {}
+    for kind in kinds:
+        entry = by_kind.get(kind) if isinstance(by_kind, Mapping) else None
+        outside = entry.get("outside") if isinstance(entry, Mapping) else None
+        if isinstance(outside, str) and outside:
+            by_outside.setdefault(outside, []).append(kind)
+    text = ""
+    for outside, names in by_outside.items():
+        which = "their errors here were" if len(names) > 1 else "that error here was"
+        text += (f"; but none of the published {_or(names)} figures its accuracy was measured "
+                 f"on is of this {outside}: {which} never measured")
+    return text
 
 
 def coverage_note(prediction: object) -> str | None:
@@ -200,6 +221,19 @@ def coverage_note(prediction: object) -> str | None:
         return None
     note = prediction.get("coverage_note")
     return note if isinstance(note, str) and note else None
+
+
+def kind_coverage_note(prediction: object, kind: str) -> str | None:
+    """``coverage_note`` for the error quoted of one kind of figure (``KINDS``): the whole
+    record's, or "none of the published TTFT figures its accuracy was measured on is of this
+    GPU a100-80gb (...)" when that kind's figures alone are none of this model or GPU."""
+    note = coverage_note(prediction)
+    if note is not None or not isinstance(prediction, Mapping):
+        return note
+    by_kind = prediction.get("coverage_by_kind")
+    entry = by_kind.get(kind) if isinstance(by_kind, Mapping) else None
+    kind_note = entry.get("note") if isinstance(entry, Mapping) else None
+    return kind_note if isinstance(kind_note, str) and kind_note else None
 
 
 def recorded_prediction(engine: object) -> tuple[Mapping[str, Any] | None, str] | None:

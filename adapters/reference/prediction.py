@@ -58,7 +58,8 @@ def prediction_record(config: ReferenceConfig) -> dict[str, Any]:
 
     With an accuracy: ``covers``, the models and GPUs of the figures it was measured on, and
     ``coverage_note`` when this configuration's model or GPU is none of them (its error is
-    then not measured: the figures are of other hardware or another model)."""
+    then not measured: the figures are of other hardware or another model), else
+    ``coverage_by_kind`` when that is so of some kinds of figure only (``_with_coverage``)."""
     if config.profile is None:
         record: dict[str, Any] = {"kind": "catalog", "profile": None,
                                   "accuracy": catalog_accuracy()}
@@ -97,20 +98,54 @@ def _shipped_name(profile: str) -> str | None:
 
 def _with_coverage(record: dict[str, Any], config: ReferenceConfig,
                    covers: object) -> dict[str, Any]:
+    """``covers`` and ``coverage_note`` (module doc); and ``coverage_by_kind``: {kind:
+    {"note", "outside"}} for each kind of figure (throughput, TTFT, ...) whose own figures
+    are none of this model or GPU while the others' are (each kind's error is quoted on its
+    own); ``outside`` names what they are not of ("GPU a100-80gb")."""
     if not isinstance(covers, dict):
         return record
-    models = [str(m) for m in covers.get("models") or []]
-    gpus = [str(g) for g in covers.get("gpus") or []]
+    models, gpus = _names(covers, "models"), _names(covers, "gpus")
     record["covers"] = {"models": models, "gpus": gpus}
-    model, gpu = config.model_spec.name, config.gpu_spec.name
-    outside = ([f"model {model} (they are of {_listed(models)})"] if model not in models
-               else []) + ([f"GPU {gpu} (they are on {_listed(gpus)})"] if gpu not in gpus
-                           else [])
-    if outside:
-        record["coverage_note"] = ("none of the published figures its accuracy was measured "
-                                   "on is of this " + " nor of this ".join(outside)
-                                   + ": its error here was never measured")
+    found = _outside(config, models, gpus)
+    if found:
+        record["coverage_note"] = _note("published figures its accuracy was measured on",
+                                        found)
+        return record  # every kind's figures are of others too: said once
+    by_kind = covers.get("by_kind")
+    notes = {}
+    for kind, of in (by_kind.items() if isinstance(by_kind, dict) else ()):
+        if not isinstance(of, dict):
+            continue
+        found = _outside(config, _names(of, "models"), _names(of, "gpus"))
+        if found:
+            notes[str(kind)] = {"note": _note(f"published {kind} figures its accuracy was "
+                                              "measured on", found),
+                                "outside": " nor of this ".join(short for short, _ in found)}
+    if notes:
+        record["coverage_by_kind"] = notes
     return record
+
+
+def _names(covers: dict[str, Any], key: str) -> list[str]:
+    return [str(n) for n in covers.get(key) or []]
+
+
+def _outside(config: ReferenceConfig, models: list[str], gpus: list[str]
+             ) -> list[tuple[str, str]]:
+    """What published figures of ``models`` on ``gpus`` are not of: [("GPU h100-pcie",
+    "they are on a100-80gb and h100-sxm")], [] when they include this model and GPU."""
+    model, gpu = config.model_spec.name, config.gpu_spec.name
+    return ([(f"model {model}", f"they are of {_listed(models)}")] if model not in models
+            else []) + ([(f"GPU {gpu}", f"they are on {_listed(gpus)}")] if gpu not in gpus
+                        else [])
+
+
+def _note(figures: str, outside: list[tuple[str, str]]) -> str:
+    """"none of the <figures> is of this GPU h100-pcie (they are on ...): its error here was
+    never measured"."""
+    return (f"none of the {figures} is of this "
+            + " nor of this ".join(f"{short} ({said})" for short, said in outside)
+            + ": its error here was never measured")
 
 
 def _listed(names: list[str]) -> str:

@@ -9,6 +9,8 @@ and GPUs are taken from the measurement set and written by ``batchlab check-publ
     adapters/reference/published_coverage.json
         catalog:  every row (the catalog's accuracy is measured on all of them)
         profiles: {profile: the rows its fit never saw (the held-out figures it quotes)}
+    each with ``by_kind``: the same for each kind of figure (throughput, TTFT, ...), whose
+    error is quoted on its own: a GPU that throughput figures cover may have no TTFT figure.
 
 ``tests/harness/test_published_coverage.py`` fails when the file is not what the rows give.
 """
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from adapters.reference.prediction import COVERAGE_FILE, coverage_record
+from harness.prediction import KINDS
 from harness.published.fit import split
 from harness.published.rows import PublishedRow
 
@@ -41,5 +44,11 @@ def write_coverage(rows: Sequence[PublishedRow]) -> None:
     coverage_record.cache_clear()
 
 
-def _covers(rows: Sequence[PublishedRow]) -> dict[str, list[str]]:
+def _covers(rows: Sequence[PublishedRow]) -> dict[str, Any]:
+    return {**_models_gpus(rows),
+            "by_kind": {kind: _models_gpus([r for r in rows if r.kind == kind])
+                        for kind in KINDS if any(r.kind == kind for r in rows)}}
+
+
+def _models_gpus(rows: Sequence[PublishedRow]) -> dict[str, list[str]]:
     return {"models": sorted({r.model for r in rows}), "gpus": sorted({r.gpu for r in rows})}

@@ -18,6 +18,7 @@ from harness.prediction import (
     Accuracy,
     accuracy,
     coverage_note,
+    kind_coverage_note,
     prediction_text,
     predictor_text,
     recorded_prediction,
@@ -141,6 +142,9 @@ class _Group:
     # cells whose model or GPU is none of those the accuracy was measured on, by the record's
     # words for it (``harness.prediction.coverage_note``): their error was never measured
     uncovered: dict[str, list[str]] = field(default_factory=dict)
+    # {kind: {the record's words: cells}}: the cells whose figures of that kind alone are of
+    # other models or GPUs (``harness.prediction.kind_coverage_note``), or all of them are
+    uncovered_by_kind: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
 
 def _groups(cells: Sequence[CellResult]) -> list[_Group]:
@@ -167,16 +171,24 @@ def _groups(cells: Sequence[CellResult]) -> list[_Group]:
         uncovered = coverage_note(record) if acc is not None else None
         if uncovered:
             group.uncovered.setdefault(uncovered, []).append(code(c.name))
+        for kind in KINDS if acc is not None else ():
+            note = kind_coverage_note(record, kind)
+            if note:
+                group.uncovered_by_kind.setdefault(kind, {}).setdefault(note, []).append(
+                    code(c.name))
     return list(groups.values())
 
 
-def _uncovered(groups: Sequence[_Group], cells: Sequence[CellResult]) -> list[tuple[str, str]]:
+def _uncovered(groups: Sequence[_Group], cells: Sequence[CellResult], kind: str | None = None
+               ) -> list[tuple[str, str]]:
     """(whose, the record's words) for the cells among ``cells`` whose model or GPU is none of
     those their prediction's accuracy was measured on: ("`a`, `b`", "none of the published
-    figures its accuracy was measured on is of this model ..."), one per record's words."""
+    figures its accuracy was measured on is of this model ..."), one per record's words.
+    ``kind``: of that kind's figures (throughput, TTFT, ...) instead."""
     by_note: dict[str, list[str]] = {}
     for g in groups:
-        for note, names in g.uncovered.items():
+        notes = g.uncovered if kind is None else g.uncovered_by_kind.get(kind, {})
+        for note, names in notes.items():
             by_note.setdefault(note, []).extend(names)
     return [("every cell" if len(names) == len(cells) > 1 else ", ".join(names), note)
             for note, names in by_note.items()]
@@ -234,8 +246,21 @@ def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
             "no p90, p99 or maximum, so a predicted tail percentile's error is not known; nor "
             f"is that of {UNMEASURED_KINDS}, which no published figure gives.", "",
             table(headers, rows, align=["l"] * len(headers)), "",
-            *(line for whose, note in _uncovered(groups, cells)
+            *(line for whose, note in _uncovered_any_kind(groups, cells)
               for line in (f"{whose}: but {note}.", ""))]
+
+
+def _uncovered_any_kind(groups: Sequence[_Group], cells: Sequence[CellResult]
+                        ) -> list[tuple[str, str]]:
+    """``_uncovered`` of the whole records, then of each kind of figure whose own figures
+    alone are of other models or GPUs (a record's words once)."""
+    out = _uncovered(groups, cells)
+    said = {note for _, note in out}
+    for kind in KINDS:
+        out += [(whose, note) for whose, note in _uncovered(groups, cells, kind)
+                if note not in said]
+        said.update(note for _, note in out)
+    return out
 
 
 def tails_note(cells: Sequence[CellResult]) -> list[str]:
@@ -278,7 +303,8 @@ def kind_note(cells: Sequence[CellResult], kind: str, label: str) -> list[str]:
         return []
     # an error quoted for a cell must not read as holding where it was never measured
     parts += [f"but {note}" if whose == "every cell" or len(cells) == 1
-              else f"but for {whose}, {note}" for whose, note in _uncovered(quoted, cells)]
+              else f"but for {whose}, {note}"
+              for whose, note in _uncovered(quoted, cells, kind)]
     return [f"How far predicted {label} was measured to miss published {kind} figures: "
             + "; ".join(parts) + f" ({ACCURACY_LINK}).", ""]
 

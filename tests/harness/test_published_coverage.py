@@ -9,7 +9,7 @@ import pytest
 from adapters.reference import ReferenceConfig
 from adapters.reference.cost_model import PROFILES_DIR
 from adapters.reference.prediction import COVERAGE_FILE, prediction_record
-from harness.prediction import coverage_note, prediction_text
+from harness.prediction import coverage_note, kind_coverage_note, prediction_text
 from harness.published.coverage import coverage
 from harness.published.rows import load_rows
 
@@ -24,7 +24,33 @@ def test_catalog_on_a_published_gpu_and_model_has_no_note() -> None:
     assert "h100-sxm" in record["covers"]["gpus"]
     assert "llama-3.1-8b" in record["covers"]["models"]
     assert coverage_note(record) is None
-    assert "never measured" not in prediction_text(record)
+    # but its two E2E figures are of the H200 alone: that kind's error is unmeasured here
+    assert kind_coverage_note(record, "throughput") is None
+    assert kind_coverage_note(record, "E2E") == (
+        "none of the published E2E figures its accuracy was measured on is of this GPU "
+        "h100-sxm (they are on h200): its error here was never measured")
+    assert prediction_text(record).endswith(
+        "; but none of the published E2E figures its accuracy was measured on is of this GPU "
+        "h100-sxm: that error here was never measured")
+
+
+def test_each_kind_says_when_its_own_figures_are_of_other_gpus() -> None:
+    """An A100 run: throughput figures of the A100 exist, TTFT, TPOT/ITL and E2E ones do not,
+    and the error quoted of each of those must not read as measured on it."""
+    by_kind = coverage(load_rows())["catalog"]["by_kind"]
+    assert "a100-80gb" in by_kind["throughput"]["gpus"]  # the premise
+    assert all("a100-80gb" not in by_kind[k]["gpus"] for k in ("TTFT", "TPOT/ITL", "E2E"))
+    record = prediction_record(ReferenceConfig(model="llama-3.1-8b", gpu="a100-80gb"))
+    assert coverage_note(record) is None
+    assert kind_coverage_note(record, "throughput") is None
+    assert "published TTFT figures" in str(kind_coverage_note(record, "TTFT"))
+    assert prediction_text(record).endswith(
+        "; but none of the published TTFT, TPOT/ITL or E2E figures its accuracy was measured "
+        "on is of this GPU a100-80gb: their errors here were never measured")
+    # a GPU no figure at all is of: said once, of the whole record, whatever the kind
+    pcie = prediction_record(ReferenceConfig(model="llama-3.1-8b", gpu="h100-pcie"))
+    assert "coverage_by_kind" not in pcie
+    assert kind_coverage_note(pcie, "TTFT") == coverage_note(pcie)
 
 
 def test_a_gpu_no_figure_is_of_is_named() -> None:

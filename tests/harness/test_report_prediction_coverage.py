@@ -12,7 +12,7 @@ from typing import Any
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.prediction import prediction_record
 from harness.cli import main
-from harness.prediction import coverage_note
+from harness.prediction import coverage_note, kind_coverage_note
 from harness.report.predictions import predicted_text, prediction_accuracy_lines
 from harness.report.runs import CellResult
 
@@ -28,6 +28,12 @@ TRT = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", profile="trtllm-h100
 
 def _note(config: ReferenceConfig) -> str:
     note = coverage_note(prediction_record(config))
+    assert note is not None
+    return note
+
+
+def _kind_note(config: ReferenceConfig, kind: str) -> str:
+    note = kind_coverage_note(prediction_record(config), kind)
     assert note is not None
     return note
 
@@ -55,7 +61,15 @@ def test_the_accuracy_table_says_of_which_cells_its_error_was_never_measured() -
              _cell("predicted-trtllm", TRT)]
     lines = prediction_accuracy_lines(cells)
     table_end = max(i for i, line in enumerate(lines) if line.startswith("|"))
-    assert lines[table_end + 1:] == ["", f"`predicted-tgi`: but {_note(TGI)}.", ""]
+    # the whole record's words first; then each kind whose own figures are of other models
+    # or GPUs: trtllm-h100-sxm's held-out TTFT and TPOT/ITL figures are all of the 70B model,
+    # the catalog's E2E figures all on the H200
+    assert lines[table_end + 1:] == [
+        "", f"`predicted-tgi`: but {_note(TGI)}.", "",
+        f"`predicted-trtllm`: but {_kind_note(TRT, 'TTFT')}.", "",
+        f"`predicted-trtllm`: but {_kind_note(TRT, 'TPOT/ITL')}.", "",
+        f"`reference`: but {_kind_note(SXM, 'E2E')}.", ""]
+    assert "published TTFT figures" in _kind_note(TRT, "TTFT")
 
 
 def test_one_line_names_every_cell_a_record_says_it_of() -> None:
@@ -63,7 +77,7 @@ def test_one_line_names_every_cell_a_record_says_it_of() -> None:
              _cell("sxm", SXM)]
     lines = prediction_accuracy_lines(cells)
     assert [line for line in lines if "never measured" in line] == [
-        f"`a`, `b`, `served`: but {_note(PCIE)}."]
+        f"`a`, `b`, `served`: but {_note(PCIE)}.", f"`sxm`: but {_kind_note(SXM, 'E2E')}."]
     assert f"every cell: but {_note(PCIE)}." in prediction_accuracy_lines(cells[:2])
 
 
@@ -101,5 +115,9 @@ def test_the_note_under_each_table_says_it_too() -> None:
     [mixed, _] = kind_note([_cell("reference", SXM), _cell("predicted-tgi", TGI)],
                            "throughput", "throughput")
     assert f"; but for `predicted-tgi`, {_note(TGI)} ([how accurate" in mixed
-    [covered, _] = kind_note([_cell("reference", SXM), _cell("trt", TRT)], "TTFT", "TTFT")
+    [covered, _] = kind_note([_cell("reference", SXM), _cell("trt", TRT)], "throughput",
+                             "throughput")
     assert "never measured" not in covered
+    # of one kind only: trtllm-h100-sxm's held-out TTFT figures are all of the 70B model
+    [ttft, _] = kind_note([_cell("reference", SXM), _cell("trt", TRT)], "TTFT", "TTFT")
+    assert f"; but for `trt`, {_kind_note(TRT, 'TTFT')} ([how accurate" in ttft
