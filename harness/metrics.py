@@ -36,9 +36,10 @@ LATENCY_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 EXTRA_LATENCY_METRICS = ("tpot_guidellm_s", "itl_chunk_s", "itl_guidellm_s", "send_lag_s")
 DEFAULT_CLIENT_LAG_THRESHOLD_S = 0.010
 # A capacity probe at a request rate "kept pace" when, over the second half of its arrival
-# window, the requests it completed fell short of those that arrived one median decode time
-# earlier by no more than PACE_TOLERANCE of them, or than PACE_SIGMAS standard deviations of a
-# Poisson count (sqrt(n)); and it could show a steady state when its arrivals lasted at least
+# window, the requests it completed fell short of those that would have completed had none
+# waited longer for its first token than the quickest (each its own decode time later) by no
+# more than PACE_TOLERANCE of them, or than PACE_SIGMAS standard deviations of a Poisson
+# count (sqrt(n)); and it could show a steady state when its arrivals lasted at least
 # SHORTEST_STEADY_E2ES times its decode time p90 (its E2E p90 without first tokens;
 # docs/metrics.md, "Capacity probes"; checked by ``pace``). A run report says when a run at a
 # load of its own fell behind: its waits then grow with the trace's length.
@@ -61,7 +62,9 @@ SERVER_COUNT_SOURCES = frozenset({"engine", "timings", "usage", "usage_total"})
 class Pace:
     """Whether an engine kept pace with its arrivals over a run (``pace``)."""
 
-    arrived_per_s: float  # over the second half of the arrivals, one median E2E earlier
+    # over the second half of the arrivals: the requests that would have completed had none
+    # waited longer for its first token than the quickest (``pace``)
+    arrived_per_s: float
     completed_per_s: float  # over the second half of the arrivals
     kept: bool
     why: str | None = None  # why not, in words
@@ -119,11 +122,14 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
     cannot be made (fewer than two arrival instants, nothing completed).
 
     Only requests that completed are counted, arriving and completing: a rejected or failed
-    request never waited in a queue that grows. The arrivals are counted one *decode time*
-    earlier (first token to finish, median; the E2E without ``first_token_s``): unlike the
-    E2E, it does not grow with the queue, which would move the window before the first
-    arrival in an overloaded run. ``first_token_s`` also tells whether the run was long
-    enough to tell (``Pace.settled``)."""
+    request never waited in a queue that grows. With ``first_token_s``, each request is
+    counted as arriving where it would have finished had it waited no longer for its first
+    token than the quickest request did: its arrival, plus that quickest wait, plus its own
+    decode time (first token to finish), which does not grow with a queue. The two counts
+    then differ only by how much longer requests waited, whatever the spread of their
+    lengths or a change in the arrival rate over the run. Without first tokens, every
+    arrival is moved by the median E2E. ``first_token_s`` also tells whether the run was
+    long enough to tell (``Pace.settled``)."""
     arrival = np.asarray(arrival_s, dtype=float)
     finished = np.asarray(finished_s, dtype=float)
     e2e = np.asarray(e2e_s, dtype=float)
@@ -133,17 +139,23 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
     start, end = float(arrival.min()), float(arrival.max())
     mid, half = (start + end) / 2, (end - start) / 2
     settled = None
-    lag = float(np.median(e2e[ok]))
     decode = np.empty(0)
+    first = np.full(arrival.shape, np.nan)
     if first_token_s is not None:
-        decode = finished - np.asarray(first_token_s, dtype=float)
-        decode = decode[ok & np.isfinite(decode)]
+        first = np.asarray(first_token_s, dtype=float)
+        decode = (finished - first)[ok & np.isfinite(first)]
         settled = bool(end - start >= SHORTEST_STEADY_E2ES * np.percentile(decode, 90)
                        ) if decode.size else None
-        if decode.size:
-            lag = float(np.median(decode))
-    lag = min(lag, half / 2)  # the arrivals window stays within the arrivals
-    num_arrived = int(np.count_nonzero(ok & (arrival > mid - lag) & (arrival <= end - lag)))
+    if decode.size:
+        # each request where it would have finished had it waited no longer for its first
+        # token than the quickest did: its own decode time after that
+        ok &= np.isfinite(first)
+        quickest = max(float(np.min(first[ok] - arrival[ok])), 0.0)
+        due = arrival + quickest + (finished - first)
+        num_arrived = int(np.count_nonzero(ok & (due > mid) & (due <= end)))
+    else:  # every arrival moved by the median E2E, within the arrivals
+        lag = min(float(np.median(e2e[ok])), half / 2)
+        num_arrived = int(np.count_nonzero(ok & (arrival > mid - lag) & (arrival <= end - lag)))
     num_completed = int(np.count_nonzero(ok & (finished > mid) & (finished <= end)))
     arrived, completed = num_arrived / half, num_completed / half
     # The counts differ by chance (bursts of arrivals, long requests finishing across the
@@ -160,11 +172,14 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
                             * float(np.percentile(e2e[ok], 90))):
         what, p90 = ("decode time", float(np.percentile(decode, 90))) if settled is False else (
             "E2E", float(np.percentile(e2e[ok], 90)))
+        growth = _queue_growth(arrival, first_token_s, ok, start, end)
+        # requests that decode for longer than half the arrivals are due after them, and
+        # counted on neither side: a wait that grew that much is a backlog all the same
+        grew = growth is not None and growth > QUEUE_GROWTH_SHARE * (end - start)
         return Pace(arrived, completed, False,
                     f"too short to show a steady state: its arrivals last {end - start:.3g} s, "
                     f"under {SHORTEST_STEADY_E2ES} times its {what} p90 ({p90:.3g} s)",
-                    fell_behind=behind, settled=False,
-                    queue_growth_s=_queue_growth(arrival, first_token_s, ok, start, end),
+                    fell_behind=behind or grew, settled=False, queue_growth_s=growth,
                     span_s=end - start)
     if behind:
         return Pace(arrived, completed, False,

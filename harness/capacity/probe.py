@@ -56,9 +56,10 @@ from harness.traces import Trace, TraceError, TraceOptions, load_trace
 # requests finish as fast as they arrive, one E2E later; an engine that falls behind builds a
 # backlog that a longer trace would turn into missed SLOs. The check (``pace_of``; the rule and
 # its constants are defined with the metrics, harness.metrics.PACE_SIGMAS): over the second half
-# of the arrival window, the engine completed what arrived one median E2E earlier, short of it
-# by no more than chance explains; and the arrivals lasted long enough to show a steady state
-# at all. Either failing fails the probe, however many requests met the SLO.
+# of the arrival window, the engine completed the requests that were due there (each its own
+# decode time after its arrival, had it waited no longer than the quickest), short of them by
+# no more than chance explains; and the arrivals lasted long enough to show a steady state at
+# all. Either failing fails the probe, however many requests met the SLO.
 
 
 @dataclass(frozen=True)
