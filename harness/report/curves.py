@@ -26,6 +26,7 @@ import numpy as np
 from harness.manifest import read_manifest
 from harness.metrics import attainment_text
 from harness.report.format import sig, slo_text, value_text
+from harness.report.plots import CapacityMark
 from harness.report.runs import CellResult, get, knob, read_engine_samples
 from harness.results import PROBE_FILE, SEARCH_FILE
 
@@ -358,6 +359,20 @@ def capacity_text(row: CapacityRow) -> str:
     # a searched load exactly as probed (4 significant digits): never rounded above it
     value = f"{row.capacity:.4g}" if row.source == "search" else sig(row.capacity)
     return f"{sign}{value} {LOAD_UNITS.get(row.kind, '')}".strip()
+
+
+def capacity_mark(row: CapacityRow | None, s: Series, target: float) -> CapacityMark | None:
+    """Where the throughput–latency figure marks a setting's capacity (``plots.CapacityMark``):
+    a capacity found or a lower bound (no load failed), of the same kind of load as the
+    setting's curve and within its loads; None for none to mark (not known, below every load
+    tried). The figure draws each SLO as a per-request limit, which a percentile may cross
+    below or above the capacity: the mark shows the load the SLO attainment decided."""
+    if row is None or row.capacity is None or row.bound == "<" or row.kind != s.kind:
+        return None
+    loads = [p.load for p in s.points]
+    if not min(loads) <= row.capacity <= max(loads):
+        return None
+    return CapacityMark(row.capacity, capacity_text(row), target)
 
 
 def capacity_ratio(row: CapacityRow, base: CapacityRow) -> str | None:

@@ -8,6 +8,7 @@ any process and never needs a display.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,9 +17,11 @@ from typing import Any
 
 import numpy as np
 from matplotlib import ticker
-from matplotlib.axis import Axis
+from matplotlib.axis import Axis, XAxis
 from matplotlib.backends.backend_agg import RendererAgg
 from matplotlib.figure import Figure
+
+from harness.metrics import attainment_text
 
 DPI = 100
 # PNG metadata without the matplotlib version, so a re-render of the same results gives the
@@ -63,21 +66,89 @@ def seconds_label(value_s: float) -> str:
 
 class _LogLabels(ticker.LogFormatter):
     """Log-axis tick labels as plain numbers ("20 ms", "50", not 2×10⁻²): matplotlib picks
-    which ticks to label (decades, and the minor ticks in between when the axis spans few
-    decades); ``label`` writes the text. No math text, which is also cheaper to lay out."""
+    which ticks may be labelled (decades, and the minor ticks in between when the axis spans
+    few decades); ``label`` writes the text. No math text, which is also cheaper to lay out.
+    On minor ticks (``minor``), a label only where it fits (``_fitting``): matplotlib labels
+    2, 3, 4 and 6 of a decade whatever room the axis gives them ("30 ms40 ms")."""
 
-    def __init__(self, label: Callable[[float], str]) -> None:
+    def __init__(self, label: Callable[[float], str], *, minor: bool = False) -> None:
         super().__init__(labelOnlyBase=False)
         self._label = label
+        self._minor = minor
 
     def __call__(self, x: float, pos: int | None = None) -> str:
         return self._label(x) if super().__call__(x, pos) else ""
+
+    def format_ticks(self, values: Any) -> list[str]:
+        texts = super().format_ticks(values)
+        if self._minor and isinstance(self.axis, Axis):
+            return _fitting(self.axis, values, texts)
+        return texts
 
 
 def _log_labels(axis: Axis, label: Callable[[float], str] = lambda v: f"{v:g}") -> None:
     """Plain labels on a log-scaled axis (``_LogLabels``), major and minor ticks."""
     axis.set_major_formatter(_LogLabels(label))
-    axis.set_minor_formatter(_LogLabels(label))
+    axis.set_minor_formatter(_LogLabels(label, minor=True))
+
+
+LABEL_GAP_EM = 0.5  # the least room between two tick labels, in the labels' font size
+# a minor label's rank among those of as many significant digits, by its last digit: on a
+# crowded axis, 50 ms and 20 ms before 30 ms, 35 ms before 32 ms
+_ROUNDEST_LAST = "5246837910"
+
+
+def _fitting(axis: Axis, values: Sequence[float], texts: Sequence[str]) -> list[str]:
+    """Minor tick labels (``texts`` of the ticks at ``values``) thinned so that no two labels
+    on the axis overlap: the major labels all kept, then the minor ones roundest first (fewest
+    significant digits, then ``_ROUNDEST_LAST``), each where its extent along the axis, and
+    half the gap either side, meets no label kept before. Extents are measured as drawn, at
+    the figure's dpi."""
+    low, high = sorted(axis.get_view_interval())
+    if not 0 < low < high:
+        return list(texts)
+    horizontal = isinstance(axis, XAxis)
+    bbox = axis.axes.bbox
+    length_px = bbox.width if horizontal else bbox.height
+    dpi = axis.axes.figure.dpi
+    prop = axis.get_minor_ticks(1)[0].label1.get_fontproperties()
+    renderer = _measurer(dpi)
+    gap_px = LABEL_GAP_EM * prop.get_size_in_points() * dpi / 72
+
+    def in_view(value: float) -> bool:
+        return low * (1 - 1e-9) <= value <= high * (1 + 1e-9)
+
+    def extent(value: float, text: str) -> tuple[float, float]:
+        width, height, _ = renderer.get_text_width_height_descent(text, prop, ismath=False)
+        half = (width if horizontal else height) / 2 + gap_px / 2
+        centre = math.log(value / low) / math.log(high / low) * length_px
+        return centre - half, centre + half
+
+    major_values = list(axis.get_majorticklocs())
+    major_texts = axis.get_major_formatter().format_ticks(major_values)
+    kept = [extent(v, t) for v, t in zip(major_values, major_texts, strict=True)
+            if t and in_view(v)]
+    fitting = [""] * len(texts)
+    for i in sorted((i for i, t in enumerate(texts) if t and in_view(values[i])),
+                    key=lambda i: _roundness(values[i])):
+        start, end = extent(values[i], texts[i])
+        if all(end <= b_start or b_end <= start for b_start, b_end in kept):
+            kept.append((start, end))
+            fitting[i] = texts[i]
+    return fitting
+
+
+def _roundness(value: float) -> tuple[int, int]:
+    """How round a tick value is, roundest lowest: its number of significant digits, then
+    its last digit's rank in ``_ROUNDEST_LAST`` (0.035: 2 digits, ending in 5)."""
+    digits = f"{value:.6e}".split("e")[0].replace(".", "").rstrip("0") or "0"
+    return len(digits), _ROUNDEST_LAST.index(digits[-1])
+
+
+@functools.cache
+def _measurer(dpi: float) -> RendererAgg:
+    """A renderer that measures text at ``dpi`` and draws nothing (one per dpi)."""
+    return RendererAgg(1, 1, dpi)
 
 
 def _save(fig: Figure, path: Path, note: str | None = None) -> Path:
@@ -304,6 +375,16 @@ def batch_size_sweep(points: Sequence[SweepPoint], path: Path, *,
 
 
 @dataclass(frozen=True, slots=True)
+class CapacityMark:
+    """A setting's capacity at the SLO, as the report's capacity table gives it: the highest
+    load at which the share of requests meeting every SLO kept ``target``."""
+
+    load: float  # in the unit of the line's loads
+    text: str  # "10.37 req/s", "≥ 16 req/s" (``curves.capacity_text``)
+    target: float  # the SLO attainment it kept, 0..1
+
+
+@dataclass(frozen=True, slots=True)
 class CurveLine:
     """One engine × knob setting across its load points (ascending load)."""
 
@@ -314,6 +395,7 @@ class CurveLine:
     tpot_p90_s: Sequence[float | None]
     ttft_p90_s: Sequence[float | None]
     stopped: Sequence[bool] = ()  # stopped early (over-saturated): partial figures, marked x
+    capacity: CapacityMark | None = None  # marked where the line reaches its load
 
 
 # where a point's label may go, in points from the point, tried in turn: right and up first
@@ -359,7 +441,12 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
                        slo: Mapping[str, float] | None = None,
                        note: str | None = None) -> Path | None:
     """Output tokens/s against TPOT (p50, p90) and against TTFT p90, one line per setting,
-    each point labelled with its load; the SLOs as horizontal lines."""
+    each point labelled with its load; the SLOs as horizontal lines, each a limit on every
+    request; a setting's capacity (``CurveLine.capacity``) as a vertical line.
+
+    A percentile crossing its SLO line is not the capacity: a capacity is the highest load at
+    which the share of requests meeting every SLO at once kept the target (99% by default),
+    which no single p90 shows; so the capacity found is drawn, its legend saying by what."""
     if not any(len(line.loads) >= 2 for line in lines):
         return None
     fig = Figure(figsize=(12, 4.4), layout="constrained")
@@ -370,6 +457,10 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
 
     marked = False
     labels: list[tuple[str, float, float, str]] = []  # (text, x, y, color) on the TTFT panel
+    # several settings' capacities at one target: what a capacity is, said once in the legend
+    targets = {line.capacity.target for line in lines if line.capacity is not None}
+    shared = len(lines) > 1 and len(targets) == 1
+    capacities = 0
     for i, line in enumerate(lines):
         color = f"C{i % 10}"
         x = arr(line.output_tokens_per_s)
@@ -384,9 +475,20 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
                 ax.plot(x[stopped], y[stopped], "x", color=color, linestyle="none",
                         label=None if marked else "stopped early (partial)")
                 marked = True
+        at = _capacity_tokens_per_s(line, x, full)
+        if at is not None and line.capacity is not None:
+            for ax in (ax_tpot, ax_ttft):
+                ax.axvline(at, color=color, linestyle="-.", linewidth=1.2,
+                           label=_capacity_label(line, len(lines) > 1, criterion=not shared))
+            capacities += 1
         labels += [(f"{load:g}", xv, yv, color) for load, xv, yv in
                    zip(line.loads, x, arr(line.ttft_p90_s, 1e3), strict=True)
                    if np.isfinite(xv) and np.isfinite(yv) and yv > 0]
+    if shared and capacities:
+        (target,) = targets
+        for ax in (ax_tpot, ax_ttft):  # an entry, no line: what the vertical lines mark
+            ax.plot([], [], color="0.3", linestyle="-.", linewidth=1.2,
+                    label=f"capacity: {_criterion(target)}")
     ax_ttft.set_yscale("log")  # queueing makes TTFT grow by orders of magnitude
     ax_ttft.margins(x=0.08)  # room on the right for the last point's label
     _label_points(ax_ttft, labels)
@@ -395,7 +497,8 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
         limit = (slo or {}).get(key)
         if limit is not None:
             ax.axhline(limit * 1e3, color="red", linestyle=":",
-                       label=f"{key.split('_')[0].upper()} SLO ({limit * 1e3:g} ms)")
+                       label=f"{key.split('_')[0].upper()} SLO ({limit * 1e3:g} ms), "
+                             "a limit on each request")
         ax.set_xlabel("output tokens/s")
         ax.set_ylabel(title)
         ax.grid(True, alpha=0.3)
@@ -405,3 +508,37 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
     ax_tpot.set_title("Throughput against TPOT")
     ax_ttft.set_title("Throughput against TTFT (points labelled with their load)")
     return _save(fig, path, note)
+
+
+def _capacity_tokens_per_s(line: CurveLine, x: np.ndarray, full: np.ndarray) -> float | None:
+    """Where a line's capacity goes on the tokens/s axis: its output tokens/s at the
+    capacity's load, linear in load between the two points around it (a searched capacity
+    is a probed load: that point's); None when the line has no capacity, or no whole points
+    around it to place it by (a load beyond them)."""
+    if line.capacity is None:
+        return None
+    loads = np.asarray(line.loads, dtype=np.float64)
+    keep = full & np.isfinite(x) & np.isfinite(loads)
+    if not keep.any():
+        return None
+    loads, x = loads[keep], x[keep]
+    if not loads[0] <= line.capacity.load <= loads[-1]:
+        return None
+    return float(np.interp(line.capacity.load, loads, x))
+
+
+def _capacity_label(line: CurveLine, named: bool, *, criterion: bool) -> str:
+    """``capacity 10.37 req/s: ≥ 99.0% of requests met every SLO``; with several settings,
+    ``fcfs: capacity 10.37 req/s``, and the criterion only where their targets differ (else
+    one legend entry says it for all)."""
+    assert line.capacity is not None
+    text = f"capacity {line.capacity.text}"
+    if not named:
+        return f"{text}: {_criterion(line.capacity.target)}"
+    return f"{line.label}: {text}" + (f", {_criterion(line.capacity.target)}" if criterion
+                                      else "")
+
+
+def _criterion(target: float) -> str:
+    """What decides a capacity, in the words of the report's capacity section."""
+    return f"≥ {attainment_text(target)} of requests met every SLO"

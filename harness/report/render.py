@@ -22,6 +22,7 @@ from harness.report.curves import (
     CapacityRow,
     Series,
     batch_rows,
+    capacity_mark,
     capacity_rows,
     cell_setting,
     find_searches,
@@ -118,7 +119,8 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
         lines += failures_section(ok)
         lines += priority_section(ok, bases, ctx)
         lines += prediction_section(ok)
-    plotted = _draw_plots(ok, out_dir, ctx, drawn or {}, whole=whole) if draw else []
+    plotted = (_draw_plots(ok, out_dir, ctx, drawn or {}, whole=whole, capacity=capacity,
+                           target=target) if draw else [])
     unread = unreadable_sources(ok) if draw else []
     if plotted or unread:
         lines += ["## Plots", ""]
@@ -284,7 +286,8 @@ def unreadable_sources(ok: Sequence[CellResult]) -> list[str]:
 
 
 def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
-                drawn: Mapping[str, bool], *, whole: Sequence[CellResult]
+                drawn: Mapping[str, bool], *, whole: Sequence[CellResult],
+                capacity: Sequence[CapacityRow] = (), target: float = DEFAULT_TARGET
                 ) -> list[tuple[str, str]]:
     """Draw every plot there is data for (but those in ``drawn``); return (alt text, file
     name) in report order. ``whole``: the cells that ran to their end, the only points of
@@ -333,12 +336,14 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
     legend = _marked([s.key for s in load
                       if all(p.cell in by_name and is_prediction(by_name[p.cell].manifest)
                              for p in s.points)], [s.key for s in load])
+    rows = {r.key: r for r in capacity}
     curves = [plots.CurveLine(
         label=legend[s.key], loads=[p.load for p in s.points],
         output_tokens_per_s=[p.output_tokens_per_s for p in s.points],
         tpot_p50_s=[p.tpot_p50_s for p in s.points], tpot_p90_s=[p.tpot_p90_s for p in s.points],
         ttft_p90_s=[p.ttft_p90_s for p in s.points],
-        stopped=[bool(p.stopped) for p in s.points]) for s in load]
+        stopped=[bool(p.stopped) for p in s.points],
+        capacity=capacity_mark(rows.get(s.key), s, target)) for s in load]
     series_cells = [p.cell for s in load for p in s.points]
     note = _predicted_words([n for n in series_cells
                              if n in by_name and is_prediction(by_name[n].manifest)],
@@ -346,7 +351,9 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
     if curves and plots.throughput_latency(curves, out_dir / "throughput_latency.png",
                                            slo=ctx.slo, note=note):
         plotted.append(("Output tokens/s against TPOT and TTFT across load points, SLO lines "
-                        "drawn in", "throughput_latency.png"))
+                        "drawn in" + (", the capacity at SLO marked"
+                                      if any(c.capacity for c in curves) else ""),
+                        "throughput_latency.png"))
     return plotted
 
 
