@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass
 from typing import Any
 
 from harness.metrics import PACE_TOLERANCE, Pace
+from harness.prediction import recorded_prediction
 from harness.report.context import (
     ReportContext,
     class_name,
@@ -31,6 +33,7 @@ from harness.report.format import (
     fmt_attainment,
     fmt_int,
     fmt_number,
+    fmt_pair,
     fmt_pct,
     fmt_ratio,
     fmt_seconds,
@@ -220,19 +223,28 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
     """The runs whose engine fell behind their arrivals (``CellResult.pace``): a queue that
     grew for the whole run, so that their waits are those of the trace's length. Beside them,
     the runs that fell short of their arrivals by more than ``PACE_TOLERANCE`` too, but by no
-    more than chance explains: a cell is not set apart from one just as short."""
+    more than chance explains: a cell is not set apart from one just as short.
+
+    The completion rates are the pace check's (docs/metrics.md): requests finished from the
+    arrivals' midpoint to the last arrival. The finding says so, and that they are not the
+    Throughput table's whole-run rates, which count the queue's drain too (a batch-size
+    sweep's cell completed 7.52 req/s in that window and 20 req/s over its whole run)."""
     paces = [(c, c.pace) for c in ok]
     behind = [(c, p) for c, p in paces if p is not None and p.overloaded]
     if not behind:
         return []
     near = [(c, p) for c, p in paces if p is not None and _short_within_chance(p)]
 
-    def rates(pace: Pace) -> str:
+    def rates(pace: Pace, short: bool = False) -> str:
         grew = (f"; too short to show a steady state, yet those arriving last waited "
                 f"{fmt_seconds(pace.queue_growth_s)} longer for a first token than the first"
                 if pace.swamped else "")
-        return (f"completed {fmt_number(pace.completed_per_s, 'req/s')} while "
-                f"{fmt_number(pace.arrived_per_s, 'req/s')} arrived{grew}")
+        # "11.24 req/s while 12.4 req/s arrived, 9.4% short": figures that give the shortfall
+        done, came = fmt_pair(pace.completed_per_s, pace.arrived_per_s,
+                              change=_shortfall if short else None)
+        return (f"completed {done} req/s while {came} req/s arrived{grew}"
+                + (f", {_shortfall(pace.completed_per_s / pace.arrived_per_s)} short"
+                   if short else ""))
 
     consequence = ("TTFT and E2E are those of this trace's length (a longer trace would wait "
                    "longer), not of a steady state; `batchlab capacity` finds the highest "
@@ -241,7 +253,8 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
         c, pace = behind[0]
         who = "The engine" if len(ok) == 1 else code(c.name)
         text = (f"{who} fell behind its arrivals: over the second half of them it "
-                f"{rates(pace)}, so its queue grew for the whole run. Its " + consequence)
+                f"{rates(pace)}, so its queue grew for the whole run. "
+                f"{_pace_window([pace], plural=False)} Its " + consequence)
     elif (len({fmt_number(p.arrived_per_s, "req/s") for _, p in behind}) == 1
           and len({p.swamped for _, p in behind}) == 1):
         # one arrival rate (one trace and load), and every run long enough to show a steady
@@ -257,19 +270,38 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
                 + (f"; each too short to show a steady state, yet those arriving last waited "
                    f"{waited} longer for a first token than the first"
                    if behind[0][1].swamped else "")
-                + ". Their " + consequence)
+                + f". {_pace_window([p for _, p in behind], plural=True)} Their "
+                + consequence)
     else:
         names = "; ".join(f"{code(c.name)} ({rates(p)})" for c, p in behind)
         text = (f"{len(behind)} of {len(ok)} cells fell behind their arrivals, their queues "
                 f"growing for the whole run (over the second half of the arrivals): {names}. "
-                "Their " + consequence)
+                f"{_pace_window([p for _, p in behind], plural=True)} Their " + consequence)
     if near:
-        names = "; ".join(
-            f"{code(c.name)} ({rates(p)}, {fmt_pct(1 - p.completed_per_s / p.arrived_per_s)} "
-            "short)" for c, p in near)
+        names = "; ".join(f"{code(c.name)} ({rates(p, short=True)})" for c, p in near)
         text += (f" Short of its arrivals too, by more than {fmt_pct(PACE_TOLERANCE)} but by no "
                  f"more than chance explains: {names}.")
     return [text]
+
+
+def _shortfall(ratio: float) -> str:
+    """How far completions fell short of arrivals, from their ratio: "9.4%"."""
+    return fmt_pct(1 - ratio)
+
+
+def _pace_window(paces: Sequence[Pace], *, plural: bool) -> str:
+    """Which window the pace check's completion rates are over, and why they are not the
+    Throughput table's: a sentence. The window's length is said when every pace in
+    ``paces`` knows it, and it is one length (``Pace.span_s``: half the arrivals' span)."""
+    lengths = {fmt_seconds(p.span_s / 2) if p.span_s is not None else None for p in paces}
+    length = next(iter(lengths)) if len(lengths) == 1 else None
+    window = "from the arrivals' midpoint to the last arrival" + (f" ({length})" if length
+                                                                  else "")
+    these, rate, are = (("These", "rates", "are") if plural else ("That", "rate", "is"))
+    return (f"{these} completion {rate} count{'' if plural else 's'} only the requests that "
+            f"finished {window}, while requests still arrived: not the Throughput table's "
+            f"requests/s, which {are} over the whole run (first arrival to last event), the "
+            "queue's drain after the last arrival included.")
 
 
 def _short_within_chance(pace: Pace) -> bool:
@@ -330,14 +362,21 @@ def _throughput_phrase(c: CellResult, b: CellResult) -> tuple[str, float | None]
     r = _ratio(cv, bv)
     if r is None:
         return "", None
-    nums = f"({fmt_number(cv)} vs {fmt_number(bv)} tok/s)"
+    change = (fmt_ratio if r >= 1 + SAME_WITHIN else _fewer if r <= 1 - SAME_WITHIN
+              else _within)
+    c_text, b_text = fmt_pair(cv, bv, change=change)
+    nums = f"{c_text} vs {b_text} tok/s"
     if r >= 1 + SAME_WITHIN:
-        return f"served {fmt_ratio(r)} the output tokens/s of {code(b.name)} {nums}", r
+        return f"served {fmt_ratio(r)} the output tokens/s of {code(b.name)} ({nums})", r
     if r <= 1 - SAME_WITHIN:
-        return (f"served {(1 - r) * 100:.0f}% fewer output tokens/s than {code(b.name)} "
-                f"{nums}"), r
+        return f"served {_fewer(r)} fewer output tokens/s than {code(b.name)} ({nums})", r
     return (f"served about the same output tokens/s as {code(b.name)} "
-            f"({fmt_number(cv)} vs {fmt_number(bv)} tok/s{_within(r)})"), r
+            f"({nums}{_within(r)})"), r
+
+
+def _fewer(ratio: float) -> str:
+    """How much less a ratio under 1 is, as a whole percentage: "7%"."""
+    return f"{(1 - ratio) * 100:.0f}%"
 
 
 def _within(ratio: float) -> str:
@@ -353,10 +392,11 @@ def _latency_phrase(label: str, cv: Any, bv: Any) -> tuple[str, float | None]:
     if r is None:
         return "", None
     if abs(r - 1) < SAME_WITHIN:
-        return (f"{label} about the same ({fmt_seconds(cv)} vs {fmt_seconds(bv)}"
-                f"{_within(r)})"), r
+        c_text, b_text = fmt_pair(cv, bv, fmt_seconds, change=_within)
+        return f"{label} about the same ({c_text} vs {b_text}{_within(r)})", r
     verb = "fell" if r < 1 else "rose"
-    return f"{label} {verb} from {fmt_seconds(bv)} to {fmt_seconds(cv)}", r
+    c_text, b_text = fmt_pair(cv, bv, fmt_seconds)
+    return f"{label} {verb} from {b_text} to {c_text}", r
 
 
 def _attainment_phrase(c: CellResult, b: CellResult) -> str:
@@ -442,7 +482,104 @@ def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:
     if len(predicted) == 1:  # a prediction against a measurement: not an engine difference
         text += (f" ({code(predicted[0].name)} is predicted, the other measured: the difference "
                  "includes the prediction's error)")
+    text += _predictors_caveat(c, b)
     return _log_score(r_tp, r_ttft, r_tpot), text + "."
+
+
+@dataclass(frozen=True)
+class _Coefficients:
+    """Whose cost-model coefficients a predicted cell's timings come from: the catalog's, or a
+    profile's. A profile with no training figures of its own engine and GPU borrows another's
+    (its record's ``accuracy.coefficients_from``): then ``profile`` is the one they come from
+    and ``borrower`` the cell's own. Two cells with the same ``profile`` share the predictor's
+    error; two with different ones each carry their own."""
+
+    profile: str | None  # None: the catalog's datasheet coefficients
+    borrower: str | None = None
+
+    def whose(self) -> str:
+        """"the catalog's", "profile `x`'s"."""
+        return "the catalog's" if self.profile is None else f"profile {code(self.profile)}'s"
+
+
+def _coefficients(c: CellResult) -> _Coefficients | None:
+    """Whose coefficients predicted ``c`` (``harness.prediction.recorded_prediction``); None
+    for a measurement, or a simulated run that recorded no prediction record (not known)."""
+    found = recorded_prediction(c.manifest.get("engine"))
+    if found is None or found[0] is None:
+        return None
+    record = found[0]
+    if not record.get("profile"):
+        return _Coefficients(None)
+    own = str(record["profile"])
+    acc = record.get("accuracy")
+    donor = acc.get("coefficients_from") if isinstance(acc, Mapping) else None
+    return _Coefficients(str(donor), own) if donor and donor != own else _Coefficients(own)
+
+
+def _borrowers(coefficients: Iterable[_Coefficients]) -> str:
+    """"profile `t` borrows", "profiles `t` and `u` borrow": the profiles among
+    ``coefficients`` that borrow another's coefficients, or ''."""
+    names = sorted({x.borrower for x in coefficients if x.borrower})
+    if not names:
+        return ""
+    many = len(names) > 1
+    return f"profile{'s' if many else ''} {' and '.join(map(code, names))} " \
+           f"borrow{'' if many else 's'}"
+
+
+def _predicted_with(x: _Coefficients) -> str:
+    """"profile `t` and the coefficients it borrows from `v`", "profile `v`'s coefficients",
+    "the catalog's coefficients": what a cell is predicted with."""
+    if x.borrower:
+        return (f"profile {code(x.borrower)} and the coefficients it borrows from "
+                f"{code(x.profile)}")
+    return f"{x.whose()} coefficients"
+
+
+def _predictors_caveat(c: CellResult, b: CellResult) -> str:
+    """What the difference between two predicted cells is made of, when their predictors
+    differ: with other coefficients, it includes each predictor's own error; with the same
+    coefficients under two profiles (one borrowing the other's), it is that of their settings
+    alone. '' for two cells predicted alike, or when either is measured or not known; and for
+    two with the same coefficients and the same results, which ``_same_results_finding``
+    says of them."""
+    cc, bc = _coefficients(c), _coefficients(b)
+    if cc is None or bc is None or cc == bc:
+        return ""
+    if cc.profile != bc.profile:
+        return (f" ({code(c.name)} is predicted with {_predicted_with(cc)}, {code(b.name)} "
+                f"with {_predicted_with(bc)}: the difference includes the two predictors' own "
+                "errors)")
+    if _headline(c) == _headline(b):
+        return ""  # no difference to explain: ``_same_results_finding`` says they share them
+    return (f" ({code(c.name)} and {code(b.name)} are predicted with the same coefficients, "
+            f"{cc.whose()}, which {_borrowers([cc, bc])}: the difference is that of "
+            "their settings alone, not of the engines' own step costs)")
+
+
+def _predictors_note(cells: Sequence[CellResult]) -> str:
+    """Beside a ranking of ``cells``: which coefficients predicted which cells, when the
+    predicted ones among them come from more than one predictor (their differences then
+    include the predictors' own errors); '' otherwise."""
+    groups: dict[str | None, list[tuple[CellResult, _Coefficients]]] = {}
+    for c in cells:
+        found = _coefficients(c)
+        if found is not None:
+            groups.setdefault(found.profile, []).append((c, found))
+    if len(groups) < 2:
+        return ""
+    parts = []
+    for members in groups.values():
+        names = [code(c.name) for c, _ in members]
+        who = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        borrowers = _borrowers(x for _, x in members)
+        parts.append(f"{who} {members[0][1].whose()}"
+                     + (f", which {borrowers}" if borrowers else ""))
+    whose = ("Their figures are" if sum(map(len, groups.values())) == len(cells)
+             else "The predicted ones among them are")
+    return (f" {whose} predicted with different coefficients (" + "; ".join(parts)
+            + "): the differences between them include the predictors' own errors.")
 
 
 def _kv_tokens(c: CellResult) -> int | None:
@@ -461,18 +598,38 @@ _HEADLINE = ("num_completed", "throughput.output_tokens_per_s", "ttft_s.p50", "t
              "tpot_s.p50", "tpot_s.p90", "e2e_s.p90", "num_preemptions")
 
 
+def _headline(c: CellResult) -> tuple[Any, ...]:
+    """``c``'s headline figures (``_HEADLINE``), None where one is missing."""
+    return tuple(get(c.summary, m) for m in _HEADLINE)
+
+
 def _same_results_finding(ok: Sequence[CellResult]) -> list[str]:
     """Cells whose every headline figure is the same: their differences in settings made no
-    difference on this trace (say so, rather than let two columns look like two answers)."""
-    groups: dict[tuple[Any, ...], list[str]] = {}
+    difference on this trace (say so, rather than let two columns look like two answers).
+    Cells predicted under two profiles with the same coefficients (one borrowing the other's)
+    are said to share them: their latencies come from one cost model, so only their scheduler
+    settings could have told them apart."""
+    groups: dict[tuple[Any, ...], list[CellResult]] = {}
     for c in ok:
-        key = tuple(get(c.summary, m) for m in _HEADLINE)
+        key = _headline(c)
         if all(v is not None for v in key):
-            groups.setdefault((c.load, *key), []).append(code(c.name))
-    same = [names for names in groups.values() if len(names) > 1]
-    return [f"{', '.join(names[:-1])} and {names[-1]} gave the same results (completions, "
-            "throughput, TTFT, TPOT, E2E and preemptions): on this trace, the settings in "
-            "which they differ made no difference." for names in same]
+            groups.setdefault((c.load, *key), []).append(c)
+    out = []
+    for cells in (g for g in groups.values() if len(g) > 1):
+        names = [code(c.name) for c in cells]
+        head = (f"{', '.join(names[:-1])} and {names[-1]} gave the same results (completions, "
+                "throughput, TTFT, TPOT, E2E and preemptions)")
+        coefficients = [_coefficients(c) for c in cells]
+        known = [x for x in coefficients if x is not None]
+        if (len(known) == len(cells) and len({x.profile for x in known}) == 1
+                and any(x.borrower for x in known)):
+            out.append(f"{head}: their latencies come from the same coefficients, "
+                       f"{known[0].whose()} ({_borrowers(known)} them), so only their "
+                       "scheduler settings differ, and on this trace those made no difference.")
+        else:
+            out.append(f"{head}: on this trace, the settings in which they differ made no "
+                       "difference.")
+    return out
 
 
 def _prefix_cache_finding(ok: Sequence[CellResult]) -> list[str]:
@@ -511,14 +668,17 @@ def _leaders_by_load(ok: Sequence[CellResult]) -> list[str]:
             leaders = _leaders(group)
             if leaders:
                 where = "Across all cells" if len(by_load) == 1 else f"At {load}"
-                out.append(f"{where}: {leaders}.")
+                out.append(f"{where}: {leaders}.{_predictors_note(group)}")
     return out
 
 
 def _leaders(cells: Sequence[CellResult]) -> str:
     """The best cell for each headline metric, in one clause ("" if none has a value)."""
     def best(metric: str, pick: Callable[[Iterable[float]], float], what: str,
-             fmt: Callable[[float], str]) -> str | None:
+             write: Callable[[float, int], str]) -> str | None:
+        def fmt(value: float) -> str:
+            return write(value, 3)
+
         values = [(c, get(c.summary, metric)) for c in cells]
         values = [(c, v) for c, v in values if not missing(v)]
         if not values:
@@ -533,9 +693,8 @@ def _leaders(cells: Sequence[CellResult]) -> str:
         if len(names) == len(cells) > 1:
             if all(v == target for _, v in values):
                 return f"the same {what.split(' ', 1)[1]} in every cell ({fmt(target)})"
-            low, high = min(v for _, v in values), max(v for _, v in values)
-            return (f"about the same {what.split(' ', 1)[1]} in every cell "
-                    f"({fmt(low)} to {fmt(high)})")
+            low, high = fmt_pair(min(v for _, v in values), max(v for _, v in values), write)
+            return f"about the same {what.split(' ', 1)[1]} in every cell ({low} to {high})"
         tied = [n for n in names if n != top.name and get(
             next(c for c in cells if c.name == n).summary, metric) == target]
         close = [n for n in names if n != top.name and n not in tied]
@@ -546,10 +705,12 @@ def _leaders(cells: Sequence[CellResult]) -> str:
         return text
 
     parts = [best("throughput.output_tokens_per_s", max, "highest output throughput",
-                  lambda v: fmt_number(v, "tok/s")),
+                  lambda v, digits: fmt_number(v, "tok/s", digits)),
              best("ttft_s.p90", min, "lowest TTFT p90", fmt_seconds),
              best("tpot_s.p90", min, "lowest TPOT p90", fmt_seconds),
-             best("goodput.slo_attainment", max, "best SLO attainment", fmt_attainment)
+             # an attainment is cut, never rounded (``fmt_attainment``): one way to write it
+             best("goodput.slo_attainment", max, "best SLO attainment",
+                  lambda v, _: fmt_attainment(v))
              if one_slo(cells) else None]
     return "; ".join(p for p in parts if p)
 
@@ -571,14 +732,21 @@ def _batch_size_findings(cells: Sequence[CellResult], slo: Mapping[str, float] |
                get(lo.summary, "throughput.output_tokens_per_s"))
     tpot_lo, tpot_hi = get(lo.summary, "tpot_s.p90"), get(hi.summary, "tpot_s.p90")
     if r is not None:
-        change = (f"rose {fmt_ratio(r)}" if r >= 1 + SAME_WITHIN else
-                  f"fell {(1 - r) * 100:.0f}%" if r <= 1 - SAME_WITHIN else "stayed about the same")
+        def change(ratio: float) -> str:
+            return (f"rose {fmt_ratio(ratio)}" if ratio >= 1 + SAME_WITHIN else
+                    f"fell {_fewer(ratio)}" if ratio <= 1 - SAME_WITHIN
+                    else "stayed about the same")
+
+        hi_text, lo_text = fmt_pair(get(hi.summary, "throughput.output_tokens_per_s"),
+                                    get(lo.summary, "throughput.output_tokens_per_s"),
+                                    change=change)
+        tpot_hi_text, tpot_lo_text = (fmt_pair(tpot_hi, tpot_lo, fmt_seconds)
+                                      if not missing(tpot_hi) and not missing(tpot_lo)
+                                      else (fmt_seconds(tpot_hi), fmt_seconds(tpot_lo)))
         out.append(
             f"From max_num_seqs {knob(lo, 'max_num_seqs')} to {knob(hi, 'max_num_seqs')}, "
-            f"output throughput {change} "
-            f"({fmt_number(get(lo.summary, 'throughput.output_tokens_per_s'))} to "
-            f"{fmt_number(get(hi.summary, 'throughput.output_tokens_per_s'))} tok/s) while "
-            f"TPOT p90 went from {fmt_seconds(tpot_lo)} to {fmt_seconds(tpot_hi)}."
+            f"output throughput {change(r)} ({lo_text} to {hi_text} tok/s) while "
+            f"TPOT p90 went from {tpot_lo_text} to {tpot_hi_text}."
         )
     tpot_slo = (slo or {}).get("tpot_s")
     if tpot_slo:
@@ -761,10 +929,14 @@ def _throughput_first(group: Sequence[CellResult], where: str) -> str:
     below = [x for x in rows[:first_kv] if x.limit == "cap"]
     if below:
         b = below[-1]
+        below_tp = get(b.cell.summary, "throughput.output_tokens_per_s")
+        at_tp = get(r.cell.summary, "throughput.output_tokens_per_s")
+        below_text, at_text = (fmt_pair(below_tp, at_tp)
+                               if not missing(below_tp) and not missing(at_tp)
+                               else (fmt_number(below_tp), fmt_number(at_tp)))
         text += (f"; below it, max_num_seqs {b.cap} ({code(b.cell.name)}) is the largest cap "
                  f"that alone bounds the running batch, KV memory never doing so "
-                 f"({fmt_number(get(b.cell.summary, 'throughput.output_tokens_per_s'))} against "
-                 f"{fmt_number(get(r.cell.summary, 'throughput.output_tokens_per_s'))} tok/s)")
+                 f"({below_text} against {at_text} tok/s)")
     return text + "."
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +29,20 @@ def missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and not math.isfinite(value))
 
 
-def fmt_seconds(value: float | None) -> str:
-    """Latencies for humans: µs and ms below a second, s above; 3 significant digits."""
+def fmt_seconds(value: float | None, digits: int = 3) -> str:
+    """Latencies for humans: µs and ms below a second, s above; ``digits`` significant
+    digits."""
     if missing(value):
         return "–"
     assert value is not None
     a = abs(value)
     if a == 0:
         return "0 ms"
-    if a < 1e-3 and round(a * 1e6, 3 - 1 - math.floor(math.log10(a * 1e6))) < 1000:
-        return f"{sig(value * 1e6)} µs"
-    if a < 1 and float(sig(a * 1e3).replace(",", "")) < 1000:
-        return f"{sig(value * 1e3)} ms"
-    return f"{sig(value)} s"
+    if a < 1e-3 and round(a * 1e6, digits - 1 - math.floor(math.log10(a * 1e6))) < 1000:
+        return f"{sig(value * 1e6, digits)} µs"
+    if a < 1 and float(sig(a * 1e3, digits).replace(",", "")) < 1000:
+        return f"{sig(value * 1e3, digits)} ms"
+    return f"{sig(value, digits)} s"
 
 
 def fmt_seconds_against(value: float, limit: float) -> str:
@@ -67,12 +68,52 @@ def _seconds_with(value: float, digits: int) -> str:
     return f"{sig(value, digits)} s"
 
 
-def fmt_number(value: float | None, unit: str = "") -> str:
+def fmt_number(value: float | None, unit: str = "", digits: int = 3) -> str:
+    """``value`` with ``digits`` significant digits (``sig``), then ``unit``; "–" when missing."""
     if missing(value):
         return "–"
     assert value is not None
-    text = sig(value) if abs(value) < 1e15 else f"{value:.3g}"
+    text = sig(value, digits) if abs(value) < 1e15 else f"{value:.{digits}g}"
     return f"{text} {unit}".rstrip()
+
+
+MAX_PAIR_DIGITS = 6  # the most significant digits ``fmt_pair`` writes
+
+
+def fmt_pair(a: float, b: float, write: Callable[[float, int], str] | None = None,
+             change: Callable[[float], str] | None = None) -> tuple[str, str]:
+    """``a`` and ``b``, to be set side by side in a sentence, as ``write(value, digits)``
+    writes them (``fmt_number``'s figure, no unit, by default): with 3 significant digits,
+    or as many more (up to ``MAX_PAIR_DIGITS``) as it takes for the figures as written to
+    agree with what the sentence says of them. Two values that differ read differently, and
+    ``change`` (the sentence's words for the change between them, from the ratio ``a / b``)
+    comes out the same from the figures as written as from the values: "2,515 vs 2,516.4
+    tok/s, -0.1%", not "2,510 vs 2,520 tok/s, -0.1%", which a reader works out to be -0.4%."""
+    digits = 3
+    while digits < MAX_PAIR_DIGITS and not _pair_agrees(a, b, digits, change):
+        digits += 1
+    if write is None:
+        return fmt_number(a, digits=digits), fmt_number(b, digits=digits)
+    return write(a, digits), write(b, digits)
+
+
+def _pair_agrees(a: float, b: float, digits: int,
+                 change: Callable[[float], str] | None) -> bool:
+    """Whether ``a`` and ``b`` rounded to ``digits`` significant digits differ when they do,
+    and give the same ``change`` as the values."""
+    shown_a, shown_b = _round_sig(a, digits), _round_sig(b, digits)
+    if (shown_a == shown_b) != (a == b):
+        return False
+    if change is None or b == 0 or shown_b == 0:
+        return True
+    return change(shown_a / shown_b) == change(a / b)
+
+
+def _round_sig(value: float, digits: int) -> float:
+    """``value`` rounded to ``digits`` significant digits, as ``sig`` writes it."""
+    if value == 0 or not math.isfinite(value):
+        return value
+    return round(value, digits - 1 - math.floor(math.log10(abs(value))))
 
 
 def fmt_int(value: Any) -> str:

@@ -97,7 +97,7 @@ def test_a_cell_just_as_short_as_one_that_fell_behind_is_named_beside_it() -> No
     text = _behind_finding([_cell("fcfs", near), _cell("priority", behind),
                             _cell("light", kept)])[0]
     assert text.startswith("`priority` fell behind its arrivals")
-    assert "by no more than chance explains: `fcfs` (completed 11.2 req/s while 12.4 req/s " \
+    assert "by no more than chance explains: `fcfs` (completed 11.24 req/s while 12.4 req/s " \
            "arrived, 9.4% short)" in text
     assert "`light`" not in text
     # nothing fell behind: nothing is said, however short a cell was
@@ -195,8 +195,10 @@ def test_cells_behind_one_arrival_rate_are_said_in_one_short_sentence() -> None:
         "3 of 3 cells fell behind their arrivals, their queues growing for the whole run: over "
         "the second half of the arrivals, 87.3 req/s arrived while they completed (req/s) "
         "`c1` 1.5, `c4` 4.14, `c16` 12; each too short to show a steady state, yet those "
-        "arriving last waited 40.1 s to 556 s longer for a first token than the first. Their "
-        "TTFT")
+        "arriving last waited 40.1 s to 556 s longer for a first token than the first. These "
+        "completion rates count only the requests that finished from the arrivals' midpoint to "
+        "the last arrival (2.3 s), while requests still arrived: not the Throughput table's "
+        "requests/s, which are over the whole run")
     assert text.count("87.3") == 1
 
 
@@ -204,7 +206,9 @@ def test_cells_behind_one_arrival_rate_over_a_long_enough_run_say_no_queue_growt
     cells = [_cell(f"c{n}", Pace(20.0, done, False, "fell behind: ...", fell_behind=True,
                                  settled=True)) for n, done in ((1, 5.0), (2, 9.0))]
     text = _behind_finding(cells)[0]
-    assert "20 req/s arrived while they completed (req/s) `c1` 5, `c2` 9. Their TTFT" in text
+    assert ("20 req/s arrived while they completed (req/s) `c1` 5, `c2` 9. These completion "
+            "rates count only the requests that finished from the arrivals' midpoint to the "
+            "last arrival, while") in text
 
 
 def test_cells_behind_one_rate_some_too_short_are_said_each_on_its_own() -> None:
