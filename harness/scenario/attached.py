@@ -177,19 +177,22 @@ def health_problem(base_url: str, health_path: str = "/health", timeout_s: float
 
 def gone_mid_run(url: str, summary: Mapping[str, Any], health_path: str = "/health"
                  ) -> str | None:
-    """Why an attached server's run is a failed run, in words, or None: requests of it could
-    not connect or were cut off, some completed before (none: the server was never up, which
-    the run's own "none of the requests succeeded" says), and the server does not answer now.
-    A server that answers again (restarted) leaves the failures to be counted as usual."""
-    lost = connection_failures(summary)
-    if not lost or not summary.get("num_completed"):
+    """Why an attached server's run is a failed run, in words, or None: requests of it failed,
+    some completed before (none: the server was never up, which the run's own "none of the
+    requests completed" says), and the server does not answer now. Whatever the failures'
+    kind: a server killed outright leaves connections refused or cut, one shut down cleanly
+    ends its streams with an error event, and one frozen leaves them to time out. A server
+    that answers again (restarted) leaves the failures to be counted as usual."""
+    failures = {str(k): int(v) for k, v in (summary.get("failures") or {}).items()
+                if isinstance(v, int | float) and v}
+    if not failures or not summary.get("num_completed"):
         return None
     down = health_problem(url, health_path)
     if down is None:
         return None
-    said = ", ".join(f"{kind} {n}" for kind, n in lost.items())
+    said = ", ".join(f"{kind} {n}" for kind, n in failures.items())
     return (f"the server at {redact_url(url)} stopped answering during the run: "
-            f"{sum(lost.values())} requests could not connect or were cut off ({said}), "
+            f"{sum(failures.values())} requests failed ({said}), "
             f"{summary['num_completed']} of {summary.get('num_requests')} completed, and "
             f"{down}")
 

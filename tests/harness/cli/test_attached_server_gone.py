@@ -108,3 +108,44 @@ def test_a_sweep_cell_whose_server_went_away_fails_and_says_why(
     assert f"the server at {url} stopped answering during the run" in status["reason"]
     assert json.loads((cell / "summary.json").read_text())["status"] == "failed"
     assert "stopped answering during the run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["shut down", "frozen"])
+def test_a_served_engine_shut_down_or_frozen_mid_replay_fails_the_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str) -> None:
+    """The real `batchlab serve reference`, stopped as an operator would (SIGTERM: it ends
+    its streams with an error event, then closes its port) or frozen (SIGSTOP: every request
+    times out). Neither is a connection refused or a stream cut, and both runs used to end
+    "finished" with exit 0, their failures counted as the engine's answer to the load."""
+    import os
+    import signal
+
+    from harness.serve import launch_server_process
+
+    out = tmp_path / "run"
+    with launch_server_process(("--model", "llama-3.1-8b"),
+                               log_path=tmp_path / "server.log") as server:
+        def stop() -> None:  # a first request finished: the server goes, or freezes
+            records = out / RECORDS_FILE
+            while not (records.exists() and read_records(records)):
+                time.sleep(0.01)
+            os.kill(server.process.pid, signal.SIGTERM if how == "shut down" else signal.SIGSTOP)
+
+        stopper = threading.Thread(target=stop, daemon=True)
+        stopper.start()
+        try:
+            code = main(["replay", "--target", server.url, "--trace", TRACE, "--limit", "12",
+                         "--rate", "8", "--output-tokens", "200", "--timeout-s", "3",
+                         "--out", str(out)])
+        finally:
+            if how == "frozen":
+                os.kill(server.process.pid, signal.SIGCONT)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert f"the server at {server.url} stopped answering during the run" in err
+    summary = json.loads((out / "summary.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert summary["status"] == manifest["status"] == "failed"
+    assert 1 <= summary["num_completed"] < 12
+    if how == "frozen":
+        assert "timeout" in summary["failures"]
