@@ -161,14 +161,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
     bar = progress_bar(len(trace.requests), "replay")
     failed: WorkerError | None = None
     ended = False  # the replay returned: no error or interrupt is on its way out
+    recorded: list[bool] = []
+
+    def record() -> None:  # before the first request: a run killed outright keeps it too
+        if server is not None:
+            _record_server(out, server, quiet=False)
+            recorded.append(True)
+
     try:
         if args.workers != 1:
             summary = replay_workers(trace, config, out, num_workers=num_workers,
                                      progress=bar.update_to, command=command_line(),
-                                     overwrite=args.overwrite)
+                                     overwrite=args.overwrite, on_start=record)
         else:
             summary = replay_sync(trace, config, out, progress=bar.update_to,
-                                  command=command_line(), overwrite=args.overwrite)
+                                  command=command_line(), overwrite=args.overwrite,
+                                  on_start=record)
         ended = True
     except ValueError as exc:  # a tokenizer that cannot be loaded, ...
         raise UserError(str(exc)) from None
@@ -176,8 +184,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         failed = exc
     finally:
         bar.close()
-        if server is not None and _run_id_in(out) not in (None, earlier):  # claimed here
-            _record_server(out, server, quiet=not ended)
+        if server is not None and not recorded and _run_id_in(out) not in (None, earlier):
+            _record_server(out, server, quiet=not ended)  # claimed here, stopped before it
     if failed is not None:
         if failed.summary:
             print_live_headline(failed.summary, str(out))

@@ -417,6 +417,7 @@ async def replay(
     t0_ns: int | None = None,
     wire: Wire | None = None,
     secrets: Iterable[str] = (),
+    on_start: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Replay ``trace`` against ``config.target_url``; write the run folder; return the summary.
 
@@ -428,7 +429,9 @@ async def replay(
     ahead: worker processes replaying parts of one trace share it). ``early_stop``: see
     ``harness.live.early_stop``; the reason is written to summary and manifest (``stopped_early``).
     ``secrets``: values masked in every row's error message besides the API key and the
-    target URL's credentials (a launched server's environment: ``run_live``).
+    target URL's credentials (a launched server's environment: ``run_live``). ``on_start``
+    is called once the folder is claimed and its manifest written, before the first request:
+    what the caller records there (the server's own record) survives a run killed outright.
 
     Cancelled (Ctrl-C), it records the requests in flight as ``not_finished``, still writes
     the parquet files and ``summary.json`` from what was measured, then re-raises. Raises
@@ -438,7 +441,7 @@ async def replay(
     def run(run_id: str) -> Coroutine[Any, Any, dict[str, Any]]:
         return _replay(trace, config, out_dir, run_id, telemetry=telemetry, progress=progress,
                        command=command, on_t0=on_t0, early_stop=early_stop, t0_ns=t0_ns,
-                       wire=wire, secrets=secrets)
+                       wire=wire, secrets=secrets, on_start=on_start)
 
     if run_id is not None:  # claimed, and let go, by the caller
         return await run(run_id)
@@ -454,7 +457,8 @@ async def _replay(trace: Trace, config: ReplayConfig, out_dir: Path, run_id: str
                   telemetry: TelemetrySource | None, progress: Callable[[int, int], None] | None,
                   command: Sequence[str] | None, on_t0: Callable[[int], None] | None,
                   early_stop: EarlyStop | None, t0_ns: int | None, wire: Wire | None,
-                  secrets: Iterable[str]) -> dict[str, Any]:
+                  secrets: Iterable[str], on_start: Callable[[], None] | None
+                  ) -> dict[str, Any]:
     """``replay`` into a folder claimed already."""
     for stale in (RECORDS_FILE, REQUESTS_FILE, CHUNKS_FILE, SUMMARY_FILE):
         (out_dir / stale).unlink(missing_ok=True)
@@ -467,6 +471,8 @@ async def _replay(trace: Trace, config: ReplayConfig, out_dir: Path, run_id: str
         bodies = _Bodies(requests, config, builder)
         prebuilt = bodies.prebuild()
         update_manifest(out_dir, replay_manifest(trace, config, builder, command))
+        if on_start is not None:
+            on_start()
         if wire is None:  # tests hand in harness.live.wire.MemoryWire
             wire = wire_for(config)
         try:
@@ -588,10 +594,11 @@ def replay_sync(
     progress: Callable[[int, int], None] | None = None,
     command: Sequence[str] | None = None,
     overwrite: bool = False,
+    on_start: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """``replay`` under ``asyncio.run``. On Ctrl-C, asyncio cancels the replay, which records
     what was in flight and writes the run folder; then KeyboardInterrupt propagates."""
     return asyncio.run(replay(trace, config, out_dir, telemetry=telemetry, progress=progress,
-                              command=command, overwrite=overwrite))
+                              command=command, overwrite=overwrite, on_start=on_start))
 
 

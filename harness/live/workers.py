@@ -354,13 +354,15 @@ def replay_workers(
     overwrite: bool = False,
     start_margin_s: float = DEFAULT_START_MARGIN_S,
     on_t0: Callable[[int], None] | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Replay ``trace`` from ``num_workers`` processes (at most one per request:
     ``num_workers_to_start``) into one run folder; the summary.
 
     ``on_t0`` gets the shared clock origin (``perf_counter_ns``, ``start_margin_s`` ahead)
-    once every worker has it. Raises ``WorkerError``, after the run folder is written, when
-    a worker did not start, failed or died."""
+    once every worker has it. ``on_start``: as ``harness.live.replay.replay``'s. Raises
+    ``WorkerError``, after the run folder is written, when a worker did not start, failed or
+    died."""
     config.validate()
     num_workers = num_workers_to_start(num_workers, len(trace.requests))
     configs = worker_configs(config, num_workers)
@@ -370,7 +372,8 @@ def replay_workers(
     try:
         return _replay_workers(trace, config, out_dir, run_id, configs,
                                num_workers=num_workers, progress=progress, command=command,
-                               start_margin_s=start_margin_s, on_t0=on_t0)
+                               start_margin_s=start_margin_s, on_t0=on_t0,
+                               on_start=on_start)
     finally:
         release_run_dir(out_dir)  # the run has ended: another process may write the folder
 
@@ -379,7 +382,8 @@ def _replay_workers(trace: Trace, config: ReplayConfig, out_dir: Path, run_id: s
                     configs: Sequence[ReplayConfig], *, num_workers: int,
                     progress: Callable[[int, int], None] | None,
                     command: Sequence[str] | None, start_margin_s: float,
-                    on_t0: Callable[[int], None] | None) -> dict[str, Any]:
+                    on_t0: Callable[[int], None] | None,
+                    on_start: Callable[[], None] | None = None) -> dict[str, Any]:
     """``replay_workers`` into a folder claimed already."""
     parts = split_trace(trace, num_workers)
     dirs = [out_dir / WORKERS_DIR / f"w{w}" for w in range(num_workers)]
@@ -392,6 +396,8 @@ def _replay_workers(trace: Trace, config: ReplayConfig, out_dir: Path, run_id: s
         "workers": {"num_workers": num_workers, "split": "round-robin by request",
                     "folders": [str(d.relative_to(out_dir)) for d in dirs]},
     })
+    if on_start is not None:
+        on_start()
     ctx = mp.get_context("spawn")  # a clean interpreter per worker: no inherited event loop
     _start_resource_tracker()
     to_parent = ctx.Queue()
