@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.capacity.saturation import SaturationMonitor, interval_for
-from harness.capacity.search import LOAD_UNITS, LoadKind, ProbeOutcome, normal_load
+from harness.capacity.search import LOAD_UNITS, LoadKind, ProbeOutcome, load_text, normal_load
 from harness.manifest import read_manifest, record_failed
 from harness.metrics import Pace, Slo
 from harness.redact import redact_tree, redact_url
@@ -205,7 +205,7 @@ def server_lost(plan: ProbePlan, load: float, summary: Mapping[str, Any], out_di
     url = redact_url(str(url))  # said on the console and in the manifest
     who = (f"the server at {url}" if is_attached(plan.spec)
            else f"the {plan.spec.engine} engine at {url}")
-    at = f"the probe at {load:g} {LOAD_UNITS[plan.kind]}"
+    at = f"the probe at {load_text(plan.kind, load)}"
     kinds = ", ".join(f"{k} {v}" for k, v in unreached.items())
     reached = (f"{num_unreached} of {sent} requests could not connect or were cut off "
                f"({kinds})" if num_unreached else f"{failed} of {sent} requests failed")

@@ -28,10 +28,12 @@ from typing import Any, cast, get_args
 from harness.capacity.probe import ProbePlan, probe_label, read_probe, run_probe
 from harness.capacity.search import (
     LOAD_UNITS,
+    LoadCap,
     ProbeOutcome,
     SearchResult,
     SearchSpec,
     Status,
+    load_text,
     search,
 )
 from harness.manifest import jsonable, read_manifest
@@ -42,6 +44,7 @@ from harness.results import (
     REPORT_FILE,
     REPORT_PLOTS,
     SEARCH_FILE,
+    SUMMARY_FILE,
     read_json_object,
     write_json_atomic,
 )
@@ -99,12 +102,14 @@ def _what_changed(before: Any, now: Mapping[str, Any] | None) -> str:
         return ("engine, knobs, trace, SLO, target or early stop changed, or an older "
                 "batchlab judged its probes")
     names = {"cell": "the scenario cell (engine, knobs, trace or the files it reads)",
-             "spec": "engine or knobs", "files": "the bytes of the trace, lengths, profile "
+             "spec": "engine or knobs", "engine": "engine or knobs",
+             "files": "the bytes of the trace, lengths, profile "
              "or model config file", "batchlab": "the batchlab version",
              "options": "trace options",
              "think_time_s": "think time", "target": "target attainment",
              "kind": "search kind (rate or concurrency)", "slo": "SLO"}
-    changed = [k for k in sorted(set(before) | set(now))
+    # the bytes of a file first: a rewritten profile changes the engine's coefficients too
+    changed = [k for k in sorted(set(before) | set(now), key=lambda k: (k != "files", k))
                if json.dumps(jsonable(before.get(k)), sort_keys=True, default=str)
                != json.dumps(jsonable(now.get(k)), sort_keys=True, default=str)]
     parts = []
@@ -119,10 +124,50 @@ def _what_changed(before: Any, now: Mapping[str, Any] | None) -> str:
                  "probes were made from: an older batchlab, or another setting)"]
                 if read_now else [])
             what = "; ".join(said) if said else what
+        if k == "engine" and isinstance(old, Mapping) and isinstance(new, Mapping):
+            what += ": " + "; ".join(_engine_changes(old, new))
         if k in ("target", "kind", "slo", "early_stop", "think_time_s", "trace"):
             what += f": {before.get(k)!r} then, {now.get(k)!r} now"
         parts.append(what)
     return "changed: " + "; ".join(parts) if parts else "an older batchlab judged its probes"
+
+
+# The flags of the engine settings ``settings.engine_settings`` records that are not knobs
+# (``adapters.knobs.SPECS``, whose flags are their names) or are named otherwise there.
+_ENGINE_FLAGS = {"engine": "--engine", "mode": "--launch/--url", "model": "--model",
+                 "gpu": "--gpu", "tp": "--tensor-parallel-size", "profile": "--profile",
+                 "cost_model": "--profile", "cost_model_digest": "--profile (its coefficients)",
+                 "served_model_name": "--model", "url": "--url", "url_credentials": "--url",
+                 "executable": "--engine-executable", "runtime": "--container-runtime",
+                 "metric_map": "--metric-map", "port": "--port",
+                 "engine_env": "--engine-env", "allow_approximate": "--allow-approximate",
+                 "ready_timeout_s": "--ready-timeout-s",
+                 "telemetry_interval_s": "--telemetry-interval-s"}
+_DIGESTED = ("engine_env", "url_credentials", "cost_model_digest")  # their values say nothing
+# resolved from the others where not given (the KV blocks from the GPU, model and memory
+# knobs): said after them, by what they are
+_DERIVED = {"num_gpu_blocks": "KV blocks (--num-gpu-blocks, or what the GPU and knobs leave)",
+            "admission": "admission (--admission, or what --preemption implies)"}
+
+
+def _engine_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The engine settings that differ, by flag and value: "--max-num-seqs 256 then, 64
+    now" (a setting not a flag, such as a profile's ``oversized_prompts``, by its name)."""
+    from adapters.knobs import SPECS
+
+    def text(value: Any) -> str:
+        return "unset" if value is None else json.dumps(jsonable(value), default=str).strip('"')
+
+    out = []
+    for key in sorted(set(before) | set(now), key=lambda k: (k in _DERIVED, k)):
+        old, new = before.get(key), now.get(key)
+        if json.dumps(jsonable(old), default=str) == json.dumps(jsonable(new), default=str):
+            continue
+        flag = (_DERIVED.get(key) or _ENGINE_FLAGS.get(key)
+                or (SPECS[key].flag if key in SPECS else key))
+        out.append(f"{flag} changed" if key in _DIGESTED
+                   else f"{flag} {text(old)} then, {text(new)} now")
+    return out
 
 
 def known_probes(search_dir: Path, digest: str, *, full: bool = False,
@@ -165,12 +210,14 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
                        (("start", spec.start), ("min-load", spec.lowest)) if value > most]
             spec = replace(spec, max_load=float(most), start=min(spec.start, float(most)),
                            min_load=min(spec.lowest, float(most)))
-            load_cap = (f"one user per {SHORTEST_STEADY_E2ES} requests of the trace "
-                        f"({num_requests} requests: {most} users); with fewer requests each, "
-                        "the users' first requests, sent at once, are most of the run")
+            users = load_text("concurrency", most)
+            load_cap = LoadCap(float(most), (
+                f"one user per {SHORTEST_STEADY_E2ES} requests of the trace "
+                f"({num_requests} requests: {users}); with fewer requests each, the users' "
+                "first requests, sent at once, are most of the run"))
             if lowered and log is not None:  # the user's own bounds: said, not silently moved
-                log(f"{setting.name}: {' and '.join(lowered)} lowered to {most} users, the "
-                    f"most this trace can judge: {load_cap}")
+                log(f"{setting.name}: {' and '.join(lowered)} lowered to {users}, the "
+                    f"most this trace can judge: {load_cap.why}")
     out_dir.mkdir(parents=True, exist_ok=True)
     known = known_probes(out_dir, plan.digest, made_from=plan.made_from) if resume else {}
     known_full = known_probes(out_dir, plan.digest, full=True) if resume else {}
@@ -187,12 +234,12 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
 
     def probe(load: float) -> ProbeOutcome:
         if log is not None:
-            log(f"{setting.name}: probe {load:g} {LOAD_UNITS[spec.kind]}")
+            log(f"{setting.name}: probe {load_text(spec.kind, load)}")
         return run_probe(plan, load, out_dir / probe_label(spec.kind, load))
 
     def confirm(load: float) -> ProbeOutcome:
         if log is not None:
-            log(f"{setting.name}: probe {load:g} {LOAD_UNITS[spec.kind]} again, to its end: it "
+            log(f"{setting.name}: probe {load_text(spec.kind, load)} again, to its end: it "
                 "was stopped early as over-saturated, and the answer must not rest on that")
         return run_probe(plan, load, out_dir / probe_label(spec.kind, load, full=True),
                          full=True)
@@ -203,16 +250,8 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
         if on_probe is not None:
             on_probe(tuple(done))
         if log is not None:
-            verdict = "passed" if outcome.passed else "failed"
-            att = "–" if outcome.attainment is None else attainment_text(outcome.attainment)
-            if outcome.num_failed and outcome.num_requests:  # refused or errors: say so
-                att += f" ({outcome.num_failed} of {outcome.num_requests} requests failed)"
-            extra = (f"; stopped early: {outcome.stopped}" if outcome.stopped
-                     else f"; {outcome.behind}" if outcome.behind else "")
-            how = ((" (run to its end)" if outcome.full else "")
-                   + (" (resumed)" if outcome.resumed else ""))
-            log(f"{setting.name}: {outcome.load:g} {LOAD_UNITS[spec.kind]}: SLO attainment "
-                f"{att}, {verdict}{how}{extra}")
+            log(f"{setting.name}: {load_text(spec.kind, outcome.load)}: "
+                f"{probe_verdict(outcome, plan.target, out_dir)}")
 
     write("running")
     try:
@@ -224,9 +263,46 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
     except Exception as exc:
         write("failed", error=f"{type(exc).__name__}: {exc}")
         raise
-    result = _trace_bound(result, plan.target)
+    result = replace(_trace_bound(result, plan.target), load_cap=load_cap)
     write(result.status, result)
     return result
+
+
+def probe_verdict(outcome: ProbeOutcome, target: float, search_dir: Path) -> str:
+    """A probe's outcome in words, the reason it failed first: "SLO attainment 50.3%, failed:
+    below the 99.0% target; also too short to show a steady state: ...". A probe stopped early
+    failed as over-saturated whatever its attainment, and its requests cut off by the stop
+    are said to be that (``not_finished`` in its summary), not failures of the engine."""
+    att = "–" if outcome.attainment is None else attainment_text(outcome.attainment)
+    failed, sent = outcome.num_failed or 0, outcome.num_requests or 0
+    cut = _num_cut_off(outcome, search_dir) if outcome.stopped else 0
+    if failed and sent:  # refused, errors, or cut off by the early stop: say which
+        parts = ([f"{cut} of {sent} requests not finished when the probe was stopped early"]
+                 if cut else []) + ([f"{failed - cut} of {sent} requests failed"]
+                                    if failed > cut else [])
+        att += f" ({'; '.join(parts)})"
+    how = ((" (run to its end)" if outcome.full else "")
+           + (" (resumed)" if outcome.resumed else ""))
+    if outcome.passed:
+        return f"SLO attainment {att}, passed{how}"
+    if outcome.stopped:
+        why = f"; stopped early: {outcome.stopped}"
+    elif outcome.attainment is not None and outcome.attainment < target:
+        why = f": below the {target:.1%} target" + (f"; also {outcome.behind}"
+                                                     if outcome.behind else "")
+    else:
+        why = f"; {outcome.behind}" if outcome.behind else ""
+    return f"SLO attainment {att}, failed{how}{why}"
+
+
+def _num_cut_off(outcome: ProbeOutcome, search_dir: Path) -> int:
+    """How many of a stopped probe's failed requests the stop cut off (its summary's
+    ``not_finished`` failures); 0 when its folder does not say."""
+    if outcome.run_dir is None:
+        return 0
+    failures = read_json_object(search_dir / outcome.run_dir / SUMMARY_FILE).get("failures")
+    cut = failures.get("not_finished") if isinstance(failures, Mapping) else None
+    return min(int(cut), outcome.num_failed or 0) if isinstance(cut, int) else 0
 
 
 def _earlier_probes(search_dir: Path) -> list[Path]:
@@ -270,7 +346,7 @@ def _trace_bound(result: SearchResult, target: float) -> SearchResult:
 
 def _search_record(setting: Setting, spec: SearchSpec, status: str,
                    probes: Sequence[ProbeOutcome], result: SearchResult | None,
-                   error: str | None, load_cap: str | None = None) -> dict[str, Any]:
+                   error: str | None, load_cap: LoadCap | None = None) -> dict[str, Any]:
     plan = setting.plan
     cell = dict(plan.cell)
     return {
@@ -295,7 +371,9 @@ def _search_record(setting: Setting, spec: SearchSpec, status: str,
         "probes": [{**p.as_dict(), "label": probe_label(spec.kind, p.load, full=p.full)}
                    for p in probes],
         "command": redact_argv(plan.command) if plan.command else None,
-        **({"load_cap": load_cap} if load_cap is not None else {}),
+        # why the highest load is below --max-load (the report quotes it), and that load
+        **({"load_cap": load_cap.why, "load_cap_max": load_cap.max_load}
+           if load_cap is not None else {}),
     }
 
 
@@ -359,10 +437,13 @@ def recorded_result(setting: Setting, out_dir: Path) -> SettingResult | None:
     status = record.get("status")
     if status in get_args(Status):
         bracket = record.get("bracket") or {}
+        cap_max = record.get("load_cap_max", (record.get("spec") or {}).get("max_load"))
+        load_cap = (LoadCap(float(cap_max), str(record["load_cap"]))
+                    if record.get("load_cap") and isinstance(cap_max, int | float) else None)
         return SettingResult(setting, SearchResult(
             status=cast(Status, status), capacity=record.get("capacity"),
-            passing=bracket.get("passing"), failing=bracket.get("failing"), probes=probes),
-            earlier=True)
+            passing=bracket.get("passing"), failing=bracket.get("failing"), probes=probes,
+            load_cap=load_cap), earlier=True)
     if status == "failed":
         return SettingResult(setting, None, str(record.get("error") or "the search failed"),
                              earlier=True)
@@ -485,26 +566,35 @@ def _search_settings(settings: Sequence[Setting], spec: SearchSpec, out_dir: Pat
     return results
 
 
-def _what_answers(setting: Setting) -> dict[str, Any]:
-    """Whose capacity a row gives: the engine, simulated (a prediction, with its model, GPU
-    and profile) or live (measured)."""
+def _what_answers(setting: Setting, prediction: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Whose capacity a row gives: the engine, simulated or live, and whether its capacity is
+    a prediction: simulated, or what its probes recorded says so (``prediction``: the
+    reference engine served over HTTP, launched or attached, whatever ``--engine`` named)."""
     spec = setting.plan.spec
     return {"engine": spec.engine, "mode": "simulated" if spec.simulated else "live",
-            # the served reference engine predicts too, over the wire
-            "predicted": spec.simulated or spec.engine == "reference",
+            "predicted": spec.simulated or prediction is not None,
             "model": spec.model, "gpu": spec.gpu,
             "profile": spec.profile}
 
 
-def _prediction_of(setting_dir: Path, probes: Sequence[ProbeOutcome]) -> dict[str, Any] | None:
-    """What predicted a predicted setting's probes, from the first probe folder that recorded
-    it (``harness.prediction.summary_prediction``), with why its capacity has no measured
-    error; None when no probe folder says."""
-    for probe in probes:
+def setting_probes(r: SettingResult) -> tuple[ProbeOutcome, ...]:
+    """The probes a row lists: its search's, or those done before it stopped."""
+    if r.result is not None:
+        return r.result.probes
+    return r.interrupted or ()
+
+
+def setting_prediction(r: SettingResult, out_dir: Path) -> dict[str, Any] | None:
+    """What predicted a setting's capacity, as its probes recorded it (the first probe folder
+    that did: ``harness.prediction.summary_prediction`` of its manifest, as a replay's summary
+    says it), with why a capacity has no measured error: the simulated reference, or a live
+    server that answered as the reference engine served over HTTP. None when no probe folder
+    says so (a real engine, or no probe yet)."""
+    setting_dir = out_dir / r.setting.name
+    for probe in setting_probes(r):
         if probe.run_dir is None:
             continue
-        found = summary_prediction(read_manifest(setting_dir / probe.run_dir)
-                                   .get("engine"))
+        found = summary_prediction(read_manifest(setting_dir / probe.run_dir).get("engine"))
         if found is not None:
             return {**found, "capacity_caveat": CAPACITY_CAVEAT}
     return None
@@ -528,28 +618,29 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
     rows = []
     cells: list[str] = []
     for r in results:
+        prediction = setting_prediction(r, out_dir)
         row: dict[str, Any] = {"setting": r.setting.name, "search": f"{r.setting.name}/"
                                f"{SEARCH_FILE}", "error": r.error,
-                               **_what_answers(r.setting),
+                               **_what_answers(r.setting, prediction),
                                "precision_text": _precision_text(r, spec, out_dir)}
         if r.result is not None:
             row.update(status=r.result.status, capacity=r.result.capacity,
                        bracket={"passing": r.result.passing, "failing": r.result.failing},
                        num_probes=len(r.result.probes))
-            probes: tuple[ProbeOutcome, ...] = r.result.probes
+            if r.result.load_cap is not None:  # the highest load tried, and why not --max-load
+                row["load_cap"] = r.result.load_cap.as_dict()
         elif r.interrupted is not None:
             row.update(status="running" if r.running else "interrupted",
                        num_probes=len(r.interrupted), bracket=_bracket_so_far(r.interrupted))
-            probes = r.interrupted
         else:
             row["status"] = "failed"
-            probes = ()
+        probes = setting_probes(r)
         # one cell per load: the run that decided it (a confirming run over the probe it
         # confirmed), so that a load's curve has one point
         deciding = {p.load: p for p in probes if not p.full}
         deciding.update({p.load: p for p in probes if p.full})
         if row["predicted"]:
-            row["prediction"] = _prediction_of(out_dir / r.setting.name, probes)
+            row["prediction"] = prediction
         cells += [f"{r.setting.name}/{probe_label(spec.kind, load, full=deciding[load].full)}"
                   for load in sorted(deciding)]
         rows.append(row)

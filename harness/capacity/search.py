@@ -38,6 +38,13 @@ DEFAULT_TARGET = 0.99
 MIN_RATE_PRECISION = 0.002  # two steps of a rate named to 4 significant digits, at worst
 
 
+def load_text(kind: LoadKind, load: float) -> str:
+    """One load in words: "4.5 req/s", "1 user", "16 users"."""
+    if kind == "concurrency":
+        return f"{load:g} user" + ("" if load == 1 else "s")
+    return f"{load:g} {LOAD_UNITS[kind]}"
+
+
 @dataclass(frozen=True, slots=True)
 class SearchSpec:
     """How to search: the load axis, the attainment to keep, where to start, how exactly."""
@@ -84,6 +91,8 @@ class SearchSpec:
                                  "concurrency search")
         if not (math.isfinite(self.lowest) and self.lowest > 0):
             raise ValueError(f"min_load: must be a positive load, got {self.lowest:g}")
+        if not math.isfinite(self.highest):
+            raise ValueError(f"max_load: must be a finite load, got {self.highest:g}")
         if not self.lowest <= self.start <= self.highest:
             raise ValueError(f"min_load <= start <= max_load is needed, got {self.lowest:g} <= "
                              f"{self.start:g} <= {self.highest:g}")
@@ -137,6 +146,18 @@ class ProbeOutcome:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+@dataclass(frozen=True, slots=True)
+class LoadCap:
+    """The highest load a search could try, when something other than its ``max_load`` set
+    it, and why (a concurrency search: the trace's length, ``harness.capacity.run``)."""
+
+    max_load: float
+    why: str  # search.json's ``load_cap``
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
 class SearchResult:
     """The answer: the highest load that met the target, the final bracket, every probe."""
@@ -146,11 +167,15 @@ class SearchResult:
     passing: float | None  # bracket: highest load that passed
     failing: float | None  # bracket: lowest load that failed (None: none failed)
     probes: tuple[ProbeOutcome, ...] = field(default_factory=tuple)
+    # set by the caller when the highest load tried was not the spec's ``max_load``: an
+    # ``at_least_max`` is then "at least the most that could be tried", not "at least max_load"
+    load_cap: LoadCap | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "capacity": self.capacity,
                 "bracket": {"passing": self.passing, "failing": self.failing},
-                "probes": [p.as_dict() for p in self.probes]}
+                "probes": [p.as_dict() for p in self.probes],
+                **({"load_cap": self.load_cap.as_dict()} if self.load_cap else {})}
 
 
 def normal_load(kind: LoadKind, load: float) -> float:

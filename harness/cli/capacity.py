@@ -25,7 +25,7 @@ from harness.cli.live import add_engine_options, live_target_spec
 from harness.cli.offline import add_profile_option, reference_config, reference_spec
 
 if TYPE_CHECKING:
-    from harness.capacity import SearchSpec, Setting, SettingResult
+    from harness.capacity import SearchResult, SearchSpec, Setting, SettingResult
 
 
 def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -104,12 +104,17 @@ def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from harness.runfolder import RunDirError, ensure_creatable_dir, holding_dir
+    from harness.runfolder import (
+        RunDirError,
+        ensure_creatable_dir,
+        ensure_writable_dir,
+        holding_dir,
+    )
 
     spec = _search_spec(args)
+    if not args.scenario:  # (a scenario refuses every trace flag but --trace)
+        _refuse_arrival_options(args, spec)
     settings, name, out, baseline, every = _settings(args, spec)
-    if args.rate is not None and spec.kind == "rate":
-        raise UserError("--rate: a rate search sets the rate of each probe itself")
     for setting in settings:  # trace errors before any probe runs
         try:
             setting.plan.trace_at(spec.kind, spec.start)
@@ -140,7 +145,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             check_resumable(settings, out)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # made now, and proved writable: what the checks above cannot tell (/proc as root)
+        ensure_writable_dir(out)
+    except RunDirError as exc:
+        raise UserError(str(exc)) from None
     try:  # one search at a time in --out, its report included (a second is refused at once)
         with holding_dir(out):
             return _search_and_report(args, settings, spec, out, name, baseline, every)
@@ -189,7 +197,7 @@ def _search_and_report(args: argparse.Namespace, settings: list[Setting], spec: 
                                 f"`batchlab report {out}` renders them, and the same command "
                                 "with --resume goes on") from None
     _print_table(results, spec)
-    _print_predicted(results)
+    _print_predicted(results, out)
     from harness.report import render_scenario_report
 
     try:  # every search is on disk: a report that fails costs no result
@@ -203,20 +211,29 @@ def _search_and_report(args: argparse.Namespace, settings: list[Setting], spec: 
     return 1 if any(r.result is None for r in results if not r.earlier) else 0
 
 
-def _print_predicted(results: list[SettingResult]) -> None:
-    """The simulated settings' capacities are predictions: of which model, how accurate."""
+def _print_predicted(results: list[SettingResult], out: Path) -> None:
+    """The capacities that are predictions, of which model, how accurate: as the probes
+    recorded it (simulated, or the reference engine served over HTTP, launched or attached:
+    ``capacity.json``'s ``prediction``, the words ``replay`` prints under its figures); a
+    simulated setting whose probes say nothing (none ran), from its configuration."""
+    from harness.capacity.run import setting_prediction
+    from harness.prediction import CAPACITY_CAVEAT
     from harness.sim.target import SimulatedTarget
 
+    by_text: dict[str, list[str]] = {}
     by_config: dict[Any, list[str]] = {}
     for r in results:
-        if r.setting.plan.spec.simulated:
+        found = setting_prediction(r, out)
+        if found is not None:
+            by_text.setdefault(str(found["text"]), []).append(r.setting.name)
+        elif r.setting.plan.spec.simulated:
             config = SimulatedTarget(r.setting.plan.spec).config()
             by_config.setdefault(config, []).append(r.setting.name)
+    for text, names in by_text.items():
+        print(f"{', '.join(names)}: {text}", flush=True)
     for config, names in by_config.items():
         print_predicted(config, names=names)
-    if by_config:
-        from harness.prediction import CAPACITY_CAVEAT
-
+    if by_text or by_config:
         print(CAPACITY_CAVEAT)
 
 
@@ -224,10 +241,35 @@ def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _warn(text: str) -> None:
+    print(f"warning: {text}", file=sys.stderr, flush=True)
+
+
+def _refuse_arrival_options(args: argparse.Namespace, spec: SearchSpec) -> None:
+    """--rate and --time-scale set the trace's arrivals: a rate search sets them itself, at
+    each probe's load (refused, naming the flag); a concurrency search does not use them
+    (said, as ``replay --mode closed`` says it)."""
+    given = [flag for flag, value in (("--rate", args.rate), ("--time-scale", args.time_scale))
+             if value is not None]
+    if not given:
+        return
+    if spec.kind == "rate":
+        raise UserError(f"{', '.join(given)}: a rate search sets the arrival rate of each "
+                        "probe itself (the trace rescaled to the probe's load), so neither "
+                        "--rate nor --time-scale can be given; a concurrency search "
+                        "(--search concurrency) uses no arrival times")
+    print(f"note: {', '.join(given)}: no effect on a concurrency search (each user sends its "
+          "next request when its last one ends; arrival times are not used)", file=sys.stderr)
+
+
 def _search_spec(args: argparse.Namespace) -> SearchSpec:
     from harness.capacity import SearchSpec
 
     rate = args.search == "rate"
+    for flag, value in (("--start", args.start), ("--min-load", args.min_load),
+                        ("--max-load", args.max_load)):
+        if value is not None and not math.isfinite(value):  # inf, nan: no load to probe
+            raise UserError(f"{flag}: expected a finite load, got {value:g}")
     start = args.start
     if (args.min_load is not None and args.max_load is not None
             and args.min_load > args.max_load):
@@ -273,7 +315,7 @@ def _settings(args: argparse.Namespace, spec: SearchSpec
                 "kind": spec.kind, "target": spec.target, "slo": slo,
                 "think_time_s": args.think_time_s, "command": command_line(),
                 "early_stop": not args.no_early_stop}
-            settings = scenario_settings(scenario, only=args.only, **options)
+            settings = scenario_settings(scenario, only=args.only, warn=_warn, **options)
             every = settings
             if args.only:  # earlier searches of the others stay in the report
                 with contextlib.suppress(ScenarioError):  # others this search cannot make
@@ -388,4 +430,16 @@ def _print_table(results: list[SettingResult], spec: SearchSpec) -> None:
         bracket = (f"{'–' if res.passing is None else f'{res.passing:g}'} .. "
                    f"{'–' if res.failing is None else f'{res.failing:g}'} {unit}")
         print(f"{r.setting.name:<{width}}  {cap:>10}  {bracket:<25} {len(res.probes):>6}  "
-              f"{res.status}{earlier}")
+              f"{res.status}{_stopped_by(res)}{earlier}")
+
+
+def _stopped_by(result: SearchResult) -> str:
+    """Why a search that no load failed stopped where it did, when --max-load did not stop
+    it: the trace's length (``SearchResult.load_cap``)."""
+    cap = result.load_cap
+    if result.status != "at_least_max" or cap is None:
+        return ""
+    from harness.metrics import SHORTEST_STEADY_E2ES
+
+    return (f": the trace's length caps users at {cap.max_load:g} (one user per "
+            f"{SHORTEST_STEADY_E2ES} of its requests), not --max-load")

@@ -140,7 +140,7 @@ def _load_sections(ok: Sequence[CellResult], base: CellResult | None, ctx: Repor
     (or capacity searches beside them) give them. ``ok``: the cells that ran to their end;
     ``report_cells``: every cell with results (whether they mix predicted and measured ones
     decides whether a row is marked predicted)."""
-    lines = curves_section(series, has_plot=draw, cells=report_cells)
+    lines = curves_section(series, has_plot=draw, cells=report_cells, target=target)
     base_key = cell_setting(base) if base is not None else None
     capacity_lines = capacity_section(capacity, base_key, ctx.slo, target, cells=report_cells)
     if capacity_lines and ctx.slo:

@@ -574,10 +574,12 @@ def reproduce_section(cells: Sequence[CellResult], ctx: ReportContext, out_dir: 
 
 
 def curves_section(series: Sequence[Series], has_plot: bool,
-                   cells: Sequence[CellResult] = ()) -> list[str]:
+                   cells: Sequence[CellResult] = (), target: float | None = None
+                   ) -> list[str]:
     """Each setting across its load points: tokens/s, TPOT, TTFT and SLO attainment, with
     how accurate each kind of figure of a predicted cell was measured to be. ``cells``: the
-    report's, the points' among them."""
+    report's, the points' among them. ``target``: the attainment a capacity search asked
+    for; a point that missed it says so before any other reason it failed."""
     if not series:
         return []
     labels = row_labels(cells)
@@ -593,9 +595,12 @@ def curves_section(series: Sequence[Series], has_plot: bool,
         # a point whose goodput `batchlab summarize --slo` recomputed says under which SLO
         several = len({json.dumps(p.slo, sort_keys=True) for p in s.points}) > 1
         for p in s.points:
+            behind = p.behind.split(":")[0] if p.behind else None
+            if (behind and target is not None and p.attainment is not None
+                    and p.attainment < target):  # the SLO missed first, then the pace
+                behind = f"below the {fmt_pct(target)} target; also {behind}"
             att = fmt_attainment(p.attainment) + (
-                " (stopped early)" if p.stopped else
-                f" (failed: {p.behind.split(':')[0]})" if p.behind else "")
+                " (stopped early)" if p.stopped else f" (failed: {behind})" if behind else "")
             if several:
                 att += f" under {slo_text(p.slo)}" if p.slo else " (no SLO)"
             rows.append([load_text({"kind": s.kind, "value": p.load}),
