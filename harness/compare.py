@@ -391,15 +391,18 @@ def _names(cells: Sequence[CellResult]) -> str:
 
 def run_checks(pair: Pair, checks: Sequence[Check]) -> list[FailedCheck]:
     """The checks ``pair`` fails. An after side that did not finish fails every check (its
-    metrics cannot be checked); a before side that did not finish leaves nothing to regress
-    from, and fails none."""
-    if not checks or not finished(pair.before):
+    metrics cannot be checked), whatever the before side did: a night whose runs all crashed
+    must not pass because the night before crashed too. A before side that did not finish,
+    beside an after side that did, leaves nothing to regress from, and fails none."""
+    if not checks:
         return []
     if not finished(pair.after):
         reason = reason_of(pair.after)
         return [FailedCheck(pair.name, c, f"cannot be checked: after {state_of(pair.after)}"
                             + (f" ({reason})" if reason else ""))
                 for c in checks]
+    if not finished(pair.before):
+        return []
     by_metric = {ch.metric.name: ch for ch in pair.changes}
     failed = []
     for check in checks:

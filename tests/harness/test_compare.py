@@ -328,6 +328,24 @@ def test_an_interrupted_run_folder_is_not_compared_and_fails_its_checks(
     assert "different" not in out.err  # no warnings about a pair that was not compared
 
 
+def test_a_check_fails_when_both_sides_did_not_finish(
+        nights: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two nights that both crashed: the check cannot be made of the AFTER night, and a
+    nightly gate must not go green because the night before crashed too."""
+    cut = []
+    for name in ("cut1", "cut2"):
+        folder = tmp_path / name
+        shutil.copytree(nights["n1"] / "continuous", folder)
+        (folder / "status.json").unlink(missing_ok=True)
+        for file, extra in (("summary.json", {"status": "interrupted", "num_not_sent": 30}),
+                            ("manifest.json", {"status": "interrupted"})):
+            doc = json.loads((folder / file).read_text())
+            (folder / file).write_text(json.dumps({**doc, **extra}))
+        cut.append(str(folder))
+    assert main(["compare", *cut, "--fail-if", "ttft_s.p90=10"]) == 1
+    assert "ttft_s.p90 cannot be checked: after ended early" in capsys.readouterr().out
+
+
 def test_a_run_stopped_by_an_early_stop_rule_is_compared_with_a_warning(
         nights: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A run an early-stop rule ended finished as asked, so it is compared; but its figures
