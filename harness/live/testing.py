@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -435,14 +435,19 @@ class FullAfter:
     """A file whose disk fills after ``num_writes`` writes: then every write is ENOSPC (the
     full-disk tests wrap a run's records file in it). Sent records (``harness.live.recorder``)
     are not counted, only refused once the disk is full: the rows written are then
-    ``num_writes``, whatever the sends between them."""
+    ``num_writes``, whatever the sends between them. ``on_full`` is called at the first
+    write refused (other files of the disk fill then too)."""
 
-    def __init__(self, file: Any, num_writes: int) -> None:
+    def __init__(self, file: Any, num_writes: int,
+                 on_full: Callable[[], object] | None = None) -> None:
         self._file = file
         self._left = num_writes
+        self._on_full = on_full
 
     def write(self, data: Any) -> int:
         if self._left <= 0:
+            if self._on_full is not None:
+                self._on_full()
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._file.name)
         if _SENT_MARK not in bytes(data):
             self._left -= 1

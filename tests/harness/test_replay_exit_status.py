@@ -131,17 +131,24 @@ def _manifest_refused(run_dir: Path, fields: Any) -> None:
 
 @pytest.fixture()
 def full_disk_at_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
-    """records.jsonl fills after 3 rows, and the server's record, the last manifest update
-    ``replay --target`` makes, finds no room either (a server that answers ``/version``)."""
+    """records.jsonl fills after 3 rows, and any manifest update of the server's record after
+    that finds no room either (a server that answers ``/version``)."""
     original = RecordWriter.__init__
+    full: list[bool] = []
+    update = harness.manifest.update_manifest
 
     def init(self: RecordWriter, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self._file = FullAfter(self._file, 3)  # after the header: 3 rows
+        self._file = FullAfter(self._file, 3, on_full=lambda: full.append(True))
+
+    def update_unless_full(run_dir: Path, fields: Any) -> None:
+        if full:
+            _manifest_refused(run_dir, fields)
+        update(run_dir, fields)
 
     monkeypatch.setattr(RecordWriter, "__init__", init)
     monkeypatch.setattr(cli_live, "_who_answers", lambda url: {"name": "x", "base_url": url})
-    monkeypatch.setattr(harness.manifest, "update_manifest", _manifest_refused)
+    monkeypatch.setattr(harness.manifest, "update_manifest", update_unless_full)
 
 
 def _replay(url: str, out: Path) -> list[str]:
@@ -153,16 +160,18 @@ def test_a_full_disk_is_said_even_when_the_manifest_cannot_be_updated_after_it(
         server: ScheduledStreamServer, tmp_path: Path, full_disk_at_the_end: None,
         capsys: pytest.CaptureFixture[str]) -> None:
     """Issue case: the replay stopped on a full disk (records.jsonl, where, how many rows),
-    and the manifest update after it failed too: only "[Errno 28] No space left on device"
-    was said, naming no file."""
+    and the manifest update of the server's record after it failed too: only "[Errno 28] No
+    space left on device" was said, naming no file. The record is now written before the
+    first request, while there is room: the run's own error is said, and the record kept."""
     out = tmp_path / "run"
     assert cli_main(_replay(server.url, out)) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
     error = next(line for line in err.splitlines() if "error:" in line)
     assert "records.jsonl" in error and "3 of" in error  # the run's own error, not replaced
-    assert f"{out / 'manifest.json'} could not be updated either" in err
+    assert "could not be updated" not in err
     assert len(read_records(out / RECORDS_FILE)) == 3
+    assert json.loads((out / "manifest.json").read_text())["engine"]["name"] == "x"
 
 
 def test_a_manifest_that_cannot_be_updated_after_a_good_run_is_an_error(
