@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness import columns
-from harness.metrics import ChunkTimes, Pace, chunk_times, pace, request_metric_columns
+from harness.metrics import ChunkTimes, Pace, Slo, chunk_times, pace, request_metric_columns
 from harness.timeline import RequestTimeline
 
 REQUESTS_FILE = "requests.parquet"
@@ -250,6 +250,35 @@ def pace_of(run_dir: Path) -> Pace | None:
     first = (np.asarray(columns.numbers(table.column("first_token_s")), dtype=float)
              if "first_token_s" in names else None)
     return pace(arrival, finished, e2e, ok, first)
+
+
+def attainment_after_warm_up(run_dir: Path, slo: Slo) -> tuple[float, int] | None:
+    """A closed loop's SLO attainment once its users are under way: over the requests sent
+    after the first request completed, as the summary's over every request sent (a failed
+    request counts as one that missed); and how many it leaves out: the users' first
+    requests, all sent at the start, a burst no steady load of that many users makes
+    (docs/metrics.md, "Capacity probes"). None when it cannot be made (no readable file, or
+    no request sent after the first completed)."""
+    try:
+        wanted = ["arrival_s", "finished_s", "ttft_s", "tpot_s", "e2e_s", "error_kind"]
+        with pq.ParquetFile(run_dir / REQUESTS_FILE) as file:  # no pandas (``pace_of``)
+            table = file.read(columns=wanted)
+        arrival, finished, ttft, tpot, e2e = (
+            np.asarray(columns.numbers(table.column(c)), dtype=float) for c in wanted[:5])
+        ok = np.array([kind is None for kind in table.column("error_kind").to_pylist()],
+                      dtype=bool)
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid):
+        return None
+    done = ok & np.isfinite(finished)
+    if not done.any():
+        return None
+    under_way = arrival >= float(finished[done].min())
+    if not under_way.any():
+        return None
+    good = [bool(ok_i) and slo.met(a, b, c) for ok_i, a, b, c
+            in zip(ok[under_way], ttft[under_way], tpot[under_way], e2e[under_way],
+                   strict=True)]
+    return sum(good) / len(good), int(np.count_nonzero(~under_way))
 
 
 def run_pace(run_dir: Path, summary: Mapping[str, Any], manifest: Mapping[str, Any]

@@ -36,6 +36,7 @@ from harness.results import (
     PROBE_FILE,
     SUMMARY_FILE,
     NothingServed,
+    attainment_after_warm_up,
     nothing_served,
     pace_of,
     read_summary,
@@ -168,8 +169,10 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
         raise NothingServed(why)
     # a stopped probe failed already; its requests cut off say nothing of the pace
     pace = None if closed or summary.get("stopped_early") else pace_of(out_dir)
+    # a closed loop is judged once its users are under way, not on their first requests
+    warm_up = attainment_after_warm_up(out_dir, plan.slo) if closed and plan.slo else None
     outcome = replace(outcome_from_summary(load, summary, plan.target, run_dir=out_dir.name,
-                                           pace=pace), full=full)
+                                           pace=pace, warm_up=warm_up), full=full)
     write_json_atomic({"kind": plan.kind, "unit": LOAD_UNITS[plan.kind], "digest": plan.digest,
                        "target": plan.target, **outcome.as_dict()}, out_dir / PROBE_FILE)
     write_json_atomic({"state": "done"}, out_dir / STATUS_FILE)
@@ -225,11 +228,14 @@ def _span_s(trace: Trace, kind: LoadKind, load: float) -> float:
 
 
 def outcome_from_summary(load: float, summary: Mapping[str, Any], target: float,
-                         *, run_dir: str | None = None, pace: Pace | None = None) -> ProbeOutcome:
+                         *, run_dir: str | None = None, pace: Pace | None = None,
+                         warm_up: tuple[float, int] | None = None) -> ProbeOutcome:
     """A probe's outcome from its ``summary.json``: passed when attainment >= target, the run
-    was not stopped early and the engine kept pace with the arrivals (``pace``, rate probes)."""
+    was not stopped early and the engine kept pace with the arrivals (``pace``, rate probes).
+    ``warm_up``: a closed loop's attainment once its users were under way, and how many of
+    its first requests that leaves out (``attainment_after_warm_up``), for the summary's."""
     goodput = summary.get("goodput") or {}
-    attainment = goodput.get("slo_attainment")
+    attainment = goodput.get("slo_attainment") if warm_up is None else warm_up[0]
     stopped = summary.get("stopped_early")
     throughput = summary.get("throughput") or {}
     passed = (attainment is not None and attainment >= target and not stopped
@@ -247,6 +253,7 @@ def outcome_from_summary(load: float, summary: Mapping[str, Any], target: float,
         arrived_per_s=pace.arrived_per_s if pace else None,
         completed_per_s=pace.completed_per_s if pace else None,
         kept_pace=pace.kept if pace else None, behind=pace.why if pace else None,
+        num_warm_up=warm_up[1] if warm_up else None,
     )
 
 

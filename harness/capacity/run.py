@@ -274,6 +274,9 @@ def probe_verdict(outcome: ProbeOutcome, target: float, search_dir: Path) -> str
     failed as over-saturated whatever its attainment, and its requests cut off by the stop
     are said to be that (``not_finished`` in its summary), not failures of the engine."""
     att = "–" if outcome.attainment is None else attainment_text(outcome.attainment)
+    if outcome.num_warm_up:
+        att += (f" once its users were under way (their first {outcome.num_warm_up} requests, "
+                "sent together at the start, not counted)")
     failed, sent = outcome.num_failed or 0, outcome.num_requests or 0
     cut = _num_cut_off(outcome, search_dir) if outcome.stopped else 0
     if failed and sent:  # refused, errors, or cut off by the early stop: say which

@@ -136,6 +136,9 @@ class ProbeOutcome:
     completed_per_s: float | None = None
     kept_pace: bool | None = None
     behind: str | None = None
+    # closed-loop probes: the users' first requests, all sent at the start, which the
+    # attainment above leaves out (``harness.results.attainment_after_warm_up``)
+    num_warm_up: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -116,6 +116,9 @@ class CurvePoint:
     # behind: ...", "too short to show a steady state: ..."): its search.json's ``behind``,
     # as the capacity table reads it, else its probe.json's
     behind: str | None = None
+    # a closed-loop capacity probe: the attainment its search judged it by, once its users
+    # were under way, and how many of their first requests that leaves out (probe.json)
+    under_way: tuple[float, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,8 @@ def load_series(ok: Sequence[CellResult]) -> list[Series]:
             tpot_p50_s=get(s, "tpot_s.p50"), tpot_p90_s=get(s, "tpot_s.p90"),
             ttft_p90_s=get(s, "ttft_s.p90"), attainment=get(s, "goodput.slo_attainment"),
             stopped=get(s, "stopped_early"), slo=get(s, "slo") or None,
-            behind=_behind(c.run_dir, listed) or _cell_behind(c)))
+            behind=_behind(c.run_dir, listed) or _cell_behind(c),
+            under_way=_probe_under_way(c.run_dir)))
     return [Series(key, kind, tuple(sorted(points, key=lambda p: p.load)))
             for (key, kind), points in groups.items() if len(points) >= 2]
 
@@ -174,6 +178,21 @@ def _behind(run_dir: Path, listed: Mapping[Path, str | None]) -> str | None:
     else (no search lists it) its own ``probe.json``."""
     resolved = run_dir.resolve()
     return listed[resolved] if resolved in listed else _probe_behind(run_dir)
+
+
+def _probe_under_way(run_dir: Path) -> tuple[float, int] | None:
+    """A closed-loop capacity probe's attainment once its users were under way, and how many
+    of their first requests that leaves out (its ``probe.json``); None for any other run."""
+    try:
+        probe = json.loads((run_dir / PROBE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(probe, dict):
+        return None
+    attainment, num = probe.get("attainment"), probe.get("num_warm_up")
+    if not isinstance(attainment, int | float) or not isinstance(num, int) or not num:
+        return None
+    return float(attainment), num
 
 
 def _probe_behind(run_dir: Path) -> str | None:
@@ -358,7 +377,9 @@ def capacity_text(row: CapacityRow) -> str:
     sign = "" if row.bound == "=" else f"{row.bound} "
     # a searched load exactly as probed (4 significant digits): never rounded above it
     value = f"{row.capacity:.4g}" if row.source == "search" else sig(row.capacity)
-    return f"{sign}{value} {LOAD_UNITS.get(row.kind, '')}".strip()
+    unit = "user" if row.kind == "concurrency" and row.capacity == 1 else LOAD_UNITS.get(
+        row.kind, "")
+    return f"{sign}{value} {unit}".strip()
 
 
 def capacity_mark(row: CapacityRow | None, s: Series, target: float) -> CapacityMark | None:

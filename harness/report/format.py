@@ -198,7 +198,8 @@ def load_text(load: Mapping[str, Any]) -> str:
     if kind == "time_scale":  # a larger scale is a lighter load: say which way it goes
         return f"time × {sig(value)} (rate × {sig(1 / float(value))})"
     think = load.get("think_time_s")
-    return f"{int(value)} users" + (f", {sig(think)} s think time" if think else "")
+    users = f"{int(value)} user" + ("" if int(value) == 1 else "s")
+    return users + (f", {sig(think)} s think time" if think else "")
 
 
 def display_path(text: str | None) -> str:

@@ -573,6 +573,16 @@ def reproduce_section(cells: Sequence[CellResult], ctx: ReportContext, out_dir: 
 
 
 
+def _under_way_note(series: Sequence[Series]) -> list[str]:
+    """Above a curve table with closed-loop capacity probes: what "once under way" is."""
+    if not any(p.under_way for s in series for p in s.points):
+        return []
+    return ["A closed loop's users send their first requests all at once, a burst no steady "
+            "load of that many users makes: a capacity search judges each probe by the SLO "
+            "attainment *once under way*, over the requests sent after the first one "
+            "completed, shown beside the attainment over every request.", ""]
+
+
 def curves_section(series: Sequence[Series], has_plot: bool,
                    cells: Sequence[CellResult] = (), target: float | None = None
                    ) -> list[str]:
@@ -589,7 +599,7 @@ def curves_section(series: Sequence[Series], has_plot: bool,
              "Each engine and knob setting across its load points, by load: output tokens/s "
              "against TPOT (p50, p90) and TTFT p90"
              + (" (plotted in `throughput_latency.png`, SLO lines drawn in)." if has_plot
-                else "."), "", *tails_note(shown)]
+                else "."), "", *_under_way_note(series), *tails_note(shown)]
     for s in series:
         rows = []
         # a point whose goodput `batchlab summarize --slo` recomputed says under which SLO
@@ -600,7 +610,8 @@ def curves_section(series: Sequence[Series], has_plot: bool,
                     and p.attainment < target):  # the SLO missed first, then the pace
                 behind = f"below the {fmt_pct(target)} target; also {behind}"
             att = fmt_attainment(p.attainment) + (
-                " (stopped early)" if p.stopped else f" (failed: {behind})" if behind else "")
+                f" ({fmt_attainment(p.under_way[0])} once under way)" if p.under_way else ""
+            ) + (" (stopped early)" if p.stopped else f" (failed: {behind})" if behind else "")
             if several:
                 att += f" under {slo_text(p.slo)}" if p.slo else " (no SLO)"
             rows.append([load_text({"kind": s.kind, "value": p.load}),

@@ -304,3 +304,21 @@ def test_the_reports_curve_table_says_a_missed_target_before_the_pace() -> None:
     assert "| 99.5% (failed: too short to show a steady state) |" in text
     assert ("| 50.3% (failed: below the 99.0% target; also too short to show a steady state) |"
             in text)
+
+
+def test_the_curve_table_shows_a_closed_loops_attainment_once_under_way() -> None:
+    """The capacity table said 72 users passed at 99% while the curve table, over every
+    request, showed 97.1% for the same probe: both are shown, and said what they are."""
+    from harness.report.curves import CurvePoint, Series
+    from harness.report.sections import curves_section
+
+    point = CurvePoint(cell="conc-72", load=72, output_tokens_per_s=4060.0, tpot_p50_s=0.0148,
+                       tpot_p90_s=0.0181, ttft_p90_s=0.744, attainment=0.971,
+                       under_way=(0.994, 72))
+    other = CurvePoint(cell="conc-1", load=1, output_tokens_per_s=150.0, tpot_p50_s=0.006,
+                       tpot_p90_s=0.006, ttft_p90_s=0.03, attainment=1.0)
+    text = "\n".join(curves_section([Series("continuous", "concurrency", (other, point))],
+                                    has_plot=False, target=0.99))
+    assert "| 97.1% (99.4% once under way) |" in text
+    assert "| 1 user |" in text
+    assert "over the requests sent after the first one completed" in text

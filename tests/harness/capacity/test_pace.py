@@ -269,3 +269,35 @@ def test_a_rising_arrival_rate_with_long_requests_is_no_backlog(tmp_path: Path) 
     finished = finished + 0.02 * np.arange(arrival.size)
     behind = pace(arrival, finished, finished - arrival, ok, first)
     assert behind is not None and behind.fell_behind and behind.overloaded
+
+
+def test_a_closed_loop_is_judged_once_its_users_are_under_way(tmp_path: Path) -> None:
+    """72 users on the quickstart's trace: their first requests, all sent at once at the
+    start, miss the TTFT SLO as no steady load of 72 users would, and decided a concurrency
+    capacity alone (README review case: 58 users found, every miss of the probe at 59 among
+    its users' first requests). The attainment a probe is judged by leaves them out."""
+    from harness.capacity.probe import outcome_from_summary
+    from harness.metrics import Slo
+    from harness.results import attainment_after_warm_up
+
+    run = tmp_path / "run"
+    slo = Slo(ttft_s=1.0, tpot_s=0.05)
+    assert cli_main(["simulate", "--trace", str(REPO / "harness/data/azure_conv_excerpt.csv"),
+                     "--limit", "400", "--mode", "closed", "--concurrency", "72",
+                     "--slo", "ttft_s=1,tpot_s=0.05", "--no-report", "--out", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    under_way = attainment_after_warm_up(run, slo)
+    assert under_way is not None
+    attainment, num_first = under_way
+    assert num_first == 72  # one per user: sent before any request completed
+    whole = summary["goodput"]["slo_attainment"]
+    assert whole < 0.99 <= attainment  # the burst alone fails the probe
+    r = pq.read_table(run / "requests.parquet").to_pydict()
+    first_done = min(f for f, e in zip(r["finished_s"], r["error_kind"], strict=True)
+                     if e is None)
+    burst = [i for i, a in enumerate(r["arrival_s"]) if a < first_done]
+    assert len(burst) == 72 and all(r["arrival_s"][i] == 0.0 for i in burst)
+    # the probe's outcome: judged by it, and saying how many it left out
+    outcome = outcome_from_summary(72, summary, 0.99, warm_up=under_way)
+    assert outcome.passed and outcome.attainment == attainment and outcome.num_warm_up == 72
+    assert not outcome_from_summary(72, summary, 0.99).passed
