@@ -469,6 +469,8 @@ def load_scenario_dir(scenario_dir: Path) -> tuple[dict[str, Any], list[CellResu
             (p / STATUS_FILE).exists() or (p / SUMMARY_FILE).exists()))
     recorded = meta.get("digests")
     digests: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
+    defined = meta.get("definitions")  # each cell's definition (a cell not run yet has none)
+    definitions: Mapping[str, Any] = defined if isinstance(defined, Mapping) else {}
     cells = []
     for name in names:
         cell_dir = scenario_dir / name
@@ -479,8 +481,11 @@ def load_scenario_dir(scenario_dir: Path) -> tuple[dict[str, Any], list[CellResu
                 cell = replace(cell, stale=True)
             cells.append(cell)
         else:
+            definition = definitions.get(name)
             cells.append(CellResult(name=name, run_dir=cell_dir, state="not_run",
-                                    reason="not run yet (or excluded by --only)"))
+                                    reason="not run yet (or excluded by --only)",
+                                    cell=dict(definition) if isinstance(definition, Mapping)
+                                    else {}))
     return meta, cells
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.behind import fell_behind_warning
+from harness.redact import redact_tree
 from harness.results import REPORT_FILE, REPORT_PLOTS, write_json_atomic
 from harness.runfolder import check_each, holding_dir, refuse_results_folder
 from harness.scenario._text import REPO_ROOT, display_path, exception_reason
@@ -189,6 +190,9 @@ def run_scenario(
     # what each cell's results must have been made from: the report flags a cell on disk
     # made from an earlier definition (one --only or --resume left as it was)
     meta["digests"] = {c.name: scenario.cell_digest(c) for c in all_cells}
+    # and each cell's definition, as its cell.json will hold it: a cell not run yet (a sweep
+    # stopped before it, or left out by --only) is reported with its engine and load
+    meta["definitions"] = {c.name: redact_tree(c.as_dict()) for c in all_cells}
 
     progress = progress or SweepProgress(len(chosen))
     # one sweep writes the folder at a time (harness.runfolder.holding_dir): one already there

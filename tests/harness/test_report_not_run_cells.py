@@ -1,0 +1,39 @@
+"""A cell not run yet (left out by --only, or a sweep stopped before it) is listed in the
+report with its engine and load, from the definition the sweep recorded in scenario.json; it
+read "– | – | trace timing", a load it did not have."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCENARIO = f"""\
+name: notrun
+question: which rate?
+model: llama-3.1-8b
+gpu: h100-sxm
+trace:
+  path: {REPO / "harness" / "data" / "azure_conv_excerpt.csv"}
+  limit: 20
+load:
+  rates: [2, 4]
+engines:
+  - name: sim
+    engine: reference
+"""
+
+
+def test_a_cell_not_run_is_listed_with_its_engine_and_load(tmp_path: Path) -> None:
+    path = tmp_path / "notrun.yaml"
+    path.write_text(SCENARIO)
+    assert main(["run", str(path), "--only", "sim__rate-2", "--out", str(tmp_path / "out")]) == 0
+    folder = tmp_path / "out" / "notrun"
+    meta = json.loads((folder / "scenario.json").read_text())
+    assert meta["definitions"]["sim__rate-4"]["load"] == {"kind": "rate", "value": 4.0}
+    report = (folder / "report.md").read_text()
+    assert "| `sim__rate-4` | reference | simulated | 4 req/s |" in report
+    assert "trace timing" not in report
