@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
@@ -157,6 +158,7 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
                    f"{'their figures' if len(stale) > 1 else 'its figures'} may not answer this "
                    "scenario; `batchlab run` with `--resume` runs "
                    f"{'them' if len(stale) > 1 else 'it'} again.")
+    out += _server_changed(ok)
     not_run = [c.name for c in cells if c.state == "not_run"]
     if not_run:
         out.append(f"{len(not_run)} cell{'s' if len(not_run) > 1 else ''} not run "
@@ -217,6 +219,51 @@ def _single_run_sentence(c: CellResult) -> str:
     if not missing(attainment):
         text += f"; {fmt_attainment(attainment)} of requests met the SLO"
     return text + "."
+
+
+def _server_changed(ok: Sequence[CellResult]) -> list[str]:
+    """Cells measured against one attached server (``--url``, or a scenario engine's ``url``)
+    while it described itself differently (its ``/version`` or ``/info`` answer, as each
+    cell's manifest recorded it): restarted with other settings between them, so their
+    figures are of different configurations, though nothing in their definitions differs."""
+    by_url: dict[str, dict[str, list[str]]] = {}
+    answers: dict[str, Any] = {}
+    for c in ok:
+        engine = c.manifest.get("engine")
+        if not isinstance(engine, Mapping) or engine.get("mode") != "attach":
+            continue
+        probe = engine.get("version_probe")
+        body = probe.get("body") if isinstance(probe, Mapping) else None
+        url = engine.get("base_url")
+        if body is None or not isinstance(url, str):
+            continue
+        key = json.dumps(body, sort_keys=True, default=str)
+        answers[key] = body
+        by_url.setdefault(url, {}).setdefault(key, []).append(c.name)
+    out = []
+    for url, groups in by_url.items():
+        if len(groups) < 2:
+            continue
+        flat = [_flat(answers[key]) for key in groups]
+        differ = sorted({k for f in flat for k in f if len({str(g.get(k)) for g in flat}) > 1})
+        said = ", ".join(differ[:4]) + (f" and {len(differ) - 4} more" if len(differ) > 4 else "")
+        sets = "; ".join(", ".join(map(code, names)) for names in groups.values())
+        out.append(f"The server at {url} described itself differently across the cells measured "
+                   f"against it ({said} differ): {sets}. It was restarted with other settings "
+                   "between them, so their figures are of different configurations, though "
+                   "their definitions are the same; `batchlab run` with `--resume` runs again "
+                   "those measured against another configuration than the server reports now.")
+    return out
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A JSON answer as {dotted key: value}, to name the keys in which two answers differ."""
+    if not isinstance(value, Mapping):
+        return {prefix or "answer": value}
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
 
 
 def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
