@@ -307,17 +307,23 @@ def test_two_run_folders_pair_with_each_other(nights: dict[str, Path], tmp_path:
     assert by_metric(result.pairs[0])["ttft_s.p90"].judgement == "worse"
 
 
+def _interrupted_copy(run: Path, to: Path) -> Path:
+    """A copy of ``run`` whose manifest and summary say it was interrupted (a single run
+    folder has no status.json to say otherwise)."""
+    shutil.copytree(run, to)
+    (to / "status.json").unlink(missing_ok=True)
+    for name, extra in (("summary.json", {"status": "interrupted", "num_not_sent": 30}),
+                        ("manifest.json", {"status": "interrupted"})):
+        doc = json.loads((to / name).read_text())
+        (to / name).write_text(json.dumps({**doc, **extra}))
+    return to
+
+
 def test_an_interrupted_run_folder_is_not_compared_and_fails_its_checks(
         nights: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A single run folder has no status.json: its manifest and summary say it was
     interrupted, and its figures (of the requests it sent) must not pass a night's gate."""
-    cut = tmp_path / "cut"
-    shutil.copytree(nights["n1"] / "continuous", cut)
-    (cut / "status.json").unlink(missing_ok=True)
-    for name, extra in (("summary.json", {"status": "interrupted", "num_not_sent": 30}),
-                        ("manifest.json", {"status": "interrupted"})):
-        doc = json.loads((cut / name).read_text())
-        (cut / name).write_text(json.dumps({**doc, **extra}))
+    cut = _interrupted_copy(nights["n1"] / "continuous", tmp_path / "cut")
     code = main(["compare", str(nights["n1"] / "continuous"), str(cut),
                  "--fail-if", "throughput.requests_per_s=5"])
     out = capsys.readouterr()
@@ -332,16 +338,8 @@ def test_a_check_fails_when_both_sides_did_not_finish(
         nights: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Two nights that both crashed: the check cannot be made of the AFTER night, and a
     nightly gate must not go green because the night before crashed too."""
-    cut = []
-    for name in ("cut1", "cut2"):
-        folder = tmp_path / name
-        shutil.copytree(nights["n1"] / "continuous", folder)
-        (folder / "status.json").unlink(missing_ok=True)
-        for file, extra in (("summary.json", {"status": "interrupted", "num_not_sent": 30}),
-                            ("manifest.json", {"status": "interrupted"})):
-            doc = json.loads((folder / file).read_text())
-            (folder / file).write_text(json.dumps({**doc, **extra}))
-        cut.append(str(folder))
+    cut = [str(_interrupted_copy(nights["n1"] / "continuous", tmp_path / name))
+           for name in ("cut1", "cut2")]
     assert main(["compare", *cut, "--fail-if", "ttft_s.p90=10"]) == 1
     assert "ttft_s.p90 cannot be checked: after ended early" in capsys.readouterr().out
 

@@ -85,20 +85,6 @@ LEGEND_BELOW: dict[str, Draw] = {
 ALL: dict[str, Draw] = {**LEGEND_BELOW, "batch_size_sweep": _sweep, "throughput_latency": _curves}
 
 
-@pytest.fixture
-def saved(monkeypatch: pytest.MonkeyPatch) -> list[Figure]:
-    """The figures the plot functions save, in order."""
-    figures: list[Figure] = []
-    real_save = plots._save
-
-    def keep(fig: Figure, path: Path, note: str | None = None) -> Path:
-        figures.append(fig)
-        return real_save(fig, path, note)
-
-    monkeypatch.setattr(plots, "_save", keep)
-    return figures
-
-
 def _png_size(path: Path) -> tuple[int, int]:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n", path

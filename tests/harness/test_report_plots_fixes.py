@@ -26,20 +26,6 @@ from harness.report import plots
 from harness.report.curves import CapacityRow, CurvePoint, Series, capacity_mark
 
 
-@pytest.fixture
-def saved(monkeypatch: pytest.MonkeyPatch) -> list[Figure]:
-    """The figures the plot functions save, in order."""
-    figures: list[Figure] = []
-    real_save = plots._save
-
-    def keep(fig: Figure, path: Path, note: str | None = None) -> Path:
-        figures.append(fig)
-        return real_save(fig, path, note)
-
-    monkeypatch.setattr(plots, "_save", keep)
-    return figures
-
-
 def _drawn_labels(fig: Figure, axis: Axis) -> list[tuple[str, float, float]]:
     """The axis's tick labels drawn within its axes, as (text, start, end) along the axis
     in pixels, in the order of the axis."""
