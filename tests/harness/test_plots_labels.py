@@ -42,15 +42,7 @@ def test_log_time_axis_has_plain_labels(low: float, high: float, expected: set[s
 
 
 def test_figures_label_times_plainly_and_count_in_whole_numbers(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    saved: list[Figure] = []
-    real_save = plots._save
-
-    def keep(fig: Figure, path: Path, note: str | None = None) -> Path:
-        saved.append(fig)
-        return real_save(fig, path, note)
-
-    monkeypatch.setattr(plots, "_save", keep)
+        tmp_path: Path, saved: list[Figure]) -> None:
     rng = np.random.default_rng(1)
     latency = {"a": {m: np.exp(rng.uniform(-5, 1, 200)) for m, _ in plots.LATENCY_PANELS}}
     assert plots.latency_cdfs(latency, tmp_path / "latency.png") is not None
