@@ -350,22 +350,45 @@ def predicted_text(cells: Sequence[CellResult]) -> str | None:
             f"hardware ({ACCURACY_LINK}){but}.")
 
 
-def derived_note(cells: Sequence[CellResult], what: str, *, pace: bool = False) -> list[str]:
+# the latencies an SLO bounds, in the words of the tables that show them
+_SLO_LATENCIES = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E latency"}
+
+
+def derived_note(cells: Sequence[CellResult], what: str, *, pace: bool = False,
+                 slo: Mapping[str, Any] | None = None) -> list[str]:
     """Under a table of figures computed from predicted latencies (goodput, SLO attainment,
     capacity at SLO): that they are predicted too, where their inputs' error is, and that they
     were never compared with a published figure themselves. ``pace``: they rest on whether the
-    engine kept pace with its arrivals too (a capacity), that is on predicted throughput."""
+    engine kept pace with its arrivals too (a capacity), that is on predicted throughput.
+    ``slo``: the SLO, whose latencies are named (else the cells' summaries')."""
     names = _predicted_names(cells)
     if not names:
         return []
     whose = "every cell" if len(names) == len(cells) else ", ".join(names)
-    inputs = ("rest on predicted TTFT and TPOT (which requests met the SLO) and on predicted "
+    bounds = _slo_latencies(slo, cells)
+    latencies = " and ".join(bounds) if len(bounds) < 3 else "TTFT, TPOT and E2E latency"
+    inputs = (f"rest on predicted {latencies} (which requests met the SLO) and on predicted "
               "throughput (whether the engine kept pace with its arrivals)" if pace
-              else "count the requests whose predicted TTFT and TPOT met the SLO")
+              else f"count the requests whose predicted {latencies} met the SLO")
+    tables = [*bounds, "throughput"] if pace else bounds
+    listed = (", ".join(tables[:-1]) + " and " + tables[-1]) if len(tables) > 1 else tables[0]
     return [f"{what} of {whose} are predicted: they {inputs}. How far those were "
-            "measured to miss: the notes under the TTFT, TPOT and throughput tables, and "
+            f"measured to miss: the notes under the {listed} "
+            f"table{'s' if len(tables) > 1 else ''}, and "
             f"{ACCURACY_LINK}; no published figure of this kind was compared with them "
             "themselves.", ""]
+
+
+def _slo_latencies(slo: Mapping[str, Any] | None, cells: Sequence[CellResult]) -> list[str]:
+    """The latencies ``slo`` bounds (else the SLO any of ``cells``' summaries was computed
+    under), in ``_SLO_LATENCIES``' order; all three when none says."""
+    keys: set[str] = set(slo or {})
+    if not keys:
+        for c in cells:
+            recorded = (c.summary or {}).get("slo")
+            keys.update(recorded if isinstance(recorded, Mapping) else ())
+    named = [word for key, word in _SLO_LATENCIES.items() if key in keys]
+    return named or list(_SLO_LATENCIES.values())
 
 
 def margin_caveat(c: CellResult, value: float, limit: float, kind: str) -> str:

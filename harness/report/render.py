@@ -144,7 +144,7 @@ def _load_sections(ok: Sequence[CellResult], base: CellResult | None, ctx: Repor
     base_key = cell_setting(base) if base is not None else None
     capacity_lines = capacity_section(capacity, base_key, ctx.slo, target, cells=report_cells)
     if capacity_lines and ctx.slo:
-        capacity_lines += derived_note(ok, "Capacities at SLO", pace=True)
+        capacity_lines += derived_note(ok, "Capacities at SLO", pace=True, slo=ctx.slo)
     lines += capacity_lines
     lines += batch_size_section(_batch_series(ok), report_cells=report_cells)
     return lines

@@ -400,7 +400,7 @@ def goodput_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportConte
         rows.append(row)
     headers = ["cell", "good requests", "requests", "goodput req/s", "SLO attainment"]
     lines += [table(headers + (["SLO"] if several else []), rows), ""]
-    return lines + derived_note(ok, "Goodput and SLO attainment")
+    return lines + derived_note(ok, "Goodput and SLO attainment", slo=ctx.slo)
 
 
 def preemption_section(ok: Sequence[CellResult], preempted: Mapping[str, int | None]
