@@ -185,6 +185,16 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
         return Pace(arrived, completed, False,
                     f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} arriving "
                     "over the second half of its arrivals", fell_behind=True, settled=True)
+    # within chance by the counts, yet the wait plainly grew (Pace.swamped's rule): a backlog
+    # the counts' slack hides, as the waiting queue shows
+    growth = _queue_growth(arrival, first_token_s, ok, start, end)
+    if growth is not None and growth > QUEUE_GROWTH_SHARE * (end - start):
+        return Pace(arrived, completed, False,
+                    f"fell behind: those arriving last waited {_seconds(growth)} longer for a "
+                    f"first token than the first, over arrivals lasting {end - start:.3g} s "
+                    f"(completed {completed:.3g} req/s of {arrived:.3g} arriving over the "
+                    "second half of them)", fell_behind=True, settled=True,
+                    queue_growth_s=growth, span_s=end - start)
     return Pace(arrived, completed, True, settled=True)
 
 

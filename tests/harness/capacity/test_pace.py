@@ -301,3 +301,25 @@ def test_a_closed_loop_is_judged_once_its_users_are_under_way(tmp_path: Path) ->
     outcome = outcome_from_summary(72, summary, 0.99, warm_up=under_way)
     assert outcome.passed and outcome.attainment == attainment and outcome.num_warm_up == 72
     assert not outcome_from_summary(72, summary, 0.99).passed
+
+
+def test_a_wait_that_plainly_grew_fails_the_pace_whatever_the_counts(tmp_path: Path) -> None:
+    """At 3.512 req/s with 8 slots, the excerpt's waiting queue grows from none to dozens
+    over the run, and TTFT from about 10 ms to 12 s; yet the completions fell short of the
+    due requests by less than the 2 sigma a Poisson count of them allows, and a capacity
+    search found this load (review case). A wait that grew by more than a tenth of the
+    arrivals' span fails it, as it flags a run too short to count on."""
+    from harness.results import pace_of
+
+    run = tmp_path / "run"
+    assert cli_main(["simulate", "--trace", str(REPO / "harness/data/azure_conv_excerpt.csv"),
+                     "--limit", "400", "--max-num-seqs", "8", "--rate", "3.512",
+                     "--no-report", "--out", str(run)]) == 0
+    pace = pace_of(run)
+    assert pace is not None and pace.settled and pace.fell_behind and not pace.kept
+    assert pace.queue_growth_s is not None and pace.span_s is not None
+    assert pace.queue_growth_s > 0.1 * pace.span_s
+    assert pace.why is not None and pace.why.startswith("fell behind: those arriving last")
+    # the premise: the counts alone were within chance
+    n = pace.arrived_per_s * pace.span_s / 2
+    assert (pace.arrived_per_s - pace.completed_per_s) * pace.span_s / 2 < 2 * np.sqrt(n)
