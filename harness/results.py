@@ -230,26 +230,35 @@ def write_tables(out_dir: Path, tables: Mapping[str, pa.Table], *,
         write_parquet_atomic(table, out_dir / name, run_id=run_id)
 
 
-def pace_of(run_dir: Path) -> Pace | None:
-    """``harness.metrics.pace`` of a run folder, from its ``requests.parquet``; None when it
-    cannot be made (see ``pace``; no readable file)."""
+def _request_columns(run_dir: Path, wanted: Sequence[str]
+                     ) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+    """The numeric columns ``wanted`` of a run's ``requests.parquet`` (those it has) as float
+    arrays, and whether each request completed (no ``error_kind``); None when the file cannot
+    be read or lacks ``error_kind``. ``pq.ParquetFile`` and ``columns.numbers``, not
+    ``read_table`` and ``to_numpy``: those import pandas and pyarrow.compute, most of a second
+    that a simulate command would pay for the checks made of it."""
     try:
-        wanted = ["arrival_s", "first_token_s", "finished_s", "e2e_s", "error_kind"]
-        # ParquetFile, not read_table: the dataset reader imports pandas and pyarrow.compute,
-        # most of a second that a simulate command would pay for this check
         with pq.ParquetFile(run_dir / REQUESTS_FILE) as file:
             names = set(file.schema_arrow.names)
-            table = file.read(columns=[c for c in wanted if c in names])
-        # columns.numbers, not to_numpy: that imports pyarrow.compute (and pandas) too
-        arrival, finished, e2e = (np.asarray(columns.numbers(table.column(c)), dtype=float)
-                                  for c in ("arrival_s", "finished_s", "e2e_s"))
+            table = file.read(columns=[c for c in (*wanted, "error_kind") if c in names])
+        values = {c: np.asarray(columns.numbers(table.column(c)), dtype=float)
+                  for c in wanted if c in names}
         ok = np.array([kind is None for kind in table.column("error_kind").to_pylist()],
                       dtype=bool)
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid):
         return None
-    first = (np.asarray(columns.numbers(table.column("first_token_s")), dtype=float)
-             if "first_token_s" in names else None)
-    return pace(arrival, finished, e2e, ok, first)
+    return values, ok
+
+
+def pace_of(run_dir: Path) -> Pace | None:
+    """``harness.metrics.pace`` of a run folder, from its ``requests.parquet``; None when it
+    cannot be made (see ``pace``; no readable file)."""
+    read = _request_columns(run_dir, ("arrival_s", "first_token_s", "finished_s", "e2e_s"))
+    if read is None or not {"arrival_s", "finished_s", "e2e_s"} <= set(read[0]):
+        return None
+    values, ok = read
+    return pace(values["arrival_s"], values["finished_s"], values["e2e_s"], ok,
+                values.get("first_token_s"))
 
 
 def attainment_after_warm_up(run_dir: Path, slo: Slo) -> tuple[float, int] | None:
@@ -259,16 +268,12 @@ def attainment_after_warm_up(run_dir: Path, slo: Slo) -> tuple[float, int] | Non
     requests, all sent at the start, a burst no steady load of that many users makes
     (docs/metrics.md, "Capacity probes"). None when it cannot be made (no readable file, or
     no request sent after the first completed)."""
-    try:
-        wanted = ["arrival_s", "finished_s", "ttft_s", "tpot_s", "e2e_s", "error_kind"]
-        with pq.ParquetFile(run_dir / REQUESTS_FILE) as file:  # no pandas (``pace_of``)
-            table = file.read(columns=wanted)
-        arrival, finished, ttft, tpot, e2e = (
-            np.asarray(columns.numbers(table.column(c)), dtype=float) for c in wanted[:5])
-        ok = np.array([kind is None for kind in table.column("error_kind").to_pylist()],
-                      dtype=bool)
-    except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid):
+    wanted = ("arrival_s", "finished_s", "ttft_s", "tpot_s", "e2e_s")
+    read = _request_columns(run_dir, wanted)
+    if read is None or not set(wanted) <= set(read[0]):
         return None
+    values, ok = read
+    arrival, finished, ttft, tpot, e2e = (values[c] for c in wanted)
     done = ok & np.isfinite(finished)
     if not done.any():
         return None

@@ -28,7 +28,7 @@ from harness.metrics import attainment_text
 from harness.report.format import sig, slo_text, value_text
 from harness.report.plots import CapacityMark
 from harness.report.runs import CellResult, get, knob, read_engine_samples
-from harness.results import PROBE_FILE, SEARCH_FILE
+from harness.results import PROBE_FILE, SEARCH_FILE, read_json_object
 
 DEFAULT_TARGET = 0.99  # SLO attainment a capacity keeps, when no search says otherwise
 FLAT_GAIN = 0.5  # tokens/s growing at under half the batch's growth: past the turn
@@ -183,12 +183,7 @@ def _behind(run_dir: Path, listed: Mapping[Path, str | None]) -> str | None:
 def _probe_under_way(run_dir: Path) -> tuple[float, int] | None:
     """A closed-loop capacity probe's attainment once its users were under way, and how many
     of their first requests that leaves out (its ``probe.json``); None for any other run."""
-    try:
-        probe = json.loads((run_dir / PROBE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(probe, dict):
-        return None
+    probe = read_json_object(run_dir / PROBE_FILE)
     attainment, num = probe.get("attainment"), probe.get("num_warm_up")
     if not isinstance(attainment, int | float) or not isinstance(num, int) or not num:
         return None
@@ -198,11 +193,7 @@ def _probe_under_way(run_dir: Path) -> tuple[float, int] | None:
 def _probe_behind(run_dir: Path) -> str | None:
     """Why a capacity probe's run failed the pace check (its ``probe.json``), None when it is
     no probe or kept pace."""
-    try:
-        probe = json.loads((run_dir / PROBE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return _pace_failure(probe) if isinstance(probe, dict) else None
+    return _pace_failure(read_json_object(run_dir / PROBE_FILE))
 
 
 def _pace_failure(probe: Mapping[str, Any]) -> str | None:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
-from harness.metrics import PACE_TOLERANCE, Pace
+from harness.metrics import PACE_TOLERANCE, Pace, flatten
 from harness.prediction import recorded_prediction
 from harness.report.context import (
     ReportContext,
@@ -244,7 +244,8 @@ def _server_changed(ok: Sequence[CellResult]) -> list[str]:
     for url, groups in by_url.items():
         if len(groups) < 2:
             continue
-        flat = [_flat(answers[key]) for key in groups]
+        flat = [flatten(answers[key]) if isinstance(answers[key], Mapping)
+                else {"answer": answers[key]} for key in groups]
         differ = sorted({k for f in flat for k in f if len({str(g.get(k)) for g in flat}) > 1})
         said = ", ".join(differ[:4]) + (f" and {len(differ) - 4} more" if len(differ) > 4 else "")
         sets = "; ".join(", ".join(map(code, names)) for names in groups.values())
@@ -253,16 +254,6 @@ def _server_changed(ok: Sequence[CellResult]) -> list[str]:
                    "between them, so their figures are of different configurations, though "
                    "their definitions are the same; `batchlab run` with `--resume` runs again "
                    "those measured against another configuration than the server reports now.")
-    return out
-
-
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    """A JSON answer as {dotted key: value}, to name the keys in which two answers differ."""
-    if not isinstance(value, Mapping):
-        return {prefix or "answer": value}
-    out: dict[str, Any] = {}
-    for k, v in value.items():
-        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
     return out
 
 
