@@ -167,7 +167,13 @@ class Knobs:
                     f"{where}.{name}: must be true or false, got {getattr(self, name)!r}")
 
     def as_dict(self) -> dict[str, Any]:
+        """Every knob, batchlab's fallbacks for those not given included."""
         return {name: getattr(self, name) for name in self.names()}
+
+    def asked(self) -> dict[str, Any]:
+        """Only the knobs the user gave: what a definition asked for. A knob left unset runs
+        at its engine's own default, which batchlab's fallback need not be."""
+        return {name: getattr(self, name) for name in self.given_names()}
 
 
 # Far above any model's context or any engine's batch: a bound that catches sentinels such as

@@ -114,8 +114,11 @@ class CellResult:
 
     @property
     def asked_knobs(self) -> Mapping[str, Any]:
-        """The knobs its scenario asked for (``cell.json``), before any profile's defaults."""
-        return self.cell.get("knobs") or self.manifest.get("knobs") or {}
+        """The knobs its scenario asked for (``cell.json``), before any profile's or engine's
+        defaults; a run of its own (no cell.json): those it ran with."""
+        if "knobs" in self.cell:
+            return self.cell.get("knobs") or {}
+        return self.manifest.get("knobs") or {}
 
     @property
     def engine(self) -> str:
@@ -705,8 +708,9 @@ def trace_digest(c: CellResult) -> str | None:
 
 
 def varying_knobs(cells: Sequence[CellResult]) -> list[str]:
-    """Knobs that differ between the cells that recorded knobs (a cell that never started
-    has none and is not a difference)."""
+    """Knobs that differ between the cells that recorded them: a cell that never started has
+    only those its definition asked for, and a knob it left to its engine's default is not
+    known, not a difference."""
     known = [c for c in cells if c.knobs]
     names: list[str] = []
     for c in known:
@@ -715,7 +719,7 @@ def varying_knobs(cells: Sequence[CellResult]) -> list[str]:
         empty = name == "extra_args" and (value is None or value == [] or value == ())
         return "[]" if empty else value_text(value)
 
-    return [k for k in names if len({text(k, c.knobs.get(k)) for c in known}) > 1]
+    return [k for k in names if len({text(k, c.knobs[k]) for c in known if k in c.knobs}) > 1]
 
 
 def sweep_cells(cells: Sequence[CellResult]) -> list[CellResult]:

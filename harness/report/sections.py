@@ -237,13 +237,19 @@ def cells_section(cells: Sequence[CellResult]) -> list[str]:
         rows.append(row)
     lines += [table(headers, rows, align=["l"] * len(headers)), ""]
     if common:
-        first = next((c for c in cells if c.knobs), None)
         unknown = [code(c.name) for c in cells if not c.knobs and c.state != "not_run"]
         whose = ("every cell" if not unknown else
                  f"every cell whose knobs are known ({', '.join(unknown)}: unknown)")
-        if first is not None:
-            lines += [f"Knobs common to {whose}: " + ", ".join(
-                f"{k}={value_text(first.knobs.get(k))}" for k in common) + ".", ""]
+        # a cell not run records only the knobs its definition asked for: the others would be
+        # its engine's defaults, not known until it runs
+        partial = [code(c.name) for c in cells if c.state == "not_run"
+                   and any(k not in c.knobs for k in common)]
+        if partial:
+            whose += (f" that records them ({', '.join(partial)}, not run, only the knobs "
+                      "asked for: the rest would be their engines' defaults)")
+        lines += [f"Knobs common to {whose}: " + ", ".join(
+            f"{k}={value_text(next(c.knobs[k] for c in cells if k in c.knobs))}"
+            for k in common) + ".", ""]
     flags = [(c, _flags_text(c)) for c in cells]
     flags = [(c, f) for c, f in flags if f]
     if flags:

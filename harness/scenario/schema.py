@@ -163,7 +163,9 @@ class Cell:
         return {
             "name": self.name,
             "engine": self.engine.as_dict(),
-            "knobs": jsonable(self.knobs.as_dict()),
+            # what the scenario asked for: an unset knob is its engine's default (the run's
+            # manifest.json records what it ran with), never batchlab's fallback
+            "knobs": jsonable(self.knobs.asked()),
             "grid": jsonable(self.grid),
             "load": self.load.as_dict(),
         }
