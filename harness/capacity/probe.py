@@ -153,6 +153,8 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
         write_json_atomic({"state": "failed", "reason": lost}, out_dir / STATUS_FILE)
         raise ServerStoppedAnswering(lost)
     why = nothing_served(summary, out_dir)
+    if why is not None:  # its summary and manifest say so, as `batchlab simulate`'s do
+        summary = record_failed(out_dir, summary, why)
     if why is not None and set(summary.get("failures") or {}) == {"rejected"}:
         # refused whatever the load (a prompt that cannot fit): no load would pass
         write_json_atomic({"state": "failed", "reason": why}, out_dir / STATUS_FILE)

@@ -63,6 +63,14 @@ class CellResult:
         return any(w.keys[0] in fields for w in self.unread)
 
     @property
+    def served_nothing(self) -> bool:
+        """It sent requests, had none back, and its manifest says it failed: a failure, not
+        a run cut short (``harness.manifest.record_failed``)."""
+        return ((get(self.summary, "num_requests") or 0) > 0
+                and not get(self.summary, "num_completed")
+                and self.manifest.get("status") == "failed")
+
+    @property
     def ended_early(self) -> str | None:
         """How a run with results did not run to its end, from its manifest (an engine that
         exited, Ctrl-C, a run killed outright and summarized afterwards); None when it did."""

@@ -285,6 +285,8 @@ def cells_section(cells: Sequence[CellResult]) -> list[str]:
 def _status_text(c: CellResult) -> str:
     if c.state == "done":
         ended = c.ended_early
+        if ended and c.served_nothing:  # sent its trace and had nothing back: a failure
+            return f"failed: {short(ended)}"
         return f"ended early: {short(ended)}" if ended else "done"
     if c.state == "not_run":
         return "not run"

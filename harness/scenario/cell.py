@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.knobs import ReferenceKnobs
+from harness.manifest import record_failed
 from harness.metrics import Slo
 from harness.results import NothingServed, nothing_served
 from harness.scenario.attached import (
@@ -55,7 +56,8 @@ def run_cell(job: CellJob, out_dir: Path, progress: ProgressFn) -> Mapping[str, 
     # its files are on disk; but a cell that served nothing measured nothing: it fails, with
     # the first error, and --resume runs it again
     why = nothing_served(summary, out_dir)
-    if why is not None:
+    if why is not None:  # its summary and manifest say so, as `batchlab simulate`'s do
+        record_failed(out_dir, summary, why)
         raise NothingServed(why)
     gone = fail_if_gone(out_dir, summary, spec.url) if is_attached(spec) and spec.url else None
     if gone is not None:  # as a launched engine's exit: a failed cell, run again by --resume

@@ -335,7 +335,8 @@ def test_a_cell_that_served_nothing_fails_with_its_first_error_and_is_run_again(
     cell_dir = tmp_path / "small" / "continuous__max_num_seqs-4"
     assert (cell_dir / "requests.parquet").exists()  # what it did is kept
     report = (tmp_path / "small" / "report.md").read_text()
-    assert "`continuous__max_num_seqs-4` measured nothing: none of the 40 requests" in report
+    assert "`continuous__max_num_seqs-4` failed: none of the 40 requests" in report
+    assert "| failed: none of the 40 requests completed" in report  # the cells table
     again = sc.run_scenario(scenario, tmp_path, only="continuous__max_num_seqs-4", resume=True,
                             progress=quiet())
     assert [o.state for o in again.outcomes if o.state != "not_run"] == ["failed"]
