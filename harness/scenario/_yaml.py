@@ -31,7 +31,12 @@ MAX_EXPANDED_NODES = 100_000
 
 def compose(text: str, file: str) -> Node | None:
     """Parse YAML keeping line numbers (``yaml.compose`` nodes carry marks); ``None`` when empty."""
-    loader = yaml.SafeLoader(text)
+    try:  # the reader refuses control characters (a NUL) as soon as it is made
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:
+        raise ScenarioError(file, text.count("\n", 0, exc.position) + 1, "",
+                            f"invalid YAML: {exc.reason} "
+                            f"(character #x{exc.character:04x})") from None
     try:
         node = loader.get_single_node()
         if node is None:

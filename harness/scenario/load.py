@@ -143,9 +143,16 @@ def load_scenario(path: str | Path, *, trace_path: str | Path | None = None) -> 
     path = Path(path)
     file = str(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise ScenarioError(file, None, "", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ScenarioError(file, line, "", f"not UTF-8 text (byte 0x{data[exc.start]:02x}, "
+                            f"column {column}): a scenario file is UTF-8 YAML") from None
     root = compose(text, file)
     c = Checker(file)
     if root is None:
@@ -347,8 +354,10 @@ def check_trace_options(c: Checker, options: dict[str, Any], items: dict[str, No
 
 def resolve_trace_path(text: str, base: Path, c: Checker, y: Node, where: str) -> Path:
     """A trace path: absolute, relative to the scenario file, relative to the repository, or
-    the name of a bundled excerpt (``harness/data``). ``$VARS`` and ``~`` are expanded."""
-    raw = Path(os.path.expanduser(os.path.expandvars(text)))
+    the name of a bundled excerpt (``harness/data``). ``$VARS`` and ``~`` are expanded;
+    ``$BATCHLAB_TRACES_DIR`` unset is its default (``harness.traces.data``), any other
+    variable unset is an error naming it."""
+    raw = Path(os.path.expanduser(_expand_vars(text, c, y, where)))
     candidates = [raw] if raw.is_absolute() else [base / raw, REPO_ROOT / raw, BUNDLED_DATA / raw]
     for candidate in candidates:
         if candidate.is_file():
@@ -365,12 +374,37 @@ def resolve_trace_path(text: str, base: Path, c: Checker, y: Node, where: str) -
                  f"{'' if hint else '.'}{listing}")
 
 
+_VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def _expand_vars(text: str, c: Checker, y: Node, where: str) -> str:
+    """``$NAME`` and ``${NAME}`` in a path: os.path.expandvars leaves an unset one as it is,
+    and the path then names a folder called ``$NAME``."""
+    from harness.traces.data import TRACES_DIR_ENV, default_traces_dir
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if os.environ.get(name):
+            return os.environ[name]
+        if name == TRACES_DIR_ENV:  # the same default as the command line's
+            return str(default_traces_dir())
+        raise c.fail(y, where, f"{text!r} uses ${name}, which is not set in the environment")
+
+    return _VAR.sub(value, text)
+
+
 def _check_trace_at_loads(c: Checker, scenario: Scenario, top: dict[str, Node]) -> None:
     """Each load point's trace options (a rate from ``load.rates`` and a time_scale in
     ``trace``, say) are the options one cell runs with: refused now, not in the sweep. A
     synthetic trace needs a rate, its own or the load point's (N users need none)."""
     from harness.traces import TraceError, TraceOptions
 
+    if "rate" in scenario.trace.options and any(load.kind == "rate" for load in scenario.loads):
+        # load.rates gives each cell its rate: the trace's own would never be read
+        rate = top["trace"].value.get("rate") if top["trace"].kind == "map" else None
+        raise c.fail(rate[1] if rate else top["trace"], "trace.rate",
+                     "load.rates gives each cell its rate, so this one would never be "
+                     "used: remove it, or give the rates in load.rates only")
     for i, load in enumerate(scenario.loads):
         node, where = _load_point(c, top, i)
         for spec in scenario.trace.components():

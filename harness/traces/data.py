@@ -15,5 +15,11 @@ def shared_traces_dir() -> Path | None:
     """The full public traces (``$BATCHLAB_TRACES_DIR``, else ``../shared/traces`` next to the
     repository), or None where that folder does not exist."""
     configured = os.environ.get(TRACES_DIR_ENV)
-    path = Path(configured) if configured else REPO_ROOT.parent / "shared" / "traces"
+    path = Path(configured) if configured else default_traces_dir()
     return path if path.is_dir() else None
+
+
+def default_traces_dir() -> Path:
+    """Where the full public traces are looked for when ``$BATCHLAB_TRACES_DIR`` is not set:
+    ``../shared/traces`` next to the repository."""
+    return REPO_ROOT.parent / "shared" / "traces"

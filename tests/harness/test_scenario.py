@@ -112,6 +112,63 @@ def test_bad_yaml_syntax_names_line(tmp_path: Path) -> None:
     assert "invalid YAML" in str(err)
 
 
+def test_a_file_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
+    """It was a UnicodeDecodeError traceback, where a trace file's gets file:line."""
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(GOOD.encode().replace(b"question:", b"question: \xff", 1))
+    err = error_of(path)
+    line = GOOD[:GOOD.index("question:")].count("\n") + 1
+    assert (err.file, err.line) == (str(path), line)
+    assert "not UTF-8 text (byte 0xff" in str(err)
+
+
+def test_an_unset_traces_dir_in_a_trace_path_is_its_default(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$BATCHLAB_TRACES_DIR unset was left in the path as a folder named "$BATCHLAB_TRACES_DIR",
+    where the command line's traces default to ../shared/traces."""
+    import shutil
+
+    import harness.traces.data as data
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(REPO / "harness" / "data" / "azure_conv_excerpt.csv", traces / "t.csv")
+    monkeypatch.delenv("BATCHLAB_TRACES_DIR", raising=False)
+    monkeypatch.setattr(data, "default_traces_dir", lambda: traces)
+    for spelled in ("$BATCHLAB_TRACES_DIR/t.csv", "${BATCHLAB_TRACES_DIR}/t.csv"):
+        scenario = load_scenario(write(tmp_path, GOOD.replace("azure_conv_excerpt.csv",
+                                                              f'"{spelled}"')))
+        assert scenario.trace.file == traces / "t.csv"
+
+
+def test_an_unset_variable_in_a_trace_path_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_SUCH_DIR", raising=False)
+    err = error_of(write(tmp_path, GOOD.replace("azure_conv_excerpt.csv",
+                                                '"$NO_SUCH_DIR/t.csv"')))
+    assert (err.line, err.key) == (4, "trace.path")
+    assert "$NO_SUCH_DIR, which is not set" in str(err)
+
+
+def test_a_trace_rate_with_load_rates_is_refused(tmp_path: Path) -> None:
+    """load.rates replaced it without a word (a trace time_scale with load.rates was refused)."""
+    text = GOOD.replace("  limit: 20\n", "  limit: 20\n  rate: 3\n").replace(
+        "model: llama", "load: {rates: [2, 4]}\nmodel: llama")
+    err = error_of(write(tmp_path, text))
+    assert (err.line, err.key) == (6, "trace.rate")
+    assert "would never be used" in str(err)
+
+
+def test_a_control_character_names_its_line(tmp_path: Path) -> None:
+    """The YAML reader refuses a NUL as the loader is made, outside the parse that turned
+    YAML errors into file:line: a traceback."""
+    path = tmp_path / "nul.yaml"
+    path.write_text(GOOD.replace("question:", "question: \x00", 1))
+    err = error_of(path)
+    assert err.line == GOOD[:GOOD.index("question:")].count("\n") + 1
+    assert "invalid YAML" in str(err) and "#x0000" in str(err)
+
+
 def test_missing_required_key(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD.replace("gpu: h100-sxm\n", ""))
     err = error_of(path)
