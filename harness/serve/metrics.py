@@ -75,8 +75,9 @@ class PrometheusMetrics(EngineObserver):
         Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
               sorted(config_labels), registry=r).labels(**config_labels).set(1)
 
-        if engine.config.prefix_caching:
-            r.register(_PrefixCacheCollector(engine, labels))
+        # exported with caching off too, at 0, as vLLM's logger creates them whatever its
+        # configuration: a dashboard finds the series
+        r.register(_PrefixCacheCollector(engine, labels))
         self.preemptions = Counter("vllm:num_preemptions", "Cumulative preemptions.", names,
                                    registry=r).labels(**labels)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefilled prompt tokens.", names,

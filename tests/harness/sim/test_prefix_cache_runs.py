@@ -129,6 +129,19 @@ def test_served_reference_counts_prefix_cache_hits() -> None:
     assert values["vllm:prefix_cache_hits_total"] == 48
 
 
+def test_served_reference_exports_prefix_cache_counters_at_zero_with_caching_off() -> None:
+    """vLLM creates the two counters whatever its configuration; they were missing here."""
+    config = ReferenceConfig(prefix_caching=False, num_gpu_blocks=64)
+    with start_server_in_thread(config) as server:
+        for _ in range(2):
+            r = httpx.post(server.url + "/v1/completions", trust_env=False, timeout=30,
+                           json={"prompt": list(range(100, 164)), "max_tokens": 2})
+            assert r.status_code == 200
+        values = _scrape(server.url)
+    assert values["vllm:prefix_cache_queries_total"] == 0
+    assert values["vllm:prefix_cache_hits_total"] == 0
+
+
 @pytest.mark.parametrize("settings", [
     {"num_gpu_blocks": 400, "max_num_seqs": 32},  # KV short: recompute preemptions
     {"num_gpu_blocks": 400, "preemption": "swap"},
