@@ -24,8 +24,10 @@ prompt blocks are named by chained hashes (``request.block_hashes``, see request
     free, cached --allocation takes it (least recently freed first)--> evicted: plain free
 
 - A block is offered to the cache when the tokens scheduled for it fill it (as vLLM: at
-  allocation, so a request admitted later in the same step can share it). One block per hash:
-  a second block with a known hash stays plain. A partly filled block is never cached.
+  allocation, so a request admitted later in the same step can share it). A partly filled
+  block is never cached. Two requests that computed the same prefix at the same time each
+  cache their copy, as vLLM's ``BlockHashToBlockMap`` does (it does not de-duplicate): a
+  lookup finds the copy cached first, and when that one is evicted, the next.
 - A lookup (``find_cached_prefix``, at admission only) takes the longest run of leading cached
   blocks, but never the whole prompt: at least its last token is computed, to sample from.
 - Free blocks, cached or not, queue in the order they were freed; allocation takes the least
@@ -93,6 +95,7 @@ class BlockManager:
         self._ref_counts: list[int] = []
         self._block_hash: list[int | None] = []
         self._cached_block_ids: dict[int, int] = {}
+        self._copies: dict[int, list[int]] = {}
         self._lookup: _Lookup | None = None
         # Lookups at admission, in tokens, as vLLM's vllm:prefix_cache_queries / _hits count
         # them: ``queries`` += the request's tokens, ``hits`` += the tokens found cached. A
@@ -118,7 +121,8 @@ class BlockManager:
         self._free_block_ids = []
         self._ref_counts = [0] * n  # running requests holding each block
         self._block_hash = [None] * n  # the hash a block is cached under, if any
-        self._cached_block_ids = {}  # hash -> the one block cached under it
+        self._cached_block_ids = {}  # hash -> the block a lookup finds under it
+        self._copies = {}  # hash -> further blocks cached under it, first cached first
         self._lookup = None
 
     def expect_no_prefix_ids(self) -> None:
@@ -147,8 +151,8 @@ class BlockManager:
 
     @property
     def num_cached_blocks(self) -> int:
-        """Blocks cached under a hash, held or free."""
-        return len(self._cached_block_ids)
+        """Blocks cached under a hash, held or free (copies of one prefix included)."""
+        return len(self._cached_block_ids) + sum(map(len, self._copies.values()))
 
     def ref_count(self, block_id: int) -> int:
         """Running requests holding ``block_id`` (prefix caching only)."""
@@ -375,10 +379,7 @@ class BlockManager:
             block_id, _ = queue.popitem(last=False)
             h = block_hash[block_id]
             if h is not None:
-                del self._cached_block_ids[h]
-                block_hash[block_id] = None
-                if self._lookup is not None:
-                    self._forget_lookup(block_id, h)
+                self._uncache(block_id, h)
             refs[block_id] = 1
             new.append(block_id)
         return new
@@ -390,14 +391,32 @@ class BlockManager:
         cached, block_hash = self._cached_block_ids, self._block_hash
         for i in range(request.num_cached_blocks, end):
             h = hashes[i]
-            if h not in cached:  # else another request computed this prefix first: keep that
-                block_id = request.block_ids[i]
+            block_id = request.block_ids[i]
+            block_hash[block_id] = h
+            if h not in cached:
                 cached[h] = block_id
-                block_hash[block_id] = h
                 if self._lookup is not None:
                     self._forget_lookup(block_id, h)
+            else:  # another request computed this prefix at the same time: a copy
+                self._copies.setdefault(h, []).append(block_id)
         if end > request.num_cached_blocks:
             request.num_cached_blocks = end
+
+    def _uncache(self, block_id: int, h: int) -> None:
+        """``block_id``, cached under ``h``, is no longer: a lookup then finds the next copy
+        cached under ``h``, if any."""
+        self._block_hash[block_id] = None
+        copies = self._copies.get(h)
+        if self._cached_block_ids[h] != block_id:  # a copy: lookups never found it
+            copies.remove(block_id)  # type: ignore[union-attr]
+        elif copies:
+            self._cached_block_ids[h] = copies.pop(0)
+        else:
+            del self._cached_block_ids[h]
+        if copies == []:
+            del self._copies[h]
+        if self._lookup is not None:
+            self._forget_lookup(block_id, h)
 
     def _release_cached(self, request: Request) -> None:
         """Drop one reference to each block, tail first; blocks nobody holds join the free
@@ -419,9 +438,7 @@ class BlockManager:
                 continue
             h = block_hash[block_id]
             if h is not None and i >= num_computed_blocks:
-                del self._cached_block_ids[h]
-                block_hash[block_id] = None
-                self._forget_lookup(block_id, h)
+                self._uncache(block_id, h)
             queue[block_id] = None
         request.num_cached_blocks = 0
 
@@ -431,7 +448,8 @@ class BlockManager:
         """free + held == total on the GPU and on the host; no block held twice or out of range.
 
         With prefix caching: a block is held by as many requests as its ref count says, is
-        free exactly when none holds it, and each cached hash names exactly one block.
+        free exactly when none holds it, and the hash -> block map (copies included) and the
+        blocks' hashes agree.
         """
         if self._lru:
             self._check_cached(list(holders))
@@ -479,7 +497,10 @@ class BlockManager:
                                  f"!= {n} total, or a held block is in the free queue")
         cached = self._cached_block_ids
         if (any(self._block_hash[b] != h for h, b in cached.items())
-                or sum(h is not None for h in self._block_hash) != len(cached)):
+                or any(h not in cached or not copies or any(self._block_hash[b] != h
+                                                            for b in copies)
+                       for h, copies in self._copies.items())
+                or sum(h is not None for h in self._block_hash) != self.num_cached_blocks):
             raise InvariantError("the hash -> block map and the blocks' hashes disagree")
         if num_host_held + self.num_free_host_blocks != self.num_host_blocks:
             raise InvariantError(

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from adapters.reference.blocks import NO_HIT, BlockManager, InvariantError
+from adapters.reference.blocks import NO_HIT, BlockManager, InvariantError, PrefixHit
 from adapters.reference.config import ReferenceConfig, SchedulerConfig
 from adapters.reference.engine import EngineCore
 from adapters.reference.request import (
@@ -138,6 +138,40 @@ def test_shared_prefix_second_request_hits_and_shares_blocks() -> None:
     h.run_to_completion()
     assert h.blocks.num_cached_blocks == 2  # b's blocks duplicate a's or are partly filled
     assert _hit_blocks(h, [*prefix, 1]) == (0, 1)
+
+
+def test_two_copies_of_a_prefix_are_both_cached_and_the_second_found_once_the_first_goes(
+        ) -> None:
+    """vLLM's BlockHashToBlockMap does not de-duplicate: a request that computed a prefix at
+    the same time as another caches its copy too. Here only the first copy was cached; when
+    its owner's blocks were evicted, a later request found nothing that vLLM would find."""
+    bm = BlockManager(6, block_size=4, prefix_caching=True)
+    hashes = chain_block_hashes(list(range(9)), 4)  # 2 full blocks
+    a = Request("a", 9, 1, arrival_s=0.0, block_hashes=hashes)
+    b = Request("b", 9, 1, arrival_s=0.0, block_hashes=hashes, index=1)
+    assert bm.allocate(a, 4, bm.find_cached_prefix(a)) == [0]  # a's first chunk: block 0
+    a.num_computed_tokens = 4
+    hit = bm.find_cached_prefix(b)
+    assert hit.block_ids == (0,)
+    assert bm.allocate(b, 5, hit) == [1, 2]  # b computes the rest: caches block 1 under h1
+    b.num_computed_tokens = 9
+    assert bm.allocate(a, 5) == [3, 4]  # a's second chunk fills block 3: a copy of block 1
+    a.num_computed_tokens = 9
+    assert bm.num_cached_blocks == 3
+    bm.check_invariants([a, b])
+    d = Request("d", 9, 1, arrival_s=0.0, block_hashes=hashes, index=3)
+    assert bm.find_cached_prefix(d).block_ids == (0, 1)  # the copy cached first
+    bm.free(b)  # b's tail first: 2, then 1 (block 0 is a's too)
+    c_hashes = chain_block_hashes([100 + i for i in range(12)], 4)
+    c = Request("c", 12, 1, arrival_s=0.0, block_hashes=c_hashes, index=2)
+    assert bm.allocate(c, 12, bm.find_cached_prefix(c)) == [5, 2, 1]  # evicts b's copy
+    c.num_computed_tokens = 12
+    bm.check_invariants([a, c])
+    assert bm.find_cached_prefix(d).block_ids == (0, 3)  # a's copy, found now
+    bm.free(a)
+    bm.free(c)
+    bm.check_invariants([])
+    assert bm.find_cached_prefix(d) == PrefixHit((0, 3), 8)
 
 
 def test_eviction_takes_least_recently_freed_first_tail_first() -> None:
