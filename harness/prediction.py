@@ -197,26 +197,35 @@ def prediction_text(prediction: object, *, by: str = SIMULATED,
 def _kinds_uncovered(prediction: Mapping[str, Any], kinds: list[str]) -> str:
     """"; but none of the published TTFT or E2E figures its accuracy was measured on is of
     this GPU a100-80gb: their errors here were never measured", for the kinds among ``kinds``
-    whose own figures are none of the run's model or GPU ('' when there is none)."""
+    whose own figures are none of the run's model, GPU, weights dtype or KV-cache dtype ('' when
+    there is none)."""
     by_kind = prediction.get("coverage_by_kind")
     by_outside: dict[str, list[str]] = {}
     for kind in kinds:
         entry = by_kind.get(kind) if isinstance(by_kind, Mapping) else None
         outside = entry.get("outside") if isinstance(entry, Mapping) else None
         if isinstance(outside, str) and outside:
-            by_outside.setdefault(outside, []).append(kind)
+            by_outside.setdefault(_predicate(outside), []).append(kind)
     text = ""
-    for outside, names in by_outside.items():
+    for predicate, names in by_outside.items():
         which = "their errors here were" if len(names) > 1 else "that error here was"
         text += (f"; but none of the published {_or(names)} figures its accuracy was measured "
-                 f"on is of this {outside}: {which} never measured")
+                 f"on {predicate}: {which} never measured")
     return text
+
+
+def _predicate(outside: str) -> str:
+    """A ``coverage_by_kind`` entry's ``outside`` as said after "none of the figures": "is of
+    this GPU a100-80gb", "has fp8 weights"; a record written before data types were covered
+    names only what they are not of ("GPU a100-80gb")."""
+    return outside if outside.startswith(("is ", "has ")) else f"is of this {outside}"
 
 
 def coverage_note(prediction: object) -> str | None:
     """"none of the published figures its accuracy was measured on is of this GPU h100-pcie
-    (...): its error here was never measured", when the prediction's model or GPU is none of
-    those its accuracy was measured on (``adapters.reference.prediction``); else None."""
+    (...): its error here was never measured" (or "... has fp8 weights (they are bf16) ..."),
+    when the prediction's model, GPU, weights dtype or KV-cache dtype is none of those its
+    accuracy was measured on (``adapters.reference.prediction``); else None."""
     if not isinstance(prediction, Mapping):
         return None
     note = prediction.get("coverage_note")
@@ -226,7 +235,8 @@ def coverage_note(prediction: object) -> str | None:
 def kind_coverage_note(prediction: object, kind: str) -> str | None:
     """``coverage_note`` for the error quoted of one kind of figure (``KINDS``): the whole
     record's, or "none of the published TTFT figures its accuracy was measured on is of this
-    GPU a100-80gb (...)" when that kind's figures alone are none of this model or GPU."""
+    GPU a100-80gb (...)" (or "... has fp8 weights (...)") when that kind's figures alone are
+    none of this model, GPU, weights dtype or KV-cache dtype."""
     note = coverage_note(prediction)
     if note is not None or not isinstance(prediction, Mapping):
         return note

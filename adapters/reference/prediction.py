@@ -16,6 +16,7 @@ from adapters.reference.cost_model import (
     ProfileError,
     profile_accuracy,
     profile_changed_since_measured,
+    profile_digest,
     profile_metadata,
     resolve_profile,
     shipped_profiles,
@@ -26,8 +27,9 @@ from adapters.reference.cost_model import (
 # `batchlab check-published --catalog --write-docs` (harness.published.catalog), with the same
 # table in docs/published.md; never edited by hand.
 CATALOG_ACCURACY_FILE = Path(__file__).with_name("catalog_accuracy.json")
-# The models and GPUs of the figures each accuracy was measured on: written by
-# `batchlab check-published --write-docs` (harness.published.coverage); never edited by hand.
+# The models, GPUs and weights and KV-cache data types of the figures each accuracy was
+# measured on: written by `batchlab check-published --write-docs` (harness.published.coverage);
+# never edited by hand.
 COVERAGE_FILE = Path(__file__).with_name("published_coverage.json")
 _QUOTED = ("median_abs_error", "worst_abs_error", "num_rows", "note", "source", "measured",
            "by_kind")
@@ -56,10 +58,13 @@ def prediction_record(config: ReferenceConfig) -> dict[str, Any]:
     catalog's measured accuracy, the profile's held-out accuracy (``profile_accuracy``), or
     None when it was never measured (a calibrated profile of one's own).
 
-    With an accuracy: ``covers``, the models and GPUs of the figures it was measured on, and
-    ``coverage_note`` when this configuration's model or GPU is none of them (its error is
-    then not measured: the figures are of other hardware or another model), else
-    ``coverage_by_kind`` when that is so of some kinds of figure only (``_with_coverage``)."""
+    With an accuracy: ``covers``, the models, GPUs and weights and KV-cache data types of the
+    figures it was measured on, and ``coverage_note`` when this configuration's model, GPU,
+    weights dtype or KV-cache dtype is none of them (its error is then not measured: the
+    figures are of other hardware, another model or other data types), else
+    ``coverage_by_kind`` when that is so of some kinds of figure only (``_with_coverage``).
+    A profile given by path that is an unchanged copy of a shipped one has that one's
+    coverage (``_shipped_name``)."""
     if config.profile is None:
         record: dict[str, Any] = {"kind": "catalog", "profile": None,
                                   "accuracy": catalog_accuracy()}
@@ -84,29 +89,58 @@ def prediction_record(config: ReferenceConfig) -> dict[str, Any]:
 
 
 def _shipped_name(profile: str) -> str | None:
-    """The shipped profile ``profile`` names, or is the file of; None for one's own."""
+    """The shipped profile ``profile`` names, or is a copy of wherever it lies: the one whose
+    coefficients and engine defaults (``profile_digest``, the digest its accuracy was
+    measured with) are the file's, and, should two shipped profiles share those, whose fit
+    record is the file's too. None for one's own (an edited copy among them)."""
     if profile in shipped_profiles():
         return profile
-    try:
-        path = resolve_profile(profile).resolve()
-    except (ProfileError, OSError):
+    raw = _raw_profile(profile)
+    if raw is None:
         return None
-    stem = path.stem
-    shipped = resolve_profile(stem).resolve() if stem in shipped_profiles() else None
-    return stem if shipped == path else None
+    digest = profile_digest(raw)
+    same = [name for name in shipped_profiles()
+            if (shipped := _raw_profile(name)) is not None and profile_digest(shipped) == digest]
+    if len(same) > 1:
+        fit = _fit(raw)
+        same = [name for name in same if _fit(_raw_profile(name)) == fit]
+    return same[0] if len(same) == 1 else None
+
+
+def _raw_profile(profile: str) -> dict[str, Any] | None:
+    """A profile file's JSON object; None when it cannot be read."""
+    try:
+        raw = json.loads(resolve_profile(profile).read_text())
+    except (ProfileError, OSError, ValueError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def _fit(raw: dict[str, Any] | None) -> object:
+    meta = raw.get("metadata") if isinstance(raw, dict) else None
+    return meta.get("fit") if isinstance(meta, dict) else None
+
+
+# What a published row records of the run it measured that a prediction's may be outside:
+# the keys of ``covers`` listing those of the figures (harness.published.coverage).
+_MODELS, _GPUS = "models", "gpus"
+_WEIGHTS, _KV = "weights_dtypes", "kv_cache_dtypes"
 
 
 def _with_coverage(record: dict[str, Any], config: ReferenceConfig,
                    covers: object) -> dict[str, Any]:
-    """``covers`` and ``coverage_note`` (module doc); and ``coverage_by_kind``: {kind:
-    {"note", "outside"}} for each kind of figure (throughput, TTFT, ...) whose own figures
-    are none of this model or GPU while the others' are (each kind's error is quoted on its
-    own); ``outside`` names what they are not of ("GPU a100-80gb")."""
+    """``covers`` (the models, GPUs, weights and KV-cache data types of the figures) and
+    ``coverage_note`` (module doc); and ``coverage_by_kind``: {kind: {"note", "outside"}} for
+    each kind of figure (throughput, TTFT, ...) whose own figures are none of this model,
+    GPU or data type while the others' are (each kind's error is quoted on its own);
+    ``outside`` says what none of them is or has ("is of this GPU a100-80gb", "has fp8
+    weights"). A coverage file that lists no data types (written before they were) says
+    nothing of them."""
     if not isinstance(covers, dict):
         return record
-    models, gpus = _names(covers, "models"), _names(covers, "gpus")
-    record["covers"] = {"models": models, "gpus": gpus}
-    found = _outside(config, models, gpus)
+    record["covers"] = {key: _names(covers, key) for key in (_MODELS, _GPUS, _WEIGHTS, _KV)
+                        if key in covers or key in (_MODELS, _GPUS)}
+    found = _outside(config, covers)
     if found:
         record["coverage_note"] = _note("published figures its accuracy was measured on",
                                         found)
@@ -116,11 +150,11 @@ def _with_coverage(record: dict[str, Any], config: ReferenceConfig,
     for kind, of in (by_kind.items() if isinstance(by_kind, dict) else ()):
         if not isinstance(of, dict):
             continue
-        found = _outside(config, _names(of, "models"), _names(of, "gpus"))
+        found = _outside(config, of)
         if found:
             notes[str(kind)] = {"note": _note(f"published {kind} figures its accuracy was "
                                               "measured on", found),
-                                "outside": " nor of this ".join(short for short, _ in found)}
+                                "outside": _predicate([(verb, what) for verb, what, _ in found])}
     if notes:
         record["coverage_by_kind"] = notes
     return record
@@ -130,22 +164,47 @@ def _names(covers: dict[str, Any], key: str) -> list[str]:
     return [str(n) for n in covers.get(key) or []]
 
 
-def _outside(config: ReferenceConfig, models: list[str], gpus: list[str]
-             ) -> list[tuple[str, str]]:
-    """What published figures of ``models`` on ``gpus`` are not of: [("GPU h100-pcie",
-    "they are on a100-80gb and h100-sxm")], [] when they include this model and GPU."""
+def _outside(config: ReferenceConfig, covers: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """What the published figures ``covers`` lists are not of, or do not have, that this run
+    is or has: [("is", "of this GPU h100-pcie", "they are on a100-80gb and h100-sxm"), ("has",
+    "fp8 weights", "they are bf16")]; [] when they include its model, GPU and data types (a
+    data type ``covers`` does not list at all is not checked)."""
+    found = []
     model, gpu = config.model_spec.name, config.gpu_spec.name
-    return ([(f"model {model}", f"they are of {_listed(models)}")] if model not in models
-            else []) + ([(f"GPU {gpu}", f"they are on {_listed(gpus)}")] if gpu not in gpus
-                        else [])
+    models, gpus = _names(covers, _MODELS), _names(covers, _GPUS)
+    if model not in models:
+        found.append(("is", f"of this model {model}", f"they are of {_listed(models)}"))
+    if gpu not in gpus:
+        found.append(("is", f"of this GPU {gpu}", f"they are on {_listed(gpus)}"))
+    weights, kv = config.weights_dtype, config.kv_cache_dtype
+    if _WEIGHTS in covers and weights not in (dtypes := _names(covers, _WEIGHTS)):
+        found.append(("has", f"{weights} weights", f"they are {_listed(dtypes)}"))
+    if _KV in covers and kv not in (dtypes := _names(covers, _KV)):
+        found.append(("has", f"{_article(kv)} {kv} KV cache", f"theirs are {_listed(dtypes)}"))
+    return found
 
 
-def _note(figures: str, outside: list[tuple[str, str]]) -> str:
-    """"none of the <figures> is of this GPU h100-pcie (they are on ...): its error here was
-    never measured"."""
-    return (f"none of the {figures} is of this "
-            + " nor of this ".join(f"{short} ({said})" for short, said in outside)
+def _predicate(parts: list[tuple[str, str]]) -> str:
+    """"is of this model x nor of this GPU y nor has fp8 weights nor an fp8 KV cache": a verb
+    is not said again after itself."""
+    text, last = "", None
+    for verb, what in parts:
+        text += (" nor " if text else "") + (what if verb == last else f"{verb} {what}")
+        last = verb
+    return text
+
+
+def _note(figures: str, outside: list[tuple[str, str, str]]) -> str:
+    """"none of the <figures> is of this GPU h100-pcie (they are on ...) nor has fp8 weights
+    (they are bf16): its error here was never measured"."""
+    return (f"none of the {figures} "
+            + _predicate([(verb, f"{what} ({said})") for verb, what, said in outside])
             + ": its error here was never measured")
+
+
+def _article(dtype: str) -> str:
+    """"an" before a data type whose name is said with a vowel sound ("an fp8", "a bf16")."""
+    return "an" if dtype[:1].lower() in "aefhilmnorsx" else "a"
 
 
 def _listed(names: list[str]) -> str:

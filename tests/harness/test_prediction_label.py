@@ -282,11 +282,12 @@ def test_a_profile_states_its_error_for_each_kind_of_figure() -> None:
     text = _label(ReferenceConfig(model="llama-3.1-8b", profile="trtllm-h100-sxm"))
     parts = [f"{kind} {fmt_pct(s['median_abs_error'])} (worst {fmt_pct(s['worst_abs_error'])})"
              f" of {_basis(s)}" for kind, s in by_kind.items()]
-    # its held-out TTFT and TPOT/ITL figures are all of the 70B model: of an 8B run, said
+    # its held-out TTFT and TPOT/ITL figures are all of the 70B model with FP8 weights and
+    # KV cache (NIM's): of an 8B run in BF16, said
     assert text.endswith("; by kind of figure: " + ", ".join(parts) + "; no held-out E2E figure"
                          "; but none of the published TTFT or TPOT/ITL figures its accuracy "
-                         "was measured on is of this model llama-3.1-8b: their errors here "
-                         "were never measured")
+                         "was measured on is of this model llama-3.1-8b nor has bf16 weights "
+                         "nor a bf16 KV cache: their errors here were never measured")
 
 
 def test_a_profile_held_out_on_one_kind_says_which_kinds_are_unmeasured() -> None:
@@ -333,8 +334,9 @@ def test_each_latency_and_throughput_table_says_how_far_its_kind_was_measured_to
         f"one source ({ttft['sources'][0]}){_bias(ttft)}; "
         "no held-out TTFT figure for `vllm`, `tgi`; "
         "but for `trt`, none of the published TTFT figures its accuracy was measured on is "
-        "of this model llama-3.1-8b (they are of llama-3.1-70b): its error here was never "
-        "measured ([how accurate the predictions are](#how-accurate-the-predictions-are)).")
+        "of this model llama-3.1-8b (they are of llama-3.1-70b) nor has bf16 weights (they "
+        "are fp8) nor a bf16 KV cache (theirs are fp8): its error here was never measured "
+        "([how accurate the predictions are](#how-accurate-the-predictions-are)).")
     # measured cells add nothing; a run that recorded no accuracy says it is unknown
     assert kind_note([_cell("live", {"mode": "launch", "name": "vllm"})], "TTFT", "TTFT") == []
     assert kind_note([_cell("old", {"mode": "simulated"})], "TTFT", "TTFT")[0] == (
