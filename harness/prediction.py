@@ -189,9 +189,30 @@ def prediction_text(prediction: object, *, by: str = SIMULATED,
             f"{_pct(acc.overall.median)} (worst {_pct(acc.overall.worst)}")
     text += _published(acc) + f", {acc.doc})" + _by_kind(acc)
     note = coverage_note(prediction)
-    if note:
-        return text + f"; but {note}"
-    return text + _kinds_uncovered(prediction, list(acc.by_kind))
+    text += f"; but {note}" if note else _kinds_uncovered(prediction, list(acc.by_kind))
+    return text + _settings_text(prediction)
+
+
+def _settings_text(prediction: Mapping[str, Any]) -> str:
+    """"; it ran with max_num_seqs 32 where its profile's default is 1024 (...)": the engine
+    settings of the run that are not its profile's defaults, which the accuracy was measured
+    with (``settings_not_defaults``); '' when there are none."""
+    differ = prediction.get("settings_not_defaults")
+    if not isinstance(differ, Mapping) or not differ:
+        return ""
+    said = [f"{key} {_setting(entry.get('value'))} where its profile's default is "
+            f"{_setting(entry.get('default'))}" for key, entry in differ.items()
+            if isinstance(entry, Mapping)]
+    if not said:
+        return ""
+    return ("; it ran with " + ", ".join(said) + " (that accuracy was measured with the "
+            "profile's defaults, save where a published figure's own run set another)")
+
+
+def _setting(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
 
 
 def _kinds_uncovered(prediction: Mapping[str, Any], kinds: list[str]) -> str:

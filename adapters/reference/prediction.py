@@ -18,6 +18,7 @@ from adapters.reference.cost_model import (
     profile_changed_since_measured,
     profile_digest,
     profile_metadata,
+    profile_scheduler_defaults,
     resolve_profile,
     shipped_profiles,
 )
@@ -82,10 +83,30 @@ def prediction_record(config: ReferenceConfig) -> dict[str, Any]:
         record["accuracy"] = None
     if record["accuracy"] is None:
         return record
+    differ = _settings_not_defaults(config)
+    if differ:
+        record["settings_not_defaults"] = differ
     profiles = coverage_record().get("profiles")
     name = _shipped_name(config.profile)
     covers = profiles.get(name) if isinstance(profiles, dict) and name else None
     return _with_coverage(record, config, covers)
+
+
+def _settings_not_defaults(config: ReferenceConfig) -> dict[str, dict[str, Any]]:
+    """The engine settings this run has that are not its profile's defaults (a flag or a
+    scenario knob that overrides them): {setting: {"value", "default"}}. The profile's
+    accuracy was measured with those defaults, save where a published row set its own."""
+    try:
+        defaults = profile_scheduler_defaults(config.profile) if config.profile else {}
+    except ProfileError:
+        return {}
+    differ = {}
+    for key, default in defaults.items():
+        # admission as it takes effect (derived from preemption when not given)
+        value = getattr(config, f"resolved_{key}", getattr(config, key, default))
+        if value != default:
+            differ[key] = {"value": value, "default": default}
+    return differ
 
 
 def _shipped_name(profile: str) -> str | None:

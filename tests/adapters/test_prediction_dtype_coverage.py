@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from adapters.knobs import Knobs
 from adapters.reference import prediction
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.cost_model import PROFILES_DIR
@@ -24,7 +25,17 @@ from harness.report.predictions import prediction_accuracy_lines
 from harness.report.runs import CellResult
 
 VLLM = "vllm-h100-sxm"
-FP8 = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", profile=VLLM,
+
+
+def _config(*, model: str, gpu: str | None = None, profile: str | None = None,
+            **knobs: Any) -> ReferenceConfig:
+    """As the command line and scenarios build it: the profile's engine defaults for the
+    knobs not given (its accuracy is quoted with no note of other settings)."""
+    return ReferenceConfig.from_knobs(Knobs.from_mapping(knobs), model=model, gpu=gpu,
+                                      profile=profile)
+
+
+FP8 = _config(model="llama-3.1-8b", gpu="h100-sxm", profile=VLLM,
                       weights_dtype="fp8", kv_cache_dtype="fp8")
 FP8_NOTE = ("none of the published figures its accuracy was measured on has fp8 weights (they "
             "are bf16) nor an fp8 KV cache (theirs are bf16): its error here was never measured")
@@ -48,13 +59,13 @@ def test_fp8_weights_and_kv_cache_outside_a_profiles_figures_are_said() -> None:
     assert kind_coverage_note(record, "throughput") == FP8_NOTE
     assert prediction_text(record).endswith(f"; but {FP8_NOTE}")
     # the same profile in BF16: covered, nothing said
-    bf16 = prediction_record(ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm",
+    bf16 = prediction_record(_config(model="llama-3.1-8b", gpu="h100-sxm",
                                              profile=VLLM))
     assert coverage_note(bf16) is None and "coverage_by_kind" not in bf16
 
 
 def test_a_kv_cache_dtype_alone_is_said() -> None:
-    record = prediction_record(ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm",
+    record = prediction_record(_config(model="llama-3.1-8b", gpu="h100-sxm",
                                                profile=VLLM, kv_cache_dtype="fp8"))
     assert coverage_note(record) == (
         "none of the published figures its accuracy was measured on has an fp8 KV cache "
@@ -64,7 +75,7 @@ def test_a_kv_cache_dtype_alone_is_said() -> None:
 def test_a_data_type_one_kind_of_figure_lacks_is_said_of_that_kind() -> None:
     """The catalog has FP8 throughput, TTFT and TPOT/ITL figures, but its E2E figures are all
     BF16 (and of the H200)."""
-    record = prediction_record(ReferenceConfig(model="llama-3.1-8b", gpu="h200",
+    record = prediction_record(_config(model="llama-3.1-8b", gpu="h200",
                                                weights_dtype="fp8", kv_cache_dtype="fp8"))
     assert coverage_note(record) is None
     assert kind_coverage_note(record, "throughput") is None
@@ -75,7 +86,7 @@ def test_a_data_type_one_kind_of_figure_lacks_is_said_of_that_kind() -> None:
         "; but none of the published E2E figures its accuracy was measured on has fp8 weights "
         "nor an fp8 KV cache: that error here was never measured")
     # with a GPU they are not of either: one sentence names both
-    sxm = prediction_record(ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm",
+    sxm = prediction_record(_config(model="llama-3.1-8b", gpu="h100-sxm",
                                             weights_dtype="fp8"))
     assert prediction_text(sxm).endswith(
         "; but none of the published E2E figures its accuracy was measured on is of this GPU "
@@ -140,10 +151,10 @@ def _copy(tmp_path: Path, name: str, as_name: str, edit: dict[str, Any] | None =
 def test_an_unchanged_copy_has_its_shipped_profiles_coverage(tmp_path: Path,
                                                              as_name: str) -> None:
     """Whatever the copy is called: even the name of another shipped profile."""
-    by_name = prediction_record(ReferenceConfig(model="llama-3.1-8b", profile="tgi-h100-sxm"))
+    by_name = prediction_record(_config(model="llama-3.1-8b", profile="tgi-h100-sxm"))
     note = coverage_note(by_name)
     assert note is not None and "model llama-3.1-8b" in note  # the premise
-    copy = prediction_record(ReferenceConfig(model="llama-3.1-8b",
+    copy = prediction_record(_config(model="llama-3.1-8b",
                                              profile=_copy(tmp_path, "tgi-h100-sxm", as_name)))
     assert copy["accuracy"] == by_name["accuracy"]
     assert copy["covers"] == by_name["covers"]
@@ -154,7 +165,7 @@ def test_a_copy_with_other_words_only_keeps_its_coverage(tmp_path: Path) -> None
     """``source`` is not what it predicts with (``profile_digest``): the accuracy and its
     coverage still hold."""
     path = _copy(tmp_path, "tgi-h100-sxm", "mine", {"source": "my copy"})
-    record = prediction_record(ReferenceConfig(model="llama-3.1-8b", profile=path))
+    record = prediction_record(_config(model="llama-3.1-8b", profile=path))
     assert record["accuracy"] is not None
     assert coverage_note(record) is not None and "model llama-3.1-8b" in str(
         coverage_note(record))
@@ -164,7 +175,7 @@ def test_an_edited_copy_quotes_no_accuracy(tmp_path: Path) -> None:
     raw = json.loads((PROFILES_DIR / "tgi-h100-sxm.json").read_text())
     path = _copy(tmp_path, "tgi-h100-sxm", "edited",
                  {"memory_efficiency": raw["memory_efficiency"] * 0.9})
-    record = prediction_record(ReferenceConfig(model="llama-3.1-8b", profile=path))
+    record = prediction_record(_config(model="llama-3.1-8b", profile=path))
     assert record["accuracy"] is None and "covers" not in record
     assert "its accuracy is not known" in prediction_text(record)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from adapters.knobs import Knobs
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.cost_model import (
     profile_accuracy,
@@ -33,6 +34,13 @@ from harness.report.sections import prefix_cache_section
 
 EXCERPT = Path(__file__).resolve().parents[2] / "harness" / "data" / "azure_conv_excerpt.csv"
 PROFILES = Path(__file__).resolve().parents[2] / "adapters" / "reference" / "profiles"
+
+
+def _with_profile(*, model: str, profile: str | None,
+                  gpu: str | None = None) -> ReferenceConfig:
+    """As the command line builds it: the profile's engine defaults, no knob given."""
+    return ReferenceConfig.from_knobs(Knobs(given=frozenset()), model=model, gpu=gpu,
+                                      profile=profile)
 
 
 def _label(config: ReferenceConfig) -> str:
@@ -66,12 +74,12 @@ def _bias(stats: dict[str, Any]) -> str:
     return ""
 
 def _simulated(name: str, profile: str | None) -> CellResult:
-    record = prediction_record(ReferenceConfig(model="llama-3.1-8b", profile=profile))
+    record = prediction_record(_with_profile(model="llama-3.1-8b", profile=profile))
     return _cell(name, {"mode": "simulated", "prediction": record})
 
 
 def test_a_profile_cell_names_its_profile_and_its_held_out_error() -> None:
-    text = _label(ReferenceConfig(model="llama-3.1-8b", profile="vllm-h200"))
+    text = _label(_with_profile(model="llama-3.1-8b", profile="vllm-h200"))
     held = profile_metadata("vllm-h200")["fit"]["held_out"]
     published = profile_metadata("vllm-h200")["fit"]["held_out_workload_published"]
     assert "**predicted**" in text and "`vllm-h200`" in text
@@ -87,7 +95,7 @@ def test_a_profile_cell_names_its_profile_and_its_held_out_error() -> None:
 def test_a_profile_says_how_many_figures_its_error_is_measured_on() -> None:
     acc = profile_accuracy("trtllm-h100-sxm")
     assert acc is not None and acc["coefficients_from"] is None
-    text = _label(ReferenceConfig(model="llama-3.1-8b", profile="trtllm-h100-sxm"))
+    text = _label(_with_profile(model="llama-3.1-8b", profile="trtllm-h100-sxm"))
     assert f"on {acc['held_out_num_rows']} published figures its fit never saw" in text
     assert "borrowed" not in text
 
@@ -95,7 +103,7 @@ def test_a_profile_says_how_many_figures_its_error_is_measured_on() -> None:
 def test_a_profile_without_training_figures_names_whose_coefficients_it_borrows() -> None:
     # TGI has no training rows: its profile runs vLLM's coefficients with TGI's scheduler
     assert profile_metadata("tgi-h100-sxm")["fit"]["coefficients_from"] == "vllm-h100-sxm"
-    text = _label(ReferenceConfig(model="llama-3.1-8b", profile="tgi-h100-sxm"))
+    text = _label(_with_profile(model="llama-3.1-8b", profile="tgi-h100-sxm"))
     assert text.startswith("**predicted** by the reference engine with profile "
                            "`tgi-h100-sxm` (coefficients borrowed from `vllm-h100-sxm`: no "
                            "training figures of its own); on 2 published figures")
@@ -111,7 +119,7 @@ def test_a_profile_whose_held_out_rows_are_all_published_shows_one_figure() -> N
     acc = profile_accuracy("trtllm-h200")
     assert acc is not None
     assert acc["held_out_published_num_rows"] == acc["held_out_num_rows"]
-    assert "whose workload" not in _label(ReferenceConfig(model="llama-3.1-8b",
+    assert "whose workload" not in _label(_with_profile(model="llama-3.1-8b",
                                                           profile="trtllm-h200"))
 
 
@@ -121,7 +129,7 @@ def test_a_profile_with_no_fully_published_held_out_workload_says_none() -> None
     acc = profile_accuracy("tgi-h100-sxm")
     assert acc is not None and "held_out_published_num_rows" in acc
     assert acc["held_out_published_num_rows"] is None
-    text = prediction_text(prediction_record(ReferenceConfig(model="llama-3.1-8b",
+    text = prediction_text(prediction_record(_with_profile(model="llama-3.1-8b",
                                                              profile="tgi-h100-sxm")))
     assert (f"; on {acc['held_out_num_rows']} published figures its fit never saw, it missed "
             f"by a median {fmt_pct(acc['held_out_median_abs_error'])} (worst "
@@ -226,11 +234,11 @@ def test_one_kind_of_prediction_over_every_cell_is_one_row() -> None:
 
 
 def test_the_plain_wording_is_the_reports_without_its_markup() -> None:
-    record = prediction_record(ReferenceConfig(model="llama-3.1-8b", profile="vllm-h200"))
+    record = prediction_record(_with_profile(model="llama-3.1-8b", profile="vllm-h200"))
     plain = prediction_text(record)
     assert plain.startswith("predicted by the reference engine with profile vllm-h200 "
                             "(coefficients borrowed from vllm-h100-sxm: ")
-    assert _label(ReferenceConfig(model="llama-3.1-8b", profile="vllm-h200")) == (
+    assert _label(_with_profile(model="llama-3.1-8b", profile="vllm-h200")) == (
         plain.replace("predicted", "**predicted**", 1).replace("vllm-h200", "`vllm-h200`", 1)
         .replace("vllm-h100-sxm", "`vllm-h100-sxm`", 1))
     served = prediction_text(record, by=SERVED)
@@ -260,7 +268,7 @@ def test_a_live_cell_of_a_real_engine_is_not_a_prediction() -> None:
 
 def test_the_command_line_says_its_figures_are_predicted(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", profile="vllm-h100-sxm")
+    config = _with_profile(model="llama-3.1-8b", gpu="h100-sxm", profile="vllm-h100-sxm")
     expected = "figures above: " + prediction_text(prediction_record(config))
     assert main(["costmodel", "--profile", "vllm-h100-sxm"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == expected
@@ -279,7 +287,7 @@ def test_the_command_line_says_its_figures_are_predicted(
 def test_a_profile_states_its_error_for_each_kind_of_figure() -> None:
     by_kind = profile_metadata("trtllm-h100-sxm")["fit"]["held_out_by_kind"]
     assert list(by_kind) == ["throughput", "TTFT", "TPOT/ITL"]  # KINDS order
-    text = _label(ReferenceConfig(model="llama-3.1-8b", profile="trtllm-h100-sxm"))
+    text = _label(_with_profile(model="llama-3.1-8b", profile="trtllm-h100-sxm"))
     parts = [f"{kind} {fmt_pct(s['median_abs_error'])} (worst {fmt_pct(s['worst_abs_error'])})"
              f" of {_basis(s)}" for kind, s in by_kind.items()]
     # its held-out TTFT and TPOT/ITL figures are all of the 70B model with FP8 weights and
@@ -292,7 +300,7 @@ def test_a_profile_states_its_error_for_each_kind_of_figure() -> None:
 
 def test_a_profile_held_out_on_one_kind_says_which_kinds_are_unmeasured() -> None:
     assert list(profile_metadata("vllm-h100-sxm")["fit"]["held_out_by_kind"]) == ["throughput"]
-    text = _label(ReferenceConfig(model="llama-3.1-8b", profile="vllm-h100-sxm"))
+    text = _label(_with_profile(model="llama-3.1-8b", profile="vllm-h100-sxm"))
     # every one of its held-out figures predicted a higher throughput than published
     held = profile_metadata("vllm-h100-sxm")["fit"]["held_out_by_kind"]["throughput"]
     assert held["num_over"] == held["num_rows"] == 8
@@ -514,3 +522,23 @@ def test_a_profiles_descriptions_are_not_what_its_accuracy_depends_on(tmp_path: 
                                                              profile=str(unrecorded))))
     assert text.endswith("its fit record does not say which coefficients its accuracy was "
                          "measured with")
+
+
+def test_a_run_that_overrides_its_profiles_defaults_says_which(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A flag that changes a profile's engine default kept the whole accuracy quote with no
+    word of it, while the same change made in the profile's file voided the quote."""
+    assert main(["simulate", "--trace", str(EXCERPT), "--limit", "5", "--profile",
+                 "vllm-h100-sxm", "--max-num-seqs", "32", "--no-prefix-caching",
+                 "--out", str(tmp_path / "run"), "--no-report"]) == 0
+    said = ("it ran with max_num_seqs 32 where its profile's default is 1024, prefix_caching "
+            "off where its profile's default is on (that accuracy was measured with the "
+            "profile's defaults, save where a published figure's own run set another)")
+    assert said in capsys.readouterr().out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["prediction"]["record"]["settings_not_defaults"] == {
+        "max_num_seqs": {"value": 32, "default": 1024},
+        "prefix_caching": {"value": False, "default": True}}
+    assert main(["simulate", "--trace", str(EXCERPT), "--limit", "5", "--profile",
+                 "vllm-h100-sxm", "--out", str(tmp_path / "defaults"), "--no-report"]) == 0
+    assert "it ran with" not in capsys.readouterr().out
