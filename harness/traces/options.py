@@ -295,6 +295,8 @@ def apply_arrivals(
             times = times * options.time_scale
             report.notes.append(f"arrival times multiplied by {options.time_scale:g}")
             report.timing = {"kind": "time_scale", "value": options.time_scale}
+        elif options.time_scale is not None:  # 1: the trace's times, but the load said so
+            report.timing = {"kind": "time_scale", "value": options.time_scale}
         elif options.rate is not None:
             if math.isinf(options.rate):
                 times = np.zeros_like(times)

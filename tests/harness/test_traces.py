@@ -720,6 +720,15 @@ def test_digest_is_of_the_requests_not_of_the_path_or_the_spelling(tmp_path: Pat
             == loaded("synthetic", lengths_from=str(SHAREGPT), **synthetic).digest)
 
 
+def test_a_time_scale_of_one_is_still_the_runs_timing() -> None:
+    """A scenario's load time_scales multiply the trace's own (0.5 x 2 = 1): that cell's
+    manifest recorded no load kind, its siblings' did."""
+    trace = loaded(AZURE_CONV, limit=20, time_scale=1.0)
+    assert trace.timing == {"kind": "time_scale", "value": 1.0}
+    assert [r.arrival_s for r in trace.requests] == \
+        [r.arrival_s for r in loaded(AZURE_CONV, limit=20).requests]
+
+
 def test_a_trace_records_the_options_that_load_it_again() -> None:
     trace = loaded(AZURE_CONV, limit=50, arrival="gamma", burstiness=0.5, rate=3.0, seed=7)
     assert trace.options == {"limit": 50, "arrival": "gamma", "burstiness": 0.5, "rate": 3.0,
