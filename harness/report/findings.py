@@ -1,4 +1,16 @@
-"""Key findings: generated sentences about a report's cells, the largest differences first."""
+"""Key findings: generated sentences about a report's cells, the largest differences first.
+
+Two figures differ when they are more than ``SAME_WITHIN`` apart (relative to the one they are
+compared with). When one of them is a prediction (a simulated cell, or the reference engine
+served over HTTP: ``is_prediction``), the gap must also exceed what the predictions are known
+to miss by for that kind of figure (throughput, TTFT, TPOT/ITL: ``METRIC_KINDS``): the median
+|error| each predicted side's record quotes for it (``_Margin``). A gap within that error is
+said to be within the predictions' known error, naming it; one beside a prediction whose error
+of that kind was never measured (or not recorded) is given as its figures and change, saying
+so. Neither crowns a leader or is said to have risen or fallen. Two measurements compare as
+they always did, and so do predictions of one model on one GPU by one predictor that differ in
+their settings only (``_one_predictor``): its known error is of absolute figures.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.metrics import PACE_TOLERANCE, Pace, flatten
-from harness.prediction import recorded_prediction
+from harness.prediction import accuracy, recorded_prediction
 from harness.report.context import (
     ReportContext,
     class_name,
@@ -42,12 +54,19 @@ from harness.report.format import (
     missing,
     short,
     slo_text,
+    value_text,
 )
-from harness.report.predictions import is_prediction, margin_caveat, predicted_settings
+from harness.report.predictions import (
+    is_prediction,
+    margin_caveat,
+    predicted_settings,
+    predictor,
+)
 from harness.report.runs import (
     CellResult,
     approximations,
     client_limited,
+    engine_config,
     get,
     knob,
     preemptions,
@@ -57,7 +76,9 @@ from harness.report.runs import (
     wrong_text,
 )
 
-SAME_WITHIN = 0.05  # relative differences under 5% are called "about the same"
+# relative differences under 5% are called "about the same"; beside a prediction, a gap counts
+# as a difference only beyond the larger of this and the predictions' known error (``_Margin``)
+SAME_WITHIN = 0.05
 MAX_COMPARISONS = 5  # cells compared with the baseline in the findings, largest first
 MAX_PRIORITY_FINDINGS = 3  # per-class comparisons in the findings
 ITL_APART = 1.25  # a class's ITL p99 is worth a phrase when it moved this much unlike TPOT p90
@@ -128,9 +149,7 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
     out += _prefix_cache_finding(ok)
     for c in ok:
         ended = c.ended_early
-        served_none = (get(c.summary, "num_requests") or 0) > 0 \
-            and not get(c.summary, "num_completed")
-        if ended and served_none and c.manifest.get("status") == "failed":
+        if ended and c.served_nothing:
             # sent its whole trace and had nothing back: a failure, not a run cut short
             out.append(f"{code(c.name)} failed: {ended.rstrip('.')}; nothing was measured.")
         elif ended:
@@ -384,6 +403,118 @@ def _offered_load_finding(ok: Sequence[CellResult]) -> list[str]:
     return []
 
 
+# the kind of figure (``harness.prediction.KINDS``) whose measured error a compared metric has
+METRIC_KINDS = {"throughput.output_tokens_per_s": "throughput", "ttft_s.p90": "TTFT",
+                "tpot_s.p90": "TPOT/ITL"}
+
+
+def _and(names: Sequence[str]) -> str:
+    """"`a`", "`a` and `b`", "`a`, `b` and `c`"."""
+    coded = [code(n) for n in names]
+    return coded[0] if len(coded) == 1 else f"{', '.join(coded[:-1])} and {coded[-1]}"
+
+
+@dataclass(frozen=True)
+class _Margin:
+    """How far apart figures of one kind (``KINDS``: throughput, TTFT, TPOT/ITL) must be to
+    count as a difference: ``within``, the larger of ``SAME_WITHIN`` and the median |error|
+    each predicted cell's record quotes for that kind (a profile's on held-out figures, the
+    catalog's on every figure). ``unknown`` and ``unrecorded``: predicted cells whose error of
+    that kind was never measured, or whose run recorded no prediction record: beside them a
+    gap's meaning is not known. Between measurements alone: ``SAME_WITHIN``, as always."""
+
+    kind: str
+    within: float = SAME_WITHIN
+    quoted: tuple[str, ...] = ()  # the cells whose error sets ``within`` (above SAME_WITHIN)
+    unknown: tuple[str, ...] = ()
+    unrecorded: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, cells: Iterable[CellResult], kind: str) -> _Margin:
+        cells = list(cells)
+        if _one_predictor(cells):  # what it gets wrong, it gets wrong for each of them
+            return cls(kind)
+        errors: dict[str, float] = {}
+        unknown: list[str] = []
+        unrecorded: list[str] = []
+        for c in cells:
+            found = recorded_prediction(c.manifest.get("engine"))
+            if found is None or c.name in errors or c.name in unknown + unrecorded:
+                continue  # a measurement, or a cell already counted
+            record = found[0]
+            acc = accuracy(record) if record is not None else None
+            e = acc.by_kind.get(kind) if acc is not None else None
+            median = e.median if e is not None else None
+            if record is None:
+                unrecorded.append(c.name)
+            elif median is None or missing(median):
+                unknown.append(c.name)
+            else:
+                errors[c.name] = float(median)
+        within = max([SAME_WITHIN, *errors.values()])
+        quoted = tuple(n for n, v in errors.items() if v == within > SAME_WITHIN)
+        return cls(kind, within, quoted, tuple(unknown), tuple(unrecorded))
+
+    @property
+    def known(self) -> bool:
+        """Every predicted cell's error of this kind is known (or none is predicted)."""
+        return not self.unknown and not self.unrecorded
+
+    def gap(self, ratio: float, same: bool) -> str:
+        """What a gap between two figures (``ratio``, one over the other) is: "same" (``same``:
+        within ``SAME_WITHIN`` as the caller writes it), "unknown" (beside a prediction whose
+        error of this kind is not known), "within" (the predictions' known error) or
+        "differs"."""
+        if same:
+            return "same"
+        if not self.known:
+            return "unknown"
+        return "within" if abs(ratio - 1) <= self.within else "differs"
+
+    def why(self, pair: int = 0) -> str:
+        """Why a gap is not known to be a difference: "the TTFT error of `a` was never
+        measured", "predicted TTFT of `b` misses by a median 14.0%" (both, "; "-joined, where
+        both hold). ``pair``: the number of cells compared, when two, that the sentence names
+        already: "... for either" when it is both of them."""
+        parts = []
+        either = pair == 2
+        if self.unknown:
+            parts.append(f"no {self.kind} error was ever measured for either"
+                         if either and len(self.unknown) == 2 else
+                         f"the {self.kind} error of {_and(self.unknown)} was never measured")
+        if self.unrecorded:
+            parts.append("no error is recorded in either run"
+                         if either and len(self.unrecorded) == 2 else
+                         f"no error is recorded in the run"
+                         f"{'s' if len(self.unrecorded) > 1 else ''} of {_and(self.unrecorded)}")
+        if self.known and self.quoted:
+            parts.append(f"predicted {self.kind} of {_and(self.quoted)} misses by a median "
+                         f"{fmt_pct(self.within)}")
+        return "; ".join(parts)
+
+
+def _one_predictor(cells: Sequence[CellResult]) -> bool:
+    """Every cell is a prediction of the same model on the same GPU by the same predictor
+    (profile or catalog, with the same coefficients; simulated, or served over HTTP): cells
+    that differ in their settings only. Their gaps compare as measurements' do: the
+    predictor's known error is of its absolute figures, and what it gets wrong it gets wrong
+    for each of them; two predictors' errors need not be alike (``_Margin``)."""
+    keys = set()
+    for c in cells:
+        found = recorded_prediction(c.manifest.get("engine"))
+        if found is None:
+            return False  # a measurement
+        config = engine_config(c)
+        keys.add((predictor(c.manifest.get("engine")), found[1],
+                  *(value_text(config.get(k)) for k in ("model", "gpu", "cost_model_digest"))))
+    return len(keys) == 1
+
+
+def _change(ratio: float) -> str:
+    """A gap as a signed whole percentage: "+8%"."""
+    return f"{(ratio - 1) * 100:+.0f}%"
+
+
 def _ratio(a: Any, b: Any) -> float | None:
     if missing(a) or missing(b) or b == 0 or a < 0 or b < 0:
         return None
@@ -395,11 +526,24 @@ def _log_score(*ratios: float | None) -> float:
 
 
 def _throughput_phrase(c: CellResult, b: CellResult) -> tuple[str, float | None]:
+    """How ``c``'s output throughput compares with ``b``'s, and their ratio. Beside a
+    prediction, a gap within the predictions' known throughput error, or beside one whose
+    error is not known, is said to be so, not "served 1.1×" (``_Margin``)."""
     cv = get(c.summary, "throughput.output_tokens_per_s")
     bv = get(b.summary, "throughput.output_tokens_per_s")
     r = _ratio(cv, bv)
     if r is None:
         return "", None
+    margin = _Margin.of((c, b), "throughput")
+    gap = margin.gap(r, 1 - SAME_WITHIN < r < 1 + SAME_WITHIN)
+    if gap in ("unknown", "within"):
+        c_text, b_text = fmt_pair(cv, bv, change=_change)
+        if gap == "unknown":  # the figures and the change, neither more nor fewer said
+            return (f"served {c_text} vs {b_text} tok/s against {code(b.name)} "
+                    f"({_change(r)}; {margin.why(pair=2)})"), r
+        return (f"served output tokens/s within the predictions' known error of "
+                f"{code(b.name)}'s ({c_text} vs {b_text} tok/s, {_change(r)}; "
+                f"{margin.why(pair=2)})"), r
     change = (fmt_ratio if r >= 1 + SAME_WITHIN else _fewer if r <= 1 - SAME_WITHIN
               else _within)
     c_text, b_text = fmt_pair(cv, bv, change=change)
@@ -425,10 +569,23 @@ def _within(ratio: float) -> str:
     return f", {change:+.1f}%, within {SAME_WITHIN:.0%}"
 
 
-def _latency_phrase(label: str, cv: Any, bv: Any) -> tuple[str, float | None]:
+def _latency_phrase(label: str, cv: Any, bv: Any, margin: _Margin | None = None
+                    ) -> tuple[str, float | None]:
+    """"TTFT p90 rose from 104 ms to 112 ms", "... about the same (...)", and the ratio.
+    ``margin``: the figures' kind and the predictions' known error of it, when either is a
+    prediction: a gap within that error, or beside a prediction whose error is not known,
+    is said to be so rather than to have risen or fallen."""
     r = _ratio(cv, bv)
     if r is None:
         return "", None
+    gap = margin.gap(r, abs(r - 1) < SAME_WITHIN) if margin is not None else ""
+    if gap in ("unknown", "within"):
+        assert margin is not None
+        c_text, b_text = fmt_pair(cv, bv, fmt_seconds, change=_change)
+        if gap == "unknown":  # the figures and the change, neither rose nor fell
+            return f"{label} {c_text} vs {b_text} ({_change(r)}; {margin.why(pair=2)})", r
+        return (f"{label} within the predictions' known error ({c_text} vs {b_text}, "
+                f"{_change(r)}; {margin.why(pair=2)})"), r
     if abs(r - 1) < SAME_WITHIN:
         c_text, b_text = fmt_pair(cv, bv, fmt_seconds, change=_within)
         return f"{label} about the same ({c_text} vs {b_text}{_within(r)})", r
@@ -496,11 +653,20 @@ def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
 
 
 def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:
+    """A sentence comparing ``c`` with its baseline ``b``, and its score (the largest gap that
+    may be a difference: one within the predictions' known error scores nothing)."""
     tp, r_tp = _throughput_phrase(c, b)
+    ttft_margin = _Margin.of((c, b), METRIC_KINDS["ttft_s.p90"])
+    tpot_margin = _Margin.of((c, b), METRIC_KINDS["tpot_s.p90"])
     ttft, r_ttft = _latency_phrase("TTFT p90", get(c.summary, "ttft_s.p90"),
-                                   get(b.summary, "ttft_s.p90"))
+                                   get(b.summary, "ttft_s.p90"), ttft_margin)
     tpot, r_tpot = _latency_phrase("TPOT p90", get(c.summary, "tpot_s.p90"),
-                                   get(b.summary, "tpot_s.p90"))
+                                   get(b.summary, "tpot_s.p90"), tpot_margin)
+    # a gap known to be within the predictions' error is no difference to rank by
+    tp_margin = _Margin.of((c, b), "throughput")
+    r_tp, r_ttft, r_tpot = (
+        None if r is None or m.gap(r, abs(r - 1) < SAME_WITHIN) == "within" else r
+        for r, m in ((r_tp, tp_margin), (r_ttft, ttft_margin), (r_tpot, tpot_margin)))
     slo = _attainment_phrase(c, b)
     parts = [p for p in (ttft, tpot, slo) if p]
     if tp:
@@ -711,7 +877,11 @@ def _leaders_by_load(ok: Sequence[CellResult]) -> list[str]:
 
 
 def _leaders(cells: Sequence[CellResult]) -> str:
-    """The best cell for each headline metric, in one clause ("" if none has a value)."""
+    """The best cell for each headline metric, in one clause ("" if none has a value). A cell
+    within ``SAME_WITHIN`` of the best is named beside it; where a prediction is among the
+    figures, one further from the best than that but within the predictions' known error of
+    that kind, or beside a prediction whose error of that kind is not known, leaves no leader
+    crowned: the clause names those not told apart, with why (``_Margin``)."""
     def best(metric: str, pick: Callable[[Iterable[float]], float], what: str,
              write: Callable[[float, int], str]) -> str | None:
         def fmt(value: float) -> str:
@@ -733,6 +903,22 @@ def _leaders(cells: Sequence[CellResult]) -> str:
                 return f"the same {what.split(' ', 1)[1]} in every cell ({fmt(target)})"
             low, high = fmt_pair(min(v for _, v in values), max(v for _, v in values), write)
             return f"about the same {what.split(' ', 1)[1]} in every cell ({low} to {high})"
+        kind = METRIC_KINDS.get(metric)
+        # beside a prediction: the cells the best is not told apart from, beyond SAME_WITHIN
+        # (within the predictions' known error, or beside an error never measured)
+        apart = [] if kind is None else [
+            c for c, v in values if c.name not in names
+            and _Margin.of((c, top), kind).gap(v / target if target else math.inf,
+                                                False) in ("unknown", "within")]
+        if apart and kind is not None:
+            near = [c for c, v in values if c.name in names or c in apart]
+            low, high = fmt_pair(min(get(c.summary, metric) for c in near),
+                                 max(get(c.summary, metric) for c in near), write)
+            among = ("in every cell" if len(near) == len(cells)
+                     else f"among {_and([c.name for c in near])}")
+            error = _Margin.of(near, kind)
+            within = "" if not error.known else "within the predictions' known error: "
+            return f"{what} not told apart ({low} to {high} {among}; {within}{error.why()})"
         tied = [n for n in names if n != top.name and get(
             next(c for c in cells if c.name == n).summary, metric) == target]
         close = [n for n in names if n != top.name and n not in tied]
