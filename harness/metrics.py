@@ -64,7 +64,7 @@ class Pace:
 
     # over the second half of the arrivals: the requests that would have completed had none
     # waited longer for its first token than the quickest (``pace``)
-    arrived_per_s: float
+    due_per_s: float
     completed_per_s: float  # over the second half of the arrivals
     kept: bool
     why: str | None = None  # why not, in words
@@ -105,10 +105,11 @@ class Pace:
                 f"{_seconds(self.queue_growth_s or 0.0)} longer for a first token than the "
                 "first)" if self.swamped else "")
         return (f"the engine fell behind its arrivals: over the second half of them it "
-                f"completed {self.completed_per_s:.3g} req/s while {self.arrived_per_s:.3g} "
-                f"req/s arrived{grew}, so its queue grew for the whole run: TTFT and E2E are those "
-                "of this trace's length, not of a steady state (`batchlab capacity` finds the "
-                "load it keeps pace with)")
+                f"completed {self.completed_per_s:.3g} req/s while {self.due_per_s:.3g} "
+                f"req/s were due{grew} (due: arrival, plus the quickest wait for a first "
+                "token, plus its own decode time; docs/metrics.md), so its queue grew for the "
+                "whole run: TTFT and E2E are those of this trace's length, not of a steady "
+                "state (`batchlab capacity` finds the load it keeps pace with)")
 
 
 def _seconds(value_s: float) -> str:
@@ -183,7 +184,7 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
                     span_s=end - start)
     if behind:
         return Pace(arrived, completed, False,
-                    f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} arriving "
+                    f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} due "
                     "over the second half of its arrivals", fell_behind=True, settled=True)
     # within chance by the counts, yet the wait plainly grew (Pace.swamped's rule): a backlog
     # the counts' slack hides, as the waiting queue shows
@@ -192,7 +193,7 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
         return Pace(arrived, completed, False,
                     f"fell behind: those arriving last waited {_seconds(growth)} longer for a "
                     f"first token than the first, over arrivals lasting {end - start:.3g} s "
-                    f"(completed {completed:.3g} req/s of {arrived:.3g} arriving over the "
+                    f"(completed {completed:.3g} req/s of {arrived:.3g} due over the "
                     "second half of them)", fell_behind=True, settled=True,
                     queue_growth_s=growth, span_s=end - start)
     return Pace(arrived, completed, True, settled=True)

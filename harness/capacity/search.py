@@ -132,7 +132,7 @@ class ProbeOutcome:
     full: bool = False  # run to its end without the early stop, to confirm a stopped probe
     # rate probes: whether the engine kept pace with the arrivals, the rates compared and why
     # not (``harness.metrics.pace``)
-    arrived_per_s: float | None = None
+    due_per_s: float | None = None
     completed_per_s: float | None = None
     kept_pace: bool | None = None
     behind: str | None = None

@@ -296,11 +296,11 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
         grew = (f"; too short to show a steady state, yet those arriving last waited "
                 f"{fmt_seconds(pace.queue_growth_s)} longer for a first token than the first"
                 if pace.swamped else "")
-        # "11.24 req/s while 12.4 req/s arrived, 9.4% short": figures that give the shortfall
-        done, came = fmt_pair(pace.completed_per_s, pace.arrived_per_s,
+        # "11.24 req/s while 12.4 req/s were due, 9.4% short": figures that give the shortfall
+        done, came = fmt_pair(pace.completed_per_s, pace.due_per_s,
                               change=_shortfall if short else None)
-        return (f"completed {done} req/s while {came} req/s arrived{grew}"
-                + (f", {_shortfall(pace.completed_per_s / pace.arrived_per_s)} short"
+        return (f"completed {done} req/s while {came} req/s were due{grew}"
+                + (f", {_shortfall(pace.completed_per_s / pace.due_per_s)} short"
                    if short else ""))
 
     consequence = ("TTFT and E2E are those of this trace's length (a longer trace would wait "
@@ -312,7 +312,7 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
         text = (f"{who} fell behind its arrivals: over the second half of them it "
                 f"{rates(pace)}, so its queue grew for the whole run. "
                 f"{_pace_window([pace], plural=False)} Its " + consequence)
-    elif (len({fmt_number(p.arrived_per_s, "req/s") for _, p in behind}) == 1
+    elif (len({fmt_number(p.due_per_s, "req/s") for _, p in behind}) == 1
           and len({p.swamped for _, p in behind}) == 1):
         # one arrival rate (one trace and load), and every run long enough to show a steady
         # state or none: said once, each cell's completions after it
@@ -322,7 +322,7 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
                                          else "")
         text = (f"{len(behind)} of {len(ok)} cells fell behind their arrivals, their queues "
                 "growing for the whole run: over the second half of the arrivals, "
-                f"{fmt_number(behind[0][1].arrived_per_s, 'req/s')} arrived while they "
+                f"{fmt_number(behind[0][1].due_per_s, 'req/s')} were due while they "
                 f"completed (req/s) {done}"
                 + (f"; each too short to show a steady state, yet those arriving last waited "
                    f"{waited} longer for a first token than the first"
@@ -358,7 +358,10 @@ def _pace_window(paces: Sequence[Pace], *, plural: bool) -> str:
     return (f"{these} completion {rate} count{'' if plural else 's'} only the requests that "
             f"finished {window}, while requests still arrived: not the Throughput table's "
             f"requests/s, which {are} over the whole run (first arrival to last event), the "
-            "queue's drain after the last arrival included.")
+            "queue's drain after the last arrival included. A request is due at its arrival "
+            "plus the quickest wait any request had for a first token plus its own decode "
+            "time: when it would have finished had it not queued (docs/metrics.md), so the "
+            "due rate is not the arrival rate.")
 
 
 def _short_within_chance(pace: Pace) -> bool:
@@ -366,7 +369,7 @@ def _short_within_chance(pace: Pace) -> bool:
     explains: not set apart from the cells that fell behind, nor said to have served all the
     load offered."""
     return (bool(pace.settled) and not pace.fell_behind
-            and pace.completed_per_s < (1 - PACE_TOLERANCE) * pace.arrived_per_s)
+            and pace.completed_per_s < (1 - PACE_TOLERANCE) * pace.due_per_s)
 
 
 def _offered_load_finding(ok: Sequence[CellResult]) -> list[str]:
@@ -386,7 +389,7 @@ def _offered_load_finding(ok: Sequence[CellResult]) -> list[str]:
                 "so their output throughputs are the offered load's, not what each could "
                 "serve, and do not tell them apart; " + capacity]
     if len(kept) + len(near) == len(ok):
-        short = "; ".join(f"{code(c.name)} {fmt_pct(1 - p.completed_per_s / p.arrived_per_s)}"
+        short = "; ".join(f"{code(c.name)} {fmt_pct(1 - p.completed_per_s / p.due_per_s)}"
                           for c, p in near)
         which = "every one" if len(near) == len(ok) else "some"
         return [f"No cell fell behind its arrivals, though {which} fell short of them by more "

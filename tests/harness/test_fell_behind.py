@@ -38,7 +38,7 @@ def test_an_overloaded_run_says_it_fell_behind(tmp_path: Path,
     assert pace is not None and pace.fell_behind and not pace.kept
     # a scenario cell's warning is the same words as the command's
     assert f"warning: {fell_behind_warning(tmp_path / 'over')}\n" in err
-    assert pace.completed_per_s < pace.arrived_per_s
+    assert pace.completed_per_s < pace.due_per_s
     render_run_report(tmp_path / "over")
     report = (tmp_path / "over" / "report.md").read_text()
     findings = report.split("## Key findings")[1].split("\n## ")[0]
@@ -98,7 +98,7 @@ def test_a_cell_just_as_short_as_one_that_fell_behind_is_named_beside_it() -> No
                             _cell("light", kept)])[0]
     assert text.startswith("`priority` fell behind its arrivals")
     assert "by no more than chance explains: `fcfs` (completed 11.24 req/s while 12.4 req/s " \
-           "arrived, 9.4% short)" in text
+           "were due, 9.4% short)" in text
     assert "`light`" not in text
     # nothing fell behind: nothing is said, however short a cell was
     assert _behind_finding([_cell("fcfs", near), _cell("light", kept)]) == []
@@ -135,7 +135,7 @@ def test_a_run_too_short_to_tell_is_not_said_to_have_fallen_behind(
                      "--no-report", "--out", str(tmp_path / "short")]) == 0
     pace = load_run(tmp_path / "short").pace
     assert pace is not None and not pace.fell_behind and pace.settled is False
-    assert pace.completed_per_s == pytest.approx(pace.arrived_per_s, rel=PACE_TOLERANCE)
+    assert pace.completed_per_s == pytest.approx(pace.due_per_s, rel=PACE_TOLERANCE)
     assert not pace.overloaded
     assert BEHIND not in capsys.readouterr().err
 
@@ -159,7 +159,7 @@ def test_the_most_overloaded_runs_are_flagged_too(tmp_path: Path) -> None:
                          "--no-report", "--out", str(tmp_path / rate)]) == 0
         pace = load_run(tmp_path / rate).pace
         assert pace is not None and pace.overloaded, rate
-        assert pace.arrived_per_s == pytest.approx(float(rate), rel=0.1)
+        assert pace.due_per_s == pytest.approx(float(rate), rel=0.1)
         assert pace.completed_per_s == pytest.approx(6.3, rel=0.1)
 
 
@@ -193,7 +193,7 @@ def test_cells_behind_one_arrival_rate_are_said_in_one_short_sentence() -> None:
     text = _behind_finding(cells)[0]
     assert text.startswith(
         "3 of 3 cells fell behind their arrivals, their queues growing for the whole run: over "
-        "the second half of the arrivals, 87.3 req/s arrived while they completed (req/s) "
+        "the second half of the arrivals, 87.3 req/s were due while they completed (req/s) "
         "`c1` 1.5, `c4` 4.14, `c16` 12; each too short to show a steady state, yet those "
         "arriving last waited 40.1 s to 556 s longer for a first token than the first. These "
         "completion rates count only the requests that finished from the arrivals' midpoint to "
@@ -206,7 +206,7 @@ def test_cells_behind_one_arrival_rate_over_a_long_enough_run_say_no_queue_growt
     cells = [_cell(f"c{n}", Pace(20.0, done, False, "fell behind: ...", fell_behind=True,
                                  settled=True)) for n, done in ((1, 5.0), (2, 9.0))]
     text = _behind_finding(cells)[0]
-    assert ("20 req/s arrived while they completed (req/s) `c1` 5, `c2` 9. These completion "
+    assert ("20 req/s were due while they completed (req/s) `c1` 5, `c2` 9. These completion "
             "rates count only the requests that finished from the arrivals' midpoint to the "
             "last arrival, while") in text
 
@@ -218,6 +218,6 @@ def test_cells_behind_one_rate_some_too_short_are_said_each_on_its_own() -> None
     swamped = Pace(20.0, 9.0, False, "fell behind: ...", fell_behind=True, settled=False,
                    queue_growth_s=30.0, span_s=4.6)
     text = _behind_finding([_cell("settled", settled), _cell("short", swamped)])[0]
-    assert "`settled` (completed 5 req/s while 20 req/s arrived); `short` (completed 9 req/s " \
-           "while 20 req/s arrived; too short to show a steady state, yet those arriving last " \
+    assert "`settled` (completed 5 req/s while 20 req/s were due); `short` (completed 9 req/s " \
+           "while 20 req/s were due; too short to show a steady state, yet those arriving last " \
            "waited 30 s longer" in text

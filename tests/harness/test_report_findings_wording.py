@@ -228,7 +228,10 @@ def _paced(name: str, pace: Pace) -> CellResult:
 
 
 WHOLE_RUN = ("not the Throughput table's requests/s, which {} over the whole run (first "
-             "arrival to last event), the queue's drain after the last arrival included.")
+             "arrival to last event), the queue's drain after the last arrival included. A "
+             "request is due at its arrival plus the quickest wait any request had for a first "
+             "token plus its own decode time: when it would have finished had it not queued "
+             "(docs/metrics.md), so the due rate is not the arrival rate.")
 
 
 def test_completion_rates_of_cells_behind_say_their_window() -> None:
@@ -249,7 +252,7 @@ def test_completion_rates_of_cells_behind_say_their_window() -> None:
 def test_the_completion_rate_of_one_cell_behind_says_its_window() -> None:
     behind = Pace(12.5, 11.2, False, "fell behind: ...", fell_behind=True, settled=True)
     (text,) = _behind_finding([_paced("fcfs", behind)])
-    assert ("it completed 11.2 req/s while 12.5 req/s arrived, so its queue grew for the whole "
+    assert ("it completed 11.2 req/s while 12.5 req/s were due, so its queue grew for the whole "
             "run. That completion rate counts only the requests that finished from the "
             "arrivals' midpoint to the last arrival, while requests still arrived: "
             + WHOLE_RUN.format("is")) in text
@@ -260,4 +263,4 @@ def test_a_cell_short_within_chance_writes_rates_that_give_its_shortfall() -> No
     behind = Pace(12.45, 11.24, False, "fell behind: ...", fell_behind=True, settled=True)
     near = Pace(12.40, 11.24, True, settled=True)
     (text,) = _behind_finding([_paced("fcfs", near), _paced("priority", behind)])
-    assert "`fcfs` (completed 11.24 req/s while 12.4 req/s arrived, 9.4% short)" in text
+    assert "`fcfs` (completed 11.24 req/s while 12.4 req/s were due, 9.4% short)" in text

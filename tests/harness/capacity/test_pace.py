@@ -56,7 +56,7 @@ def test_an_engine_slower_than_the_arrivals_falls_behind(tmp_path: Path) -> None
     pace = pace_of(write_requests(tmp_path / "r", arrival, served_in_order(arrival, 0.125)))
     assert pace is not None and not pace.kept
     assert pace.completed_per_s == pytest.approx(8, rel=0.05)
-    assert pace.completed_per_s < (1 - PACE_TOLERANCE) * pace.arrived_per_s
+    assert pace.completed_per_s < (1 - PACE_TOLERANCE) * pace.due_per_s
     assert pace.why is not None and pace.why.startswith("fell behind: completed 8")
 
 
@@ -321,5 +321,5 @@ def test_a_wait_that_plainly_grew_fails_the_pace_whatever_the_counts(tmp_path: P
     assert pace.queue_growth_s > 0.1 * pace.span_s
     assert pace.why is not None and pace.why.startswith("fell behind: those arriving last")
     # the premise: the counts alone were within chance
-    n = pace.arrived_per_s * pace.span_s / 2
-    assert (pace.arrived_per_s - pace.completed_per_s) * pace.span_s / 2 < 2 * np.sqrt(n)
+    n = pace.due_per_s * pace.span_s / 2
+    assert (pace.due_per_s - pace.completed_per_s) * pace.span_s / 2 < 2 * np.sqrt(n)
