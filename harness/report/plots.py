@@ -219,6 +219,24 @@ def _legend_below(fig: Figure, handles: list, labels: list[str], *, bottom: floa
     return bottom + room
 
 
+def _same_as(series: Mapping[str, Sequence[np.ndarray | None]]) -> dict[str, str]:
+    """Each series' legend label: its name, and " (same as X)" when its arrays are those of an
+    earlier series X, whose line is then drawn exactly under its own and would not be seen
+    (two settings that ran alike: a batch cap the run never reached)."""
+    labels: dict[str, str] = {}
+    seen: list[tuple[str, Sequence[np.ndarray | None]]] = []
+    for name, arrays in series.items():
+        same = next((other for other, earlier in seen
+                     if len(earlier) == len(arrays) and all(
+                         (a is None and b is None) or (a is not None and b is not None
+                                                       and np.array_equal(a, b))
+                         for a, b in zip(earlier, arrays, strict=True))), None)
+        labels[name] = name + (f" (same as {same})" if same is not None else "")
+        if same is None:
+            seen.append((name, arrays))
+    return labels
+
+
 def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path, *,
                  note: str | None = None) -> Path | None:
     """TTFT, TPOT and E2E CDFs, one line per cell (log time axis: cells differ by orders)."""
@@ -226,6 +244,8 @@ def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path, *,
         return None
     fig = Figure(figsize=(13, 4))
     axes = fig.subplots(1, len(LATENCY_PANELS))
+    labels = _same_as({name: [per_cell.get(m) for m, _ in LATENCY_PANELS]
+                       for name, per_cell in series.items()})
     for ax, (metric, title) in zip(axes, LATENCY_PANELS, strict=True):
         drawn = False
         for name, per_cell in series.items():
@@ -237,7 +257,7 @@ def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path, *,
             if values.size > CDF_POINTS:  # the same picture from evenly spaced quantiles
                 keep = np.unique(np.linspace(0, values.size - 1, CDF_POINTS).round().astype(int))
                 values, y = values[keep], y[keep]
-            ax.step(values, y, where="post", label=name)
+            ax.step(values, y, where="post", label=labels[name])
             drawn = True
         ax.set_title(title)
         ax.set_xlabel("log scale")
@@ -248,7 +268,9 @@ def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path, *,
             _log_labels(ax.xaxis, seconds_label)
     axes[0].set_ylabel("fraction of requests")
     bottom = _legend_below(fig, *axes[0].get_legend_handles_labels())
-    _fixed_margins(fig, 1, len(LATENCY_PANELS), left=0.65, top=0.35, wgap=0.45, bottom=bottom)
+    # right: room for half the last tick label of a log axis ("1000 s") past the axes
+    _fixed_margins(fig, 1, len(LATENCY_PANELS), left=0.65, right=0.35, top=0.35, wgap=0.45,
+                   bottom=bottom)
     return _save(fig, path, note)
 
 
@@ -256,13 +278,15 @@ def engine_state(series: Mapping[str, EngineState], path: Path, *,
                  note: str | None = None) -> Path | None:
     """Running batch size, waiting queue and KV usage over time, one line per cell."""
     panels = (("num_running", "running requests"), ("num_waiting", "waiting requests"),
-              ("kv_usage", "KV cache used (%)"))
+              ("kv_usage", "KV used (% of own cache)"))
     present = [(attr, label) for attr, label in panels
                if any(getattr(s, attr) is not None and s.t_s.size for s in series.values())]
     if not present:
         return None
     fig = Figure(figsize=(11, 2.6 * len(present) + 0.6))
     axes = np.atleast_1d(fig.subplots(len(present), 1, sharex=True))
+    labels = _same_as({name: [s.t_s, *(getattr(s, attr) for attr, _ in present)]
+                       for name, s in series.items()})
     for ax, (attr, label) in zip(axes, present, strict=True):
         for name, state in series.items():
             values = getattr(state, attr)
@@ -270,7 +294,7 @@ def engine_state(series: Mapping[str, EngineState], path: Path, *,
                 continue
             scale = 100.0 if attr == "kv_usage" else 1.0
             ax.step(state.t_s, np.asarray(values, dtype=np.float64) * scale, where="post",
-                    label=name, linewidth=1)
+                    label=labels[name], linewidth=1)
         ax.set_ylabel(label)
         _, top = ax.get_ylim()
         ax.set_ylim(0, max(top, 1.0))  # from zero: a queue that stayed empty is a line at 0
@@ -316,6 +340,7 @@ def throughput_over_time(series: Mapping[str, tuple[np.ndarray, np.ndarray]], pa
     width = edges[1] - edges[0]
     fig = Figure(figsize=(11, 3.6))
     ax = fig.subplots()
+    shown = _same_as({name: list(arrays) for name, arrays in series.items()})
     for name, (t, tokens) in series.items():
         if not np.size(t):
             continue
@@ -325,7 +350,8 @@ def throughput_over_time(series: Mapping[str, tuple[np.ndarray, np.ndarray]], pa
         # each cell's line ends with its last token: a finished run is not a run at 0 tok/s
         n = max(1, min(num_bins, int(np.searchsorted(edges, float(np.max(t)), side="right"))))
         rate = counts[:n] / width
-        ax.step(edges[:n + 1], np.r_[rate, rate[-1]], where="post", label=name, linewidth=1)
+        ax.step(edges[:n + 1], np.r_[rate, rate[-1]], where="post", label=shown[name],
+                linewidth=1)
     ax.set_xlabel("time since the first arrival (s)")
     ax.set_ylabel("output tokens/s")
     ax.grid(True, alpha=0.3)

@@ -247,7 +247,7 @@ def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
             f"is that of {UNMEASURED_KINDS}, which no published figure gives.", "",
             table(headers, rows, align=["l"] * len(headers)), "",
             *(line for whose, note in _uncovered_any_kind(groups, cells)
-              for line in (f"{whose}: but {note}.", ""))]
+              for line in (f"For {whose}: {note}.", ""))]
 
 
 def _uncovered_any_kind(groups: Sequence[_Group], cells: Sequence[CellResult]

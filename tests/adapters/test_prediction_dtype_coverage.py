@@ -105,7 +105,7 @@ def test_the_reports_accuracy_notes_say_it() -> None:
     cell = CellResult("fp8", Path("/nonexistent/fp8"), "done", summary={}, manifest={
         "kind": "simulated", "engine": {"name": "reference", "mode": "simulated",
                                         "config": FP8.as_dict(), "prediction": record}})
-    assert f"`fp8`: but {FP8_NOTE}." in prediction_accuracy_lines([cell])
+    assert f"For `fp8`: {FP8_NOTE}." in prediction_accuracy_lines([cell])
 
 
 def test_a_coverage_file_without_data_types_says_nothing_of_them(

@@ -62,3 +62,17 @@ def test_the_reports_engine_state_shows_a_one_step_spike(tmp_path: Path) -> None
     assert state.num_running is not None and state.num_running.max() == 12
     assert state.kv_usage is not None and state.kv_usage.max() == pytest.approx(0.12)
     assert state.t_s[0] == t[0] and state.t_s[-1] == t[-1]
+
+
+def test_a_series_identical_to_an_earlier_one_says_so_in_the_legend() -> None:
+    """Two settings that ran alike (a batch cap the run never reached) draw one line exactly
+    over the other: the legend listed a series nobody could see."""
+    from harness.report.plots import _same_as
+
+    t = np.arange(10.0)
+    labels = _same_as({"cap-256": [t, t % 3], "cap-512": [t.copy(), t % 3],
+                       "cap-64": [t, t % 2], "cap-1024": [t, t % 3]})
+    assert labels == {"cap-256": "cap-256", "cap-512": "cap-512 (same as cap-256)",
+                      "cap-64": "cap-64", "cap-1024": "cap-1024 (same as cap-256)"}
+    assert _same_as({"a": [t, None], "b": [t, None], "c": [t, t]}) == {
+        "a": "a", "b": "b (same as a)", "c": "c"}

@@ -65,10 +65,10 @@ def test_the_accuracy_table_says_of_which_cells_its_error_was_never_measured() -
     # or GPUs: trtllm-h100-sxm's held-out TTFT and TPOT/ITL figures are all of the 70B model,
     # the catalog's E2E figures all on the H200
     assert lines[table_end + 1:] == [
-        "", f"`predicted-tgi`: but {_note(TGI)}.", "",
-        f"`predicted-trtllm`: but {_kind_note(TRT, 'TTFT')}.", "",
-        f"`predicted-trtllm`: but {_kind_note(TRT, 'TPOT/ITL')}.", "",
-        f"`reference`: but {_kind_note(SXM, 'E2E')}.", ""]
+        "", f"For `predicted-tgi`: {_note(TGI)}.", "",
+        f"For `predicted-trtllm`: {_kind_note(TRT, 'TTFT')}.", "",
+        f"For `predicted-trtllm`: {_kind_note(TRT, 'TPOT/ITL')}.", "",
+        f"For `reference`: {_kind_note(SXM, 'E2E')}.", ""]
     assert "published TTFT figures" in _kind_note(TRT, "TTFT")
 
 
@@ -77,8 +77,8 @@ def test_one_line_names_every_cell_a_record_says_it_of() -> None:
              _cell("sxm", SXM)]
     lines = prediction_accuracy_lines(cells)
     assert [line for line in lines if "never measured" in line] == [
-        f"`a`, `b`, `served`: but {_note(PCIE)}.", f"`sxm`: but {_kind_note(SXM, 'E2E')}."]
-    assert f"every cell: but {_note(PCIE)}." in prediction_accuracy_lines(cells[:2])
+        f"For `a`, `b`, `served`: {_note(PCIE)}.", f"For `sxm`: {_kind_note(SXM, 'E2E')}."]
+    assert f"For every cell: {_note(PCIE)}." in prediction_accuracy_lines(cells[:2])
 
 
 def test_the_predicted_figures_sentence_says_it() -> None:
@@ -102,7 +102,7 @@ def test_a_run_on_a_gpu_no_published_figure_is_of_says_it_in_its_report(
     assert ("Every figure here is **predicted** by the reference engine, not measured on "
             "hardware ([how accurate the predictions are](#how-accurate-the-predictions-are)); "
             f"but {note}.\n\n- Served 20 of 20") in text
-    assert f"\n`pcie`: but {note}.\n" in text
+    assert f"\nFor `pcie`: {note}.\n" in text
 
 
 def test_the_note_under_each_table_says_it_too() -> None:
