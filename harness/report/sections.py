@@ -97,9 +97,13 @@ def header(cells: Sequence[CellResult], base: CellResult | None, ctx: ReportCont
             if c.manifest or ctx.scenario))
         if values:
             rows.append((label, ", ".join(values)))
-    engines = list(dict.fromkeys(_engine_text(c) for c in cells if c.manifest or c.cell))
-    if engines:
-        rows.append(("Engines", "; ".join(engines)))
+    engines = list(dict.fromkeys(_engine_text(c) for c in cells
+                                 if (c.manifest or c.cell) and c.state != "not_run"))
+    not_run = [e for e in dict.fromkeys(_engine_text(c) for c in cells
+                                        if c.cell and c.state == "not_run")
+               if e not in engines]
+    if engines or not_run:
+        rows.append(("Engines", "; ".join(engines + [f"{e}: not run" for e in not_run])))
     if ctx.slo:
         rows.append(("SLO", slo_text(ctx.slo)))
     if base is not None and len(cells) > 1:
@@ -199,8 +203,10 @@ def _engine_text(c: CellResult) -> str:
 def _client_text(cells: Sequence[CellResult]) -> str:
     live = [c for c in cells if c.ok and c.mode == "live"]
     if not live:
-        if any(c.mode == "live" for c in cells):
+        if any(c.mode == "live" and c.state != "not_run" for c in cells):
             return "not known: no live cell finished"
+        if any(c.mode == "live" for c in cells):
+            return "not applicable: no live cell was run (not run yet, or left out by --only)"
         unknown = [code(c.name) for c in cells if c.ok and c.mode in ("–", "")]
         if unknown:  # no manifest to say how it ran
             return f"not known: {', '.join(unknown)} record{'s' if len(unknown) == 1 else ''} " \

@@ -75,4 +75,8 @@ def test_a_cell_not_run_records_only_the_knobs_it_asked_for(tmp_path: Path) -> N
     assert "recompute" not in tgi_row and "false" not in tgi_row, tgi_row
     assert "`tgi`, not run, only the knobs asked for" in cells
     assert "max_num_seqs=64" in cells
+    # the header named TGI among the engines, and said no live cell "finished"
+    assert "| Engines | reference 0.1.0 (simulated); tgi (live): not run |" in report
+    assert ("| Client ever the limit | not applicable: no live cell was run (not run yet, or "
+            "left out by --only) |") in report
 
