@@ -367,8 +367,10 @@ class StreamParser:
             text = raw if isinstance(raw, str) else ""
         if choice.get("finish_reason"):
             self._finish_reason = str(choice["finish_reason"])
-        elif not text and predicted_n is None and usage_count is None:
-            return  # a chat role-only event, or an empty one: no token, no say on the counts
+        if not text and predicted_n is None and usage_count is None:
+            # a chat role-only event, an empty one, or a finish without text or a count: no
+            # token, and no say on whether the counts ran on every event that had one
+            return
         self._num_token_events += 1
         self._timings_running = self._timings_running and predicted_n is not None
         self._usage_running = self._usage_running and usage_count is not None

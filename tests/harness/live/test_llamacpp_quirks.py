@@ -213,6 +213,20 @@ def test_timings_per_token_is_not_sent_unless_asked(tmp_path: Path) -> None:
     assert "timings_per_token" not in server.bodies[0]
 
 
+def test_a_finish_event_without_text_or_a_count_keeps_the_running_count() -> None:
+    """Every token event carried a running usage count, then a finish with neither text nor a
+    count: the chunk sizes came from the running count (exact), yet were labelled as counted
+    one per event with text."""
+    events = [{"choices": [{"text": " a"}], "usage": {"completion_tokens": 1}},
+              {"choices": [{"text": " b c"}], "usage": {"completion_tokens": 3}},
+              {"choices": [{"text": "", "finish_reason": "length"}]},
+              {"choices": [], "usage": {"completion_tokens": 3, "prompt_tokens": 5}}]
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    out = parse_stream("openai", [body + b"data: [DONE]\n\n"])
+    assert out.chunk_num_tokens == (1, 2) and out.usage_num_output_tokens == 3
+    assert out.count_source == "usage" and out.finish_reason == "length" and out.completed
+
+
 def test_a_running_count_missing_from_one_event_falls_back_to_events() -> None:
     p = StreamParser("openai")
     p.on_event(SseEvent('{"choices":[{"text":"a"}],"timings":{"predicted_n":1}}'), 1)
