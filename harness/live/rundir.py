@@ -24,7 +24,7 @@ from harness.live.recorder import (
     load_records,
     records_run_id,
 )
-from harness.live.telemetry import TELEMETRY_FILE, engine_preemptions
+from harness.live.telemetry import TELEMETRY_FILE, engine_preemptions, unanswered_tail
 from harness.manifest import read_manifest, run_fields, trace_manifest, update_manifest
 from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo, summarize
 from harness.prediction import summary_prediction
@@ -112,6 +112,12 @@ def with_engine_counters(summary: dict[str, Any], out_dir: Path) -> dict[str, An
     summary["preemptions_from"] = (
         PREEMPTIONS_FROM_ENGINE if n is not None else PREEMPTIONS_UNKNOWN
         if (out_dir / TELEMETRY_FILE).exists() else PREEMPTIONS_UNSCRAPED)
+    unanswered, last_s = unanswered_tail(out_dir)
+    if n is not None and unanswered and last_s is not None:
+        # an engine that died or hung: what it counted after its last answer is not known
+        summary["preemptions_from"] += (
+            f" (up to its last answered scrape, at {last_s:.1f} s; the {unanswered} after it "
+            "failed: preemptions after it are not counted)")
     return summary
 
 

@@ -82,6 +82,24 @@ def engine_preemptions(out_dir: Path) -> int | None:
     return round(float(values.sum())) if values.size else None
 
 
+def unanswered_tail(out_dir: Path) -> tuple[int, float | None]:
+    """The scrapes of ``telemetry.parquet`` that failed after its last answered one (an
+    engine that died or hung), and the instant of that last answered scrape (None when none
+    was answered): (0, t) when the last scrape was answered, or there is no telemetry."""
+    try:
+        with pq.ParquetFile(out_dir / TELEMETRY_FILE) as file:
+            table = file.read(columns=["t_s", "scrape_error"])
+    except (OSError, KeyError, ValueError, pa.ArrowInvalid):
+        return 0, None
+    errors = table.column("scrape_error").to_pylist()
+    times = table.column("t_s").to_pylist()
+    answered = [i for i, e in enumerate(errors) if e is None]
+    if not answered:
+        return len(errors), None
+    last = answered[-1]
+    return len(errors) - 1 - last, float(times[last])
+
+
 @dataclass(frozen=True, slots=True)
 class Reading:
     """One scrape, in canonical columns. ``values`` maps column -> value or None (missing)."""
