@@ -140,6 +140,7 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         if len(scored) > MAX_COMPARISONS:
             out.append(f"{len(scored) - MAX_COMPARISONS} more cells compare with "
                        f"{bases.phrase(code)} in the tables below.")
+        out += _one_knob_findings(whole, base)
         out += _leaders_by_load(whole)
         out += priority
     out += _same_results_finding(ok)
@@ -494,6 +495,44 @@ class _Margin:
             parts.append(f"predicted {self.kind} of {_and(self.quoted)} misses by a median "
                          f"{fmt_pct(self.within)}")
         return "; ".join(parts)
+
+
+MAX_ONE_KNOB_PAIRS = 3  # pairs of non-baseline cells a knob or two apart, compared directly
+
+
+def _one_knob_findings(whole: Sequence[CellResult], base: CellResult | None) -> list[str]:
+    """Two cells besides the baseline that differ in one knob, or in two that go together
+    (the quickstart's `continuous` and `continuous-chunked`: chunked prefill, with its token
+    budget): each is compared with the baseline, never with the other, though what that
+    change does may be the question. The later cell against the earlier, at one load, on one
+    engine and predictor; the pairs one knob apart, else those two apart, and only when there
+    are a few (a sweep's neighbours are its own findings': ``_batch_size_findings``)."""
+    cells = [c for c in whole if c is not base and c.knobs]
+    if len({c.load for c in whole}) > 1:
+        return []
+    by_count: dict[int, list[tuple[CellResult, CellResult, list[str]]]] = {1: [], 2: []}
+    for i, a in enumerate(cells):
+        for b in cells[i + 1:]:
+            if (a.engine, a.mode, predictor(a.manifest.get("engine"))) != \
+                    (b.engine, b.mode, predictor(b.manifest.get("engine"))):
+                continue
+            differ = [k for k in dict.fromkeys([*a.knobs, *b.knobs])
+                      if value_text(a.knobs.get(k)) != value_text(b.knobs.get(k))]
+            if len(differ) in by_count and "max_num_seqs" not in differ:
+                by_count[len(differ)].append((a, b, differ))
+    pairs = by_count[1] or by_count[2]
+    if not pairs or len(pairs) > MAX_ONE_KNOB_PAIRS:
+        return []
+    out = []
+    for a, b, differ in pairs:
+        _, text = _comparison(b, a)
+        if text:
+            def values(c: CellResult, differ: list[str] = differ) -> str:
+                return " and ".join(value_text(c.knobs.get(k)) for k in differ)
+
+            out.append(f"Apart only in {' and '.join(differ)} ({values(b)} in {code(b.name)}, "
+                       f"{values(a)} in {code(a.name)}): {text}")
+    return out
 
 
 def _one_predictor(cells: Sequence[CellResult]) -> bool:
