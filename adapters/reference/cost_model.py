@@ -479,7 +479,7 @@ class CostModel:
             ring_bytes_per_token = 2 * (tp - 1) / tp * model.hidden_size * 2
             allreduce_fixed_s = num_allreduces * params.allreduce_latency_s
             allreduce_per_token_s = (num_allreduces * ring_bytes_per_token
-                                     / gpu.interconnect_bandwidth_bytes_per_s)
+                                     / gpu.tp_bandwidth_bytes_per_s(tp))
         # The overhead terms, for tables that show where a step's time goes.
         self.allreduce_fixed_s = allreduce_fixed_s
         self.allreduce_per_token_s = allreduce_per_token_s

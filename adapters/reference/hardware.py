@@ -30,6 +30,16 @@ class GpuSpec:
     pcie_bandwidth_bytes_per_s: float  # host link, per direction (KV swap goes over it)
     interconnect_bandwidth_bytes_per_s: float  # GPU-to-GPU, per direction (tensor parallel)
     source: str
+    # GPUs the interconnect joins (None: all of a node's): a tensor-parallel group larger than
+    # this has its all-reduces go over PCIe (an H100 PCIe's NVLink bridge joins pairs only)
+    interconnect_group: int | None = None
+
+    def tp_bandwidth_bytes_per_s(self, tp: int) -> float:
+        """Per-direction bandwidth of the links a tensor-parallel group of ``tp`` all-reduces
+        over: the interconnect's, or PCIe's where the interconnect does not join them all."""
+        if self.interconnect_group is not None and tp > self.interconnect_group:
+            return self.pcie_bandwidth_bytes_per_s
+        return self.interconnect_bandwidth_bytes_per_s
 
     @property
     def fp8_note(self) -> str:
@@ -71,6 +81,7 @@ GPUS: dict[str, GpuSpec] = {
         peak_fp8_flops=1513.0 * TFLOPS,
         pcie_bandwidth_bytes_per_s=64 * GB,
         interconnect_bandwidth_bytes_per_s=300 * GB,
+        interconnect_group=2,
         source=(
             "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe column): GPU memory 80GB, "
             "bandwidth 2TB/s, BF16 1,513 TFLOPS and FP8 3,026 TFLOPS with sparsity "

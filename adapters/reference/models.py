@@ -163,7 +163,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
 
     def get_int(*keys: str, default: int | None = None) -> int:
         for key in keys:
-            if key in cfg:
+            if cfg.get(key) is not None:  # transformers writes null for a key left unset
                 value = cfg[key]
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise UnknownModelError(
@@ -193,6 +193,8 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         tie_word_embeddings=bool(tie),
         max_position_embeddings=get_int("max_position_embeddings", "n_positions", default=2048),
         qkv_bias=bool(cfg.get("attention_bias", model_type.startswith("qwen2"))),
-        gated_mlp=str(cfg.get("hidden_act", "silu")) not in _UNGATED_ACTIVATIONS,
+        # GPT-2-style configs name it activation_function
+        gated_mlp=str(cfg.get("hidden_act") or cfg.get("activation_function") or "silu")
+        not in _UNGATED_ACTIVATIONS,
         source=str(path),
     )

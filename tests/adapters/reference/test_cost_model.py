@@ -140,6 +140,35 @@ def test_hf_config_json_path(tmp_path: Path) -> None:
         lookup_model(str(uneven))
 
 
+def test_a_gpt2_style_config_is_read_with_its_own_key_names(tmp_path: Path) -> None:
+    """GPT-2 configs name the activation activation_function (gelu_new: an ungated MLP, two
+    matrices, not SwiGLU's three) and save n_inner as null (4 x hidden): the MLP was counted
+    gated, and the null refused."""
+    cfg = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None,
+           "n_positions": 1024, "vocab_size": 50257, "activation_function": "gelu_new"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    m = lookup_model(str(tmp_path))
+    assert m.intermediate_size == 4 * 768 and not m.gated_mlp
+    assert m.max_position_embeddings == 1024 and m.num_kv_heads == 12
+    gated = tmp_path / "gated.json"
+    gated.write_text(json.dumps({**cfg, "activation_function": "silu"}))
+    assert lookup_model(str(gated)).gated_mlp
+
+
+def test_h100_pcie_all_reduces_over_pcie_beyond_its_nvlink_bridged_pairs() -> None:
+    """An H100 PCIe's NVLink bridge joins pairs only: a group of 4 or 8 all-reduces over
+    PCIe Gen5 (64 GB/s a direction), not the bridge's 300 GB/s (4.7 times too quick)."""
+    def per_token(tp: int) -> float:
+        return ReferenceConfig(model="llama-3.1-70b", gpu="h100-pcie", tp=tp,
+                               weights_dtype="fp8").cost_model().allreduce_per_token_s
+
+    for tp, bandwidth in ((2, 300e9), (4, 64e9), (8, 64e9)):
+        ring_bytes = 2 * (tp - 1) / tp * 8192 * 2
+        assert per_token(tp) == pytest.approx(2 * 80 * ring_bytes / bandwidth)
+    sxm = ReferenceConfig(model="llama-3.1-70b", gpu="h100-sxm", tp=8).cost_model()
+    assert sxm.allreduce_per_token_s == pytest.approx(2 * 80 * (2 * 7 / 8 * 8192 * 2) / 450e9)
+
+
 def test_profile_overrides_coefficients_and_hardware(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"memory_efficiency": 0.5, "step_overhead_s": 0.002,
