@@ -36,7 +36,7 @@ def _config(*, model: str, gpu: str | None = None, profile: str | None = None,
 
 
 FP8 = _config(model="llama-3.1-8b", gpu="h100-sxm", profile=VLLM,
-                      weights_dtype="fp8", kv_cache_dtype="fp8")
+              weights_dtype="fp8", kv_cache_dtype="fp8")
 FP8_NOTE = ("none of the published figures its accuracy was measured on has fp8 weights (they "
             "are bf16) nor an fp8 KV cache (theirs are bf16): its error here was never measured")
 
@@ -60,13 +60,13 @@ def test_fp8_weights_and_kv_cache_outside_a_profiles_figures_are_said() -> None:
     assert prediction_text(record).endswith(f"; but {FP8_NOTE}")
     # the same profile in BF16: covered, nothing said
     bf16 = prediction_record(_config(model="llama-3.1-8b", gpu="h100-sxm",
-                                             profile=VLLM))
+                                     profile=VLLM))
     assert coverage_note(bf16) is None and "coverage_by_kind" not in bf16
 
 
 def test_a_kv_cache_dtype_alone_is_said() -> None:
     record = prediction_record(_config(model="llama-3.1-8b", gpu="h100-sxm",
-                                               profile=VLLM, kv_cache_dtype="fp8"))
+                                       profile=VLLM, kv_cache_dtype="fp8"))
     assert coverage_note(record) == (
         "none of the published figures its accuracy was measured on has an fp8 KV cache "
         "(theirs are bf16): its error here was never measured")
@@ -76,7 +76,7 @@ def test_a_data_type_one_kind_of_figure_lacks_is_said_of_that_kind() -> None:
     """The catalog has FP8 throughput, TTFT and TPOT/ITL figures, but its E2E figures are all
     BF16 (and of the H200)."""
     record = prediction_record(_config(model="llama-3.1-8b", gpu="h200",
-                                               weights_dtype="fp8", kv_cache_dtype="fp8"))
+                                       weights_dtype="fp8", kv_cache_dtype="fp8"))
     assert coverage_note(record) is None
     assert kind_coverage_note(record, "throughput") is None
     assert kind_coverage_note(record, "E2E") == (
@@ -87,7 +87,7 @@ def test_a_data_type_one_kind_of_figure_lacks_is_said_of_that_kind() -> None:
         "nor an fp8 KV cache: that error here was never measured")
     # with a GPU they are not of either: one sentence names both
     sxm = prediction_record(_config(model="llama-3.1-8b", gpu="h100-sxm",
-                                            weights_dtype="fp8"))
+                                    weights_dtype="fp8"))
     assert prediction_text(sxm).endswith(
         "; but none of the published E2E figures its accuracy was measured on is of this GPU "
         "h100-sxm nor has fp8 weights: that error here was never measured")
@@ -155,7 +155,7 @@ def test_an_unchanged_copy_has_its_shipped_profiles_coverage(tmp_path: Path,
     note = coverage_note(by_name)
     assert note is not None and "model llama-3.1-8b" in note  # the premise
     copy = prediction_record(_config(model="llama-3.1-8b",
-                                             profile=_copy(tmp_path, "tgi-h100-sxm", as_name)))
+                                     profile=_copy(tmp_path, "tgi-h100-sxm", as_name)))
     assert copy["accuracy"] == by_name["accuracy"]
     assert copy["covers"] == by_name["covers"]
     assert coverage_note(copy) == note
