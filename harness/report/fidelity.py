@@ -474,8 +474,12 @@ def prediction_section(ok: Sequence[CellResult]) -> list[str]:
             live_timelines = read_timelines(live.run_dir)
         except (OSError, ValueError, KeyError):
             sim_timelines = live_timelines = None
+        # over the requests completed on both sides, as `batchlab validate` compares them: a
+        # live engine that died or refused requests would otherwise have its few completed
+        # figures set against a whole simulated run's
         fid = fidelity(sim.summary or {}, live.summary or {}, sim_timelines, live_timelines,
-                       predicted_steps=steps, measured_telemetry=telemetry)
+                       predicted_steps=steps, measured_telemetry=telemetry,
+                       common_requests_only=True)
         served = is_served_prediction(live)
         title = (f"{code(live.name)} served, {code(sim.name)} simulated" if served
                  else f"{code(live.name)} measured, {code(sim.name)} predicted")
