@@ -47,7 +47,7 @@ from adapters.reference.cost_model import (
 from adapters.reference.models import UnknownModelError, lookup_model
 from harness.calibrate.measure import KvCacheInfo, SpeedProbe
 from harness.live.telemetry import DEFAULT_INTERVAL_S, TELEMETRY_FILE
-from harness.manifest import jsonable, read_manifest, update_manifest
+from harness.manifest import jsonable, read_manifest, record_failed, update_manifest
 from harness.metrics import Slo
 from harness.redact import redact_env, redact_tree, redact_url
 from harness.report.fidelity import fidelity, per_request_errors, render_fidelity_markdown
@@ -252,6 +252,8 @@ def run_validation(
     failed = _live_failure(stopped, measured, len(trace.requests))
     if failed:
         fid["live_failed"] = failed
+        # the live run folder says so too, as a replay's does (report, compare, summarize)
+        record_failed(live_dir, measured, failed)
     fid["warnings"] = warnings
     fid = redact_tree(fid)  # as a manifest: the URL's credentials, extra_args' secret values
     write_json_atomic(fid, out_dir / FIDELITY_FILE)

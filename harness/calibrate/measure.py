@@ -25,6 +25,7 @@ from harness.live.telemetry import (
     parse_exposition,
     source_for,
 )
+from harness.manifest import record_failed
 from harness.results import read_timelines
 from harness.timeline import RequestTimeline
 
@@ -166,10 +167,12 @@ def run_phases(
         failed = summary.get("num_failed") or 0
         timelines = read_timelines(out_dir / phase.name)
         if failed:
-            raise CalibrationError(
-                f"calibration phase {phase.name}: {failed} of {len(phase.requests)} requests "
-                f"failed ({summary.get('failures')}); first error: {first_failure(timelines)}; "
-                f"see {out_dir / phase.name}")
+            why = (f"calibration phase {phase.name}: {failed} of {len(phase.requests)} requests "
+                   f"failed ({summary.get('failures')}); first error: "
+                   f"{first_failure(timelines)}")
+            # the phase's folder says so, as a failed replay's does: not a finished run
+            record_failed(out_dir / phase.name, summary, why)
+            raise CalibrationError(f"{why}; see {out_dir / phase.name}")
         timed[phase.name] = timelines
         samples = samples_from_phase(phase, timelines)
         results.append(PhaseResult(phase, samples, summary, wall, steps))

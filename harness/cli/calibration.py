@@ -233,6 +233,10 @@ def check_profile_out(out: Path, work_dir: Path) -> None:
     if out.is_dir():
         raise UserError(f"--out {out}: is a folder; give the profile's file path "
                         f"(e.g. {out / 'profile.json'})")
+    if out.resolve() == work_dir.resolve():
+        raise UserError(f"--out {out}: is the work folder the measurements go to (--work-dir, "
+                        "by default the profile's path with .calibration): give the profile "
+                        "another name, or --work-dir another folder")
     try:
         ensure_creatable_dir(out.parent, "--out")
         ensure_creatable_dir(work_dir, "--work-dir")

@@ -62,6 +62,10 @@ def test_validate_exits_1_and_compares_only_what_both_completed_when_the_engine_
     assert "Compared on" in (out / "fidelity.md").read_text()
     assert "Compared on" in captured.out
     assert (out / "live" / "requests.parquet").exists()
+    # its live run folder says it failed, as a replay's does: report and compare read it so
+    live = [json.loads((out / "live" / f).read_text()) for f in ("summary.json", "manifest.json")]
+    assert live[0]["status"] == live[1]["status"] == "failed"
+    assert live[1]["error"] == fid["live_failed"]
 
 
 def test_validate_reads_the_served_engines_kv_cache(tmp_path: Path,

@@ -223,6 +223,17 @@ def test_calibrate_refuses_a_malformed_url_as_replay_does(
     assert "Traceback" not in err
 
 
+def test_calibrate_refuses_a_profile_path_that_is_its_work_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--out X.calibration is the default work folder's path: the whole workload ran, then the
+    profile could not be written ("X.calibration.tmp: Is a directory") and the fit was lost."""
+    assert main(["calibrate", "--url", "http://127.0.0.1:9", "--model", "x",
+                 "--out", str(tmp_path / "p.calibration")]) == 2
+    err = capsys.readouterr().err
+    assert "is the work folder the measurements go to" in err
+    assert not (tmp_path / "p.calibration").exists()
+
+
 def _free_port() -> int:
     import socket
 
