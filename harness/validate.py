@@ -246,6 +246,7 @@ def run_validation(
                   "num_requests": len(trace.requests)},
         "arrivals": "simulated requests arrive when the live client sent them, so the "
                     "client's own lateness is not counted as a prediction error",
+        "not_simulated": sorted(refused_live(live_timelines)),
         "live_dir": LIVE_DIR,
         "simulated_dir": SIMULATED_DIR,
     }
@@ -327,9 +328,23 @@ def as_sent(trace: Trace, live: Sequence[RequestTimeline]) -> Trace:
     client never sent keep their trace arrival. Same source and digest: the same trace.
     """
     sent = {tl.request_id: tl.sent_s for tl in live if tl.sent_s is not None}
+    refused = refused_live(live)
     requests = sorted((replace(r, arrival_s=max(0.0, sent.get(r.request_id, r.arrival_s)))
-                       for r in trace.requests), key=lambda r: r.arrival_s)
+                       for r in trace.requests if r.request_id not in refused),
+                      key=lambda r: r.arrival_s)
     return replace(trace, requests=tuple(requests))
+
+
+# a live engine's answers that refuse a request outright: it never ran there
+_REFUSALS = ("http_error", "overloaded", "rejected")
+
+
+def refused_live(live: Sequence[RequestTimeline]) -> set[str]:
+    """The requests the live engine refused before producing anything (an HTTP error such as a
+    prompt over its max_model_len, overloaded): they put no load on it, so the simulation
+    leaves them out too; simulated, they would load the requests compared beside them."""
+    return {tl.request_id for tl in live
+            if tl.error_kind in _REFUSALS and not tl.chunk_times_s}
 
 
 def _profile_metadata(profile: str) -> dict[str, Any]:

@@ -91,6 +91,25 @@ def test_live_latencies_count_from_the_send() -> None:
     assert shifted.digest == "d" and shifted.source == "t.csv"
 
 
+def test_requests_the_live_engine_refused_are_not_simulated() -> None:
+    """A prompt over the live server's max_model_len is answered 400: it never ran there.
+    Simulated, it loaded the requests compared beside it (a TPOT predicted 3 times the one
+    measured)."""
+    from dataclasses import replace
+
+    from harness.validate import refused_live
+
+    ok = timeline("a", 0.0, 0.1, 0.01, 3)
+    refused = replace(timeline("b", 0.1, 0.1, 0.01, 1), chunk_times_s=(), chunk_num_tokens=(),
+                      finished_s=None, error_kind="http_error", num_output_tokens=0)
+    cut = replace(timeline("c", 0.2, 0.1, 0.01, 2), error_kind="stream_cut")  # it ran
+    trace = Trace(tuple(TraceRequest(r, t, 100, 3) for r, t in (("a", 0.0), ("b", 0.1),
+                                                                   ("c", 0.2))),
+                  source="t.csv", format="azure", digest="d")
+    assert refused_live([ok, refused, cut]) == {"b"}
+    assert [r.request_id for r in as_sent(trace, [ok, refused, cut]).requests] == ["a", "c"]
+
+
 def test_running_batch_size_compares_steps_with_telemetry() -> None:
     steps = pa.table({"t_s": [0.0, 1.0, 2.0, 5.0], "duration_s": [1.0, 1.0, 1.0, 1.0],
                       "num_running": [2, 4, 4, 2]})  # idle from 3 s to 5 s
