@@ -244,6 +244,39 @@ def check_profile_out(out: Path, work_dir: Path) -> None:
         raise UserError(str(exc)) from None
 
 
+def prepare_validation_out(out: Path, *, overwrite: bool) -> None:
+    """``validate --out``: a folder of its own. A run's or sweep's folder is refused (its files
+    would sit beside the validation's); an earlier validation is refused without
+    ``--overwrite``, and with it its comparison and simulated run are removed before the
+    engine is used, so that a validation stopped part way leaves no earlier result beside its
+    new live run."""
+    from harness.runfolder import RunDirError, refuse_results_folder, remove_run_dir
+    from harness.validate import (
+        FIDELITY_FILE,
+        FIDELITY_MARKDOWN_FILE,
+        LIVE_DIR,
+        PER_REQUEST_FILE,
+        SIMULATED_DIR,
+    )
+
+    try:
+        refuse_results_folder(out, instead="validate writes live/, simulated/ and "
+                              "fidelity.json in a folder of its own: choose another --out")
+        earlier = [name for name in (FIDELITY_FILE, LIVE_DIR, SIMULATED_DIR)
+                   if (out / name).exists()]
+        if earlier and not overwrite:
+            raise UserError(f"--out {out}: holds an earlier validation ({', '.join(earlier)}); "
+                            "pass --overwrite to replace it, or choose another --out")
+        if earlier:
+            remove_run_dir(out / SIMULATED_DIR, "--out")
+            for name in (FIDELITY_FILE, FIDELITY_MARKDOWN_FILE, PER_REQUEST_FILE):
+                (out / name).unlink(missing_ok=True)
+    except RunDirError as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot replace the earlier validation: {exc}") from None
+
+
 _WORKLOAD_FLAGS = {
     "num_output_tokens": "--output-tokens", "max_batch_size": "--max-batch-size",
     "long_prompt_tokens": "--long-prompt-tokens", "max_num_seqs": "--max-num-seqs",
@@ -304,6 +337,8 @@ def add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     g.add_argument("--slo", help="SLOs for goodput, e.g. ttft_s=0.5,tpot_s=0.05")
     g.add_argument("--out", default="reports/validate", metavar="DIR",
                    help="where fidelity.json and the two run folders go (reports/validate)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier validation in --out (refused without it)")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -327,6 +362,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 0
     model_path = args.model_path or args.model
     out = Path(args.out)
+    prepare_validation_out(out, overwrite=args.overwrite)
     replay_kwargs: dict[str, Any] = {"seed": args.seed,
                                      "prompt_salt": resolve_prompt_salt(args.prompt_salt)}
     if args.tokenizer:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -184,3 +185,29 @@ def test_validate_says_what_it_assumed_when_the_engine_hides_its_kv_cache() -> N
     fid = fidelity(summarize(predicted), summarize(predicted), predicted, predicted)
     fid["warnings"] = [warning]
     assert f"Warning: {warning}." in render_fidelity_markdown(fid)
+
+
+def test_validate_keeps_out_of_run_folders_and_replaces_an_earlier_one_only_when_asked(
+        tmp_path: Path) -> None:
+    """It wrote into any folder: over an earlier validation without a word (one stopped part
+    way then left the earlier fidelity.json beside its new live run), into a simulate run's."""
+    from harness.cli import main
+    from harness.cli.calibration import prepare_validation_out
+    from harness.cli.common import UserError
+
+    excerpt = Path(__file__).resolve().parents[2] / "harness" / "data" / "azure_conv_excerpt.csv"
+    run = tmp_path / "sim"
+    assert main(["simulate", "--trace", str(excerpt), "--limit", "3", "--no-report",
+                 "--out", str(run)]) == 0
+    with pytest.raises(UserError, match="is the run folder of a simulate run"):
+        prepare_validation_out(run, overwrite=True)
+    earlier = tmp_path / "v"
+    assert main(["simulate", "--trace", str(excerpt), "--limit", "3", "--no-report",
+                 "--out", str(earlier / "simulated")]) == 0
+    (earlier / "fidelity.json").write_text("{}")
+    with pytest.raises(UserError, match=r"holds an earlier validation \(fidelity.json, "
+                                        r"simulated\); pass --overwrite"):
+        prepare_validation_out(earlier, overwrite=False)
+    prepare_validation_out(earlier, overwrite=True)
+    assert not (earlier / "fidelity.json").exists() and not (earlier / "simulated").exists()
+    prepare_validation_out(tmp_path / "new", overwrite=False)  # nothing there: fine
