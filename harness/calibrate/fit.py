@@ -157,6 +157,9 @@ class StepFit:
     median_abs_relative_error: float  # over all samples, outliers included
     p90_abs_relative_error: float
     by_phase: dict[str, float] = field(default_factory=dict)  # median |relative error|
+    # samples (outliers left out) whose step the fit makes compute-bound: with none, the
+    # compute figure is not identified by anything measured (a fit's guess)
+    num_compute_bound: int | None = None
 
     def predict_s(self, shape: CostShape, samples: Sequence[StepSample]) -> np.ndarray:
         coef = np.array([self.coefficients[t] for t in LINEAR_TERMS])
@@ -174,6 +177,7 @@ class StepFit:
             "median_abs_relative_error": self.median_abs_relative_error,
             "p90_abs_relative_error": self.p90_abs_relative_error,
             "median_abs_relative_error_by_phase": self.by_phase,
+            "num_compute_bound": self.num_compute_bound,
         }
 
 
@@ -361,6 +365,7 @@ def fit_step_model(
         best = _search(design.subset(kept), y[kept], _group_weights(sub, scale[kept]), space)
     _, bw, peak, coef = best
     rel = np.abs(design.predict(bw, peak, coef) - y) / np.maximum(y, 1e-9)
+    compute_bound = design.flops / peak > design.memory_bytes / bw
     by_phase: dict[str, list[float]] = {}
     for s, e in zip(samples, rel, strict=True):
         by_phase.setdefault(s.phase, []).append(float(e))
@@ -371,4 +376,5 @@ def fit_step_model(
         median_abs_relative_error=float(np.median(rel)),
         p90_abs_relative_error=float(np.percentile(rel, 90)),
         by_phase={k: float(np.median(v)) for k, v in sorted(by_phase.items())},
+        num_compute_bound=int((compute_bound & kept).sum()),
     )

@@ -41,6 +41,12 @@ def profile_params(fit: StepFit, config: ReferenceConfig, device: str,
     notes: list[str] = []
     values: dict[str, Any] = {"device": device}
     c = fit.coefficients
+    if fit.num_compute_bound == 0:
+        notes.append("no measured step was compute-bound (prefills too short, batches too "
+                     "small): the compute figure is the fit's guess, not a measurement, and "
+                     "predictions of compute-bound steps (long prompts, large batches) are "
+                     "not calibrated; a --long-prompt-tokens or --max-num-batched-tokens that "
+                     "reaches the compute bound measures it")
     if device.lower() in GPUS:
         gpu = config.gpu_spec
         values["memory_efficiency"] = min(1.0, fit.memory_bytes_per_s

@@ -234,6 +234,24 @@ def test_fit_recovers_gpu_efficiencies_on_a_catalog_device() -> None:
     assert "hbm_bandwidth_bytes_per_s" not in values and not notes  # the datasheet stays
 
 
+def test_a_fit_that_saw_no_compute_bound_step_says_its_compute_figure_is_a_guess() -> None:
+    """Prefills of 36 tokens at most and small batches: no step reaches the compute bound, and
+    the profile held a compute efficiency a quarter of the truth with no word of it."""
+    truth = CostModelParams(memory_efficiency=0.72, compute_efficiency=0.55,
+                            step_overhead_s=2e-3, per_seq_overhead_s=2e-5,
+                            frontend_latency_s=4e-3)
+    knobs = Knobs(max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=8192)
+    config = cal.reference_config("llama-3.1-8b", knobs, "h100-sxm", params=truth)
+    cm = config.cost_model()
+    short = synthetic_samples(cm, truth.frontend_latency_s, batch_sizes=(1, 2, 4, 8, 16),
+                              prefill=(8, 16, 24, 36))
+    fit = fit_step_model(short, CostShape.of(cm), cal.fit_space(config, "h100-sxm"))
+    assert fit.num_compute_bound == 0
+    _, notes = cal.profile_params(fit, config, "h100-sxm", None)
+    assert any(n.startswith("no measured step was compute-bound") for n in notes)
+    assert fit.as_dict()["num_compute_bound"] == 0
+
+
 def _exact_case(small_llama: str, device: str) -> tuple[list[StepSample], CostShape,
                                                        cal.FitSpace, dict[str, float]]:
     """Noise-free samples the fit can match to rounding: the device's figures are the upper
