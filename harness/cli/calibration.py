@@ -116,6 +116,9 @@ def add_calibrate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     g.add_argument("--work-dir", metavar="DIR",
                    help="run folders of the workload's phases and samples.parquet (default: "
                    "PROFILE.calibration/ beside the profile)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace an existing profile at --out and the earlier calibration's "
+                   "run folders in --work-dir (refused without it)")
     g.add_argument("--output-tokens", type=int, default=48, metavar="N",
                    help="tokens each decode-burst request generates (48)")
     g.add_argument("--max-batch-size", type=int, default=256, metavar="N",
@@ -140,7 +143,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     engine_url_or_launch(args)
     out = Path(args.out)
     work_dir = Path(args.work_dir) if args.work_dir else out.with_suffix(".calibration")
-    check_profile_out(out, work_dir)
+    check_profile_out(out, work_dir, overwrite=args.overwrite, dry_run=args.dry_run)
     knobs = knobs_from_args(args)
     if args.url and not args.dry_run:  # the workload's bursts fit the server's own slots
         knobs = with_server_knobs(knobs, args.url)
@@ -225,10 +228,20 @@ def _see(work_dir: Path) -> str:
     return f"\n(run folders and server logs: {work_dir})" if work_dir.is_dir() else ""
 
 
-def check_profile_out(out: Path, work_dir: Path) -> None:
+def check_profile_out(out: Path, work_dir: Path, *, overwrite: bool = False,
+                      dry_run: bool = False) -> None:
     """``--out`` is a file batchlab can write and ``--work-dir`` a folder it can make, checked
-    before the engine starts (an unusable path found after the workload loses the fit)."""
-    from harness.runfolder import RunDirError, ensure_creatable_dir
+    before the engine starts (an unusable path found after the workload loses the fit). An
+    existing profile, or run folders of an earlier calibration in ``work_dir``, are refused
+    unless ``overwrite``; with it, those run folders are removed now, so that none of them is
+    left beside the new ones as if measured with them. A ``dry_run`` measures nothing: neither
+    refused nor removed."""
+    from harness.runfolder import (
+        RunDirError,
+        ensure_creatable_dir,
+        remove_run_dir,
+        results_folder,
+    )
 
     if out.is_dir():
         raise UserError(f"--out {out}: is a folder; give the profile's file path "
@@ -240,6 +253,17 @@ def check_profile_out(out: Path, work_dir: Path) -> None:
     try:
         ensure_creatable_dir(out.parent, "--out")
         ensure_creatable_dir(work_dir, "--work-dir")
+        earlier = sorted(p for p in work_dir.iterdir() if results_folder(p) is not None) \
+            if work_dir.is_dir() and not dry_run else []
+        if dry_run:
+            return
+        if not overwrite and (out.exists() or earlier):
+            what = ([f"a profile at {out}"] if out.exists() else []) + (
+                [f"an earlier calibration's run folders in {work_dir}"] if earlier else [])
+            raise UserError(f"--out {out}: there is {' and '.join(what)}; pass --overwrite to "
+                            "replace them, or choose another --out")
+        for folder in earlier if overwrite else []:
+            remove_run_dir(folder, "--work-dir")
     except RunDirError as exc:
         raise UserError(str(exc)) from None
 

@@ -260,3 +260,25 @@ def test_an_engine_url_where_nothing_listens_says_so(
     err = capsys.readouterr().err
     assert f"no ready server at {url} after 1 s" in err
     assert "server logs" not in err
+
+
+def test_calibrate_replaces_an_earlier_profile_and_its_run_folders_only_when_asked(
+        tmp_path: Path) -> None:
+    """It overwrote a profile of another device without a word, and left an earlier
+    calibration's phase folders beside the new ones as if measured with them."""
+    from harness.cli.calibration import check_profile_out
+    from harness.cli.common import UserError
+
+    excerpt = Path(__file__).resolve().parents[3] / "harness" / "data" / "azure_conv_excerpt.csv"
+    out, work = tmp_path / "p.json", tmp_path / "p.calibration"
+    check_profile_out(out, work)  # nothing there yet
+    assert main(["simulate", "--trace", str(excerpt), "--limit", "2", "--no-report",
+                 "--out", str(work / "decode-c16")]) == 0
+    out.write_text("{}")
+    with pytest.raises(UserError, match=r"there is a profile at .*p.json and an earlier "
+                                        r"calibration's run folders in .*; pass --overwrite"):
+        check_profile_out(out, work)
+    check_profile_out(out, work, dry_run=True)  # measures nothing: removes nothing
+    assert (work / "decode-c16").exists()
+    check_profile_out(out, work, overwrite=True)
+    assert not (work / "decode-c16").exists() and out.exists()  # replaced once written
