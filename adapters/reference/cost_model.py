@@ -13,7 +13,8 @@ Per step, on one GPU of a tensor-parallel group of ``tp``::
               + flops_attention / (peak(bf16) * compute_efficiency)
     step_s    = max(memory_s, compute_s)
               + step_overhead_s + per_seq_overhead_s * num_seqs + per_token_overhead_s * num_tokens
-              + per_kv_token_overhead_s * num_kv_tokens
+              + (per_kv_token_overhead_s + per_fp8_kv_token_overhead_s if the KV cache is
+                 FP8) * num_kv_tokens
               + per_attention_pair_overhead_s * num_attention_pairs
               + all-reduce (tp > 1) + swap (blocks moved over PCIe this step)
 
