@@ -213,14 +213,22 @@ def test_fit_with_noise_predicts_within_the_noise(small_llama: str) -> None:
     assert np.median(rel) < 0.02 and rel.max() < 0.08
 
 
+H100_TRUTH = CostModelParams(memory_efficiency=0.72, compute_efficiency=0.55,
+                             step_overhead_s=2e-3, per_seq_overhead_s=2e-5,
+                             frontend_latency_s=4e-3)
+
+
+def _h100(max_num_seqs: int, max_num_batched_tokens: int) -> ReferenceConfig:
+    """An 8B on an H100 whose efficiencies and overheads are ``H100_TRUTH``."""
+    knobs = Knobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                  max_model_len=8192)
+    return cal.reference_config("llama-3.1-8b", knobs, "h100-sxm", params=H100_TRUTH)
+
+
 def test_fit_recovers_gpu_efficiencies_on_a_catalog_device() -> None:
-    truth = CostModelParams(memory_efficiency=0.72, compute_efficiency=0.55,
-                            step_overhead_s=2e-3, per_seq_overhead_s=2e-5,
-                            frontend_latency_s=4e-3)
-    knobs = Knobs(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192)
-    config = cal.reference_config("llama-3.1-8b", knobs, "h100-sxm", params=truth)
+    config = _h100(256, 8192)
     cm = config.cost_model()
-    samples = synthetic_samples(cm, truth.frontend_latency_s,
+    samples = synthetic_samples(cm, H100_TRUTH.frontend_latency_s,
                                 batch_sizes=(1, 4, 16, 64, 128, 256),
                                 prefill=(128, 512, 2048, 4096, 8000))
     space = cal.fit_space(config, "h100-sxm")
@@ -237,13 +245,9 @@ def test_fit_recovers_gpu_efficiencies_on_a_catalog_device() -> None:
 def test_a_fit_that_saw_no_compute_bound_step_says_its_compute_figure_is_a_guess() -> None:
     """Prefills of 36 tokens at most and small batches: no step reaches the compute bound, and
     the profile held a compute efficiency a quarter of the truth with no word of it."""
-    truth = CostModelParams(memory_efficiency=0.72, compute_efficiency=0.55,
-                            step_overhead_s=2e-3, per_seq_overhead_s=2e-5,
-                            frontend_latency_s=4e-3)
-    knobs = Knobs(max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=8192)
-    config = cal.reference_config("llama-3.1-8b", knobs, "h100-sxm", params=truth)
+    config = _h100(16, 2048)
     cm = config.cost_model()
-    short = synthetic_samples(cm, truth.frontend_latency_s, batch_sizes=(1, 2, 4, 8, 16),
+    short = synthetic_samples(cm, H100_TRUTH.frontend_latency_s, batch_sizes=(1, 2, 4, 8, 16),
                               prefill=(8, 16, 24, 36))
     fit = fit_step_model(short, CostShape.of(cm), cal.fit_space(config, "h100-sxm"))
     assert fit.num_compute_bound == 0
