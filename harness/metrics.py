@@ -153,18 +153,18 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
         ok &= np.isfinite(first)
         quickest = max(float(np.min(first[ok] - arrival[ok])), 0.0)
         due = arrival + quickest + (finished - first)
-        num_arrived = int(np.count_nonzero(ok & (due > mid) & (due <= end)))
+        num_due = int(np.count_nonzero(ok & (due > mid) & (due <= end)))
     else:  # every arrival moved by the median E2E, within the arrivals
         lag = min(float(np.median(e2e[ok])), half / 2)
-        num_arrived = int(np.count_nonzero(ok & (arrival > mid - lag) & (arrival <= end - lag)))
+        num_due = int(np.count_nonzero(ok & (arrival > mid - lag) & (arrival <= end - lag)))
     num_completed = int(np.count_nonzero(ok & (finished > mid) & (finished <= end)))
-    arrived, completed = num_arrived / half, num_completed / half
+    due_rate, completed = num_due / half, num_completed / half
     # The counts differ by chance (bursts of arrivals, long requests finishing across the
     # windows' edges) and by a slow drift a steady state allows: a shortfall beyond
     # PACE_SIGMAS standard deviations of a Poisson count and beyond PACE_TOLERANCE of the
     # arrivals is a backlog that grows, however long the trace.
-    allowed = max(PACE_TOLERANCE * num_arrived, PACE_SIGMAS * math.sqrt(num_arrived))
-    behind = num_completed < num_arrived - allowed
+    allowed = max(PACE_TOLERANCE * num_due, PACE_SIGMAS * math.sqrt(num_due))
+    behind = num_completed < num_due - allowed
     # Too short to tell comes first: the windows' edges alone make the counts differ. How long
     # is long enough is measured by the decode time, which a growing queue does not lengthen
     # (an overloaded run is not excused by the waits it causes); without first tokens, by
@@ -177,26 +177,26 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
         # requests that decode for longer than half the arrivals are due after them, and
         # counted on neither side: a wait that grew that much is a backlog all the same
         grew = growth is not None and growth > QUEUE_GROWTH_SHARE * (end - start)
-        return Pace(arrived, completed, False,
+        return Pace(due_rate, completed, False,
                     f"too short to show a steady state: its arrivals last {end - start:.3g} s, "
                     f"under {SHORTEST_STEADY_E2ES} times its {what} p90 ({p90:.3g} s)",
                     fell_behind=behind or grew, settled=False, queue_growth_s=growth,
                     span_s=end - start)
     if behind:
-        return Pace(arrived, completed, False,
-                    f"fell behind: completed {completed:.3g} req/s of {arrived:.3g} due "
+        return Pace(due_rate, completed, False,
+                    f"fell behind: completed {completed:.3g} req/s of {due_rate:.3g} due "
                     "over the second half of its arrivals", fell_behind=True, settled=True)
     # within chance by the counts, yet the wait plainly grew (Pace.swamped's rule): a backlog
     # the counts' slack hides, as the waiting queue shows
     growth = _queue_growth(arrival, first_token_s, ok, start, end)
     if growth is not None and growth > QUEUE_GROWTH_SHARE * (end - start):
-        return Pace(arrived, completed, False,
+        return Pace(due_rate, completed, False,
                     f"fell behind: those arriving last waited {_seconds(growth)} longer for a "
                     f"first token than the first, over arrivals lasting {end - start:.3g} s "
-                    f"(completed {completed:.3g} req/s of {arrived:.3g} due over the "
+                    f"(completed {completed:.3g} req/s of {due_rate:.3g} due over the "
                     "second half of them)", fell_behind=True, settled=True,
                     queue_growth_s=growth, span_s=end - start)
-    return Pace(arrived, completed, True, settled=True)
+    return Pace(due_rate, completed, True, settled=True)
 
 
 def _queue_growth(arrival: np.ndarray, first_token_s: np.ndarray | None, ok: np.ndarray,

@@ -527,12 +527,14 @@ def _one_knob_findings(whole: Sequence[CellResult], base: CellResult | None) -> 
     for a, b, differ in pairs:
         _, text = _comparison(b, a)
         if text:
-            def values(c: CellResult, differ: list[str] = differ) -> str:
-                return " and ".join(value_text(c.knobs.get(k)) for k in differ)
-
-            out.append(f"Apart only in {' and '.join(differ)} ({values(b)} in {code(b.name)}, "
-                       f"{values(a)} in {code(a.name)}): {text}")
+            out.append(f"Apart only in {' and '.join(differ)} ({_knob_values(b, differ)} in "
+                       f"{code(b.name)}, {_knob_values(a, differ)} in {code(a.name)}): {text}")
     return out
+
+
+def _knob_values(c: CellResult, names: Sequence[str]) -> str:
+    """"true and 2048": ``c``'s values of the knobs ``names``, as the scenario spells them."""
+    return " and ".join(value_text(c.knobs.get(k)) for k in names)
 
 
 def _one_predictor(cells: Sequence[CellResult]) -> bool:
@@ -567,17 +569,19 @@ def _log_score(*ratios: float | None) -> float:
     return max((abs(math.log(r)) for r in ratios if r is not None and r > 0), default=0.0)
 
 
-def _throughput_phrase(c: CellResult, b: CellResult) -> tuple[str, float | None]:
+def _throughput_phrase(c: CellResult, b: CellResult, margin: _Margin | None = None
+                       ) -> tuple[str, float | None]:
     """How ``c``'s output throughput compares with ``b``'s, and their ratio. Beside a
     prediction, a gap within the predictions' known throughput error, or beside one whose
-    error is not known, is said to be so, not "served 1.1×" (``_Margin``)."""
+    error is not known, is said to be so, not "served 1.1×" (``margin``: the two cells'
+    throughput ``_Margin``, made here when not given)."""
     cv = get(c.summary, "throughput.output_tokens_per_s")
     bv = get(b.summary, "throughput.output_tokens_per_s")
     r = _ratio(cv, bv)
     if r is None:
         return "", None
-    margin = _Margin.of((c, b), "throughput")
-    gap = margin.gap(r, 1 - SAME_WITHIN < r < 1 + SAME_WITHIN)
+    margin = margin or _Margin.of((c, b), "throughput")
+    gap = margin.gap(r, abs(r - 1) < SAME_WITHIN)
     if gap in ("unknown", "within"):
         c_text, b_text = fmt_pair(cv, bv, change=_change)
         if gap == "unknown":  # the figures and the change, neither more nor fewer said
@@ -697,15 +701,14 @@ def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
 def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:
     """A sentence comparing ``c`` with its baseline ``b``, and its score (the largest gap that
     may be a difference: one within the predictions' known error scores nothing)."""
-    tp, r_tp = _throughput_phrase(c, b)
-    ttft_margin = _Margin.of((c, b), METRIC_KINDS["ttft_s.p90"])
-    tpot_margin = _Margin.of((c, b), METRIC_KINDS["tpot_s.p90"])
+    tp_margin, ttft_margin, tpot_margin = (_Margin.of((c, b), kind)
+                                           for kind in METRIC_KINDS.values())
+    tp, r_tp = _throughput_phrase(c, b, tp_margin)
     ttft, r_ttft = _latency_phrase("TTFT p90", get(c.summary, "ttft_s.p90"),
                                    get(b.summary, "ttft_s.p90"), ttft_margin)
     tpot, r_tpot = _latency_phrase("TPOT p90", get(c.summary, "tpot_s.p90"),
                                    get(b.summary, "tpot_s.p90"), tpot_margin)
     # a gap known to be within the predictions' error is no difference to rank by
-    tp_margin = _Margin.of((c, b), "throughput")
     r_tp, r_ttft, r_tpot = (
         None if r is None or m.gap(r, abs(r - 1) < SAME_WITHIN) == "within" else r
         for r, m in ((r_tp, tp_margin), (r_ttft, ttft_margin), (r_tpot, tpot_margin)))
