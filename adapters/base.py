@@ -52,6 +52,23 @@ class MappedKnob:
     overridden_by: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class LogCheck:
+    """A knob value some builds of an engine ignore, and the line their server log then shows.
+
+    Checked once a launched server is ready (``harness.live.session``): a match in its stdout
+    or stderr means the engine runs with ``runs_with`` instead, and the run records the knob as
+    not applied, with ``note`` (why, and the source that shows it)."""
+
+    knob: str
+    pattern: str  # a regular expression, searched line by line
+    runs_with: Any
+    note: str
+
+    def found_in(self, log_text: str) -> bool:
+        return re.search(self.pattern, log_text, re.MULTILINE) is not None
+
+
 # ---------------------------------------------------------------- telemetry description
 #
 # Adapters describe where each canonical signal lives in their engine's /metrics; the scraper
@@ -613,6 +630,7 @@ class LaunchPlan:
     stop_argv: tuple[str, ...] = ()  # run after the group is signalled (container cleanup)
     notes: tuple[str, ...] = ()
     launcher: str = ""  # which program starts the engine, and why that one (when it is chosen)
+    log_checks: tuple[LogCheck, ...] = ()  # knobs the server's log may show it ignored
 
     def resolved_argv(self, config_dir: str) -> tuple[str, ...]:
         return tuple(a.replace(CONFIG_DIR, config_dir) for a in self.argv)
@@ -670,13 +688,15 @@ class ServerWire:
     def launched(self, engine: str, *, argv: tuple[str, ...], env: dict[str, str],
                  mapping: tuple[MappedKnob, ...], host: str, port: int, model: str,
                  config_files: dict[str, str] | None = None, stop_argv: tuple[str, ...] = (),
-                 notes: tuple[str, ...] = (), launcher: str = "") -> LaunchPlan:
+                 notes: tuple[str, ...] = (), launcher: str = "",
+                 log_checks: tuple[LogCheck, ...] = ()) -> LaunchPlan:
         """The plan of a server batchlab starts at ``host:port``."""
         return LaunchPlan(
             engine=engine, argv=argv, env=env, config_files=config_files or {},
             mapping=mapping, base_url=f"http://{host}:{port}", protocol=self.protocol,
             model=model, health_path=self.health_path, version_paths=self.version_paths,
             telemetry=self.telemetry, stop_argv=stop_argv, notes=notes, launcher=launcher,
+            log_checks=log_checks,
         )
 
     def attached(self, engine: str, base_url: str, knobs: Knobs, *, model: str) -> LaunchPlan:

@@ -226,6 +226,9 @@ RULES = with_engine_defaults(RULES, {
 
 FIXED = (
     "--hostname 127.0.0.1 --port PORT (natively; in a container: -p 127.0.0.1:PORT:80)",
+    "natively: --prometheus-port PORT2, a second free port (TGI's router binds a Prometheus "
+    "listener on 9000 unless told otherwise, and does not start when that port is taken; a "
+    "container has a network of its own, where 9000 is free)",
     "--usage-stats off (TGI reports usage to Hugging Face by default)",
     f"--max-concurrent-requests {MAX_CONCURRENT_REQUESTS} (the default "
     f"{DEFAULT_MAX_CONCURRENT_REQUESTS} rejects requests beyond it as overloaded instead of "
@@ -284,6 +287,14 @@ def gpu_flags(runtime: str, devices: str | None) -> tuple[str, ...]:
     return ("--gpus", f'"device={",".join(ids)}"')
 
 
+def _another_free_port(host: str, taken: int) -> int:
+    """A free port other than ``taken`` (the main port, perhaps chosen free a moment ago and
+    not yet bound, so the OS may offer it again)."""
+    while (port := free_port(host)) == taken:
+        pass
+    return port
+
+
 def _runtime(explicit: str | None) -> str | None:
     """None: the native launcher; else the container runtime to use."""
     if explicit:
@@ -327,11 +338,16 @@ class TgiAdapter:
         stop_argv: tuple[str, ...] = ()
         notes: tuple[str, ...] = ()
         if runtime is None:
+            # The router binds Prometheus on --hostname:--prometheus-port, 9000 unless given,
+            # and panics when it cannot: a second TGI, or anything else on 9000, stops the launch.
             argv = (
                 LAUNCHER, "--model-id", self.model,
-                "--hostname", self.host, "--port", str(port), *common,
+                "--hostname", self.host, "--port", str(port),
+                "--prometheus-port", str(_another_free_port(self.host, port)), *common,
             )
         else:
+            # No --prometheus-port: the container has a network of its own, where 9000 is free,
+            # and only CONTAINER_PORT is published (-p), so two containers never share it.
             container = f"batchlab-tgi-{port}"
             model_id, mounts = self._container_model()
             devices = self.env.get(DEVICES_ENV, os.environ.get(DEVICES_ENV))

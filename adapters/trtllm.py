@@ -201,8 +201,10 @@ RULES = with_engine_defaults(RULES, DEFAULTS, sources=DEFAULT_SOURCES)
 # trtllm-serve's flags for the fields the YAML sets (engines.md 2.4:
 # tensorrt_llm/commands/serve.py), so that extra_args setting one replace the YAML key.
 NAMES = FlagNames(
+    # one click option with two names (tensorrt_llm/commands/serve.py @00209af1, read
+    # 2026-11-30): the memory fraction, the tensor-parallel size and the YAML file (CONFIG_OPTION)
     aliases={"free-gpu-memory-fraction": "kv-cache-free-gpu-memory-fraction",
-             # one click option with two names: the YAML file (CONFIG_OPTION)
+             "tensor-parallel-size": "tp-size",
              "config": "extra-llm-api-options"},
     config_keys={
         "max_batch_size": "--max_batch_size",

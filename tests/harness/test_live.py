@@ -160,6 +160,37 @@ def test_launch_replay_and_teardown_with_a_stand_in_vllm(tmp_path: Path) -> None
     assert "fake vllm argv" in (out / "vllm-server.stdout.log").read_text()
 
 
+@pytest.mark.parametrize("ignores", [True, False])
+def test_chunked_prefill_off_that_the_server_log_shows_ignored_is_recorded_not_applied(
+        tmp_path: Path, ignores: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM V1 releases turned chunked prefill on whatever --no-enable-chunked-prefill said,
+    and logged so at start-up: the run records the knob as not applied, with the engine's
+    actual setting, and says so on the console and in the report. A release that honours
+    the flag logs nothing of the kind, and the knob stays applied."""
+    out = tmp_path / "run"
+    knobs = Knobs(chunked_prefill=False, max_num_batched_tokens=256, max_model_len=128)
+    extra = ("--ignore-no-chunking",) if ignores else ()
+    run_live("vllm", knobs, small_trace(2), {"timeout_s": 30}, out, launch=True,
+             model="tiny-model", executable=fake_python(tmp_path, *extra),
+             ready_timeout_s=60, telemetry_interval_s=0.05)
+    manifest = json.loads((out / "manifest.json").read_text())
+    mapped = {m["knob"]: m for m in manifest["mapping"]}["chunked_prefill"]
+    assert mapped["flags"] == ["--no-enable-chunked-prefill"] and mapped["value"] is False
+    err = capsys.readouterr().err
+    render_run_report(out)
+    report = (out / "report.md").read_text()
+    if ignores:
+        assert mapped["status"] == "not_applied"
+        assert "Chunked prefill is enabled" in mapped["note"] and "#18547" in mapped["note"]
+        assert manifest["knobs"]["chunked_prefill"] is True  # what the engine ran with
+        assert "warning: vllm: chunked_prefill not applied" in err
+        assert "chunked_prefill=false not applied" in report
+    else:
+        assert mapped["status"] == "applied"
+        assert manifest["knobs"]["chunked_prefill"] is False
+        assert "chunked_prefill" not in err and "not applied" not in report
+
+
 def test_a_server_that_dies_at_start_is_recorded(tmp_path: Path) -> None:
     out = tmp_path / "run"
     with pytest.raises(EngineStartError, match="unknown flag --max-num-sqs"):
@@ -266,3 +297,19 @@ def test_vllm_python_env_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
                       dry_run=True, out=io.StringIO())
     assert result["argv"][0] == "/custom/python"
     assert os.environ[vllm.PYTHON_ENV] == "/custom/python"
+
+
+def test_a_session_gives_an_ignored_knob_the_value_the_engine_ran_with() -> None:
+    """calibrate and validate fit and simulate the knobs as the engine ran them: chunked
+    prefill on, where the server's log showed it ignored the request to turn it off."""
+    from harness.live.session import EngineSession
+
+    plan = vllm.VllmAdapter(model="m", port=1).plan(
+        Knobs(chunked_prefill=False, max_num_batched_tokens=256, max_model_len=128))
+    assert plan.log_checks == (vllm.CHUNKED_PREFILL_IGNORED,)
+    knobs = Knobs(chunked_prefill=False, max_num_seqs=8)
+    ran = EngineSession(plan, None, 0.0, plan.log_checks).ran_with(knobs)
+    assert ran.chunked_prefill is True and ran.max_num_seqs == 8
+    assert EngineSession(plan, None, 0.0).ran_with(knobs) is knobs
+    # asked on, or turned off through extra_args: nothing to check
+    assert vllm.VllmAdapter(model="m", port=1).plan(Knobs()).log_checks == ()
