@@ -11,7 +11,9 @@ the finish instant:
     tpot_s            = (e2e - ttft) / (N - 1)            vLLM's TPOT; only when N > 1
     tpot_guidellm_s   = (c_k - start) / N                 GuideLLM's TPOT (includes TTFT)
     itl_s             = pooled per-token gaps: each gap (c_j - c_{j-1}) split evenly over the
-                        m_j tokens of chunk j, i.e. m_j copies of gap/m_j
+                        m_j tokens of chunk j, i.e. m_j copies of gap/m_j: sum(m_j, j >= 2)
+                        values per request, none for the first chunk's m_1 - 1 extra tokens
+                        (which tpot_s counts in N - 1)
     itl_chunk_s       = pooled chunk gaps c_j - c_{j-1}   vLLM bench's "ITL"
     itl_guidellm_s    = (c_k - c_1) / (N - 1)             GuideLLM's ITL, per request; only N > 1
 
@@ -221,16 +223,21 @@ SLO_KEYS = ("ttft_s", "tpot_s", "e2e_s")
 def attainment_text(fraction: float) -> str:
     """An SLO attainment as a percentage, cut (never rounded up) to what it shows: 98.95%
     reads 98.9%, not 99.0% beside a 99% target it missed; never 100% unless every request
-    was good (99.97%), never 0% unless none was (0.07%)."""
+    was good (99.97%), never 0% unless none was (under 0.1%, two significant digits: 1 of
+    1,001 reads 0.099%)."""
     pct = fraction * 100
     if pct in (0, 100):
         return f"{pct:.0f}%"
-    if 0 < pct < 0.1:  # cut to one decimal, it would read 0.0%
-        return f"{pct:.2g}%"
-    digits = 2 if pct >= 99.95 else 1
+    # under 0.1%, two significant digits (cut to one decimal, it would read 0.0%); from
+    # 99.95%, two decimals (2,999 of 3,000 reads 99.96%)
+    digits = (1 - math.floor(math.log10(pct)) if 0 < pct < 0.1
+              else 2 if pct >= 99.95 else 1)
     scale = 10 ** digits
-    # the epsilon: 0.99 * 100 is 98.99999999999999, which is 99.0%
-    return f"{math.floor(pct * scale + 1e-9) / scale:.{digits}f}%"
+    # the epsilon: 0.99 * 100 is 98.99999999999999, which is 99.0%; it must not lift a value
+    # a hair under 100% onto it
+    cut = min(math.floor(pct * scale + 1e-9), 100 * scale - 1) / scale
+    text = f"{cut:.{digits}f}"
+    return f"{text.rstrip('0') if pct < 0.1 else text}%"
 
 
 def slo_problem(value: object) -> str:

@@ -6,10 +6,13 @@ live, plus three small files that make its folder a report cell and a resumable 
     <search folder>/rate-4/        requests.parquet, summary.json, manifest.json, ... (the run)
                                    cell.json   engine, knobs, grid and load, as a scenario cell
                                    status.json done / running (as a scenario cell)
-                                   probe.json  load, attainment, passed, stopped, digest
+                                   probe.json  load, attainment, passed, stopped, digest,
+                                               requests the early stop cut off
 
 A probe passes when its SLO attainment (requests meeting every SLO / requests sent) is at
-least the target. A probe the saturation check stopped fails, with the reason recorded.
+least the target. A probe the saturation check stopped fails, with the reason recorded; its
+latency figures are of the requests that finished only (a lower bound), and its probe.json says
+how many the stop cut off (``num_cut_off``).
 
 A probe whose live server stopped answering is no verdict about the load: a launched engine that
 exits ends it (``EngineExited``), and so does an attached server that no longer answers its
@@ -176,7 +179,9 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
     outcome = replace(outcome_from_summary(load, summary, plan.target, run_dir=out_dir.name,
                                            pace=pace, warm_up=warm_up), full=full)
     write_json_atomic({"kind": plan.kind, "unit": LOAD_UNITS[plan.kind], "digest": plan.digest,
-                       "target": plan.target, **outcome.as_dict()}, out_dir / PROBE_FILE)
+                       "target": plan.target, **outcome.as_dict(),
+                       **cut_off_fields(outcome, num_cut_off(summary) if outcome.stopped else 0)},
+                      out_dir / PROBE_FILE)
     write_json_atomic({"state": "done"}, out_dir / STATUS_FILE)
     return outcome
 
@@ -257,6 +262,37 @@ def outcome_from_summary(load: float, summary: Mapping[str, Any], target: float,
         kept_pace=pace.kept if pace else None, behind=pace.why if pace else None,
         num_warm_up=warm_up[1] if warm_up else None,
     )
+
+
+def num_cut_off(summary: Mapping[str, Any]) -> int:
+    """How many of a run's failed requests were cut off in flight (its ``not_finished``
+    failures): of a probe stopped early, those its stop cut off; 0 when it says none."""
+    failures = summary.get("failures")
+    cut = failures.get("not_finished") if isinstance(failures, Mapping) else None
+    if isinstance(cut, bool) or not isinstance(cut, int):
+        return 0
+    failed = summary.get("num_failed")
+    return min(cut, int(failed)) if isinstance(failed, int | float) else cut
+
+
+def cut_off_text(outcome: ProbeOutcome, num_cut: int) -> str | None:
+    """What a probe's latency figures are of when its early stop cut requests off (None
+    otherwise): of the requests that finished only, the cut off being failed
+    (``not_finished``), so they understate its latency."""
+    if not (outcome.stopped and num_cut):
+        return None
+    done = (outcome.num_requests or 0) - (outcome.num_failed or 0)
+    return (f"of the {done} requests that finished only, not of the {num_cut} the early stop "
+            "cut off: a lower bound")
+
+
+def cut_off_fields(outcome: ProbeOutcome, num_cut: int) -> dict[str, Any]:
+    """``probe.json``'s and ``search.json``'s word on a probe's requests cut off by its early
+    stop (``num_cut``, 0 for a probe not stopped): ``num_cut_off``, and ``latency_note``
+    saying what ``ttft_p90_s`` and ``tpot_p90_s`` are then of (None when none was cut off)."""
+    text = cut_off_text(outcome, num_cut)
+    return {"num_cut_off": num_cut,
+            "latency_note": None if text is None else f"ttft_p90_s and tpot_p90_s are {text}"}
 
 
 def read_probe(run_dir: Path, digest: str) -> ProbeOutcome | None:

@@ -25,7 +25,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast, get_args
 
-from harness.capacity.probe import ProbePlan, probe_label, read_probe, run_probe
+from harness.capacity.probe import (
+    ProbePlan,
+    cut_off_fields,
+    cut_off_text,
+    num_cut_off,
+    probe_label,
+    read_probe,
+    run_probe,
+)
 from harness.capacity.search import (
     LOAD_UNITS,
     LoadCap,
@@ -230,7 +238,8 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
     def write(status: str, result: SearchResult | None = None, error: str | None = None) -> None:
         probes = result.probes if result is not None else tuple(done)
         write_json_atomic(redact_tree(_search_record(setting, spec, status, probes, result,
-                                                     error, load_cap)), out_dir / SEARCH_FILE)
+                                                     error, load_cap, out_dir)),
+                          out_dir / SEARCH_FILE)
 
     def probe(load: float) -> ProbeOutcome:
         if log is not None:
@@ -272,7 +281,8 @@ def probe_verdict(outcome: ProbeOutcome, target: float, search_dir: Path) -> str
     """A probe's outcome in words, the reason it failed first: "SLO attainment 50.3%, failed:
     below the 99.0% target; also too short to show a steady state: ...". A probe stopped early
     failed as over-saturated whatever its attainment, and its requests cut off by the stop
-    are said to be that (``not_finished`` in its summary), not failures of the engine."""
+    are said to be that (``not_finished`` in its summary), not failures of the engine, and
+    its latencies to be of the requests that finished only: a lower bound."""
     att = "–" if outcome.attainment is None else attainment_text(outcome.attainment)
     if outcome.num_warm_up:
         att += (f" once its users were under way (their first {outcome.num_warm_up} requests, "
@@ -289,7 +299,9 @@ def probe_verdict(outcome: ProbeOutcome, target: float, search_dir: Path) -> str
     if outcome.passed:
         return f"SLO attainment {att}, passed{how}"
     if outcome.stopped:
-        why = f"; stopped early: {outcome.stopped}"
+        lower = cut_off_text(outcome, cut)
+        why = f"; stopped early: {outcome.stopped}" + (
+            f"; its latencies are {lower}" if lower else "")
     elif outcome.attainment is not None and outcome.attainment < target:
         why = f": below the {target:.1%} target" + (f"; also {outcome.behind}"
                                                      if outcome.behind else "")
@@ -303,9 +315,8 @@ def _num_cut_off(outcome: ProbeOutcome, search_dir: Path) -> int:
     ``not_finished`` failures); 0 when its folder does not say."""
     if outcome.run_dir is None:
         return 0
-    failures = read_json_object(search_dir / outcome.run_dir / SUMMARY_FILE).get("failures")
-    cut = failures.get("not_finished") if isinstance(failures, Mapping) else None
-    return min(int(cut), outcome.num_failed or 0) if isinstance(cut, int) else 0
+    cut = num_cut_off(read_json_object(search_dir / outcome.run_dir / SUMMARY_FILE))
+    return min(cut, outcome.num_failed or 0)
 
 
 def _earlier_probes(search_dir: Path) -> list[Path]:
@@ -349,7 +360,10 @@ def _trace_bound(result: SearchResult, target: float) -> SearchResult:
 
 def _search_record(setting: Setting, spec: SearchSpec, status: str,
                    probes: Sequence[ProbeOutcome], result: SearchResult | None,
-                   error: str | None, load_cap: LoadCap | None = None) -> dict[str, Any]:
+                   error: str | None, load_cap: LoadCap | None, search_dir: Path
+                   ) -> dict[str, Any]:
+    """``search.json``; ``search_dir``: where the probes' folders are, for how many
+    requests each one stopped early cut off (``cut_off_fields``)."""
     plan = setting.plan
     cell = dict(plan.cell)
     return {
@@ -371,8 +385,9 @@ def _search_record(setting: Setting, spec: SearchSpec, status: str,
         "capacity": result.capacity if result is not None else None,
         "bracket": ({"passing": result.passing, "failing": result.failing}
                     if result is not None else _bracket_so_far(probes)),
-        "probes": [{**p.as_dict(), "label": probe_label(spec.kind, p.load, full=p.full)}
-                   for p in probes],
+        "probes": [{**p.as_dict(), **cut_off_fields(
+                        p, _num_cut_off(p, search_dir) if p.stopped else 0),
+                    "label": probe_label(spec.kind, p.load, full=p.full)} for p in probes],
         "command": redact_argv(plan.command) if plan.command else None,
         # why the highest load is below --max-load (the report quotes it), and that load
         **({"load_cap": load_cap.why, "load_cap_max": load_cap.max_load}

@@ -176,6 +176,10 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     ``records.jsonl`` is used only when it belongs to the folder's run (a live run whose
     ``run_id`` its header names); otherwise the parquet files are the run's record.
 
+    How the run ended, where no earlier summary says it, comes from the manifest: ``status``,
+    ``stopped_early``, ``num_planned`` and ``num_not_sent`` (where the manifest has no counts,
+    as a simulated run's has not: its trace's ``num_requests``, less the rows).
+
     A request whose sent record no row followed (the replay killed outright) is a
     ``not_finished`` row. When the records hold every request sent (``Records.sends_recorded``)
     of a run whose manifest never said how it ended (still "running": killed), the summary
@@ -242,12 +246,17 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     # it from): a run that did not finish must not read as a whole one
     if manifest.get("status") and "status" not in summary:
         summary["status"] = manifest["status"]
+    if manifest.get("stopped_early") and "stopped_early" not in summary:
+        summary["stopped_early"] = manifest["stopped_early"]
     killed = _sends_of_killed_run(manifest, read, len(timelines))
+    ended = _sends_of_ended_run(manifest, len(timelines))
     for key in ("num_planned", "num_not_sent"):
         if key not in summary and manifest.get(key) is not None:
             summary[key] = manifest[key]
         elif key not in summary and key in killed:
             summary[key] = killed[key]
+        elif key not in summary and key in ended:
+            summary[key] = ended[key]
     num_unrecorded = sum(len(r.unrecorded) for r in read)
     if killed or num_unrecorded:
         summary["num_sent_unrecorded"] = num_unrecorded
@@ -319,6 +328,21 @@ def _sends_of_killed_run(manifest: dict[str, Any], read: Sequence[Records],
     return {"num_planned": planned, "num_not_sent": max(0, planned - num_rows),
             "num_sent": num_rows, "num_recorded": num_rows,
             "num_sent_unrecorded": sum(len(r.unrecorded) for r in read)}
+
+
+def _sends_of_ended_run(manifest: dict[str, Any], num_rows: int) -> dict[str, int]:
+    """A run whose manifest says how it ended but not how much of its trace it sent (a
+    simulated run's, which puts that in its summary only): the trace's requests, and those
+    with no row, never sent. Every request sent of such a run is a row (one cut off by its
+    end is ``not_finished``). Empty for a run killed outright, or a manifest without its
+    trace's count."""
+    if manifest.get("status") in (None, *KILLED_STATUSES):
+        return {}
+    trace = manifest.get("trace")
+    planned = trace.get("num_requests") if isinstance(trace, dict) else None
+    if isinstance(planned, bool) or not isinstance(planned, int):
+        return {}
+    return {"num_planned": planned, "num_not_sent": max(0, planned - num_rows)}
 
 
 def _refuse_if_written(folder: Path) -> None:

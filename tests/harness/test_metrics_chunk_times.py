@@ -101,3 +101,22 @@ def test_a_request_without_a_priority_is_counted_in_class_0() -> None:
     plain = [RequestTimeline("r", 0.0, 10, 2, chunk_times_s=(0.1, 0.2), chunk_num_tokens=(1, 1),
                              finished_s=0.2, finish_reason="length")]
     assert "by_priority" not in summarize(plain)
+
+
+def test_several_tokens_in_a_chunk_as_docs_metrics_says() -> None:
+    """docs/metrics.md, "Several tokens in a chunk": itl_s gives the first chunk's m_1 - 1
+    extra tokens no value (sum of m_j, j >= 2, values), tpot_s counts them in N - 1; a request
+    whose tokens all came in one chunk, its end in the same read, has tpot_s exactly 0, which
+    enters the TPOT percentiles and meets a TPOT SLO."""
+    spread = RequestTimeline("a", 0.0, 10, 6, chunk_times_s=(1.0, 1.3, 1.5),
+                             chunk_num_tokens=(3, 2, 1), finished_s=1.5)
+    whole = RequestTimeline("b", 0.0, 10, 5, chunk_times_s=(1.0,), chunk_num_tokens=(5,),
+                            finished_s=1.0)
+    gaps = token_gaps_s(spread)
+    assert gaps.size == 6 - 3 and np.allclose(gaps, [0.15, 0.15, 0.2])  # not 6 - 1 values
+    assert np.isclose(request_metric_columns([spread])["tpot_s"][0], 0.5 / 5)
+    assert token_gaps_s(whole).size == 0
+    summary = summarize([spread, whole], slo=Slo(tpot_s=0.001))
+    assert summary["itl_s"]["count"] == 3
+    assert summary["tpot_s"]["count"] == 2 and summary["tpot_s"]["p50"] == 0.05
+    assert summary["goodput"]["num_good"] == 1  # the one-chunk request, at TPOT 0

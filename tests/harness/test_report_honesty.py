@@ -139,6 +139,11 @@ def test_a_percentage_is_never_rounded_onto_all_or_none() -> None:
     (0.99967, "99.96%"),  # 2,999 of 3,000: never 100%
     (1.0, "100%"), (0.0, "0%"), (0.0004, "0.04%"), (0.0007, "0.07%"), (0.00099, "0.099%"),
     (0.625, "62.5%"),
+    # under 0.1%: two significant digits, cut too (rounded, these would read 0.1%)
+    (1 / 1001, "0.099%"), (0.0009995, "0.099%"), (0.00099999, "0.099%"), (0.001, "0.1%"),
+    (0.00100001, "0.1%"), (1e-7, "0.00001%"),  # no exponent (1e-05%)
+    (0.9995, "99.95%"), (0.99949999, "99.9%"),
+    (1 - 2 ** -53, "99.99%"),  # the epsilon must not lift it onto 100%
 ])
 def test_an_attainment_is_cut_never_rounded_up(fraction: float, shown: str) -> None:
     from harness.metrics import attainment_text

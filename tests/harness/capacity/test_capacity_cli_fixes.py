@@ -242,7 +242,9 @@ def test_requests_cut_off_by_the_early_stop_are_not_called_failed(tmp_path: Path
                            num_requests=178, stopped="over-saturated: ...", run_dir="rate-64")
     assert probe_verdict(stopped, 0.99, tmp_path) == (
         "SLO attainment 20.0% (101 of 178 requests not finished when the probe was stopped "
-        "early; 2 of 178 requests failed), failed; stopped early: over-saturated: ...")
+        "early; 2 of 178 requests failed), failed; stopped early: over-saturated: ...; its "
+        "latencies are of the 75 requests that finished only, not of the 101 the early stop "
+        "cut off: a lower bound")
 
 
 def test_the_log_of_a_probe_stopped_early_and_of_one_user(

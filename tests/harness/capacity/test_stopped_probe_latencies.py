@@ -1,0 +1,67 @@
+"""A probe stopped early reports latencies of the requests that finished only: the requests
+its stop cut off (``not_finished``) are left out, so its TTFT and TPOT are a lower bound.
+probe.json, search.json and the command line say so, with how many were cut off."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.capacity import ProbeOutcome
+from harness.capacity.run import probe_verdict
+from harness.cli import main as cli_main
+from harness.results import SEARCH_FILE
+
+REPO = Path(__file__).resolve().parents[3]
+EXCERPT = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return dict(json.loads(path.read_text()))
+
+
+def test_a_stopped_probe_says_its_latencies_are_a_lower_bound(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cap"
+    # 64 req/s is stopped early with most of its requests in flight; 32 runs to its end
+    assert cli_main(["capacity", "--trace", str(EXCERPT), "--limit", "200", "--slo",
+                     "ttft_s=0.5,tpot_s=0.03", "--start", "64", "--max-probes", "2",
+                     "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    search = _json(out / "reference" / SEARCH_FILE)
+    listed = {p["label"]: p for p in search["probes"]}
+    stopped = _json(out / "reference" / "rate-64" / "summary.json")
+    cut = stopped["failures"]["not_finished"]
+    done = stopped["num_completed"]
+    assert stopped["stopped_early"] and cut > 0 and stopped["ttft_s"]["count"] == done
+    note = (f"ttft_p90_s and tpot_p90_s are of the {done} requests that finished only, not of "
+            f"the {cut} the early stop cut off: a lower bound")
+    for probe in (_json(out / "reference" / "rate-64" / "probe.json"), listed["rate-64"]):
+        assert probe["stopped"] and probe["num_cut_off"] == cut
+        assert probe["latency_note"] == note
+    assert (f"reference: 64 req/s: SLO attainment 4.2% ({cut} of {stopped['num_requests']} "
+            "requests not finished when the probe was stopped early), failed; stopped early: "
+            in err)
+    assert (f"; its latencies are of the {done} requests that finished only, not of the "
+            f"{cut} the early stop cut off: a lower bound\n") in err
+    # a probe run to its end cut nothing off: its latencies are of every request it sent
+    for probe in (_json(out / "reference" / "rate-32" / "probe.json"), listed["rate-32"]):
+        assert not probe["stopped"]
+        assert probe["num_cut_off"] == 0 and probe["latency_note"] is None
+    assert "reference: 32 req/s: SLO attainment 50.0%, failed: below" in err
+    assert err.count("a lower bound") == 1
+
+
+def test_a_stopped_probe_that_cut_nothing_off_says_nothing_of_its_latencies(
+        tmp_path: Path) -> None:
+    (tmp_path / "rate-8").mkdir()
+    (tmp_path / "rate-8" / "summary.json").write_text(json.dumps(
+        {"failures": {"rejected": 2}, "num_failed": 2}))
+    stopped = ProbeOutcome(load=8, attainment=0.9, passed=False, num_failed=2,
+                           num_requests=20, stopped="over-saturated: ...", run_dir="rate-8")
+    assert probe_verdict(stopped, 0.99, tmp_path) == (
+        "SLO attainment 90.0% (2 of 20 requests failed), failed; stopped early: "
+        "over-saturated: ...")
