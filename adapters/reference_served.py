@@ -17,6 +17,7 @@ from adapters.base import (
     Knobs,
     LaunchPlan,
     Setting,
+    Unsupported,
     map_knobs,
     with_engine_defaults,
 )
@@ -37,11 +38,17 @@ def _toggle(name: str, attr: str) -> KnobRule:
                     lambda k: Setting((name if getattr(k, attr) else f"--no-{name[2:]}",)))
 
 
-def _preemption(k: Knobs) -> Setting:
-    note = "the static policy always reserves at admission" if k.policy == "static" else ""
+def _preemption(k: Knobs) -> Setting | Unsupported:
+    if k.policy == "static":
+        if k.preemption == "none":
+            return Setting(("--admission", "reserve"),
+                           note="the static policy always reserves at admission")
+        # as TensorRT-LLM's STATIC_BATCH: a batch holds its reservation until it ends
+        return Unsupported(f"the static policy reserves at admission and never preempts, so "
+                           f"preemption={k.preemption} cannot apply")
     if k.preemption == "none":
-        return Setting(("--admission", "reserve"), note=note or "reserve prompt + max output")
-    return Setting(("--preemption", k.preemption), note=note)
+        return Setting(("--admission", "reserve"), note="reserve prompt + max output")
+    return Setting(("--preemption", k.preemption))
 
 
 def _max_model_len(k: Knobs) -> Setting:

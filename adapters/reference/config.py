@@ -45,6 +45,7 @@ class SchedulerConfig:
     chunked_prefill: bool = True
     max_model_len: int = 131072
     prefix_caching: bool = False  # vLLM V1's automatic prefix caching (see blocks.py)
+    reserve_last_token: bool = False  # ReferenceConfig's doc
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,12 @@ class ReferenceConfig:
     that would admit one (``max_model_len`` above the step budget) is refused at start, as vLLM
     refuses to start. "reject": the engine starts and rejects each such request when it
     arrives, as TensorRT-LLM's request check does (the TensorRT-LLM profiles' default).
+    ``reserve_last_token``: what reserve admission holds. False: prompt + max output - 1
+    tokens, the most a request ever holds KV for (its last token is sampled, never fed back),
+    as TGI's queue reserves ``input + max_new_tokens - 1``. True: prompt + max output, as
+    TensorRT-LLM's GUARANTEED_NO_EVICT reserves ``ceilDiv(prompt + max_new_tokens,
+    tokens_per_block)`` blocks (the TensorRT-LLM profiles' default): one block more for one
+    request in ``block_size``.
     """
 
     model: str = "llama-3.1-8b"
@@ -82,6 +89,7 @@ class ReferenceConfig:
     prefix_caching: bool = False
     swap_space_gib: float = 4.0  # host memory for swapped KV, per GPU (vLLM V0's default)
     oversized_prompts: str = "refuse"  # or "reject" (class doc)
+    reserve_last_token: bool = False  # class doc
     profile: str | None = None  # path to a calibration profile JSON
     cost_params: CostModelParams | None = None  # or the coefficients themselves
 
@@ -117,6 +125,7 @@ class ReferenceConfig:
             chunked_prefill=self.chunked_prefill and self.policy != "static",
             max_model_len=self.resolved_max_model_len,
             prefix_caching=self.prefix_caching,
+            reserve_last_token=self.reserve_last_token,
         )
 
     def cost_model(self) -> CostModel:
@@ -150,6 +159,7 @@ class ReferenceConfig:
             "weights_dtype": self.weights_dtype, "kv_cache_dtype": self.kv_cache_dtype,
             "max_model_len": self.resolved_max_model_len, "prefix_caching": self.prefix_caching,
             "swap_space_gib": self.swap_space_gib, "oversized_prompts": self.oversized_prompts,
+            "reserve_last_token": self.reserve_last_token,
             "cost_model": self.params.source,
             "cost_model_digest": self.params.digest(),
         }
@@ -255,7 +265,7 @@ _CHOICES = {"policy": POLICIES, "preemption": PREEMPTIONS, "admission": ADMISSIO
             "weights_dtype": DTYPES, "kv_cache_dtype": DTYPES,
             "oversized_prompts": OVERSIZED_PROMPTS}
 _POSITIVE_INTS = ("tp", "max_num_seqs", "max_num_batched_tokens", "block_size")
-_BOOLS = ("chunked_prefill", "prefix_caching")
+_BOOLS = ("chunked_prefill", "prefix_caching", "reserve_last_token")
 
 
 def _check_setting(name: str, value: Any) -> None:

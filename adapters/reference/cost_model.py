@@ -568,7 +568,8 @@ class CostModel:
 # ``sources`` and ``_`` notes is refused at load (``_check_scheduler_keys``).
 PROFILE_SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "policy", "preemption",
                           "admission", "chunked_prefill", "prefix_caching",
-                          "gpu_memory_utilization", "block_size", "oversized_prompts")
+                          "gpu_memory_utilization", "block_size", "oversized_prompts",
+                          "reserve_last_token")
 
 
 def _profile_raw(name_or_path: str | Path) -> dict[str, Any]:

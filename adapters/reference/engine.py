@@ -41,11 +41,15 @@ class CostModelExecutor:
         self.cost_model = cost_model
 
     def execute(self, out: SchedulerOutput) -> ExecutorOutput:
-        if out.num_cost_tokens == 0 and out.num_swapped_blocks == 0:
+        if out.num_cost_tokens == 0:
             # a step that only preempted (a running pass whose first request was its own
             # victim) runs no model: vLLM's model runner returns EMPTY_MODEL_RUNNER_OUTPUT
-            # when no token is scheduled (vllm/v1/worker/gpu_model_runner.py execute_model)
-            return ExecutorOutput(0.0)
+            # when no token is scheduled (vllm/v1/worker/gpu_model_runner.py execute_model);
+            # a swap preemption's copy still takes its time, as vLLM V0's worker swaps the
+            # blocks and returns before the model when no sequence is scheduled
+            # (vllm/worker/worker_base.py execute_model: execute_worker, then
+            # num_seq_groups == 0: return [])
+            return ExecutorOutput(self.cost_model.swap_s(out.num_swapped_blocks))
         return ExecutorOutput(self.cost_model.step_s(
             out.num_cost_tokens, out.num_cost_seqs, out.num_kv_tokens,
             out.num_attention_pairs, out.num_swapped_blocks))

@@ -188,6 +188,8 @@ class Scheduler:
             PriorityQueue() if config.policy == "priority" else FcfsQueue())
         self.running: list[Request] = []
         self.reserve = config.admission == "reserve"
+        # reserve admission: one token more than a request ever holds (SchedulerConfig doc)
+        self.reserve_extra = 1 if config.reserve_last_token else 0
         self.static = config.policy == "static"
         self.num_static_slots = 0  # static: size of the batch being run
         self.num_preemptions = 0
@@ -234,7 +236,8 @@ class Scheduler:
                         f"tokens exceed max_num_batched_tokens ({budget}): with chunked "
                         "prefill off, a request preempted late would re-prefill them whole in "
                         "one step")
-        need = self.blocks.blocks_for(num_max_kv_tokens)
+        need = self.blocks.blocks_for(num_max_kv_tokens + (self.reserve_extra if self.reserve
+                                                            else 0))
         if need > self.blocks.num_gpu_blocks:
             return (f"needs {need} KV blocks even alone, but the KV cache has only "
                     f"{self.blocks.num_gpu_blocks}")
@@ -329,9 +332,13 @@ class Scheduler:
             num_swapped_in += num_host
         return num_swapped_in
 
+    def _reserved_tokens(self, request: Request) -> int:
+        """The KV tokens reserve admission holds for ``request`` from admission on."""
+        return request.num_max_kv_tokens + self.reserve_extra
+
     def _admission_blocks(self, request: Request, n: int, hit: PrefixHit) -> list[int] | None:
         if self.reserve:
-            return self.blocks.reserve(request, request.num_max_kv_tokens, n, hit)
+            return self.blocks.reserve(request, self._reserved_tokens(request), n, hit)
         if request.num_host_blocks:
             return self.blocks.swap_in(request, n)
         return self.blocks.allocate(request, n, hit)
@@ -349,7 +356,7 @@ class Scheduler:
             padded_len = max(longest, n)
             if padded_len * (len(self.running) + 1) > budget:
                 break
-            if self.blocks.reserve(request, request.num_max_kv_tokens, n, hit) is None:
+            if self.blocks.reserve(request, self._reserved_tokens(request), n, hit) is None:
                 break
             waiting.pop()
             request.num_computed_tokens += hit.num_tokens
@@ -514,7 +521,7 @@ class Scheduler:
         num_held = blocks.num_held_blocks(hit.block_ids) if hit.block_ids else 0
         if hit.block_ids:
             hit = blocks.find_cached_prefix(head, held_only=True)
-        tokens = head.num_max_kv_tokens if self.reserve else min(
+        tokens = self._reserved_tokens(head) if self.reserve else min(
             head.num_tokens, start + hit.num_tokens + budget)
         return blocks.blocks_for(tokens) - num_held > blocks.num_free_blocks
 
@@ -551,7 +558,7 @@ class Scheduler:
         bs = self.blocks.block_size
         for r in self.running:
             expected = self.blocks.blocks_for(
-                r.num_max_kv_tokens if self.reserve else r.num_computed_tokens)
+                self._reserved_tokens(r) if self.reserve else r.num_computed_tokens)
             if r.status is not RequestStatus.RUNNING or len(r.block_ids) != expected:
                 raise InvariantError(f"running {r!r}: expected {expected} blocks (block_size {bs})")
             if not 0 <= r.num_computed_tokens <= r.num_tokens or r.num_host_blocks:

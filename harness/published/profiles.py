@@ -45,6 +45,7 @@ SCHEDULER_KEYS: dict[str, type] = {
     "block_size": int,
     "max_model_len": int,
     "oversized_prompts": str,  # with chunked prefill off: refuse the setup, or reject requests
+    "reserve_last_token": bool,  # reserve admission holds prompt + max output (TensorRT-LLM)
 }
 # CostModelParams fields a row's engine_settings may override (the published run's setup).
 COST_OVERRIDE_KEYS = ("frontend_latency_s",)

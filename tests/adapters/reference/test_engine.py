@@ -105,6 +105,25 @@ def test_swap_adds_pcie_time_to_the_step() -> None:
     assert row["duration_s"] > cost.swap_s(1) and row["duration_s"] > no_swap_s
 
 
+def test_a_step_that_only_swaps_out_costs_the_copy_not_a_forward() -> None:
+    """Under priority the low-priority request, first in running, needs a block and is its
+    own victim: it is swapped out and nothing is scheduled that step. The step costs the
+    PCIe copy only, as vLLM V0's worker swaps and returns before the model when no sequence
+    is scheduled; it used to cost a whole forward (weights read, fixed overhead)."""
+    cfg = ReferenceConfig(policy="priority", preemption="swap", num_gpu_blocks=3,
+                          block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
+                          max_model_len=1024)
+    core = EngineCore(cfg)
+    core.add_request(Request("low", 31, 8, priority=1, index=0))
+    t = core.step(0.0).end_s
+    core.add_request(Request("high", 16, 8, priority=0, index=1, arrival_s=t))
+    t = core.step(t).end_s
+    out = core.scheduler.schedule()
+    assert not out.requests and out.preempted_request_ids == ("low",)
+    assert out.num_swapped_out_blocks == 2
+    assert core.executor.execute(out).duration_s == pytest.approx(core.cost_model.swap_s(2))
+
+
 def test_progress_is_reported_to_the_end() -> None:
     calls: list[tuple[int, int]] = []
     simulate(_trace(*[(i * 0.1, 10, 2) for i in range(10)]), ReferenceConfig(),

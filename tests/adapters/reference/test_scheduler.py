@@ -253,6 +253,25 @@ def test_reserve_admission_never_preempts() -> None:
     assert h.requests["r2"].first_scheduled_s == pytest.approx(h.requests["r0"].finished_s)
 
 
+@pytest.mark.parametrize("last_token", [False, True])
+def test_reserve_admission_holds_the_last_token_where_the_engine_does(last_token: bool) -> None:
+    """TGI reserves input + max_new_tokens - 1 (the last token is never fed back);
+    TensorRT-LLM's GUARANTEED_NO_EVICT reserves ceilDiv(prompt + max_new_tokens, block)
+    blocks (``reserve_last_token``). At a block boundary that is one block more: 16 + 17
+    tokens take 1 block of 32 under TGI's rule, 2 under TensorRT-LLM's."""
+    h = Harness(num_blocks=3, block_size=32, admission="reserve", preemption="none",
+                reserve_last_token=last_token)
+    for i in range(3):
+        h.add(f"r{i}", prompt=16, output=17)
+    out, _ = h.step()
+    assert sorted(h.scheduled(out)) == (["r0"] if last_token else ["r0", "r1", "r2"])
+    assert all(len(r.block_ids) == (2 if last_token else 1) for r in h.sched.running)
+    h.run_to_completion()
+    # alone in the cache: a request reserving more than all of it can never run
+    big = Request("big", 64, 33)  # 96 tokens: 3 blocks; 97 with the last token: 4
+    assert h.sched.add_request(big) is not last_token
+
+
 def test_static_batches_pad_prompts_and_empty_slots() -> None:
     h = Harness(num_blocks=20, policy="static", admission="reserve", max_num_batched_tokens=128,
                 chunked_prefill=False, max_model_len=128)
