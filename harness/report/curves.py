@@ -119,6 +119,9 @@ class CurvePoint:
     # a closed-loop capacity probe: the attainment its search judged it by, once its users
     # were under way, and how many of their first requests that leaves out (probe.json)
     under_way: tuple[float, int] | None = None
+    # stopped early: requests it cut off (``not_finished``), whose latencies no percentile
+    # holds: those of the point are then a lower bound (docs/metrics.md)
+    num_cut_off: int = 0
 
 
 @dataclass(frozen=True)
@@ -147,9 +150,19 @@ def load_series(ok: Sequence[CellResult]) -> list[Series]:
             ttft_p90_s=get(s, "ttft_s.p90"), attainment=get(s, "goodput.slo_attainment"),
             stopped=get(s, "stopped_early"), slo=get(s, "slo") or None,
             behind=_behind(c.run_dir, listed) or _cell_behind(c),
-            under_way=_probe_under_way(c.run_dir)))
+            under_way=_probe_under_way(c.run_dir),
+            num_cut_off=num_cut_off(s)))
     return [Series(key, kind, tuple(sorted(points, key=lambda p: p.load)))
             for (key, kind), points in groups.items() if len(points) >= 2]
+
+
+def num_cut_off(summary: Mapping[str, Any] | None) -> int:
+    """The requests a run stopped early cut off (its ``not_finished`` failures); 0 for a run
+    that was not stopped."""
+    if not get(summary, "stopped_early"):
+        return 0
+    count = get(summary, "failures.not_finished")
+    return count if isinstance(count, int) and not isinstance(count, bool) else 0
 
 
 def _listed_probes(cells: Sequence[CellResult]) -> dict[Path, str | None]:

@@ -26,6 +26,7 @@ from harness.report.curves import (
     capacity_ratio,
     capacity_text,
     cell_setting,
+    num_cut_off,
     roofline_of,
 )
 from harness.report.format import (
@@ -336,6 +337,13 @@ def latency_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
                 "for two-fold and more; 1/20 for a fall to a twentieth or less), here and in "
                 "the tables below."
                 if bases.compared() else "."), "", *tails_note(ok)]
+    cut = [(c, n) for c in ok if (n := num_cut_off(c.summary))]
+    if cut:
+        lines += ["Stopped early: " + ", ".join(f"{code(c.name)} cut off {n:,} requests"
+                                               for c, n in cut)
+                  + (": its" if len(cut) == 1 else ": their")
+                  + " percentiles are of the requests that finished only, a lower bound "
+                  "(docs/metrics.md).", ""]
     labels = row_labels(ok)
     for metric, label in LATENCIES:
         if not any(get(c.summary, f"{metric}.count") for c in ok):
@@ -628,14 +636,22 @@ def curves_section(series: Sequence[Series], has_plot: bool,
             ) + (" (stopped early)" if p.stopped else f" (failed: {behind})" if behind else "")
             if several:
                 att += f" under {slo_text(p.slo)}" if p.slo else " (no SLO)"
+            bound = "≥ " if p.num_cut_off else ""  # of the requests that finished only
             rows.append([load_text({"kind": s.kind, "value": p.load}),
                          labels.get(p.cell, code(p.cell)),
-                         fmt_number(p.output_tokens_per_s), fmt_seconds(p.tpot_p50_s),
-                         fmt_seconds(p.tpot_p90_s), fmt_seconds(p.ttft_p90_s), att])
+                         fmt_number(p.output_tokens_per_s),
+                         *(bound + fmt_seconds(v) if v is not None else fmt_seconds(v)
+                           for v in (p.tpot_p50_s, p.tpot_p90_s, p.ttft_p90_s)), att])
         lines += [f"### {code(s.key)}", "",
                   table(["load", "cell", "output tok/s", "TPOT p50", "TPOT p90", "TTFT p90",
                          "SLO attainment"], rows, align=("r", "l", "r", "r", "r", "r", "r")),
                   ""]
+    cut = [p for s in series for p in s.points if p.num_cut_off]
+    if cut:
+        lines += ["≥: a load point stopped early; its TPOT and TTFT are of the requests that "
+                  "finished, not of the " + ", ".join(
+                      f"{p.num_cut_off:,} of {code(p.cell)}" for p in cut)
+                  + " it cut off: a lower bound (docs/metrics.md).", ""]
     lines += kind_note(shown, "throughput", "output tokens/s")
     lines += kind_note(shown, "TPOT/ITL", "TPOT")
     lines += kind_note(shown, "TTFT", "TTFT")

@@ -53,6 +53,17 @@ def test_a_stopped_probe_says_its_latencies_are_a_lower_bound(
         assert probe["num_cut_off"] == 0 and probe["latency_note"] is None
     assert "reference: 32 req/s: SLO attainment 50.0%, failed: below" in err
     assert err.count("a lower bound") == 1
+    # the report's curve table marks the stopped probe's latencies, and its latency section
+    # says which cell they are of
+    report = (out / "report.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| 64 req/s"))
+    assert row.count("≥ ") == 3  # TPOT p50, TPOT p90, TTFT p90
+    assert not any(line.startswith("| 32 req/s") and "≥" in line
+                   for line in report.splitlines())
+    assert (f"not of the {cut:,} of `reference/rate-64` it cut off: a lower bound"
+            in report)
+    assert (f"Stopped early: `reference/rate-64` cut off {cut:,} requests: its percentiles "
+            "are of the requests that finished only, a lower bound") in report
 
 
 def test_a_stopped_probe_that_cut_nothing_off_says_nothing_of_its_latencies(
