@@ -9,6 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from harness.live.config import (
     MANIFEST_FILE,
     ReplayConfig,
@@ -31,6 +34,7 @@ from harness.prediction import summary_prediction
 from harness.results import (
     CHUNKS_FILE,
     REQUESTS_FILE,
+    STEPS_FILE,
     SUMMARY_FILE,
     SUMMARY_KEYS,
     parquet_run_id,
@@ -248,6 +252,15 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
         summary["status"] = manifest["status"]
     if manifest.get("stopped_early") and "stopped_early" not in summary:
         summary["stopped_early"] = manifest["stopped_early"]
+    if manifest.get("kind") == "simulated":
+        # what simulate wrote beside the figures that the folder still holds: they are
+        # predictions (the manifest's record), and how many steps the engine ran
+        prediction = summary_prediction(manifest.get("engine"))
+        if prediction is not None and "prediction" not in summary:
+            summary["prediction"] = prediction
+        steps = _num_rows(out_dir / STEPS_FILE)
+        if steps is not None and "num_steps" not in summary:
+            summary["num_steps"] = steps
     killed = _sends_of_killed_run(manifest, read, len(timelines))
     ended = _sends_of_ended_run(manifest, len(timelines))
     for key in ("num_planned", "num_not_sent"):
@@ -269,6 +282,15 @@ def rebuild_summary(out_dir: Path, *, slo: Slo | None = None) -> dict[str, Any]:
     if missing:  # what the killed run never wrote (its status stays: nothing said how it ended)
         update_manifest_quietly(out_dir, missing)
     return summary
+
+
+def _num_rows(path: Path) -> int | None:
+    """The rows of a parquet file, from its footer; None when it cannot be read."""
+    try:
+        with pq.ParquetFile(path) as file:
+            return int(file.metadata.num_rows)
+    except (OSError, ValueError, pa.ArrowInvalid):
+        return None
 
 
 def _json_object_or_none(path: Path, none: str) -> dict[str, Any]:

@@ -15,7 +15,9 @@ from harness.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[3]
 EXCERPT = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
-ENDED = ("status", "stopped_early", "num_planned", "num_not_sent", "num_requests")
+# and, for a simulated run, that its figures are predictions, and how many steps it ran
+ENDED = ("status", "stopped_early", "num_planned", "num_not_sent", "num_requests",
+         "prediction", "num_steps")
 
 
 def _summary(folder: Path) -> dict[str, Any]:
@@ -39,6 +41,7 @@ def test_a_simulated_runs_rebuilt_summary_says_how_it_ended(
         assert rebuilt["status"] == original["status"] == status
         assert {k: rebuilt.get(k) for k in ENDED} == {k: original.get(k) for k in ENDED}
         assert rebuilt["num_planned"] == 200
+        assert rebuilt["prediction"]["record"]["kind"] == "catalog" and rebuilt["num_steps"] > 0
         assert rebuilt["num_not_sent"] == 200 - rebuilt["num_requests"]
     assert _summary(tmp_path / "rate-64")["num_not_sent"] > 0
     assert "stopped_early" not in _summary(tmp_path / "rate-32")
