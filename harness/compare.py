@@ -18,6 +18,7 @@ formatted (``harness.report.format``).
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +27,15 @@ from typing import Any, Literal
 from harness.manifest import MANIFEST_FILE
 from harness.prediction import prediction_words
 from harness.report.format import (
+    MAX_PAIR_DIGITS,
     fmt_attainment,
     fmt_int,
     fmt_number,
+    fmt_pair,
     fmt_pct,
     fmt_seconds,
     missing,
+    sig,
     value_text,
 )
 from harness.report.predictions import is_prediction
@@ -39,6 +43,7 @@ from harness.report.runs import (
     SCENARIO_FILE,
     STATUS_FILE,
     CellResult,
+    ScenarioFileError,
     client_limited,
     engine_config,
     get,
@@ -91,6 +96,33 @@ class Metric:
         if self.unit == "fraction":
             return fmt_pct(value)
         return fmt_int(value)
+
+    def texts(self, before: float | None, after: float | None) -> tuple[str, str]:
+        """Both values as ``text`` writes them, with as many more significant digits as it
+        takes (``fmt_pair``) for two values that differ to read differently: a check that
+        failed on 1.6420 s -> 1.6453 s does not read "1.64 s -> 1.64 s"."""
+        if before is None or after is None or before == after or self.is_count:
+            return self.text(before), self.text(after)
+        return fmt_pair(before, after, self._text_with)
+
+    def _text_with(self, value: float, digits: int) -> str:
+        """``text`` of ``value`` with ``digits`` significant digits (``fmt_pair``'s writer):
+        ``text`` itself at 3."""
+        if digits <= 3 or self.is_count:
+            return self.text(value)
+        if self.unit == "s":
+            return fmt_seconds(value, digits)
+        if self.unit != "fraction":
+            return fmt_number(value, "tok/s" if self.unit == "tokens/s" else "req/s", digits)
+        # a percentage with more decimals; an attainment cut, as ``text`` writes it, never
+        # rounded up onto a target it missed
+        pct = value * 100
+        if pct in (0, 100):
+            return self.text(value)
+        decimals = max(1, digits - 1 - math.floor(math.log10(abs(pct))))
+        if self.name == "goodput.slo_attainment":
+            pct = math.floor(pct * 10**decimals + 1e-9) / 10**decimals
+        return f"{pct:.{decimals}f}%"
 
 
 def _latency(name: str) -> Metric:
@@ -155,11 +187,20 @@ class Change:
 
     @property
     def change_text(self) -> str:
+        return self.change_text_beside()
+
+    def change_text_beside(self, *limits: float) -> str:
+        """The change in percent, signed, with one decimal or as many more digits as it takes
+        to read on its side of each of ``limits`` (percentages: the "same" tolerance, a
+        check's limit; ``pct_text``). A change that reads 0.0% has no sign."""
         if self.judgement == "n/a":
             return "–"  # a side without a value, or goodput under two SLOs
         if self.change_pct is None:
             return "from 0"
-        return "0.0%" if self.change_pct == 0 else f"{self.change_pct:+.1f}%"
+        text = pct_text(self.change_pct, limits)
+        if float(text) == 0:
+            return "0.0%"  # a rise or fall too small to show: not "-0.0%"
+        return f"{'+' if self.change_pct > 0 else '-'}{text}%"
 
     def as_json(self) -> dict[str, Any]:
         return {"metric": self.metric.name, "better": self.metric.better,
@@ -172,6 +213,47 @@ class Change:
 _ROUNDING = 1e-9
 
 
+def beyond(pct: float, limit: float) -> bool:
+    """Whether a change of ``pct`` percent (its size) is beyond a limit of ``limit`` percent,
+    not at it up to floating-point rounding (1.0 -> 1.1 is 10.000000000000009%)."""
+    return abs(pct) > limit * (1 + _ROUNDING) + _ROUNDING
+
+
+def pct_text(pct: float, limits: Sequence[float] = ()) -> str:
+    """The size of a change of ``pct`` percent, unsigned, to be read beside ``limits`` (the
+    "same" tolerance, checks' limits): with one decimal, or, where one decimal would read on
+    the wrong side of a limit, with the significant digits ``fmt_pair`` writes it with beside
+    that limit, so that a change beyond a limit reads above it and one within it does not:
+    10.04% beside a limit of 10% (not 10.0%), 0.15% beside 0.1% (not 0.1%), 0.959% within
+    0.96% (not 1.0%)."""
+    size = abs(pct)
+    text = f"{size:.1f}"
+    for limit in limits:
+        if not _reads_on_its_side(text, size, limit):  # the finer of the two
+            text = max(text, fmt_pair(size, limit, _pct_digits)[0], key=_decimals)
+    digits = MAX_PAIR_DIGITS
+    while not all(_reads_on_its_side(text, size, limit) for limit in limits) and digits < 17:
+        digits += 1  # nearer a limit than fmt_pair's digits tell apart: rare, said right
+        text = _pct_digits(size, digits)
+    return text
+
+
+def _pct_digits(size: float, digits: int) -> str:
+    """``size`` with ``digits`` significant digits, but never fewer than one decimal."""
+    text = sig(size, digits).replace(",", "")
+    return text if "." in text else f"{size:.1f}"
+
+
+def _decimals(text: str) -> int:
+    return len(text.partition(".")[2])
+
+
+def _reads_on_its_side(text: str, size: float, limit: float) -> bool:
+    """Whether ``text`` (of ``size``) reads above ``limit`` exactly when ``size`` is beyond
+    it."""
+    return (float(text) > limit) == beyond(size, limit)
+
+
 def change_of(metric: Metric, before: Any, after: Any, same_within_pct: float) -> Change:
     """``metric`` from before to after, judged by its direction; a change within
     ``same_within_pct`` percent is "same" (a count only when equal)."""
@@ -182,7 +264,7 @@ def change_of(metric: Metric, before: Any, after: Any, same_within_pct: float) -
     pct = (a - b) / abs(b) * 100 if b != 0 else (0.0 if a == 0 else None)
     change = Change(metric, b, a, pct, "same")
     if a == b or (not metric.is_count and pct is not None
-                  and abs(pct) <= same_within_pct * (1 + _ROUNDING) + _ROUNDING):
+                  and not beyond(pct, same_within_pct)):
         return change
     return Change(metric, b, a, pct, "worse" if change.moved_worse else "better")
 
@@ -226,6 +308,20 @@ class FailedCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class UnappliedCheck:
+    """A ``Check`` that could not be applied to a pair, for want of anything to regress from:
+    the before side did not finish, or its metric has no value there (goodput without an
+    SLO). It passes (docs/compare.md), and is counted apart from those that passed."""
+
+    cell: str
+    check: Check
+    reason: str
+
+    def text(self) -> str:
+        return f"{self.cell}: {self.check.metric.name} {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
 class Pair:
     """The cell called ``name`` on both sides; ``changes`` is empty unless both finished."""
 
@@ -261,7 +357,11 @@ def finished(c: CellResult) -> bool:
 
 
 def state_of(c: CellResult) -> str:
-    """The cell's state, "ended early" for a run with results that did not run to its end."""
+    """The cell's state, "ended early" for a run with results that did not run to its end;
+    "failed" for one that sent requests and served none (``CellResult.served_nothing``: a
+    failure, as its status.json, manifest and summary say, not a run cut short)."""
+    if c.ok and c.served_nothing:
+        return "failed"
     return c.state if not c.ok or finished(c) else "ended early"
 
 
@@ -284,6 +384,7 @@ class Comparison:
     removed: tuple[CellResult, ...]
     differences: tuple[Difference, ...]
     failed_checks: tuple[FailedCheck, ...]
+    unapplied_checks: tuple[UnappliedCheck, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -309,10 +410,15 @@ def read_side(path: Path) -> tuple[list[CellResult], bool]:
     """The cells of a scenario folder, or a run folder as one cell; and whether it was a
     single run folder."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CompareError(f"{path}: a file, not a run folder or scenario folder")
     if not path.is_dir():
         raise CompareError(f"{path}: no such folder")
     if (path / SCENARIO_FILE).exists():
-        return load_scenario_dir(path)[1], False
+        try:
+            return load_scenario_dir(path)[1], False
+        except ScenarioFileError as exc:
+            raise CompareError(str(exc)) from None
     if any((path / f).exists() for f in (SUMMARY_FILE, STATUS_FILE, REQUESTS_FILE,
                                           MANIFEST_FILE)):
         # (a manifest alone: a run killed or interrupted before its summary, not compared)
@@ -365,7 +471,9 @@ def compare(before: Path, after: Path, *, checks: Sequence[Check] = (),
         # only where figures were set side by side: a pair not compared says why already
         differences=tuple(d for p in pairs if p.compared
                           for d in differences(p.name, p.before, p.after)),
-        failed_checks=tuple(f for p in pairs for f in run_checks(p, checks)),
+        failed_checks=tuple(f for p in pairs
+                            for f in run_checks(p, checks, same_within_pct=same_within_pct)),
+        unapplied_checks=tuple(u for p in pairs for u in unapplied_checks(p, checks)),
     )
 
 
@@ -389,11 +497,14 @@ def _names(cells: Sequence[CellResult]) -> str:
     return ", ".join(c.name for c in cells) or "none"
 
 
-def run_checks(pair: Pair, checks: Sequence[Check]) -> list[FailedCheck]:
+def run_checks(pair: Pair, checks: Sequence[Check], *,
+               same_within_pct: float = DEFAULT_SAME_WITHIN_PCT) -> list[FailedCheck]:
     """The checks ``pair`` fails. An after side that did not finish fails every check (its
     metrics cannot be checked), whatever the before side did: a night whose runs all crashed
     must not pass because the night before crashed too. A before side that did not finish,
-    beside an after side that did, leaves nothing to regress from, and fails none."""
+    beside an after side that did, leaves nothing to regress from, and fails none.
+    ``same_within_pct``: the "same" tolerance, which a change is written beside as in the
+    table (``limits_beside``)."""
     if not checks:
         return []
     if not finished(pair.after):
@@ -407,16 +518,51 @@ def run_checks(pair: Pair, checks: Sequence[Check]) -> list[FailedCheck]:
     failed = []
     for check in checks:
         ch = by_metric[check.metric.name]
-        reason = _check_failure(check, ch)
+        reason = _check_failure(check, ch,
+                                limits_beside(check.metric, checks, same_within_pct))
         if reason:
             failed.append(FailedCheck(pair.name, check, reason, ch.before, ch.after,
                                       ch.change_pct))
     return failed
 
 
-def _check_failure(check: Check, ch: Change) -> str:
-    """Why ``ch`` fails ``check`` ('' when it passes). The check reads the change itself, not
-    the "same" tolerance: a limit below it is the user's to set."""
+def unapplied_checks(pair: Pair, checks: Sequence[Check]) -> list[UnappliedCheck]:
+    """The checks that could not be applied to ``pair`` and pass for it (``run_checks``):
+    its before side did not finish while its after side did, or the metric has no value
+    before (goodput of a run without an SLO)."""
+    if not checks or not finished(pair.after):
+        return []  # an after side that did not finish fails them: applied
+    if not finished(pair.before):
+        state = state_of(pair.before).replace("_", " ")
+        reason = reason_of(pair.before)
+        why = (f"before {state} ({reason})" if pair.before.ok  # figures of part of its trace
+               else f"before has no summary ({state}" + (f": {reason})" if reason else ")"))
+        return [UnappliedCheck(pair.name, c, f"has nothing to regress from: {why}")
+                for c in checks]
+    by_metric = {ch.metric.name: ch for ch in pair.changes}
+    out = []
+    for check in checks:
+        if by_metric[check.metric.name].before is None:
+            no_slo = check.metric.name in SLO_METRICS and not _slo(pair.before)
+            out.append(UnappliedCheck(pair.name, check, "has nothing to regress from: no "
+                                      "value before" + (" (no SLO)" if no_slo else "")))
+    return out
+
+
+def limits_beside(metric: Metric, checks: Sequence[Check], same_within_pct: float
+                  ) -> tuple[float, ...]:
+    """The percentages a change of ``metric`` is written beside (``pct_text``), in the table
+    and in a failed check's line alike: the "same" tolerance (not a count's, judged exactly)
+    and the limit of each of its checks."""
+    return ((() if metric.is_count else (same_within_pct,))
+            + tuple(c.max_worse_pct for c in checks if c.metric == metric))
+
+
+def _check_failure(check: Check, ch: Change, beside: Sequence[float]) -> str:
+    """Why ``ch`` fails ``check`` ('' when it passes), the change written with digits enough
+    to read on its side of each of ``beside`` (``limits_beside``: the check's limit among
+    them). The check reads the change itself, not the "same" tolerance: a limit below it is
+    the user's to set."""
     m = ch.metric
     if ch.before is None:
         return ""  # nothing to regress from
@@ -426,14 +572,14 @@ def _check_failure(check: Check, ch: Change) -> str:
         return "cannot be checked: the two runs' goodput was computed under different SLOs"
     if not ch.moved_worse:
         return ""
-    span = f"{m.text(ch.before)} -> {m.text(ch.after)}"
+    span = " -> ".join(m.texts(ch.before, ch.after))
     limit = f"limit {check.max_worse_pct:g}%"
     if ch.change_pct is None:
         return f"got worse from 0 ({span}; {limit})"
-    worse_pct = abs(ch.change_pct)
-    if worse_pct <= check.max_worse_pct * (1 + _ROUNDING) + _ROUNDING:
+    if not beyond(ch.change_pct, check.max_worse_pct):
         return ""  # (1.0 -> 1.1 is 10.000000000000009% in floating point: within 10)
-    return f"worse by {worse_pct:.1f}% ({span}; {limit})"
+    # as many digits as it takes to read above the limit: 10.04%, not 10.0%, beside 10%
+    return f"worse by {pct_text(ch.change_pct, beside)}% ({span}; {limit})"
 
 
 # ---------------------------------------------------------------- comparability
@@ -447,7 +593,12 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
     its trace) or was made from an earlier definition of its cell."""
     out: list[Difference] = []
     for side, c in (("before", before), ("after", after)):
-        if not c.manifest:
+        if not c.manifest and (c.run_dir / MANIFEST_FILE).exists():
+            # (damaged: not JSON, or not an object; read as no manifest)
+            out.append(Difference(cell, "manifest", None, None,
+                                  f"{side}'s {MANIFEST_FILE} cannot be read as a manifest: "
+                                  "what it ran is not known"))
+        elif not c.manifest:
             out.append(Difference(cell, "manifest", None, None,
                                   f"{side} has no manifest.json: what it ran is not known"))
         if c.unread:
@@ -518,8 +669,8 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
            after.manifest.get("batchlab_version"))
     if known("slo"):
         differ("slo", "SLO", _slo(before), _slo(after))
-    if known("load", "replay", "trace"):  # (a trace's own timing: ``CellResult.load_point``)
-        differ("load", "load", before.load, after.load)
+    if known("load", "replay", "trace"):  # what each ran at: ``CellResult.run_load_point``
+        differ("load", "load", before.run_load, after.run_load)
     b_client, a_client = (_client_settings(c) for c in (before, after))
     client = _changed(b_client, a_client) if b_client and a_client else {}
     if client:
@@ -604,8 +755,12 @@ def render_text(comparison: Comparison) -> str:
     removed or not compared, and the checks' outcome. Warnings are ``warning_lines``."""
     lines = [f"before: {comparison.before}", f"after:  {comparison.after}",
              f"a change within {comparison.same_within_pct:g}% is \"same\"", ""]
-    limits = {c.metric.name: c for c in comparison.checks}
-    failed = {(f.cell, f.check.metric.name) for f in comparison.failed_checks}
+    limits: dict[str, list[float]] = {}  # each metric's, --fail-if given more than once
+    for c in comparison.checks:
+        limits.setdefault(c.metric.name, []).append(c.max_worse_pct)
+    failed: dict[tuple[str, str], list[float]] = {}
+    for f in comparison.failed_checks:
+        failed.setdefault((f.cell, f.check.metric.name), []).append(f.check.max_worse_pct)
     headers = ["cell", "metric", "before", "after", "change", ""]
     if limits:
         headers.append("check")
@@ -614,13 +769,19 @@ def render_text(comparison: Comparison) -> str:
         for ch in pair.changes:
             if ch.before is None and ch.after is None:
                 continue  # neither side has it (goodput without an SLO)
-            row = [pair.name, ch.metric.name, ch.metric.text(ch.before),
-                   ch.metric.text(ch.after), ch.change_text, ch.judgement]
-            if limits:
-                check = limits.get(ch.metric.name)
-                row.append("" if check is None else (
-                    ("FAIL" if (pair.name, ch.metric.name) in failed else "ok")
-                    + f" (limit {check.max_worse_pct:g}%)"))
+            asked = limits.get(ch.metric.name, [])
+            broke = failed.get((pair.name, ch.metric.name))
+            # with digits enough to read on its side of the tolerance and of every limit
+            beside = limits_beside(ch.metric, comparison.checks, comparison.same_within_pct)
+            # a change judged worse or better, or failing a check, never reads as two equal
+            # figures
+            texts = (ch.metric.texts(ch.before, ch.after) if ch.judgement != "same" or broke
+                     else (ch.metric.text(ch.before), ch.metric.text(ch.after)))
+            row = [pair.name, ch.metric.name, *texts, ch.change_text_beside(*beside),
+                   ch.judgement]
+            if limits:  # the tightest limit it failed, else the tightest it passed
+                row.append("" if not asked else f"FAIL (limit {min(broke):g}%)" if broke
+                           else f"ok (limit {min(asked):g}%)")
             rows.append(row)
     lines += _columns(headers, rows) if rows else ["no pair of finished cells to compare"]
     not_compared = [p for p in comparison.pairs if not p.compared]
@@ -640,11 +801,27 @@ def render_text(comparison: Comparison) -> str:
     if comparison.checks:
         lines.append("")
         lines += [f"check failed: {f.text()}" for f in comparison.failed_checks]
-        asked = (f"{len(comparison.checks)} check{'s' if len(comparison.checks) > 1 else ''} "
-                 f"on {len(comparison.pairs)} pair{'s' if len(comparison.pairs) > 1 else ''}")
-        lines.append(f"checks: {len(comparison.failed_checks)} failed ({asked})"
-                     if comparison.failed_checks else f"checks: passed ({asked})")
+        lines += [f"check not applied: {u.text()}" for u in comparison.unapplied_checks]
+        lines.append(checks_line(comparison))
     return "\n".join(lines)
+
+
+def checks_line(comparison: Comparison) -> str:
+    """The checks' outcome in one line: how many failed, and how many of the checks of each
+    pair could not be applied, with nothing to regress from (they pass, as documented, but
+    are not said to have passed: a night compared with one that has no summary checked
+    nothing)."""
+    num_checks, num_pairs = len(comparison.checks), len(comparison.pairs)
+    asked = (f"{num_checks} check{'s' if num_checks > 1 else ''} "
+             f"on {num_pairs} pair{'s' if num_pairs > 1 else ''}")
+    num_unapplied = len(comparison.unapplied_checks)
+    if num_unapplied == num_checks * num_pairs:
+        return f"checks: none applied ({asked}: nothing to regress from)"
+    if num_unapplied:
+        asked += (f"; {num_unapplied} of {num_checks * num_pairs} not applied: nothing to "
+                  "regress from")
+    failed = len(comparison.failed_checks)
+    return f"checks: {failed} failed ({asked})" if failed else f"checks: passed ({asked})"
 
 
 def prediction_lines(comparison: Comparison) -> list[str]:

@@ -99,7 +99,8 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
     if answer:
         out.append(answer)
     out += [*ctx.notes, *slo_notes(ok)]
-    behind = [] if any(r.source == "search" for r in capacity) else _behind_finding(ok)
+    behind = ([] if any(r.source == "search" for r in capacity)
+              else [*_behind_finding(ok), *_pace_unread_finding(ok)])
     if len(ok) == 1:
         sentence = _single_run_sentence(ok[0])
         out.append(sentence if len(cells) == 1 else
@@ -340,6 +341,21 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
         text += (f" Short of its arrivals too, by more than {fmt_pct(PACE_TOLERANCE)} but by no "
                  f"more than chance explains: {names}.")
     return [text]
+
+
+def _pace_unread_finding(ok: Sequence[CellResult]) -> list[str]:
+    """The runs whose pace check (``_behind_finding``) could not be made, their
+    requests.parquet being unreadable (``CellResult.pace_unread``): whether they fell behind
+    their arrivals is said to be unknown, not left unsaid as if they kept pace."""
+    out = []
+    for c in ok:
+        why = c.pace_unread
+        if why is not None:
+            who = "the engine" if len(ok) == 1 else code(c.name)
+            out.append(f"Whether {who} kept pace with its arrivals (or fell behind them, its "
+                       "queue growing for the whole run) could not be checked: its "
+                       f"`requests.parquet` cannot be read ({short(why).rstrip('.')}).")
+    return out
 
 
 def _shortfall(ratio: float) -> str:

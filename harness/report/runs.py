@@ -86,7 +86,8 @@ class CellResult:
                 said += "; the requests in flight then are not among its figures"
             else:
                 in_flight = get(self.summary, "failures.not_finished") or 0
-                said += f", with {in_flight} requests in flight (rows as not_finished)"
+                said += (f", with {in_flight} request{'' if in_flight == 1 else 's'} in flight "
+                         "(rows as not_finished)")
         else:
             said = str(record.get("error") or record.get("stopped_early")
                        or ("interrupted (Ctrl-C or SIGTERM)" if status == "interrupted"
@@ -95,7 +96,8 @@ class CellResult:
             said += f" ({RESUME_HINT})"
         not_sent = record.get("num_not_sent")
         if isinstance(not_sent, int) and not_sent and "never sent" not in said:
-            said += f"; {not_sent} requests of the trace were never sent"
+            said += (f"; {not_sent} request of the trace was never sent" if not_sent == 1
+                     else f"; {not_sent} requests of the trace were never sent")
         return said
 
     @property
@@ -113,6 +115,23 @@ class CellResult:
         if self.summary is None or not self.ok:
             return None
         return run_pace(self.run_dir, self.summary, self.manifest)
+
+    @property
+    def pace_unread(self) -> str | None:
+        """Why the pace check (``pace``) was not made of a run it applies to (an open loop
+        that ran to its end, as ``run_pace`` decides): its requests.parquet is there but
+        cannot be read (a truncated file), pyarrow's words; None when it was made, does not
+        apply, or the file is missing."""
+        path = self.run_dir / REQUESTS_FILE
+        if (not self.ok or self.ended_early or get(self.summary, "stopped_early")
+                or self.run_load_point.get("kind") == "concurrency"  # a closed loop
+                or not path.exists() or self.pace is not None):
+            return None
+        try:
+            pq.ParquetFile(path).close()
+        except (OSError, ValueError) as exc:  # (pyarrow's ArrowInvalid is a ValueError)
+            return str(exc)
+        return None
 
     @property
     def knobs(self) -> Mapping[str, Any]:
@@ -150,6 +169,21 @@ class CellResult:
         """The load it ran at, ``{"kind": ..., "value": ...}``: its scenario cell's, else what
         its manifest says (a closed loop's users, a trace rescaled to a rate or time scale);
         ``{}`` for the trace's own timing."""
+        return _first_load(self.cell.get("load"), *self._recorded_loads)
+
+    @property
+    def run_load_point(self) -> Mapping[str, Any]:
+        """The load its manifest records it ran at, as ``load_point`` reads it; its scenario
+        cell's only when the manifest records none (a cell that never ran). A scenario's
+        trace-level ``time_scale`` rescales the trace of every cell and leaves each cell.json
+        at the trace's timing, which is the report's load point of the cell (one trace, one
+        load), not the load it ran at: ``batchlab compare`` holds this one fixed."""
+        return _first_load(*self._recorded_loads, self.cell.get("load"))
+
+    @property
+    def _recorded_loads(self) -> tuple[Any, Any]:
+        """What its manifest says of its load: its ``load`` (a closed loop's users, a rescaled
+        trace) and its trace's ``timing``."""
         run = self.manifest.get("load")
         if isinstance(run, Mapping) and run.get("mode") == "closed" and "kind" not in run:
             run = {"kind": "concurrency", "value": run.get("concurrency")}  # older folders
@@ -157,16 +191,17 @@ class CellResult:
         if run is None and isinstance(replay, Mapping) and replay.get("mode") == "closed":
             # a live closed loop (`replay --mode closed`): its users, as a simulated one's
             run = {"kind": "concurrency", "value": replay.get("concurrency")}
-        for load in (self.cell.get("load"), run,
-                     (self.manifest.get("trace") or {}).get("timing")):
-            if isinstance(load, Mapping) and load.get("kind") is not None:
-                return load
-        return {}
+        return run, (self.manifest.get("trace") or {}).get("timing")
 
     @property
     def load(self) -> str:
         """The load it ran at, as the report writes it ("2 req/s"; "trace timing" if none)."""
         return load_text(self.load_point)
+
+    @property
+    def run_load(self) -> str:
+        """``run_load_point`` as the report writes a load."""
+        return load_text(self.run_load_point)
 
     @property
     def at_load(self) -> bool:
@@ -180,6 +215,14 @@ class CellResult:
         if isinstance(engine, Mapping) and engine.get("mode"):
             return str(engine["mode"])
         return str(self.manifest.get("kind") or "–")
+
+
+def _first_load(*loads: Any) -> Mapping[str, Any]:
+    """The first of ``loads`` that is a load point (an object with a ``kind``); ``{}``."""
+    for load in loads:
+        if isinstance(load, Mapping) and load.get("kind") is not None:
+            return load
+    return {}
 
 
 def get(summary: Mapping[str, Any] | None, dotted: str) -> Any:
@@ -471,10 +514,22 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
     )
 
 
+class ScenarioFileError(ValueError):
+    """A scenario folder's ``scenario.json`` with a field of another type than batchlab
+    writes there (an edit, another tool's file): bad input, naming the file and the field."""
+
+
 def load_scenario_dir(scenario_dir: Path) -> tuple[dict[str, Any], list[CellResult]]:
-    """``scenario.json`` and every cell of the scenario, in scenario order."""
+    """``scenario.json`` and every cell of the scenario, in scenario order.
+    ``ScenarioFileError`` when its ``cells`` is not a list of the cells' names."""
     meta = read_json_object(scenario_dir / SCENARIO_FILE)
-    names = list(meta.get("cells") or [])
+    recorded_names = meta.get("cells")
+    if recorded_names is not None and not STRINGS.test(recorded_names):
+        raise ScenarioFileError(
+            f"{scenario_dir / SCENARIO_FILE}: cells: expected {STRINGS.name} (the cells' "
+            f"names), got {_type_name(recorded_names, STRINGS)}: not a {SCENARIO_FILE} as "
+            "batchlab writes it")
+    names = list(recorded_names or [])
     if not names:
         names = sorted(p.name for p in scenario_dir.iterdir() if p.is_dir() and (
             (p / STATUS_FILE).exists() or (p / SUMMARY_FILE).exists()))

@@ -254,9 +254,10 @@ def test_compare_writes_attainment_cut_not_rounded(tmp_path: Path,
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if "goodput.slo_attainment" in line
                and not line.startswith("check failed"))
-    assert row.split("goodput.slo_attainment")[1].split()[:4] == ["99.96%", "98.9%", "-1.0%",
+    # -1.016%: beyond the 1% "same" tolerance, and written so (not "-1.0%")
+    assert row.split("goodput.slo_attainment")[1].split()[:4] == ["99.96%", "98.9%", "-1.02%",
                                                                 "worse"]
-    assert "goodput.slo_attainment worse by 1.0% (99.96% -> 98.9%; limit 0.5%)" in out
+    assert "goodput.slo_attainment worse by 1.02% (99.96% -> 98.9%; limit 0.5%)" in out
     assert "99.0%" not in out and "100.0%" not in out
 
 
