@@ -200,6 +200,9 @@ class OpenAiRoutes:
         n = body.get("n")
         if n is not None and as_int(n, lax=True) != 1:
             return ApiError(400, "n: the reference engine returns one choice (n=1)", param="n")
+        unsupported = unsupported_output(body, chat=chat)
+        if unsupported is not None:
+            return unsupported
         # Chat: max_completion_tokens unless it is null, else max_tokens (vLLM's
         # build_tok_params), so {"max_completion_tokens": null, "max_tokens": 2} is 2 tokens.
         name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None \
@@ -213,21 +216,31 @@ class OpenAiRoutes:
             if isinstance(value, ApiError):
                 return value
         assert not isinstance(max_tokens, ApiError) and not isinstance(min_tokens, ApiError)
-        if max_tokens is None:  # vLLM: 16 for completions, up to max_model_len for chat
-            max_tokens = (max(1, self.max_model_len - num_prompt) if chat
-                          else DEFAULT_COMPLETION_MAX_TOKENS)
+        if max_tokens is None:
+            # vLLM: 16 for completions when max_tokens is absent (the pydantic default of
+            # CompletionRequest.max_tokens: int | None = 16); an explicit null, and chat's
+            # default, is no limit: up to max_model_len (get_max_tokens; vllm-project/vllm
+            # vllm/entrypoints/openai/protocol.py @0052bed36509, vllm/entrypoints/utils.py
+            # @00fc88090e8c).
+            max_tokens = (DEFAULT_COMPLETION_MAX_TOKENS if not chat and "max_tokens" not in body
+                          else max(1, self.max_model_len - num_prompt))
         if min_tokens is not None and min_tokens > max_tokens:
             return ApiError(400, f"min_tokens ({min_tokens}) must be less than or equal to "
                             f"max_tokens ({max_tokens})", param="min_tokens")
         options = body.get("stream_options")
         if options is not None:
-            if stream is not True:
+            # vLLM's validate_stream_options tests `data.get("stream_options")`: an empty {}
+            # is falsy there, so it passes without stream (vllm-project/vllm
+            # vllm/entrypoints/openai/protocol.py @0052bed36509)
+            if options and stream is not True:
                 return ApiError(400, "Stream options can only be defined when `stream=True`.",
                                 param="stream_options")
             if not isinstance(options, dict):
                 return ApiError(400, "stream_options must be an object", param="stream_options")
         include_usage = continuous = False
-        if options:
+        if options is not None:
+            # vLLM's should_include_usage tests `if stream_options:` on the pydantic object,
+            # true even for {} (vllm-project/vllm vllm/entrypoints/utils.py @00fc88090e8c).
             # include_usage: true when absent, as vLLM's StreamOptions; an explicit null is off
             usage = bool_field(options, "include_usage", "include_usage" not in options,
                                lax=True)
@@ -277,6 +290,42 @@ class OpenAiRoutes:
         if isinstance(prompt, str):
             return self.counter.keys(prompt)
         return tuple(int(t) for t in prompt) if isinstance(prompt, list) else ()
+
+
+def unsupported_output(body: Mapping[str, Any], *, chat: bool) -> ApiError | None:
+    """The refusal of a request for what the reference cannot produce: log probabilities
+    (completions ``logprobs``, any integer, 0 included: vLLM then returns the sampled token's;
+    chat ``logprobs: true``, with ``top_logprobs``; ``prompt_logprobs``) or the echoed prompt
+    (completions ``echo: true``). None when the body asks for none of them (null, absent,
+    ``echo: false``, chat ``logprobs: false``)."""
+    no_logprobs = "the reference server produces no log probabilities"
+    if body.get("prompt_logprobs") is not None:
+        return ApiError(400, f"prompt_logprobs: {no_logprobs}", param="prompt_logprobs")
+    if chat:
+        logprobs = bool_field(body, "logprobs", False, lax=True)
+        if isinstance(logprobs, ApiError):
+            return logprobs
+        top = int_field(body, "top_logprobs", 0, lax=True)
+        if isinstance(top, ApiError):
+            return top
+        if logprobs:
+            return ApiError(400, f"logprobs: {no_logprobs}", param="logprobs")
+        if top:  # vLLM's check_logprobs (vllm-project/vllm
+            # vllm/entrypoints/openai/protocol.py @0052bed36509)
+            return ApiError(400, "when using `top_logprobs`, `logprobs` must be set to true.",
+                            param="top_logprobs")
+        return None
+    if body.get("logprobs") is not None:
+        logprobs_n = int_field(body, "logprobs", 0, lax=True)
+        return logprobs_n if isinstance(logprobs_n, ApiError) else ApiError(
+            400, f"logprobs: {no_logprobs}", param="logprobs")
+    echo = bool_field(body, "echo", False, lax=True)
+    if isinstance(echo, ApiError):
+        return echo
+    if echo:
+        return ApiError(400, "echo: the reference server does not echo the prompt",
+                        param="echo")
+    return None
 
 
 def message_texts(messages: list[Any]) -> Iterator[str]:

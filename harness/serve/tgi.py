@@ -2,7 +2,9 @@
 
 Validation errors are TGI's ``{"error", "error_type": "validation"}``: HTTP 422 on
 ``/generate``, HTTP 200 and one error event on ``/generate_stream`` (TGI sends its headers
-first). Stream events are ``data:{...}`` with no space after the colon and no ``[DONE]``.
+first). The checks TGI's router makes are made in its order, with its messages behind its
+prefix ``Input validation error: ``. Stream events are ``data:{...}`` with no space after the
+colon and no ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from starlette.requests import Request as StarletteRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from adapters.reference.request import Request
+from harness.live.prompts import TextTokenizer, load_tokenizer
 from harness.manifest import batchlab_version
 from harness.serve.bodies import (
     ApiError,
@@ -23,11 +26,31 @@ from harness.serve.bodies import (
     long_number_error,
     parse_off_loop,
     read_json,
+    shown,
 )
 from harness.serve.cancel import CLIENT_CLOSED_REQUEST, AbortOnClose, wait_or_abort
 from harness.serve.loop import ENGINE_NAME, Rejection, ServedEngine, TokenStream
 from harness.serve.output import dumps, output_text, output_token_id, output_token_text
 from harness.serve.prompts import PromptCounter
+
+# What /info advertises and the checks hold requests to (TGI's launcher options of these
+# names): one sequence per request, no stop sequences (the scripted output never stops early),
+# no top_tokens (the reference has no token probabilities).
+MAX_BEST_OF = 1
+MAX_STOP_SEQUENCES = 0
+MAX_TOP_N_TOKENS = 0
+# TGI's InferError::ValidationError, before each message of its ValidationError
+# (huggingface/text-generation-inference router/src/infer/mod.rs @058162685f05)
+VALIDATION_ERROR_PREFIX = "Input validation error: "
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillToken:
+    """One prompt token of ``details.prefill`` (``decoder_input_details``): its id and text
+    from the ``--tokenizer``; the reference has no log probability for it."""
+
+    id: int
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +60,11 @@ class TgiRequest:
     inputs: str
     num_prompt_tokens: int
     max_new_tokens: int
-    details: bool
+    details: bool  # `details`, or `decoder_input_details` (which implies it, as in TGI)
     return_full_text: bool
     seed: int | None
     prompt_keys: tuple[int, ...] = ()  # token identities, kept only when prefix caching is on
+    prefill: tuple[PrefillToken, ...] | None = None  # the prompt's tokens, when asked for
 
 
 def tgi_error(err: ApiError) -> JSONResponse:
@@ -61,6 +85,12 @@ class TgiRoutes:
         self.counter = counter
         self.max_model_len = engine.config.resolved_max_model_len
         self.compute_type = f"{engine.config.tp}-{engine.config.gpu_spec.name}"
+        self.max_input_tokens = self.max_model_len - 1  # TGI's default: max_total_tokens - 1
+        # decodes the prompt's token ids for `decoder_input_details` (the counter's tokenizer:
+        # load_tokenizer keeps one per path); None without --tokenizer: no ids to give
+        self._tokenizer: TextTokenizer | None = (
+            load_tokenizer(counter.tokenizer_path) if counter.tokenizer_path is not None
+            else None)
 
     # -- routes
 
@@ -86,7 +116,9 @@ class TgiRoutes:
         return JSONResponse({
             "model_id": self.model_name, "model_sha": None, "model_pipeline_tag":
             "text-generation", "max_concurrent_requests": None,  # no admission cap
-            "max_best_of": 1, "max_stop_sequences": 0, "max_input_tokens": max_len - 1,
+            "max_best_of": MAX_BEST_OF, "max_stop_sequences": MAX_STOP_SEQUENCES,
+            "max_top_n_tokens": MAX_TOP_N_TOKENS,  # (not in TGI's /info: its launcher's option)
+            "max_input_tokens": self.max_input_tokens,
             "max_total_tokens": max_len, "validation_workers": 1, "max_client_batch_size": 1,
             "router": ENGINE_NAME, "version": batchlab_version(), "sha": None,
             "docker_label": None, "prompt_token_rule": self.counter.rule,
@@ -117,7 +149,7 @@ class TgiRoutes:
         token_stream = self.engine.submit(req.num_prompt_tokens, req.max_new_tokens,
                                           received_s=started_s, prompt_keys=req.prompt_keys)
         if isinstance(token_stream, Rejection):
-            err = ApiError(422, f"Input validation error: {token_stream.message}", "validation")
+            err = ApiError(422, VALIDATION_ERROR_PREFIX + token_stream.message, "validation")
             if stream:
                 return StreamingResponse(_one_event({"error": err.message,
                                                      "error_type": "validation"}),
@@ -137,7 +169,9 @@ class TgiRoutes:
         if req.details:
             result["details"] = {
                 "finish_reason": "length", "generated_tokens": n, "seed": req.seed,
-                "prefill": [], "tokens": [_tgi_token(i) for i in range(n)],
+                "prefill": [{"id": t.id, "text": t.text, "logprob": None}
+                            for t in req.prefill or ()],
+                "tokens": [_tgi_token(i) for i in range(n)],
             }
         headers.update(self._timing_headers(token_stream.request, started_s, n))
         return JSONResponse([result] if as_list else result, headers=headers)
@@ -185,60 +219,160 @@ class TgiRoutes:
     # -- parsing
 
     def parse(self, body: Mapping[str, Any], *, stream: bool) -> TgiRequest | ApiError:
+        """A request checked as TGI's router checks it: first the field types (serde's), then
+        the rules of ``Validation::validate``, in its order, with its messages
+        (huggingface/text-generation-inference router/src/validation.rs @01067f8ba8bc)."""
         def invalid(message: str) -> ApiError:
-            return ApiError(422, message, "validation")
+            return ApiError(422, VALIDATION_ERROR_PREFIX + message, "validation")
 
         inputs = body.get("inputs")
-        if not isinstance(inputs, str) or not inputs:
-            return invalid("`inputs` cannot be empty")
+        if not isinstance(inputs, str):
+            return ApiError(422, f"`inputs` must be a string, got {shown(inputs)}", "validation")
         params = body.get("parameters") or {}
         if not isinstance(params, dict):
-            return invalid("`parameters` must be an object")
-        max_new = int_field(params, "max_new_tokens", 1, 422, "`max_new_tokens`")
-        truncate = int_field(params, "truncate", 1, 422, "`truncate`")
-        seed = int_field(params, "seed", 0, 422, "`seed`", maximum=2**64 - 1)  # serde's u64
-        details = bool_field(params, "details", False, 422)
-        full_text = bool_field(params, "return_full_text", False, 422)
-        for value in (max_new, truncate, seed, details, full_text):
-            if isinstance(value, ApiError):
-                return ApiError(422, value.message, "validation")
-        assert not isinstance(max_new, ApiError) and not isinstance(truncate, ApiError)
-        assert not isinstance(seed, ApiError)
-        temperature, top_p = params.get("temperature"), params.get("top_p")
-        if temperature is not None and (not isinstance(temperature, int | float)
-                                        or temperature <= 0):
-            return invalid("`temperature` must be strictly positive")
-        if top_p is not None and (not isinstance(top_p, int | float) or not 0 < top_p < 1):
-            return invalid("`top_p` must be > 0.0 and < 1.0")
-        best_of = params.get("best_of")
-        if best_of is not None and best_of != 1:
-            return invalid("`best_of` != 1 is not allowed for this endpoint" if stream
-                           else "`best_of` != 1 is not supported by the reference engine")
-        if stream and params.get("decoder_input_details"):
+            return ApiError(422, "`parameters` must be an object", "validation")
+        fields = _TgiFields.read(params)
+        if isinstance(fields, ApiError):
+            return fields
+        # the routes' own checks, before Validation::validate: /generate_stream refuses
+        # best_of != 1 and decoder_input_details, /generate a best_of over max_best_of
+        # (huggingface/text-generation-inference router/src/server.rs @003eaec0fbe0)
+        if fields.best_of is not None and stream and fields.best_of != 1:
+            return invalid("`best_of` != 1 is not supported when streaming tokens")
+        if fields.best_of is not None and not stream and fields.best_of > MAX_BEST_OF:
+            return invalid("`best_of` != 1 is not allowed for this endpoint")
+        if stream and fields.decoder_input_details:
             return invalid("`decoder_input_details` == true is not supported when streaming "
                            "tokens")
+        refusal = fields.refusal()
+        if refusal is not None:
+            return invalid(refusal)
+        if not inputs:
+            return invalid("`inputs` cannot be empty")
+        truncate = fields.truncate
+        if truncate is not None and not 0 < truncate <= self.max_input_tokens:
+            return invalid(f"`truncate` must be strictly positive and less than "
+                           f"{self.max_input_tokens}. Given: {truncate}")
+        if fields.decoder_input_details and self._tokenizer is None:
+            return invalid("`decoder_input_details` == true needs the prompt's token ids: this "
+                           "server counts words and punctuation marks (start it with "
+                           "--tokenizer)")
         num_prompt = self.counter.count(inputs)
         if truncate is not None:
             num_prompt = min(num_prompt, truncate)
         if num_prompt < 1:
             return invalid("`inputs` has no tokens")
-        if max_new is None:  # TGI: up to max_total_tokens
-            max_new = max(1, self.max_model_len - num_prompt)
+        max_new = fields.max_new_tokens
+        if max_new is None:  # TGI: the rest of max_total_tokens (0 when there is none)
+            max_new = max(0, self.max_model_len - num_prompt)
         if num_prompt + max_new > self.max_model_len:
-            return invalid(f"Input validation error: `inputs` tokens + `max_new_tokens` must be "
-                           f"<= {self.max_model_len}. Given: {num_prompt} `inputs` tokens and "
+            return invalid(f"`inputs` tokens + `max_new_tokens` must be <= "
+                           f"{self.max_model_len}. Given: {num_prompt} `inputs` tokens and "
                            f"{max_new} `max_new_tokens`")
+        if num_prompt > self.max_input_tokens:
+            return invalid(f"`inputs` must have less than {self.max_input_tokens} tokens. "
+                           f"Given: {num_prompt}")
         reason = self.engine.rejection(num_prompt, max_new)
         if reason:
-            return invalid(f"Input validation error: the request can never run: {reason}")
+            return invalid(f"the request can never run: {reason}")
         unread = long_number_error(body)  # a number too long, in a field not read above
         if unread is not None:
             return ApiError(422, unread.message, "validation")
-        keys: tuple[int, ...] = ()
-        if self.engine.config.prefix_caching:  # the prompt's last num_prompt tokens (truncate)
-            keys = self.counter.keys(inputs)[-num_prompt:]
-        return TgiRequest(inputs, num_prompt, max_new, bool(details), bool(full_text), seed,
-                          keys)
+        # the prompt's last num_prompt tokens (truncate), as TGI keeps them
+        ids = (self.counter.keys(inputs)[-num_prompt:]
+               if self.engine.config.prefix_caching or fields.decoder_input_details else ())
+        prefill: tuple[PrefillToken, ...] | None = None
+        if fields.decoder_input_details:
+            assert self._tokenizer is not None
+            prefill = tuple(PrefillToken(i, self._tokenizer.decode([i])) for i in ids)
+        keys = ids if self.engine.config.prefix_caching else ()
+        return TgiRequest(inputs, num_prompt, max_new,
+                          fields.details or fields.decoder_input_details, fields.return_full_text,
+                          fields.seed, keys, prefill)
+
+
+@dataclass(frozen=True, slots=True)
+class _TgiFields:
+    """The ``parameters`` a TGI request sets, typed as TGI's serde structs take them: JSON
+    integers for integer fields, numbers for float fields, no conversion."""
+
+    max_new_tokens: int | None
+    truncate: int | None
+    seed: int | None
+    best_of: int | None
+    top_k: int | None
+    top_n_tokens: int | None
+    temperature: float | None
+    repetition_penalty: float | None
+    frequency_penalty: float | None
+    top_p: float | None
+    typical_p: float | None
+    num_stop: int
+    details: bool
+    return_full_text: bool
+    decoder_input_details: bool
+
+    @classmethod
+    def read(cls, params: Mapping[str, Any]) -> _TgiFields | ApiError:
+        ints = {name: int_field(params, name, minimum, 422, f"`{name}`", maximum=maximum)
+                for name, minimum, maximum in (
+                    ("max_new_tokens", 0, 2**32 - 1), ("truncate", 0, 2**64 - 1),
+                    ("seed", 0, 2**64 - 1), ("best_of", 0, 2**64 - 1),
+                    ("top_k", -(2**31), 2**31 - 1), ("top_n_tokens", 0, 2**32 - 1))}
+        floats = {name: _number_field(params, name) for name in (
+            "temperature", "repetition_penalty", "frequency_penalty", "top_p", "typical_p")}
+        flags = {name: bool_field(params, name, False, 422)
+                 for name in ("details", "return_full_text", "decoder_input_details")}
+        stop = params.get("stop")
+        if stop is not None and not (isinstance(stop, list)
+                                     and all(isinstance(s, str) for s in stop)):
+            return ApiError(422, f"`stop` must be a list of strings, got {shown(stop)}",
+                            "validation")
+        values: dict[str, Any] = {**ints, **floats, **flags}
+        for value in values.values():
+            if isinstance(value, ApiError):
+                return ApiError(422, value.message, "validation")
+        return cls(**values, num_stop=len(stop or ()))
+
+    def refusal(self) -> str | None:
+        """The first rule of TGI's ``Validation::validate`` these fields break (its message,
+        without the prefix), up to the prompt's own checks; None when they break none. NaN
+        breaks every bound, as in Rust's comparisons."""
+        if self.temperature is not None and not self.temperature > 0:
+            return "`temperature` must be strictly positive"
+        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
+            return "`repetition_penalty` must be strictly positive"
+        if self.frequency_penalty is not None and not -2 <= self.frequency_penalty <= 2:
+            return "`frequency_penalty` must be >= -2.0 and <= 2.0"
+        if self.top_p is not None and not 0 < self.top_p < 1:
+            return "`top_p` must be > 0.0 and < 1.0"
+        if self.typical_p is not None and not 0 < self.typical_p < 1:
+            return "`typical_p` must be > 0.0 and < 1.0"
+        if self.top_k is not None and self.top_k <= 0:
+            return "`top_k` must be strictly positive"
+        if self.max_new_tokens == 0:
+            return "`max_new_tokens` must be strictly positive"
+        if self.num_stop > MAX_STOP_SEQUENCES:
+            return (f"`stop` supports up to {MAX_STOP_SEQUENCES} stop sequences. Given: "
+                    f"{self.num_stop}")
+        if self.top_n_tokens is not None and self.top_n_tokens > MAX_TOP_N_TOKENS:
+            return (f"`top_n_tokens` must be >= 0 and <= {MAX_TOP_N_TOKENS}. Given: "
+                    f"{self.top_n_tokens}")
+        return None
+
+
+def _number_field(params: Mapping[str, Any], name: str) -> float | ApiError | None:
+    """``params[name]`` as a float field of serde's: any JSON number, not a boolean; None
+    where it is absent or null."""
+    value = params.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return ApiError(422, f"`{name}` must be a number, got {shown(value)}", param=name)
+    try:
+        return float(value)
+    except OverflowError:  # an integer past any float: infinite, as an f32 holds it
+        return float("inf") if value > 0 else float("-inf")
 
 
 def _tgi_token(index: int) -> dict[str, Any]:

@@ -389,3 +389,88 @@ def test_an_oversized_number_where_no_field_reads_it_is_still_refused(
     r = client.post("/v1/completions", json={"prompt": [1], "priority": 2**63})
     assert r.status_code == 400 and r.json()["error"]["message"] == (
         "priority must be an integer from -2^63 to 2^63 - 1, got 9223372036854775808")
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "hi there"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi there"}]}),
+])
+def test_empty_stream_options_still_sends_the_usage_chunk(client: httpx.Client, path: str,
+                                                          body: dict[str, Any]) -> None:
+    """vLLM tests `if stream_options:` on its pydantic object, true even for {}: include_usage
+    then takes its default, true, and the usage chunk comes before [DONE]."""
+    r = client.post(path, json={**body, "max_tokens": 2, "stream": True, "stream_options": {}})
+    assert r.status_code == 200
+    events = _events(r.text)
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["choices"] == [] and last["usage"] == {"prompt_tokens": 2,
+                                                       "completion_tokens": 2,
+                                                       "total_tokens": 4}
+    assert all("usage" not in json.loads(e) for e in events[:-2])  # no continuous usage
+
+
+def test_empty_stream_options_without_stream_is_accepted(client: httpx.Client) -> None:
+    """vLLM refuses stream options without stream only when they are truthy: {} passes."""
+    for path, body in (("/v1/completions", {"prompt": [1]}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user",
+                                                              "content": "hi"}]})):
+        r = client.post(path, json={**body, "max_tokens": 2, "stream_options": {}})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        r = client.post(path, json={**body, "max_tokens": 2,
+                                    "stream_options": {"include_usage": False}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+
+
+@pytest.mark.parametrize("path, fields, param, fragment", [
+    ("/v1/completions", {"logprobs": 1}, "logprobs", "produces no log probabilities"),
+    ("/v1/completions", {"logprobs": 0}, "logprobs", "produces no log probabilities"),
+    ("/v1/completions", {"logprobs": "abc"}, "logprobs", "logprobs must be"),
+    ("/v1/completions", {"echo": True}, "echo", "does not echo the prompt"),
+    ("/v1/completions", {"echo": "yes"}, "echo", "does not echo the prompt"),
+    ("/v1/completions", {"prompt_logprobs": 0}, "prompt_logprobs",
+     "produces no log probabilities"),
+    ("/v1/chat/completions", {"logprobs": True}, "logprobs", "produces no log probabilities"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 5}, "logprobs",
+     "produces no log probabilities"),
+    ("/v1/chat/completions", {"top_logprobs": 5}, "top_logprobs",
+     "`logprobs` must be set to true"),
+    ("/v1/chat/completions", {"prompt_logprobs": 1}, "prompt_logprobs",
+     "produces no log probabilities"),
+])
+def test_log_probabilities_and_echo_are_refused(client: httpx.Client, path: str,
+                                                fields: dict[str, Any], param: str,
+                                                fragment: str) -> None:
+    """The reference has no token probabilities and never echoes: a request for either is a
+    400 in vLLM's error body (as n != 1 is), never a 200 with "logprobs": null."""
+    body: dict[str, Any] = ({"messages": [{"role": "user", "content": "hi"}]}
+                            if "chat" in path else {"prompt": "hi"})
+    r = client.post(path, json={**body, "max_tokens": 2, **fields})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == param and fragment in error["message"] and error["code"] == 400
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("path, fields", [
+    ("/v1/completions", {"logprobs": None, "echo": False, "prompt_logprobs": None}),
+    ("/v1/completions", {"echo": None}),
+    ("/v1/chat/completions", {"logprobs": False, "top_logprobs": 0}),
+    ("/v1/chat/completions", {"logprobs": None, "top_logprobs": None, "echo": False}),
+])
+def test_fields_that_ask_for_no_log_probabilities_are_accepted(
+        client: httpx.Client, path: str, fields: dict[str, Any]) -> None:
+    body: dict[str, Any] = ({"messages": [{"role": "user", "content": "hi"}]}
+                            if "chat" in path else {"prompt": "hi"})
+    r = client.post(path, json={**body, "max_tokens": 2, **fields})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["logprobs"] is None
+
+
+def test_completion_max_tokens_null_is_the_rest_of_the_context(client: httpx.Client) -> None:
+    """vLLM's default of 16 is pydantic's, for an absent max_tokens; an explicit null is no
+    limit: max_model_len minus the prompt (get_max_tokens)."""
+    r = client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": None})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 512 - 3
+    r = client.post("/v1/completions", json={"prompt": [1, 2, 3]})
+    assert r.json()["usage"]["completion_tokens"] == 16
