@@ -48,7 +48,7 @@ def trace_manifest(trace: Trace) -> dict[str, Any]:
         "path": None if trace.parts else _absolute(trace.source),
         "file_sha256": trace.file_sha256,
         "format": trace.format,
-        "options": dict(trace.options),
+        "options": _options_record(trace.options),
         "digest": trace.digest,
         "digest_scheme": DIGEST_SCHEME,  # how the digest was made (harness.traces.records)
         "num_requests": len(trace.requests),
@@ -71,12 +71,22 @@ def _part_record(part: MixPart) -> dict[str, Any]:
         "path": _absolute(trace.source),
         "file_sha256": trace.file_sha256,
         "format": trace.format,
-        "options": dict(trace.options),
+        "options": _options_record(trace.options),
         "digest": trace.digest,
         "num_requests": len(trace.requests),
         "timing": trace.timing,
         "priority": part.priority,
     }
+
+
+def _options_record(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A trace's options with ``lengths_from`` as the file's absolute path, as ``path`` is the
+    source's: as typed, it is relative to a working directory no record keeps (the note of
+    the sampled lengths keeps it as typed)."""
+    record = dict(options)
+    if record.get("lengths_from") is not None:
+        record["lengths_from"] = str(Path(record["lengths_from"]).resolve())
+    return record
 
 
 def _absolute(source: str) -> str | None:

@@ -191,10 +191,14 @@ def value_text(value: Any) -> str:
 def load_text(load: Mapping[str, Any]) -> str:
     """A scenario cell's load: trace timing, a rate, a time scale or a number of users."""
     kind, value = load.get("kind"), load.get("value")
+    if kind == "rate" and value in (None, "inf", math.inf):
+        # "inf" is how a record spells an infinite rate (JSON has no inf); older folders
+        # wrote it as null, the one rate that the JSON writers (results.finite_json) null
+        return "every request at 0 s"
     if kind in (None, "trace") or value is None:
         return "trace timing"
     if kind == "rate":
-        return "every request at 0 s" if value == "inf" else f"{sig(value)} req/s"
+        return f"{sig(value)} req/s"
     if kind == "time_scale":  # a larger scale is a lighter load: say which way it goes
         return f"time × {sig(value)} (rate × {sig(1 / float(value))})"
     think = load.get("think_time_s")

@@ -222,7 +222,9 @@ def _load_manifest(closed_loop: ClosedLoop | None, trace: Trace) -> dict[str, An
     timing = trace.timing or {}
     arrivals = {"rate": f"the trace's requests at a mean rate of {timing.get('value')} req/s",
                 "time_scale": f"the trace's arrival times × {timing.get('value')}"}
-    if timing.get("arrival"):
+    if timing.get("value") == "inf":  # an infinite rate, as a trace record spells it
+        arrivals["rate"] = "every request at 0 s"
+    elif timing.get("arrival"):
         arrivals["rate"] = f"synthetic {timing['arrival']} arrivals at {timing['value']} req/s"
     return {"mode": "open",
             "arrivals": arrivals.get(str(timing.get("kind")), "the trace's arrival times"),

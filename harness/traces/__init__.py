@@ -21,9 +21,10 @@ stream per purpose, so a trace plus its options always loads to the same request
 Modules: ``records`` (``TraceRequest``, ``Trace``, ``TraceError``, the rows on their way),
 ``formats`` (each file format's reader and detection), ``synthetic`` (arrival processes and
 lengths), ``options`` (``TraceOptions`` and the steps applying them), ``load`` (the pipeline),
-``info`` (``describe``), ``data`` (bundled and shared trace folders), ``bounds`` (the upper
-bounds on token counts, request counts, rates, time scales and timestamps that every loader
-and option checks, for the command line and scenario files to reuse).
+``info`` (``describe``, ``arrivals_text``), ``data`` (bundled and shared trace folders),
+``bounds`` (the upper bounds on token counts, request counts, rates, time scales and
+timestamps that every loader and option checks, for the command line and scenario files to
+reuse).
 """
 
 from harness.traces.bounds import (
@@ -42,7 +43,7 @@ from harness.traces.bounds import (
 )
 from harness.traces.data import DATA_DIR, REPO_ROOT, TRACES_DIR_ENV, shared_traces_dir
 from harness.traces.formats import MOONCAKE_BLOCK_TOKENS
-from harness.traces.info import describe
+from harness.traces.info import arrivals_text, describe
 from harness.traces.load import load_trace
 from harness.traces.options import ARRIVALS, FORMATS, ON_TOO_LONG, TraceOptions
 from harness.traces.records import DIGEST_SCHEME, MixPart, Trace, TraceError, TraceRequest
@@ -69,6 +70,7 @@ __all__ = [
     "TraceError",
     "TraceOptions",
     "TraceRequest",
+    "arrivals_text",
     "check_count",
     "check_rate",
     "check_time_scale",

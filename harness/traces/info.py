@@ -51,3 +51,21 @@ def describe(trace: Trace) -> dict[str, Any]:
         "counts": dict(trace.counts),
         "notes": list(trace.notes),
     }
+
+
+def arrivals_text(trace: Trace) -> str:
+    """When the requests arrive, for ``batchlab trace info`` after their number: "over 424.3
+    s; mean rate 4.71 req/s; inter-arrival CV 1.14", or, with no span to take a rate over,
+    what there is instead: "at 0 s (one request: no rate)", "all at 0 s (...)"."""
+    n = len(trace.requests)
+    if not n:
+        return "(none)"
+    first, last = trace.requests[0].arrival_s, trace.requests[-1].arrival_s
+    if n == 1:
+        return f"at {first:,.6g} s (one request: no rate or inter-arrival CV)"
+    if last == first:
+        return f"all at {first:,.6g} s (at one instant: no rate or inter-arrival CV)"
+    d = describe(trace)
+    cv = d["interarrival_cv"]  # defined: some gap is longer than 0
+    return (f"over {d['span_s']:,.1f} s; mean rate {d['mean_rate_per_s']:,.2f} req/s; "
+            f"inter-arrival CV {cv:,.2f}")

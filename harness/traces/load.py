@@ -23,6 +23,8 @@ from harness.traces.options import (
     apply_max_model_len,
     apply_priorities,
     apply_window,
+    arrival_process,
+    draws_arrivals,
 )
 from harness.traces.records import (
     Parsed,
@@ -97,9 +99,10 @@ def load_trace(path: str | Path | None, options: TraceOptions | None = None) -> 
     rows = apply_arrivals(rows, options, arrival, parsed.timed, label, report)
     priority_column = any(r.priority is not None for r in rows)
     rows = apply_priorities(rows, options, report)
-    # the seed matters where something was drawn: arrivals, sampled lengths, priorities (not
-    # when the trace's own column gave them)
-    seeded = (arrival is not None or options.lengths_from is not None
+    # the seed matters where something was drawn: arrivals (not constant ones, nor all at
+    # 0 s), sampled lengths, priorities (not when the trace's own column gave them)
+    seeded = (draws_arrivals(arrival, options.rate, len(rows))
+              or options.lengths_from is not None
               or (not priority_column and options.priority_fraction is not None))
 
     requests = tuple(
@@ -150,6 +153,7 @@ def _synthetic_source(
             raise TraceError(
                 f"--trace {path!r}: expected synthetic or synthetic:<{'|'.join(ARRIVALS)}>"
             )
+        named = arrival_process(named, options.burstiness)  # synthetic:gamma, burstiness inf
         if arrival is not None and arrival != named:
             raise TraceError(f"--trace {path!r} contradicts --arrival {arrival}")
         arrival = named

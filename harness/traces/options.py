@@ -38,6 +38,15 @@ from harness.traces.synthetic import (
 FORMATS = ("azure", "mooncake", "lengths", "vidur", "burstgpt", "synthetic")
 ARRIVALS = ("poisson", "gamma", "constant")
 ON_TOO_LONG = ("error", "drop", "clip")
+# An infinite rate (every request at 0 s) or burstiness (constant gaps) as a record spells it:
+# JSON has no infinity, and the writers' null (``results.finite_json``) would read as unset.
+INF = "inf"
+
+
+def recorded(value: float) -> float | str:
+    """``value`` as a record (``TraceOptions.as_record``, ``Trace.timing``) keeps it: infinity
+    as ``INF``, any other value as it is."""
+    return INF if value == math.inf else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +57,8 @@ class TraceOptions:
     stray exponent fails here rather than in memory or in a run.
 
     ``None`` means "not set". See ``docs/traces.md`` for the order in which they apply.
+    ``rate`` and ``burstiness`` also take ``INF`` ("inf"), as ``as_record`` writes infinity, so
+    that ``TraceOptions(**trace.options)`` loads the same requests again.
     """
 
     format: str | None = None  # one of FORMATS; None detects from the extension and header
@@ -75,6 +86,9 @@ class TraceOptions:
         def bad(name: str, expected: str, value: object) -> TraceError:
             return TraceError(f"{flag(name)}: expected {expected}, got {value!r}")
 
+        for name in ("rate", "burstiness"):
+            if getattr(self, name) == INF:  # a record's infinity (as_record)
+                object.__setattr__(self, name, math.inf)
         if self.format is not None and self.format not in FORMATS:
             raise bad("format", f"one of {', '.join(FORMATS)}", self.format)
         if self.arrival is not None and self.arrival not in ARRIVALS:
@@ -134,21 +148,37 @@ class TraceOptions:
     @property
     def resolved_arrival(self) -> str | None:
         """The arrival process implied by ``arrival`` and ``burstiness`` (None: trace times)."""
-        if self.arrival is not None:
-            return self.arrival
-        return None if self.burstiness is None else "gamma"
+        if self.arrival is None and self.burstiness is None:
+            return None
+        return arrival_process(self.arrival or "gamma", self.burstiness)
 
     def as_record(self, *, seeded: bool = True) -> dict[str, object]:
         """The options that were set, as a manifest records them: those left unset and their
-        defaults are left out, and the seed when nothing was drawn with it (``seeded``)."""
+        defaults are left out, and the seed when nothing was drawn with it (``seeded``);
+        infinity is ``INF``."""
         defaults = TraceOptions()
-        record = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                  if getattr(self, f.name) != getattr(defaults, f.name)}
+        record: dict[str, object] = {
+            f.name: recorded(getattr(self, f.name)) for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(defaults, f.name)
+        }
         if seeded:
             record["seed"] = self.seed
         else:
             record.pop("seed", None)
         return record
+
+
+def arrival_process(arrival: str, burstiness: float | None) -> str:
+    """``arrival`` as it draws: gamma gaps of infinite shape (``--burstiness inf``) are
+    constant."""
+    return "constant" if arrival == "gamma" and burstiness == math.inf else arrival
+
+
+def draws_arrivals(arrival: str | None, rate: float | None, num_requests: int) -> bool:
+    """Whether synthesizing ``arrival`` arrivals for ``num_requests`` at ``rate`` draws from
+    the seed: constant gaps, a lone request and every request at 0 s (rate inf) draw nothing
+    (``synthetic.synthetic_arrivals_s``)."""
+    return arrival in ("poisson", "gamma") and rate != math.inf and num_requests > 1
 
 
 # ---------------------------------------------------------------- the steps, in order
@@ -301,7 +331,7 @@ def apply_arrivals(
             if math.isinf(options.rate):
                 times = np.zeros_like(times)
                 report.notes.append("rate inf: every request arrives at 0 s")
-                report.timing = {"kind": "rate", "value": "inf"}  # JSON has no inf
+                report.timing = {"kind": "rate", "value": INF}
             else:
                 span = float(times[-1] - times[0]) if len(times) else 0.0
                 if len(times) < 2 or span <= 0:
@@ -339,13 +369,16 @@ def apply_arrivals(
             )
         except ValueError as exc:
             raise TraceError(f"--burstiness: {exc}") from None
-        shape = f", burstiness {burstiness:g}" if arrival == "gamma" else ""
-        report.notes.append(
-            f"arrivals synthesized: {arrival} at {rate:g} req/s{shape}, seed {options.seed}"
-        )
-        report.timing = {"kind": "rate", "value": rate, "arrival": arrival,
-                         **({"burstiness": burstiness} if arrival == "gamma" else {}),
-                         "seed": options.seed}
+        drawn = draws_arrivals(arrival, rate, len(rows))
+        if math.isinf(rate):
+            report.notes.append("rate inf: every request arrives at 0 s")
+        else:
+            shape = f", burstiness {burstiness:g}" if arrival == "gamma" else ""
+            seed = f", seed {options.seed}" if drawn else ""
+            report.notes.append(f"arrivals synthesized: {arrival} at {rate:g} req/s{shape}{seed}")
+        report.timing = {"kind": "rate", "value": recorded(rate), "arrival": arrival,
+                         **({"burstiness": recorded(burstiness)} if arrival == "gamma" else {}),
+                         **({"seed": options.seed} if drawn else {})}
     last = float(times.max()) if len(times) else 0.0
     if options.rate is not None and last > MAX_TIMESTAMP_S:  # --time-scale: checked above
         what = "synthetic arrivals" if arrival is not None else "the trace's arrivals"
