@@ -18,7 +18,12 @@ this launch's ``BATCHLAB_LAUNCH_NONCE``.
                                                └── grandchild }   ... grace ... killpg(SIGKILL)
 
 stdout and stderr go to files in the run folder, so a failed start can quote the log's last
-lines instead of "it did not come up".
+lines instead of "it did not come up". A server may print its argv and environment there, so
+the logs are its owner's only (created 0600, an existing one's mode tightened): the run scrubs
+them of its secrets when the server is gone (``harness.live.session``), never while it writes.
+The logs of a run that was itself killed (SIGKILL, OOM) are never scrubbed: they stay as the
+server wrote them, owner-only; batchlab keeps no secret's value, so no later command
+(``summarize``, ``report``) can scrub them.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -112,6 +117,18 @@ def _group_members(pgid: int) -> list[int]:
         if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(entry.name))
     return members
+
+
+LOG_MODE = 0o600  # a server log may hold secrets until the run scrubs it
+
+
+def _private_log(path: Path) -> BinaryIO:
+    """``path`` opened to append, readable and writable by its owner only: created with
+    ``LOG_MODE``, and an existing one (an earlier launch's, appended to) tightened to it."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, LOG_MODE)
+    with contextlib.suppress(OSError):  # another user's file we may write to: as it is
+        os.fchmod(fd, LOG_MODE)
+    return os.fdopen(fd, "ab")
 
 
 _LIVE: set[ServerProcess] = set()
@@ -214,7 +231,7 @@ class ServerProcess:
                 "another --port (unset: a free one)")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env, NONCE_ENV: self.nonce}
-        with self.stdout_path.open("ab") as out, self.stderr_path.open("ab") as err:
+        with _private_log(self.stdout_path) as out, _private_log(self.stderr_path) as err:
             try:
                 self._popen = subprocess.Popen(
                     self.argv,

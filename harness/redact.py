@@ -9,9 +9,13 @@ What is a secret is decided by an allow-list, not by guessing from names:
   value after a flag with a secret word in its name (``--api-key X``, ``--hf-token=X``, a
   compound such as ``--ngrok-authtoken X``; ``_SECRET_WORDS``) or a known short alias of one
   (llama.cpp's ``-hft X``; ``_SECRET_ALIASES``) is ``***``, every value up to the next flag for
-  a flag that takes several (``MULTI_VALUE_SECRET_FLAGS``: vLLM's ``--api-key K1 K2``); flags
-  ending in ``-env`` name a variable, not a value, and are kept, unless what follows is no
-  variable name (a key pasted in its place, ``env_var_name``);
+  a flag that takes several (``MULTI_VALUE_SECRET_FLAGS``: vLLM's ``--api-key K1 K2``); an
+  item holding a flag and its value in one string (``"--api-key sk-1"``, a YAML list item or a
+  quoted ``--extra-arg``) is read as the words it holds (``"--api-key ***"``); flags ending in
+  ``-env`` name a variable, not a value, and are kept, unless what follows is no variable name
+  or looks like a key (a key pasted in its place, ``stored_env_name``);
+- a record's field ending in ``_env`` that holds a string (a scenario's ``api_key_env``) names
+  a variable: kept as the flag's value is, else ``***``;
 - a URL's user and password (``http://user:pass@host``) are ``***`` wherever a URL is stored or
   shown: argv items (``--url=http://***@host`` too), string values of a record, free text
   (``redact_url``);
@@ -27,10 +31,12 @@ What is a secret is decided by an allow-list, not by guessing from names:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import shlex
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, AnyStr, BinaryIO, Generic
@@ -91,6 +97,34 @@ def env_var_name(text: str) -> bool:
     return _ENV_NAME.fullmatch(text) is not None
 
 
+# A part of a variable's name (between "_") this long or longer that mixes letters with digits,
+# or lower with upper case, is a key's body rather than a word: ``key_like_name``.
+_KEY_LIKE_PART_LEN = 16
+
+
+def key_like_name(text: str) -> bool:
+    """Whether a variable name looks like a key pasted in its place: a part of it between "_"
+    of ``_KEY_LIKE_PART_LEN`` (16) characters or more mixes letters with digits or lower with
+    upper case (``hf_PLANTEDtoken0987654321``, ``AKIAIOSFODNN7EXAMPLE``). The parts of a
+    variable's name are words (``VLLM_API_KEY``, ``my_key_2``, ``TOKENIZERS_PARALLELISM``)."""
+    for part in text.split("_"):
+        if len(part) < _KEY_LIKE_PART_LEN:
+            continue
+        letters = [c for c in part if c.isalpha()]
+        has_digit = len(letters) < len(part)  # a name's other characters are digits and "_"
+        mixed_case = any(c.islower() for c in letters) and any(c.isupper() for c in letters)
+        if letters and (has_digit or mixed_case):
+            return True
+    return False
+
+
+def stored_env_name(text: str) -> bool:
+    """Whether ``text``, given where a variable's NAME belongs (``--api-key-env VAR``, a
+    scenario's ``api_key_env``), may be stored and shown: a variable name that does not look
+    like a key (``key_like_name``). Anything else is masked."""
+    return env_var_name(text) and not key_like_name(text)
+
+
 def redact_env(env: Mapping[str, Any]) -> dict[str, Any]:
     """The environment with every value not on the allow-list masked."""
     return {str(k): (v if safe_env_name(str(k)) else MASK) for k, v in env.items()}
@@ -144,8 +178,34 @@ def _redact_tokens(tokens: list[str]) -> list[str]:
     return [redact_url(token) for token in _redact_flags(tokens)]
 
 
+# An argv item that is a flag, then whitespace before any "=": "--api-key VALUE" written as one
+# YAML list item or one quoted --extra-arg.
+_FLAG_THEN_SPACE = re.compile(r"-[^=\s]*\s")
+_WORD = re.compile(r"(\S+)(\s*)")
+
+
+def _item_words(token: str) -> list[tuple[str, str]]:
+    """An argv item as the argv it would be split into: (word, the whitespace after it). An
+    item that starts with a flag followed by whitespace (``"--api-key sk-1"``,
+    ``"--port 80 --hf-token hf_x"``) is read as its words, so that a secret flag in it masks
+    the value after it as in a split argv; any other item is one word (``"--api-key=a b"``
+    masks all of ``a b``, as a value after ``=`` always does)."""
+    if not _FLAG_THEN_SPACE.match(token):
+        return [(token, "")]
+    return [(m.group(1), m.group(2)) for m in _WORD.finditer(token)]
+
+
 def _redact_flags(tokens: list[str]) -> list[str]:
-    """Env assignments and values of secret flags of one flat argv masked."""
+    """Env assignments and values of secret flags of one flat argv masked; an item holding a
+    flag and its value (``"--api-key sk-1"``) is masked as the two would be
+    (``"--api-key ***"``)."""
+    items = [_item_words(token) for token in tokens]
+    words = iter(_redact_words([word for item in items for word, _ in item]))
+    return ["".join(next(words) + space for _, space in item) for item in items]
+
+
+def _redact_words(tokens: list[str]) -> list[str]:
+    """``_redact_flags`` of an argv whose items are single words."""
     out = list(tokens)
     i = 0
     while i < len(out):
@@ -159,10 +219,10 @@ def _redact_flags(tokens: list[str]) -> list[str]:
                 i += 1
         elif _secret_named(token) and _names_variable(token):
             # --api-key-env VAR is kept; a key pasted in place of VAR is not
-            if eq and not env_var_name(value):
+            if eq and not stored_env_name(value):
                 out[i] = f"{flag}={MASK}"
             elif not eq and i + 1 < len(out) and not out[i + 1].startswith("--") \
-                    and not env_var_name(out[i + 1]):
+                    and not stored_env_name(out[i + 1]):
                 out[i + 1] = MASK
                 i += 1
         elif secret_flag(token):
@@ -219,8 +279,9 @@ def _redact_argv(argv: Sequence[Any], redact: Callable[[list[str]], list[str]]) 
 
 def redact_tree(value: Any) -> Any:
     """A manifest-like record with ``env`` mappings and ``command``/``argv``/``extra_args``
-    lists redacted and URL credentials in every string masked (``redact_url``), at any depth;
-    everything else unchanged."""
+    lists redacted, a ``*_env`` string that is no variable name to store (``api_key_env``:
+    ``stored_env_name``) masked and URL credentials in every string masked (``redact_url``),
+    at any depth; everything else unchanged."""
     if isinstance(value, Mapping):
         if value.get("knob") == "extra_args":  # a knob mapping entry (adapters.base.MappedKnob)
             return _redact_extra_args_mapping(value)
@@ -232,6 +293,9 @@ def redact_tree(value: Any) -> Any:
                   and isinstance(item, list | tuple)
                   and all(isinstance(a, str | int | float) for a in item)):
                 out[key] = redact_argv(item)
+            elif (isinstance(key, str) and key.endswith("_env") and isinstance(item, str)
+                  and not stored_env_name(item)):  # a key pasted for api_key_env's VAR
+                out[key] = MASK
             else:
                 out[key] = redact_tree(item)
         return out
@@ -281,6 +345,18 @@ def secret_values(*, env: Mapping[str, str] | None = None, argv: Sequence[Any] =
 
 
 def _masked_parts(original: str, redacted: str) -> Iterable[str]:
+    """The values masked in one argv item: word by word in an item read as several words
+    (``"--api-key k1 k2"`` -> ``k1``, ``k2``; ``_item_words``)."""
+    words, masked = original.split(), redacted.split()
+    if len(words) > 1 and len(words) == len(masked):
+        for word, shown in zip(words, masked, strict=True):
+            if word != shown:
+                yield from _masked_part(word, shown)
+        return
+    yield from _masked_part(original, redacted)
+
+
+def _masked_part(original: str, redacted: str) -> Iterable[str]:
     if redacted == MASK:
         yield original
         return
@@ -434,7 +510,8 @@ def _scrub_stream(src: BinaryIO, dst: BinaryIO, masker: _Masker[bytes], longest:
 def scrub_files(folder: Path, secrets: Iterable[str]) -> int:
     """Scrub the logs (``*.log``, ``*.txt``) directly in ``folder`` as ``scrub_text`` scrubs
     text, reading each in chunks whatever its size; returns how many changed. A file is
-    replaced only when something in it was masked."""
+    replaced only when something in it was masked, by one with its mode (a server log is its
+    owner's only: ``adapters.process``)."""
     masker = _mask_pattern(v.encode() for v in secrets)
     if masker is None:
         return 0
@@ -444,7 +521,7 @@ def scrub_files(folder: Path, secrets: Iterable[str]) -> int:
             continue
         tmp = path.with_name(path.name + ".scrub.tmp")
         try:
-            with path.open("rb") as src, tmp.open("wb") as dst:
+            with path.open("rb") as src, _same_mode(tmp, src) as dst:
                 masked = _scrub_stream(src, dst, masker, masker.longest, chunk_size=_SCRUB_CHUNK)
             if masked:
                 os.replace(tmp, path)
@@ -454,3 +531,13 @@ def scrub_files(folder: Path, secrets: Iterable[str]) -> int:
         finally:
             tmp.unlink(missing_ok=True)
     return changed
+
+
+def _same_mode(path: Path, like: BinaryIO) -> BinaryIO:
+    """``path`` created (or truncated) for writing with the mode of the open file ``like``:
+    owner-only from its first byte when ``like`` is (never the umask's wider default)."""
+    mode = stat.S_IMODE(os.fstat(like.fileno()).st_mode)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode & 0o600)
+    with contextlib.suppress(OSError):  # a file system without modes: owner-only at most
+        os.fchmod(fd, mode)
+    return os.fdopen(fd, "wb")

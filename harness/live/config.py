@@ -140,8 +140,7 @@ class ReplayConfig:
             if bad_name:
                 raise ValueError(bad_name)
             if self.api_key_env not in os.environ:
-                raise ValueError(
-                    f"api_key_env: environment variable {self.api_key_env} is not set")
+                raise ValueError(UNSET_KEY_VARIABLE.format(field="api_key_env"))
         if self.tokenizer_path:
             # loaded here (once: it is kept), before a run folder is claimed and an earlier
             # run's files cleared: a tokenizer that will not load is refused as bad input
@@ -172,12 +171,21 @@ def target_url_problem(url: str, name: str) -> str | None:
 
 
 def _shown_bad_url(url: str) -> str:
-    """A refused URL as its refusal may quote it: the query and fragment cut, and everything up
-    to its last "@" masked, whether "//" comes before it (``http://u:pw@host``) or not
-    (``u:pw@host``, ``http:/u:pw@host``): not yet a URL, so not parsed as one."""
-    shown = re.sub(r"[?#].*", "?***", url, flags=re.S)
-    return re.sub(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?.*@", lambda m: f"{m.group(1) or ''}***@",
-                  shown, flags=re.S)
+    """A refused URL as its refusal may quote it: everything up to its last "@" masked, whether
+    "//" comes before it (``http://u:pw@host``) or not (``u:pw@host``, ``http:/u:pw@host``),
+    then the query and fragment cut. Not yet a URL, so not parsed as one: a password may hold
+    an unescaped "/", "?" or "#" (``http://u:pw/x#y@host``), so the last "@" of the whole text
+    ends what is masked, even one past a path (``http://***@b`` for ``http://h/a@b``)."""
+    shown = re.sub(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?.*@", lambda m: f"{m.group(1) or ''}***@",
+                   url, flags=re.S)
+    return re.sub(r"[?#].*", "?***", shown, flags=re.S)
+
+
+# The variable's name is not repeated: a key pasted in its place can be a name too
+# (hf_PLANTEDtoken0987654321), and this message reaches the console, report.md and status.json.
+# Whoever reads it gave the name one line above (the command) or in the scenario's file.
+UNSET_KEY_VARIABLE = ("{field}: the environment variable it names is not set (its name is not "
+                      "repeated here: it may be the key itself); export it, then run again")
 
 
 def api_key_env_problem(name: str, field: str) -> str | None:
@@ -200,7 +208,7 @@ def _url_defect(url: str) -> str | None:
         parts = urlsplit(url)
         port = parts.port  # parsed on access: out of range or not a number raises
     except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535", ...
-        return str(exc)
+        return _parser_words(str(exc))
     if parts.scheme not in ("http", "https"):
         # without "//", what reads as a scheme may be a user name (u:pw@host): not repeated
         return (f"scheme {parts.scheme!r}" if parts.scheme and "//" in url
@@ -214,8 +222,21 @@ def _url_defect(url: str) -> str | None:
     try:
         httpx.URL(url)  # the httpx client's own parser must take it too
     except httpx.InvalidURL as exc:
-        return str(exc)
+        return _parser_words(str(exc))
     return None
+
+
+def _parser_words(said: str) -> str:
+    """What a URL parser said of a URL, without the part of it the parser quotes: urlsplit
+    quotes as its "port" whatever follows the last ":" of the authority, a password when that
+    holds a "/" (``Port could not be cast to integer value as 'pw'``), and the whole authority
+    when NFKC normalization changes it; httpx quotes a host or port (``Invalid port: 'x'``).
+    The words before the first quote are kept (``Invalid port``)."""
+    if said.startswith("Port could not be cast"):
+        return "its port is not a number"
+    if said.startswith("netloc"):
+        return "its user, password, host or port changes under NFKC normalization"
+    return re.split(r"['\"]", said, maxsplit=1)[0].rstrip(" :,") or "the URL parser refused it"
 
 
 # ---------------------------------------------------------------- precise waiting

@@ -253,7 +253,9 @@ def run_live(
         update_manifest(out_path, {"engine": _merged_engine(out_path, engine)})
 
     try:
-        with engine_session(spec, out_path, plan=plan, on_start=on_start) as session:
+        # the whole set, the API key too: a pass without it would leave part of it
+        with engine_session(spec, out_path, plan=plan, on_start=on_start,
+                            secrets=secrets) as session:
             engine["ready_s"] = round(session.ready_s, 3)
             if session.ignored:  # before the first request: the run says what it measured
                 update_manifest(out_path, _ignored_in_manifest(out_path, session.ignored))

@@ -9,7 +9,10 @@ launched process group (``adapters.process.ServerProcess``): batchlab never meas
 it did not start while believing it did.
 
 A server that does not become ready raises ``EngineStartError`` quoting its argv and log tail:
-scrubbed here of the plan's secrets (``harness.redact``), so that no caller prints them.
+scrubbed here of the plan's secrets and those the caller adds (the replay's API key:
+``harness.redact``), so that no caller prints them. Every pass masks the run's whole set of
+secrets at once: a first pass without the API key would mask only the head it shares with
+another secret (``sk-PLANTED-``), and a later pass could no longer find the rest of it.
 
 Used by ``run_live`` (one replay), ``calibrate`` and ``validate`` (several replays).
 """
@@ -55,18 +58,20 @@ class EngineSession:
 @contextlib.contextmanager
 def engine_session(spec: TargetSpec, log_dir: Path, *, plan: LaunchPlan | None = None,
                    on_start: Callable[[ServerProcess], None] | None = None,
+                   secrets: frozenset[str] = frozenset(),
                    ) -> Iterator[EngineSession]:
     """Launch (or attach to) the engine ``spec`` describes and wait until it is ready.
 
     ``plan`` is ``plan_for(spec)`` when the caller already made it (to record it first);
     ``on_start`` sees a launched server as soon as it starts (to record its exit even when it
-    never becomes ready).
+    never becomes ready); ``secrets`` are scrubbed from its logs and start error besides the
+    plan's own (``plan_secrets``): the run's API key.
     A launched server's logs go to ``log_dir``; it is stopped when the block ends, also on
     an exception, Ctrl-C, SIGTERM or SIGHUP.
     """
     plan = plan or plan_for(spec)
     health = plan.base_url + plan.health_path
-    secrets = plan_secrets(plan)
+    secrets = plan_secrets(plan) | secrets
     if not plan.launch:
         # a running server answers at once or not at all: --ready-timeout-s may shorten the
         # wait, never lengthen it past ATTACH_READY_TIMEOUT_S (its 900 s default is a launch's)

@@ -37,7 +37,7 @@ def replay_argv(out: Path, *flags: str) -> list[str]:
 BAD_URLS = [
     ("http://127.0.0.1:99999", "Port out of range"),
     ("http://[::1", "Invalid IPv6 URL"),
-    ("http://127.0.0.1:abc", "Port could not be cast"),
+    ("http://127.0.0.1:abc", "its port is not a number"),
     ("http://127.0.0.1:0", "port 0"),
     ("ftp://127.0.0.1:8000", "scheme 'ftp'"),
     ("127.0.0.1:8000", "no http:// or https://"),
