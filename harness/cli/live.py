@@ -431,6 +431,13 @@ def _say_if_unfinished(run_dir: Path, summary: dict[str, Any]) -> None:
     else:  # a folder of an older batchlab: sends were not recorded
         said += "it recorded; requests in flight when it stopped are lost"
     print(said, file=sys.stderr)
+    engine = manifest.get("engine") or {}
+    if isinstance(engine, dict) and engine.get("mode") == "launch":
+        # batchlab stores no secret value, so nothing can scrub these logs after the fact
+        print(f"warning: {run_dir}'s server logs (*.log) were never scrubbed: they may hold "
+              "what the server printed (its argv, its environment). They are readable by "
+              "their owner only; delete them or mask them before sharing the folder",
+              file=sys.stderr)
 
 
 # ---------------------------------------------------------------- engines

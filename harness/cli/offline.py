@@ -104,7 +104,7 @@ def add_trace(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_trace(args: argparse.Namespace) -> int:
     import json
 
-    from harness.traces import describe
+    from harness.traces import arrivals_text, describe
 
     untimed = False
     try:
@@ -132,9 +132,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if untimed:
         print(f"requests  {d['num_requests']:,} (no timestamps)")
     else:
-        print(f"requests  {d['num_requests']:,} over {num(d['span_s'], 1)} s; mean rate "
-              f"{num(d['mean_rate_per_s'], 2)} req/s; inter-arrival CV "
-              f"{num(d['interarrival_cv'], 2)}")
+        print(f"requests  {d['num_requests']:,} {arrivals_text(trace)}")
     for label, name in (("prompt", "prompt_tokens"), ("output", "output_tokens")):
         print(f"{label:<10}tokens mean {num(d[name + '_mean'], 1)}, p50 {num(d[name + '_p50'])}, "
               f"p99 {num(d[name + '_p99'])}, max {num(d[name + '_max'])}")
@@ -352,9 +350,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             "digit); what was given is not one, and is not repeated here (it "
                             "may be the key itself)")
         api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise UserError(f"--api-key-env {args.api_key_env}: that environment variable is "
-                            "not set (or empty)")
+        if not api_key:  # the name is not repeated: a key pasted for it may be a name too
+            raise UserError("--api-key-env: the environment variable it names is not set (or "
+                            "empty; its name is not repeated here: it may be the key itself)")
     options = ServerOptions(host=args.host, port=args.port,
                             served_model_name=args.served_model_name,
                             tokenizer_path=args.tokenizer, log_level=args.log_level,

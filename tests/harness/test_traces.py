@@ -816,6 +816,11 @@ def test_cli_trace_info(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["trace", "info", "--trace", str(lengths), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["span_s"] is None and d["digest"] is None and d["prompt_tokens_max"] == 8014
+    # every request at one instant: no rate or CV to print, and it says why
+    assert main(["trace", "info", "--trace", "synthetic", "--num-requests", "5", "--rate", "inf",
+                 "--prompt-tokens", "3", "--output-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "requests  5 all at 0 s" in out and "n/a" not in out
 
 
 def test_cli_trace_errors_are_user_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]

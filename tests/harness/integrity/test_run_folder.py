@@ -269,8 +269,16 @@ def test_summarize_says_when_the_run_never_said_how_it_ended(
     capsys.readouterr()
     assert cli_main(["summarize", str(out)]) == 0
     # no process holds the folder (summarize refuses one that is held): killed outright
+    err = capsys.readouterr().err
     assert ("manifest still says 'running', and no batchlab process is writing it: the run "
-            "was killed outright") in capsys.readouterr().err
+            "was killed outright") in err
+    assert "server logs" not in err  # attached: batchlab launched no server, kept no log
+    # a launched server's logs are scrubbed only by the run that launched it
+    launched = {**manifest, "status": "running", "engine": {**(manifest.get("engine") or {}),
+                                                            "mode": "launch"}}
+    (out / "manifest.json").write_text(json.dumps(launched))
+    assert cli_main(["summarize", str(out)]) == 0
+    assert "server logs (*.log) were never scrubbed" in capsys.readouterr().err
     (out / "manifest.json").write_text(json.dumps(manifest))
     assert cli_main(["summarize", str(out)]) == 0
     assert "killed outright" not in capsys.readouterr().err
