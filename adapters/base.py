@@ -64,6 +64,9 @@ class LogCheck:
     pattern: str  # a regular expression, searched line by line
     runs_with: Any
     note: str
+    # knobs left unset whose value the plan derived from ``knob`` as asked (vLLM's token
+    # budget without chunking): the engine runs with the value the plan passed
+    derived: tuple[str, ...] = ()
 
     def found_in(self, log_text: str) -> bool:
         return re.search(self.pattern, log_text, re.MULTILINE) is not None

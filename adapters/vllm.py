@@ -119,7 +119,8 @@ CHUNKED_PREFILL_IGNORED = LogCheck(
     "chunked_prefill", r"Chunked prefill is enabled", True,
     "this vLLM logged \"Chunked prefill is enabled\": its release turns chunked prefill on "
     "whatever --no-enable-chunked-prefill says (vllm-project/vllm#18547; "
-    "vllm/engine/arg_utils.py EngineArgs._set_default_args @99d7eb5d)")
+    "vllm/engine/arg_utils.py EngineArgs._set_default_args @99d7eb5d)",
+    derived=("max_num_batched_tokens",))
 
 
 def log_checks(mapping: tuple[MappedKnob, ...]) -> tuple[LogCheck, ...]:

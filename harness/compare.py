@@ -400,6 +400,10 @@ class Comparison:
             "removed": [{"cell": c.name, "dir": str(c.run_dir)} for c in self.removed],
             "not_comparable": [d.as_json() for d in self.differences],
             "failed_checks": [f.as_json() for f in self.failed_checks],
+            # checks that passed for want of anything to regress from (``UnappliedCheck``)
+            "unapplied_checks": [{"cell": u.cell, "metric": u.check.metric.name,
+                                  "max_worse_pct": u.check.max_worse_pct, "reason": u.reason}
+                                 for u in self.unapplied_checks],
         }
 
 

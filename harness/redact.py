@@ -184,22 +184,40 @@ _FLAG_THEN_SPACE = re.compile(r"-[^=\s]*\s")
 _WORD = re.compile(r"(\S+)(\s*)")
 
 
-def _item_words(token: str) -> list[tuple[str, str]]:
+def _item_words(token: str, *, a_value: bool = False) -> list[tuple[str, str]]:
     """An argv item as the argv it would be split into: (word, the whitespace after it). An
     item that starts with a flag followed by whitespace (``"--api-key sk-1"``,
     ``"--port 80 --hf-token hf_x"``) is read as its words, so that a secret flag in it masks
     the value after it as in a split argv; any other item is one word (``"--api-key=a b"``
-    masks all of ``a b``, as a value after ``=`` always does)."""
-    if not _FLAG_THEN_SPACE.match(token):
+    masks all of ``a b``, as a value after ``=`` always does). So is an item that is
+    ``a_value``: the value of the secret flag before it (``--hf-token "-a b"``). Inside an item
+    read as words, a secret flag's ``=value`` runs on to the next flag
+    (``"--port 80 --api-key=my pass phrase"``: all of ``my pass phrase``)."""
+    if a_value or not _FLAG_THEN_SPACE.match(token):
         return [(token, "")]
-    return [(m.group(1), m.group(2)) for m in _WORD.finditer(token)]
+    words: list[tuple[str, str]] = []
+    for m in _WORD.finditer(token):
+        word, space = m.group(1), m.group(2)
+        if words and not word.startswith("-") and "=" in words[-1][0] \
+                and secret_flag(words[-1][0]):
+            last, gap = words[-1]
+            words[-1] = (last + gap + word, space)  # more of the value after "="
+        else:
+            words.append((word, space))
+    return words
+
+
+def _takes_value(token: str) -> bool:
+    """A secret flag whose value is the next argv item (no ``=``)."""
+    return "=" not in token and secret_flag(token)
 
 
 def _redact_flags(tokens: list[str]) -> list[str]:
     """Env assignments and values of secret flags of one flat argv masked; an item holding a
     flag and its value (``"--api-key sk-1"``) is masked as the two would be
     (``"--api-key ***"``)."""
-    items = [_item_words(token) for token in tokens]
+    items = [_item_words(token, a_value=k > 0 and _takes_value(tokens[k - 1]))
+             for k, token in enumerate(tokens)]
     words = iter(_redact_words([word for item in items for word, _ in item]))
     return ["".join(next(words) + space for _, space in item) for item in items]
 

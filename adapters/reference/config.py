@@ -193,6 +193,12 @@ class ReferenceConfig:
         if "preemption" in knobs.given_names() and "admission" not in given_reference:
             values.pop("admission", None)  # follows the given preemption (class doc)
         values.update(given_reference)
+        if (values.get("policy") == "static" and "preemption" in knobs.given_names()
+                and values.get("preemption") != "none"):
+            # as the served reference and TensorRT-LLM's STATIC_BATCH refuse it
+            raise ConfigError(f"preemption: the static policy reserves at admission and never "
+                              f"preempts, so preemption={values['preemption']} cannot apply "
+                              "(give none, or leave it unset)")
         if "max_num_batched_tokens" not in knobs.given_names():
             _whole_prefill_budget(values, model)
         return cls(model=model, gpu=gpu, profile=profile, cost_params=cost_params, **values)

@@ -282,8 +282,11 @@ def cut_off_text(outcome: ProbeOutcome, num_cut: int) -> str | None:
     if not (outcome.stopped and num_cut):
         return None
     done = (outcome.num_requests or 0) - (outcome.num_failed or 0)
-    return (f"of the {done} requests that finished only, not of the {num_cut} the early stop "
-            "cut off: a lower bound")
+    if done <= 0:  # nothing finished: there are no figures to bound
+        return (f"of no request: none finished before the early stop cut off {num_cut} "
+                f"{'request' if num_cut == 1 else 'requests'}")
+    return (f"of the {done} {'request' if done == 1 else 'requests'} that finished only, not "
+            f"of the {num_cut} the early stop cut off: a lower bound")
 
 
 def cut_off_fields(outcome: ProbeOutcome, num_cut: int) -> dict[str, Any]:

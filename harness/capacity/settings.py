@@ -140,6 +140,10 @@ def engine_settings(spec: TargetSpec) -> dict[str, Any]:
         from harness.sim.target import SimulatedTarget
 
         config = SimulatedTarget(spec).config().as_dict()
+        if config.get("reserve_last_token") is False:
+            # the behaviour of every engine before the setting existed: searches made then
+            # (which record no such key) resume
+            del config["reserve_last_token"]
         model_file = model_config_file(spec.model)
         if model_file is not None:  # a config.json by its path, however it was typed
             config["model"] = str(model_file.resolve())

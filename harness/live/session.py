@@ -48,11 +48,19 @@ class EngineSession:
     ignored: tuple[LogCheck, ...] = ()
 
     def ran_with(self, knobs: Knobs) -> Knobs:
-        """``knobs`` as the engine runs with them: a knob its log showed it ignored has the
-        value the engine ran with instead (what a simulation of the same run must use)."""
+        """``knobs`` as the engine runs with them (what a simulation of the same run must
+        use): a knob its log showed it ignored has the value the engine ran with instead,
+        and a knob left unset that the plan derived from it (``LogCheck.derived``) the value
+        the plan passed, given from now on."""
         if not self.ignored:
             return knobs
-        return replace(knobs, **{check.knob: check.runs_with for check in self.ignored})
+        values = {check.knob: check.runs_with for check in self.ignored}
+        passed = {m.knob: m.value for m in self.plan.mapping if m.status == "applied"}
+        for check in self.ignored:
+            values.update({name: passed[name] for name in check.derived
+                           if not knobs.is_given(name) and isinstance(passed.get(name), int)})
+        return replace(knobs, **values,
+                       given=frozenset(knobs.given_names()) | frozenset(values))
 
 
 @contextlib.contextmanager
@@ -103,7 +111,7 @@ def engine_session(spec: TargetSpec, log_dir: Path, *, plan: LaunchPlan | None =
             for check in ignored:
                 print(f"warning: {plan.engine}: {check.knob} not applied: "
                       f"{scrub_text(check.note, secrets)}", file=sys.stderr)
-            yield EngineSession(plan, server, ready_s, ignored)
+            yield EngineSession(_marked_ignored(plan, ignored), server, ready_s, ignored)
     finally:  # the server is gone: its logs may have printed its argv or environment
         scrub_files(log_dir, secrets)
 
@@ -125,6 +133,17 @@ def ignored_knobs(plan: LaunchPlan, logs: dict[Path, int]) -> tuple[LogCheck, ..
             f.seek(start)
             text += f.read(LOG_CHECK_BYTES).decode("utf-8", "replace") + "\n"
     return tuple(check for check in plan.log_checks if check.found_in(text))
+
+
+def _marked_ignored(plan: LaunchPlan, ignored: tuple[LogCheck, ...]) -> LaunchPlan:
+    """``plan`` with each knob the server ignored marked not applied in its mapping, with
+    why: what a run records of it (validate, calibrate)."""
+    if not ignored:
+        return plan
+    notes = {check.knob: check.note for check in ignored}
+    return replace(plan, mapping=tuple(
+        replace(m, status="not_applied", note=notes[m.knob]) if m.knob in notes else m
+        for m in plan.mapping))
 
 
 def _size(path: Path) -> int:

@@ -245,11 +245,19 @@ def test_checks_with_nothing_to_regress_from_are_not_said_to_pass(
     killed.mkdir()
     manifest = json.loads((run / "manifest.json").read_text())
     (killed / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
-    assert main(["compare", str(killed), str(run), "--fail-if", "ttft_s.p90=10"]) == 0
+    report = tmp_path / "cmp.json"
+    assert main(["compare", str(killed), str(run), "--fail-if", "ttft_s.p90=10",
+                 "--json", str(report)]) == 0
     out = capsys.readouterr().out
     assert "check not applied: killed vs continuous: ttft_s.p90 has nothing to regress from: " \
            "before has no summary (running" in out
     assert "\nchecks: none applied (1 check on 1 pair: nothing to regress from)\n" in out
+    # a job reading the JSON sees it too: a pass only for want of a baseline
+    record = json.loads(report.read_text())
+    assert record["failed_checks"] == []
+    [unapplied] = record["unapplied_checks"]
+    assert unapplied["metric"] == "ttft_s.p90" and unapplied["max_worse_pct"] == 10
+    assert unapplied["reason"].startswith("has nothing to regress from: before has no summary")
     # no SLO on either side: no goodput to regress from, the rest checked
     assert main(["compare", str(run), str(run), "--fail-if", "goodput.slo_attainment=1",
                  "--fail-if", "ttft_s.p90=10"]) == 0

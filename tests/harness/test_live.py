@@ -311,5 +311,30 @@ def test_a_session_gives_an_ignored_knob_the_value_the_engine_ran_with() -> None
     ran = EngineSession(plan, None, 0.0, plan.log_checks).ran_with(knobs)
     assert ran.chunked_prefill is True and ran.max_num_seqs == 8
     assert EngineSession(plan, None, 0.0).ran_with(knobs) is knobs
+    # the token budget batchlab derived for chunking off (max_model_len, with no budget
+    # given) is the one the engine ran with, chunking on: the simulation takes it too
+    asked = Knobs(chunked_prefill=False, max_model_len=16384,
+                  given=frozenset({"chunked_prefill", "max_model_len"}))
+    plan = vllm.VllmAdapter(model="m", port=1).plan(asked)
+    ran = EngineSession(plan, None, 0.0, plan.log_checks).ran_with(asked)
+    assert ran.chunked_prefill is True and ran.max_num_batched_tokens == 16384
+    assert ran.is_given("max_num_batched_tokens") and not ran.is_given("max_num_seqs")
     # asked on, or turned off through extra_args: nothing to check
     assert vllm.VllmAdapter(model="m", port=1).plan(Knobs()).log_checks == ()
+
+
+def test_a_session_marks_a_knob_its_server_ignored_in_the_plan_it_hands_on(
+        tmp_path: Path) -> None:
+    """validate and calibrate record the session's plan: its mapping says chunked prefill
+    was not applied, with why, as a replay's manifest does."""
+    from harness.live.session import engine_session
+
+    knobs = Knobs(chunked_prefill=False, max_num_batched_tokens=256, max_model_len=128)
+    spec = TargetSpec("vllm", "launch", knobs=knobs, model="tiny-model",
+                      executable=fake_python(tmp_path, "--ignore-no-chunking"),
+                      ready_timeout_s=60)
+    with engine_session(spec, tmp_path / "logs") as session:
+        mapped = {m.knob: m for m in session.plan.mapping}
+    assert mapped["chunked_prefill"].status == "not_applied"
+    assert "#18547" in mapped["chunked_prefill"].note
+    assert mapped["max_num_seqs"].status == "applied"

@@ -90,3 +90,19 @@ def test_from_knobs_unset_knobs_keep_the_reference_defaults() -> None:
     assert (c.max_num_seqs, c.resolved_admission) == (8, "reserve")
     assert c.max_num_batched_tokens == default.max_num_batched_tokens
     assert c.effective_knobs()["max_num_batched_tokens"] == default.max_num_batched_tokens
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_the_static_policy_refuses_a_preemption_it_cannot_apply(preemption: str) -> None:
+    """The static policy reserves at admission and never preempts: a preemption asked for
+    with it is refused, as the served reference and TensorRT-LLM's STATIC_BATCH refuse it
+    (it used to be recorded and silently do nothing). Unset or none is the policy's own."""
+    with pytest.raises(ConfigError, match=f"preemption={preemption} cannot apply"):
+        ReferenceConfig.from_knobs(Knobs(policy="static", preemption=preemption,
+                                         given=frozenset({"policy", "preemption"})),
+                                   model="llama-3.1-8b", gpu="h100-sxm")
+    for given in (frozenset({"policy"}), frozenset({"policy", "preemption"})):
+        config = ReferenceConfig.from_knobs(
+            Knobs(policy="static", preemption="none" if "preemption" in given else preemption,
+                  given=given), model="llama-3.1-8b", gpu="h100-sxm")
+        assert config.resolved_admission == "reserve"

@@ -76,3 +76,30 @@ def test_a_stopped_probe_that_cut_nothing_off_says_nothing_of_its_latencies(
     assert probe_verdict(stopped, 0.99, tmp_path) == (
         "SLO attainment 90.0% (2 of 20 requests failed), failed; stopped early: "
         "over-saturated: ...")
+
+
+def test_a_stopped_probe_with_nothing_finished_has_no_latencies_to_bound(
+        tmp_path: Path) -> None:
+    """Every request cut off: there are no latency figures, so none is called a lower bound."""
+    (tmp_path / "rate-200").mkdir()
+    (tmp_path / "rate-200" / "summary.json").write_text(json.dumps(
+        {"failures": {"not_finished": 40}, "num_failed": 40}))
+    stopped = ProbeOutcome(load=200, attainment=0.0, passed=False, num_failed=40,
+                           num_requests=40, stopped="over-saturated: ...", run_dir="rate-200")
+    verdict = probe_verdict(stopped, 0.99, tmp_path)
+    assert verdict.endswith("its latencies are of no request: none finished before the early "
+                            "stop cut off 40 requests")
+    assert "lower bound" not in verdict
+
+
+def test_searches_made_before_reserve_last_token_existed_keep_their_settings_digest() -> None:
+    """The reference's settings a search is made from leave out ``reserve_last_token`` where
+    it is false, every engine's behaviour before the setting existed: an older search.json
+    (no such key) resumes. A TensorRT-LLM profile, which sets it, records it."""
+    from harness.capacity.settings import engine_settings
+    from harness.target import TargetSpec
+
+    assert "reserve_last_token" not in engine_settings(TargetSpec("reference", "simulate"))
+    trt = engine_settings(TargetSpec("reference", "simulate", profile="trtllm-h100-sxm",
+                                     gpu="h100-sxm"))
+    assert trt["reserve_last_token"] is True

@@ -259,3 +259,19 @@ def test_a_parser_message_is_shown_without_what_it_quotes() -> None:
         "u: 'http://h:99999': not an http(s)://host[:port] URL (Port out of range 0-65535)")
     why = target_url_problem("http://999.1.1.1:80", "u")
     assert why is not None and why.endswith("(Invalid IPv4 address)")
+
+
+def test_a_value_with_spaces_is_masked_whole_in_an_item_read_as_words() -> None:
+    """In an item read as its words, a secret flag's ``=value`` runs on to the next flag; an
+    item after a secret flag is its value, whatever it looks like."""
+    from harness.redact import redact_argv, secret_values
+
+    argv = ["x", "--extra-arg", "--port 80 --api-key=my pass phrase"]
+    assert redact_argv(argv) == ["x", "--extra-arg", "--port 80 --api-key=***"]
+    assert secret_values(argv=argv) == frozenset({"my pass phrase"})
+    argv = ["x", "--hf-token", "-abc def"]
+    assert redact_argv(argv) == ["x", "--hf-token", "***"]
+    assert secret_values(argv=argv) == frozenset({"-abc def"})
+    # a flag after the value ends it
+    assert redact_argv(["x", "--extra-arg", "--api-key sk-PLANTED-1 --port 80"]) == [
+        "x", "--extra-arg", "--api-key *** --port 80"]
