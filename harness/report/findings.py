@@ -6,10 +6,12 @@ served over HTTP: ``is_prediction``), the gap must also exceed what the predicti
 to miss by for that kind of figure (throughput, TTFT, TPOT/ITL: ``METRIC_KINDS``): the median
 |error| each predicted side's record quotes for it (``_Margin``). A gap within that error is
 said to be within the predictions' known error, naming it; one beside a prediction whose error
-of that kind was never measured (or not recorded) is given as its figures and change, saying
-so. Neither crowns a leader or is said to have risen or fallen. Two measurements compare as
-they always did, and so do predictions of one model on one GPU by one predictor that differ in
-their settings only (``_one_predictor``): its known error is of absolute figures.
+of that kind was never measured (or not recorded), or was measured only on other models, GPUs
+or data types than its own (the record's coverage, as the tables' notes say), is given as its
+figures and change, saying so. Neither crowns a leader or is said to have risen or fallen.
+Two measurements compare as they always did, and so do predictions of one model on one GPU by
+one predictor that differ in their settings only (``_one_predictor``): its known error is of
+absolute figures.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.metrics import PACE_TOLERANCE, Pace, flatten
-from harness.prediction import accuracy, recorded_prediction
+from harness.prediction import accuracy, kind_coverage_note, recorded_prediction
 from harness.report.context import (
     ReportContext,
     class_name,
@@ -100,7 +102,8 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         out.append(answer)
     out += [*ctx.notes, *slo_notes(ok)]
     behind = ([] if any(r.source == "search" for r in capacity)
-              else [*_behind_finding(ok), *_pace_unread_finding(ok)])
+              else [*_behind_finding(ok), *_pace_unchecked_finding(ok),
+                    *_pace_unread_finding(ok)])
     if len(ok) == 1:
         sentence = _single_run_sentence(ok[0])
         out.append(sentence if len(cells) == 1 else
@@ -343,6 +346,54 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
     return [text]
 
 
+def _pace_unchecked(pace: Pace | None) -> bool:
+    """A pace check that was made but could not tell: arrivals too short to show a steady
+    state (``Pace.settled`` False), and no queue plainly growing over them (``Pace.swamped``):
+    the run neither kept pace nor is said to have fallen behind."""
+    return pace is not None and not pace.kept and not pace.overloaded
+
+
+def _pace_unchecked_finding(ok: Sequence[CellResult]) -> list[str]:
+    """The runs whose pace check (``_behind_finding``) could not tell whether they kept pace
+    (``_pace_unchecked``), with why (``Pace.why``: their arrivals against their decode time)
+    and what that leaves open, which their comparisons below carry: had one kept pace, its
+    throughput is the load offered (a ratio to a cell that fell behind a lower bound); had it
+    fallen behind, its waits are those of the trace's length. Neither is said of it."""
+    unchecked = [(c, c.pace) for c in ok if _pace_unchecked(c.pace)]
+    if not unchecked:
+        return []
+
+    def why(pace: Pace | None) -> str:
+        # the check's words: "too short to show a steady state: its arrivals last 64.5 s, ..."
+        return (pace.why if pace is not None and pace.why
+                else "too short to show a steady state")
+
+    def whose(c: CellResult, pace: Pace | None) -> str:
+        """"`a`'s arrivals last 64.5 s, under 4 times its decode time p90 (18.1 s)"."""
+        detail = why(pace).partition(": ")[2]
+        return (f"{code(c.name)}'s {detail.removeprefix('its ')}" if detail.startswith("its ")
+                else f"{code(c.name)} {why(pace)}")
+
+    one = len(unchecked) == 1
+    if one:
+        c, pace = unchecked[0]
+        who = "the engine" if len(ok) == 1 else code(c.name)
+        head = (f"Whether {who} kept pace with its arrivals could not be checked, its run "
+                f"being {why(pace)}.")
+    else:
+        head = (f"Whether {_and([c.name for c, _ in unchecked])} kept pace with their "
+                "arrivals could not be checked, each run being too short to show a steady "
+                "state: " + "; ".join(whose(c, p) for c, p in unchecked) + ".")
+    behind = any(c.pace is not None and c.pace.overloaded for c in ok)
+    ratio = (f", and a throughput ratio between {'it' if one else 'one'} and a cell that fell "
+             "behind a lower bound on the difference in what they can serve" if behind else "")
+    return [head + f" {'It' if one else 'Each'} may have served all the load offered to it, its "
+            f"output throughput then that load's, not what it could serve{ratio}; or have "
+            "fallen behind, its TTFT and E2E then those of this trace's length, not of a steady "
+            f"state. The comparisons below that involve {'it' if one else 'them'} carry both "
+            "cautions; a trace with more requests tells which holds."]
+
+
 def _pace_unread_finding(ok: Sequence[CellResult]) -> list[str]:
     """The runs whose pace check (``_behind_finding``) could not be made, their
     requests.parquet being unreadable (``CellResult.pace_unread``): whether they fell behind
@@ -440,14 +491,18 @@ class _Margin:
     count as a difference: ``within``, the larger of ``SAME_WITHIN`` and the median |error|
     each predicted cell's record quotes for that kind (a profile's on held-out figures, the
     catalog's on every figure). ``unknown`` and ``unrecorded``: predicted cells whose error of
-    that kind was never measured, or whose run recorded no prediction record: beside them a
-    gap's meaning is not known. Between measurements alone: ``SAME_WITHIN``, as always."""
+    that kind was never measured, or whose run recorded no prediction record; ``uncovered``:
+    those whose error of that kind was measured only on figures of other models, GPUs or data
+    types than theirs (the record's coverage: ``kind_coverage_note``, the notes under the
+    tables): beside any of them a gap's meaning is not known. Between measurements alone:
+    ``SAME_WITHIN``, as always."""
 
     kind: str
     within: float = SAME_WITHIN
     quoted: tuple[str, ...] = ()  # the cells whose error sets ``within`` (above SAME_WITHIN)
     unknown: tuple[str, ...] = ()
     unrecorded: tuple[str, ...] = ()
+    uncovered: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, cells: Iterable[CellResult], kind: str) -> _Margin:
@@ -457,9 +512,10 @@ class _Margin:
         errors: dict[str, float] = {}
         unknown: list[str] = []
         unrecorded: list[str] = []
+        uncovered: list[str] = []
         for c in cells:
             found = recorded_prediction(c.manifest.get("engine"))
-            if found is None or c.name in errors or c.name in unknown + unrecorded:
+            if found is None or c.name in errors or c.name in unknown + unrecorded + uncovered:
                 continue  # a measurement, or a cell already counted
             record = found[0]
             acc = accuracy(record) if record is not None else None
@@ -469,16 +525,19 @@ class _Margin:
                 unrecorded.append(c.name)
             elif median is None or missing(median):
                 unknown.append(c.name)
+            elif kind_coverage_note(record, kind):  # measured, but never on figures like its
+                uncovered.append(c.name)
             else:
                 errors[c.name] = float(median)
         within = max([SAME_WITHIN, *errors.values()])
         quoted = tuple(n for n, v in errors.items() if v == within > SAME_WITHIN)
-        return cls(kind, within, quoted, tuple(unknown), tuple(unrecorded))
+        return cls(kind, within, quoted, tuple(unknown), tuple(unrecorded), tuple(uncovered))
 
     @property
     def known(self) -> bool:
-        """Every predicted cell's error of this kind is known (or none is predicted)."""
-        return not self.unknown and not self.unrecorded
+        """Every predicted cell's error of this kind is known, for its own model, GPU and data
+        types (or none is predicted)."""
+        return not self.unknown and not self.unrecorded and not self.uncovered
 
     def gap(self, ratio: float, same: bool) -> str:
         """What a gap between two figures (``ratio``, one over the other) is: "same" (``same``:
@@ -493,8 +552,9 @@ class _Margin:
 
     def why(self, pair: int = 0) -> str:
         """Why a gap is not known to be a difference: "the TTFT error of `a` was never
-        measured", "predicted TTFT of `b` misses by a median 14.0%" (both, "; "-joined, where
-        both hold). ``pair``: the number of cells compared, when two, that the sentence names
+        measured", "the TTFT error of `c` was never measured for its model, GPU and data
+        types", "predicted TTFT of `b` misses by a median 14.0%" ("; "-joined, where several
+        hold). ``pair``: the number of cells compared, when two, that the sentence names
         already: "... for either" when it is both of them."""
         parts = []
         either = pair == 2
@@ -507,6 +567,14 @@ class _Margin:
                          if either and len(self.unrecorded) == 2 else
                          f"no error is recorded in the run"
                          f"{'s' if len(self.unrecorded) > 1 else ''} of {_and(self.unrecorded)}")
+        if self.uncovered:
+            its = "their" if len(self.uncovered) > 1 else "its"
+            if self.unknown:  # "the TTFT error of `a` was never measured, nor that of `b` ..."
+                parts[0] += (f", nor that of {_and(self.uncovered)} for {its} model, GPU and "
+                             "data types")
+            else:
+                parts.append(f"the {self.kind} error of {_and(self.uncovered)} was never "
+                             f"measured for {its} model, GPU and data types")
         if self.known and self.quoted:
             parts.append(f"predicted {self.kind} of {_and(self.quoted)} misses by a median "
                          f"{fmt_pct(self.within)}")
@@ -514,6 +582,10 @@ class _Margin:
 
 
 MAX_ONE_KNOB_PAIRS = 3  # pairs of non-baseline cells a knob or two apart, compared directly
+# knobs that change how much KV memory an engine has by design: a gap between cells apart only
+# in these that comes through memory is the knobs' effect, not a confound of it
+MEMORY_KNOBS = ("weights_dtype", "kv_cache_dtype", "gpu_memory_utilization",
+                "tensor_parallel_size")
 
 
 def _one_knob_findings(whole: Sequence[CellResult], base: CellResult | None) -> list[str]:
@@ -522,7 +594,10 @@ def _one_knob_findings(whole: Sequence[CellResult], base: CellResult | None) -> 
     budget): each is compared with the baseline, never with the other, though what that
     change does may be the question. The later cell against the earlier, at one load, on one
     engine and predictor; the pairs one knob apart, else those two apart, and only when there
-    are a few (a sweep's neighbours are its own findings': ``_batch_size_findings``)."""
+    are a few (a sweep's neighbours are its own findings': ``_batch_size_findings``). Where
+    their engine configurations differ in a setting besides the knobs too (the reference's
+    admission follows its preemption: ``_other_settings``), the pair is said to be apart in
+    that as well, not "only" in the knob."""
     cells = [c for c in whole if c is not base and c.knobs]
     if len({c.load for c in whole}) > 1:
         return []
@@ -532,8 +607,7 @@ def _one_knob_findings(whole: Sequence[CellResult], base: CellResult | None) -> 
             if (a.engine, a.mode, predictor(a.manifest.get("engine"))) != \
                     (b.engine, b.mode, predictor(b.manifest.get("engine"))):
                 continue
-            differ = [k for k in dict.fromkeys([*a.knobs, *b.knobs])
-                      if value_text(a.knobs.get(k)) != value_text(b.knobs.get(k))]
+            differ = _differing_knobs(a, b)
             if len(differ) in by_count and "max_num_seqs" not in differ:
                 by_count[len(differ)].append((a, b, differ))
     pairs = by_count[1] or by_count[2]
@@ -542,10 +616,65 @@ def _one_knob_findings(whole: Sequence[CellResult], base: CellResult | None) -> 
     out = []
     for a, b, differ in pairs:
         _, text = _comparison(b, a)
-        if text:
-            out.append(f"Apart only in {' and '.join(differ)} ({_knob_values(b, differ)} in "
-                       f"{code(b.name)}, {_knob_values(a, differ)} in {code(a.name)}): {text}")
+        if not text:
+            continue
+        apart = (f"{' and '.join(differ)} ({_knob_values(b, differ)} in {code(b.name)}, "
+                 f"{_knob_values(a, differ)} in {code(a.name)})")
+        settings = _other_settings(a, b)
+        if not settings:
+            out.append(f"Apart only in {apart}: {text}")
+            continue
+        # an engine setting besides the knobs differs too: the knob set it (reference
+        # admission follows preemption), or the scenario set it
+        derived = [k for k, set_by_knob in settings.items() if set_by_knob]
+        given = [k for k, set_by_knob in settings.items() if not set_by_knob]
+        said = ""
+        if derived:
+            said += (f", and with {'it' if len(differ) == 1 else 'them'} "
+                     f"{_setting_values(a, b, derived)}")
+        if given:
+            said += f", and in {_setting_values(a, b, given)}"
+        out.append(f"Apart in {apart}{said}: {text}")
     return out
+
+
+# engine settings that are no knob and no difference of setting: what a run ran on, or said of
+# KV memory by the comparison itself (``_comparison``: its KV cache's tokens)
+_NOT_SETTINGS = frozenset({"model", "gpu", "tp", "cost_model", "cost_model_digest",
+                           "num_gpu_blocks"})
+
+
+def _other_settings(a: CellResult, b: CellResult) -> dict[str, bool]:
+    """The engine settings besides the knobs in which ``a`` and ``b``'s resolved engine
+    configurations (``engine_config``: the reference's) differ, each True when neither
+    cell's scenario engine set it, so that a knob did (preemption "none" means reserve
+    admission), False when the scenario did."""
+    ca, cb = engine_config(a), engine_config(b)
+    knobs = {*a.knobs, *b.knobs}
+    out = {}
+    for key in dict.fromkeys([*ca, *cb]):
+        if key in knobs or key in _NOT_SETTINGS or value_text(ca.get(key)) == value_text(
+                cb.get(key)):
+            continue
+        given = [c.cell.get("engine") for c in (a, b)]
+        out[key] = not any(isinstance(e, Mapping) and e.get(key) is not None for e in given)
+    return out
+
+
+def _setting_values(a: CellResult, b: CellResult, keys: Sequence[str]) -> str:
+    """"admission (reserve in `b`, optimistic in `a`)": engine settings ``keys`` as each
+    cell's configuration (``engine_config``) has them, ``b`` first."""
+    ca, cb = engine_config(a), engine_config(b)
+    return (f"{' and '.join(keys)} ({' and '.join(value_text(cb.get(k)) for k in keys)} in "
+            f"{code(b.name)}, {' and '.join(value_text(ca.get(k)) for k in keys)} in "
+            f"{code(a.name)})")
+
+
+def _differing_knobs(a: CellResult, b: CellResult) -> list[str]:
+    """The knobs (as they took effect) whose values differ between ``a`` and ``b``, in the
+    order they are named."""
+    return [k for k in dict.fromkeys([*a.knobs, *b.knobs])
+            if value_text(a.knobs.get(k)) != value_text(b.knobs.get(k))]
 
 
 def _knob_values(c: CellResult, names: Sequence[str]) -> str:
@@ -740,9 +869,16 @@ def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:
         return 0.0, ""
     kv_c, kv_b = _kv_tokens(c), _kv_tokens(b)
     if kv_c and kv_b and not 0.5 <= kv_c / kv_b <= 2:  # a memory difference, not a policy's
-        text += (f" (its KV cache holds {fmt_ratio(kv_c / kv_b)} the tokens of "
-                 f"{code(b.name)}'s, {fmt_int(kv_c)} against {fmt_int(kv_b)}: part of the "
-                 "difference may be memory, not scheduling)")
+        held = (f"its KV cache holds {fmt_ratio(kv_c / kv_b)} the tokens of {code(b.name)}'s, "
+                f"{fmt_int(kv_c)} against {fmt_int(kv_b)}")
+        differ = _differing_knobs(c, b)
+        if differ and set(differ) <= set(MEMORY_KNOBS):
+            # memory is what was varied: the difference coming through it is no confound
+            text += (f" ({held}: {' and '.join(differ)} "
+                     f"{'change' if len(differ) > 1 else 'changes'} KV memory by design, and "
+                     "part of the difference may come through it)")
+        else:
+            text += f" ({held}: part of the difference may be memory, not scheduling)"
     predicted = [x for x in (c, b) if is_prediction(x.manifest)]
     if len(predicted) == 1:  # a prediction against a measurement: not an engine difference
         text += (f" ({code(predicted[0].name)} is predicted, the other measured: the difference "
@@ -1041,10 +1177,12 @@ def _batch_size_findings(cells: Sequence[CellResult], slo: Mapping[str, float] |
             best = max(meeting, key=lambda c: int(knob(c, "max_num_seqs")))
             out.append(
                 f"The largest max_num_seqs whose TPOT p90 meets the {fmt_seconds(tpot_slo)} "
-                f"TPOT SLO is {knob(best, 'max_num_seqs')} ({code(best.name)}: TPOT p90 "
+                f"TPOT SLO is {knob(best, 'max_num_seqs')}{_of_those_tried(pts, best)} "
+                f"({code(best.name)}: TPOT p90 "
                 f"{fmt_seconds(get(best.summary, 'tpot_s.p90'))}, "
                 f"{fmt_number(get(best.summary, 'throughput.output_tokens_per_s'), 'tok/s')}"
-                f"{margin_caveat(best, get(best.summary, 'tpot_s.p90'), tpot_slo, 'TPOT/ITL')})."
+                f"{margin_caveat(best, get(best.summary, 'tpot_s.p90'), tpot_slo, 'TPOT/ITL')})"
+                f"{_next_tried(pts, best, tpot_slo)}."
             )
         else:
             out.append(f"No max_num_seqs tried kept TPOT p90 within the "
@@ -1175,9 +1313,38 @@ def _latency_sensitive(group: Sequence[CellResult], tpot_slo: float, where: str)
     best = max(meeting, key=lambda c: int(knob(c, "max_num_seqs")))
     tpot = get(best.summary, "tpot_s.p90")
     return (f"Latency-sensitive{where}: the largest max_num_seqs whose TPOT p90 meets the "
-            f"{fmt_seconds(tpot_slo)} TPOT SLO is {knob(best, 'max_num_seqs')} "
-            f"({code(best.name)}: TPOT p90 {fmt_seconds(tpot)}"
-            f"{margin_caveat(best, tpot, tpot_slo, 'TPOT/ITL')}).")
+            f"{fmt_seconds(tpot_slo)} TPOT SLO is {knob(best, 'max_num_seqs')}"
+            f"{_of_those_tried(group, best)} ({code(best.name)}: TPOT p90 {fmt_seconds(tpot)}"
+            f"{margin_caveat(best, tpot, tpot_slo, 'TPOT/ITL')})"
+            f"{_next_tried(group, best, tpot_slo)}.")
+
+
+def _above(cells: Sequence[CellResult], best: CellResult) -> CellResult | None:
+    """The cell with the next max_num_seqs tried above ``best``'s, None when it is the
+    largest."""
+    larger = [c for c in cells if int(knob(c, "max_num_seqs")) > int(knob(best, "max_num_seqs"))]
+    return min(larger, key=lambda c: int(knob(c, "max_num_seqs"))) if larger else None
+
+
+def _of_those_tried(cells: Sequence[CellResult], best: CellResult) -> str:
+    """After the largest cap that meets a TPOT SLO: " of those tried", or ", the largest
+    tried": only the caps a sweep tried are known to meet it or not."""
+    return " of those tried" if _above(cells, best) is not None else ", the largest tried"
+
+
+def _next_tried(cells: Sequence[CellResult], best: CellResult, tpot_slo: float) -> str:
+    """After the largest cap ``best`` that meets a TPOT SLO: the next cap tried, which does
+    not, and that one between them, never tried, may ('' when ``best`` is the largest)."""
+    above = _above(cells, best)
+    if above is None:
+        return ""
+    tpot = get(above.summary, "tpot_s.p90")
+    misses = ("has no TPOT p90" if missing(tpot)
+              else f"misses it (TPOT p90 {fmt_seconds_against(float(tpot), tpot_slo)})")
+    between = (": a cap between them, never tried, may meet it"
+               if int(knob(above, "max_num_seqs")) > int(knob(best, "max_num_seqs")) + 1 else "")
+    return (f"; {knob(above, 'max_num_seqs')}, the next tried ({code(above.name)}), "
+            f"{misses}{between}")
 
 
 def _throughput_first(group: Sequence[CellResult], where: str) -> str:

@@ -366,7 +366,8 @@ def throughput_over_time(series: Mapping[str, tuple[np.ndarray, np.ndarray]], pa
 
 def batch_size_sweep(points: Sequence[SweepPoint], path: Path, *,
                      tpot_slo_s: float | None = None, note: str | None = None) -> Path | None:
-    """TPOT (p50, p90) and output throughput against max_num_seqs."""
+    """TPOT (p50, p90) and output throughput against max_num_seqs: the cap on the running
+    batch each cell set, not the batch that ran, which is titled and labelled so."""
     points = [p for p in points if p.max_num_seqs > 0]
     if len({p.max_num_seqs for p in points}) < 2:
         return None
@@ -391,12 +392,13 @@ def batch_size_sweep(points: Sequence[SweepPoint], path: Path, *,
         ax.xaxis.set_major_locator(ticker.FixedLocator(caps))
         ax.xaxis.set_minor_locator(ticker.NullLocator())
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xlabel("max_num_seqs")
+        # the cap a sweep sets, not the batch that ran (its running mean is lower)
+        ax.set_xlabel("max_num_seqs (the cap on the running batch)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best", fontsize="small")
-    ax_tpot.set_title("TPOT against batch size")
-    ax_tp.set_title("Throughput against batch size")
+    ax_tpot.set_title("TPOT against max_num_seqs")
+    ax_tp.set_title("Throughput against max_num_seqs")
     return _save(fig, path, note)
 
 
@@ -422,6 +424,28 @@ class CurveLine:
     ttft_p90_s: Sequence[float | None]
     stopped: Sequence[bool] = ()  # stopped early (over-saturated): partial figures, marked x
     capacity: CapacityMark | None = None  # marked where the line reaches its load
+    # what its loads are (``curves.Series.kind``: "rate", "time_scale", "concurrency"), which
+    # the points' labels and the panel's title say; "" when not known: the numbers alone
+    load_kind: str = ""
+
+
+# what the points' load labels are, by the kind of load, in the TTFT panel's title
+_LOAD_UNITS = {"rate": "labelled in req/s", "concurrency": "labelled in users",
+               "time_scale": "labelled with the time scale"}
+
+
+def _load_label(load: float, kind: str) -> str:
+    """A point's load label: "2" (a rate or users, the title saying which), "time ×2" (a
+    time scale: the recorded arrivals slowed twice, no count of anything)."""
+    return f"time ×{load:g}" if kind == "time_scale" else f"{load:g}"
+
+
+def _load_title(lines: Sequence[CurveLine]) -> str:
+    """What the TTFT panel's point labels are: "labelled in req/s", or "labelled with their
+    load" when the lines' kinds of load differ or are not known."""
+    kinds = {line.load_kind for line in lines}
+    said = _LOAD_UNITS.get(next(iter(kinds))) if len(kinds) == 1 else None
+    return said or "labelled with their load"
 
 
 # where a point's label may go, in points from the point, tried in turn: right and up first
@@ -507,7 +531,7 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
                 ax.axvline(at, color=color, linestyle="-.", linewidth=1.2,
                            label=_capacity_label(line, len(lines) > 1, criterion=not shared))
             capacities += 1
-        labels += [(f"{load:g}", xv, yv, color) for load, xv, yv in
+        labels += [(_load_label(load, line.load_kind), xv, yv, color) for load, xv, yv in
                    zip(line.loads, x, arr(line.ttft_p90_s, 1e3), strict=True)
                    if np.isfinite(xv) and np.isfinite(yv) and yv > 0]
     if shared and capacities:
@@ -516,7 +540,8 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
             ax.plot([], [], color="0.3", linestyle="-.", linewidth=1.2,
                     label=f"capacity: {_criterion(target)}")
     ax_ttft.set_yscale("log")  # queueing makes TTFT grow by orders of magnitude
-    ax_ttft.margins(x=0.08)  # room on the right for the last point's label
+    # room on the right for the last point's label ("time ×2" needs more than "6.169")
+    ax_ttft.margins(x=0.08 if all(len(text) <= 5 for text, *_ in labels) else 0.14)
     _label_points(ax_ttft, labels)
     for ax, key, title in ((ax_tpot, "tpot_s", "TPOT p50 / p90 (ms)"),
                            (ax_ttft, "ttft_s", "TTFT p90 (ms)")):
@@ -532,7 +557,7 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
     ax_tpot.set_ylim(bottom=0)
     _log_labels(ax_ttft.yaxis)
     ax_tpot.set_title("Throughput against TPOT")
-    ax_ttft.set_title("Throughput against TTFT (points labelled with their load)")
+    ax_ttft.set_title(f"Throughput against TTFT (points {_load_title(lines)})")
     return _save(fig, path, note)
 
 

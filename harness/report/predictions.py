@@ -394,7 +394,9 @@ def _slo_latencies(slo: Mapping[str, Any] | None, cells: Sequence[CellResult]) -
 def margin_caveat(c: CellResult, value: float, limit: float, kind: str) -> str:
     """A phrase for a finding that a predicted figure of ``kind`` (one of ``KINDS``) is within
     ``limit``: when the margin is smaller than that kind's measured median error, the finding
-    may not hold on hardware; '' for a measured cell, or a margin wider than the error."""
+    may not hold on hardware; '' for a measured cell, or a margin wider than the error. An
+    error measured only on other models, GPUs or data types than the cell's (the record's
+    coverage: ``kind_coverage_note``) is no error known for it."""
     found = recorded_prediction(c.manifest.get("engine"))
     if found is None or limit <= 0:
         return ""
@@ -402,6 +404,9 @@ def margin_caveat(c: CellResult, value: float, limit: float, kind: str) -> str:
     acc = accuracy(record)
     error = acc.by_kind.get(kind) if acc is not None else None
     margin = 1 - value / limit
+    if error is not None and error.median is not None and kind_coverage_note(record, kind):
+        return (f"; predicted, {fmt_pct(margin)} within the limit, with an error never "
+                f"measured for predicted {kind} of its model, GPU and data types")
     if error is None or error.median is None:
         return (f"; predicted, {fmt_pct(margin)} within the limit, with an error "
                 f"{_unknown_error_text(record, acc, kind)}")

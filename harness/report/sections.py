@@ -22,10 +22,12 @@ from harness.report.curves import (
     Baselines,
     BatchRow,
     CapacityRow,
+    CurvePoint,
     Series,
     capacity_ratio,
     capacity_text,
     cell_setting,
+    find_searches,
     num_cut_off,
     roofline_of,
 )
@@ -337,9 +339,12 @@ def latency_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
                 "for two-fold and more; 1/20 for a fall to a twentieth or less), here and in "
                 "the tables below."
                 if bases.compared() else "."), "", *tails_note(ok)]
-    cut = [(c, n) for c in ok if (n := num_cut_off(c.summary))]
+    # cells with percentiles (a request finished) that leave out those cut off
+    cut = [(c, n) for c in ok if (n := num_cut_off(c.summary))
+           and get(c.summary, "num_completed")]
     if cut:
-        lines += ["Stopped early: " + ", ".join(f"{code(c.name)} cut off {n:,} requests"
+        lines += ["Stopped early: " + ", ".join(f"{code(c.name)} cut off {n:,} request"
+                                               + ("" if n == 1 else "s")
                                                for c, n in cut)
                   + (": its" if len(cut) == 1 else ": their")
                   + " percentiles are of the requests that finished only, a lower bound "
@@ -611,9 +616,13 @@ def curves_section(series: Sequence[Series], has_plot: bool,
     """Each setting across its load points: tokens/s, TPOT, TTFT and SLO attainment, with
     how accurate each kind of figure of a predicted cell was measured to be. ``cells``: the
     report's, the points' among them. ``target``: the attainment a capacity search asked
-    for; a point that missed it says so before any other reason it failed."""
+    for, heeded only where one measured a setting of ``cells`` (``_search_target``): every
+    point below it is marked failed, saying so before any other reason it failed. Where
+    none did, no target is spoken of, nor anything failed: a point is marked only where its
+    engine fell behind."""
     if not series:
         return []
+    target, judged = _search_target(series, cells, target)
     labels = row_labels(cells)
     names = {p.cell for s in series for p in s.points}
     shown = [c for c in cells if c.name in names]
@@ -627,13 +636,9 @@ def curves_section(series: Sequence[Series], has_plot: bool,
         # a point whose goodput `batchlab summarize --slo` recomputed says under which SLO
         several = len({json.dumps(p.slo, sort_keys=True) for p in s.points}) > 1
         for p in s.points:
-            behind = p.behind.split(":")[0] if p.behind else None
-            if (behind and target is not None and p.attainment is not None
-                    and p.attainment < target):  # the SLO missed first, then the pace
-                behind = f"below the {fmt_pct(target)} target; also {behind}"
             att = fmt_attainment(p.attainment) + (
                 f" ({fmt_attainment(p.under_way[0])} once under way)" if p.under_way else ""
-            ) + (" (stopped early)" if p.stopped else f" (failed: {behind})" if behind else "")
+            ) + (" (stopped early)" if p.stopped else _point_mark(p, target, judged))
             if several:
                 att += f" under {slo_text(p.slo)}" if p.slo else " (no SLO)"
             bound = "≥ " if p.num_cut_off else ""  # of the requests that finished only
@@ -646,7 +651,8 @@ def curves_section(series: Sequence[Series], has_plot: bool,
                   table(["load", "cell", "output tok/s", "TPOT p50", "TPOT p90", "TTFT p90",
                          "SLO attainment"], rows, align=("r", "l", "r", "r", "r", "r", "r")),
                   ""]
-    cut = [p for s in series for p in s.points if p.num_cut_off]
+    cut = [p for s in series for p in s.points if p.num_cut_off and any(
+        v is not None for v in (p.tpot_p50_s, p.tpot_p90_s, p.ttft_p90_s))]  # a "≥" shown
     if cut:
         lines += ["≥: a load point stopped early; its TPOT and TTFT are of the requests that "
                   "finished, not of the " + ", ".join(
@@ -658,6 +664,41 @@ def curves_section(series: Sequence[Series], has_plot: bool,
     if any(p.attainment is not None for s in series for p in s.points):
         lines += derived_note(shown, "SLO attainments")
     return lines
+
+
+def _search_target(series: Sequence[Series], cells: Sequence[CellResult],
+                   target: float | None) -> tuple[float | None, bool]:
+    """The target the curve table marks points against, and whether a point that missed it
+    or fell behind is said to have failed (a capacity search's probe). Where a capacity
+    search (``find_searches``: beside ``cells``, at the SLO of the points' attainments)
+    measured a setting of the report: ``target``, else the search's own. Where none did: no
+    target (the report's default, ``DEFAULT_TARGET``, is no target anyone set, and a load
+    point is not failed for missing it) and nothing failed. Without ``cells`` to look beside:
+    the caller's ``target``, its points judged as a search's."""
+    if not cells:
+        return target, True
+    slos = {json.dumps(p.slo, sort_keys=True): p.slo for s in series for p in s.points}
+    searches = [r for slo in slos.values() for r in find_searches(cells, slo)]
+    if not searches:
+        return None, False
+    return (target if target is not None else searches[0].target), True
+
+
+def _point_mark(p: CurvePoint, target: float | None, judged: bool) -> str:
+    """After a curve point's attainment: " (failed: below the 99.0% target)" for every point
+    under ``target`` (a closed loop's judged once under way, as its search judged it), with
+    "; also fell behind" where its pace failed too; " (failed: fell behind)" for one that
+    met it but did not keep pace. Not ``judged`` (no capacity search): " (fell behind)"
+    where it did, and nothing else."""
+    behind = p.behind.split(":")[0] if p.behind else None  # "fell behind", "too short ..."
+    if not judged:
+        return f" ({behind})" if behind else ""
+    attainment = p.under_way[0] if p.under_way else p.attainment
+    if target is not None and attainment is not None and attainment < target:
+        # the SLO missed first, then the pace
+        return (f" (failed: below the {fmt_pct(target)} target"
+                + (f"; also {behind})" if behind else ")"))
+    return f" (failed: {behind})" if behind else ""
 
 
 def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,

@@ -191,7 +191,8 @@ def test_the_json_has_the_documented_shape(nights: dict[str, Path], tmp_path: Pa
     assert f"json: {out}" in capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert list(doc) == ["format", "version", "before", "after", "same_within_pct", "checks",
-                         "pairs", "added", "removed", "not_comparable", "failed_checks"]
+                         "pairs", "added", "removed", "not_comparable", "failed_checks",
+                         "unapplied_checks"]
     assert (doc["format"], doc["version"]) == (FORMAT, VERSION) == ("batchlab-compare", 2)
     assert (doc["before"], doc["after"]) == (str(nights["n1"]), str(nights["slow"]))
     assert doc["checks"] == [{"metric": "ttft_s.p90", "max_worse_pct": 10.0}]
