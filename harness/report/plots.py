@@ -427,6 +427,9 @@ class CurveLine:
     # what its loads are (``curves.Series.kind``: "rate", "time_scale", "concurrency"), which
     # the points' labels and the panel's title say; "" when not known: the numbers alone
     load_kind: str = ""
+    # fell behind its arrivals: its throughput is what it managed, not the load offered (a
+    # lower bound of what it would serve of a longer run at that load), circled
+    behind: Sequence[bool] = ()
 
 
 # what the points' load labels are, by the kind of load, in the TTFT panel's title
@@ -506,6 +509,7 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
         return np.array([np.nan if v is None else v * scale for v in values], dtype=np.float64)
 
     marked = False
+    circled: set[Any] = set()
     labels: list[tuple[str, float, float, str]] = []  # (text, x, y, color) on the TTFT panel
     # several settings' capacities at one target: what a capacity is, said once in the legend
     targets = {line.capacity.target for line in lines if line.capacity is not None}
@@ -519,8 +523,14 @@ def throughput_latency(lines: Sequence[CurveLine], path: Path, *,
         panels = ((ax_tpot, arr(line.tpot_p50_s, 1e3), "o-", f"{line.label} p50"),
                   (ax_tpot, arr(line.tpot_p90_s, 1e3), "s--", f"{line.label} p90"),
                   (ax_ttft, arr(line.ttft_p90_s, 1e3), "s--", line.label))
+        behind = np.array([bool(v) for v in line.behind] or [False] * len(x), dtype=bool)
         for ax, y, style, label in panels:
             ax.plot(x[full], y[full], style, color=color, label=label)
+            if (behind & full).any():
+                ax.plot(x[behind & full], y[behind & full], "o", markersize=12,
+                        markerfacecolor="none", markeredgecolor=color, linestyle="none",
+                        label=None if ax in circled else "fell behind its arrivals (circled)")
+                circled.add(ax)  # said once in each panel's legend
             if stopped.any():
                 ax.plot(x[stopped], y[stopped], "x", color=color, linestyle="none",
                         label=None if marked else "stopped early (partial)")

@@ -343,6 +343,7 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
         tpot_p50_s=[p.tpot_p50_s for p in s.points], tpot_p90_s=[p.tpot_p90_s for p in s.points],
         ttft_p90_s=[p.ttft_p90_s for p in s.points],
         stopped=[bool(p.stopped) for p in s.points], load_kind=s.kind,
+        behind=[bool(p.behind and p.behind.startswith("fell behind")) for p in s.points],
         capacity=capacity_mark(rows.get(s.key), s, target)) for s in load]
     series_cells = [p.cell for s in load for p in s.points]
     note = _predicted_words([n for n in series_cells

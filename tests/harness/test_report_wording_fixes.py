@@ -453,3 +453,24 @@ def test_a_stopped_point_with_nothing_finished_gets_no_lower_bound_legend(
     text = "\n".join(latency_section(cells, Baselines.of(cells, None)))
     assert "Stopped early: `one-cut` cut off 1 request: its percentiles" in text
     assert "none-done" not in text.split("###")[0]
+
+
+def test_a_point_that_fell_behind_is_circled_and_said_so_in_the_legend(
+        tmp_path: Path, saved: list[Figure]) -> None:
+    """Its throughput is what the engine managed, not the load offered: circled on both
+    panels (each percentile), named once in each legend; a line with none has no such
+    entry."""
+    from dataclasses import replace
+
+    line = replace(_curve("time_scale"), behind=[True, False])
+    assert plots.throughput_latency([line], tmp_path / "t.png") is not None
+    for ax, series in zip(saved[0].axes, (2, 1), strict=True):  # TPOT p50 and p90; TTFT p90
+        circles = [artist for artist in ax.lines if artist.get_markerfacecolor() == "none"]
+        assert len(circles) == series
+        assert all(list(c.get_xdata()) == [401.0] for c in circles)
+        legend = ax.get_legend()
+        assert legend is not None
+        assert "fell behind its arrivals (circled)" in [t.get_text() for t in legend.texts]
+    assert plots.throughput_latency([_curve("time_scale")], tmp_path / "u.png") is not None
+    assert not any("fell behind" in t.get_text() for ax in saved[1].axes
+                   for t in ax.get_legend().texts)
