@@ -611,3 +611,15 @@ def flatten(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def num_cut_off(summary: Mapping[str, Any] | None) -> int:
+    """How many of a run's failed requests were cut off in flight (its summary's
+    ``not_finished`` failures, at most ``num_failed``): of a run stopped early, those its stop
+    cut off, whose latencies no percentile holds; 0 when it says none."""
+    failures = summary.get("failures") if isinstance(summary, Mapping) else None
+    cut = failures.get("not_finished") if isinstance(failures, Mapping) else None
+    if isinstance(cut, bool) or not isinstance(cut, int):
+        return 0
+    failed = summary.get("num_failed") if isinstance(summary, Mapping) else None
+    return min(cut, int(failed)) if isinstance(failed, int | float) else cut

@@ -33,7 +33,7 @@ from typing import Any
 from harness.capacity.saturation import SaturationMonitor, interval_for
 from harness.capacity.search import LOAD_UNITS, LoadKind, ProbeOutcome, load_text, normal_load
 from harness.manifest import read_manifest, record_failed
-from harness.metrics import Pace, Slo
+from harness.metrics import Pace, Slo, num_cut_off
 from harness.redact import redact_tree, redact_url
 from harness.results import (
     PROBE_FILE,
@@ -262,17 +262,6 @@ def outcome_from_summary(load: float, summary: Mapping[str, Any], target: float,
         kept_pace=pace.kept if pace else None, behind=pace.why if pace else None,
         num_warm_up=warm_up[1] if warm_up else None,
     )
-
-
-def num_cut_off(summary: Mapping[str, Any]) -> int:
-    """How many of a run's failed requests were cut off in flight (its ``not_finished``
-    failures): of a probe stopped early, those its stop cut off; 0 when it says none."""
-    failures = summary.get("failures")
-    cut = failures.get("not_finished") if isinstance(failures, Mapping) else None
-    if isinstance(cut, bool) or not isinstance(cut, int):
-        return 0
-    failed = summary.get("num_failed")
-    return min(cut, int(failed)) if isinstance(failed, int | float) else cut
 
 
 def cut_off_text(outcome: ProbeOutcome, num_cut: int) -> str | None:

@@ -29,7 +29,6 @@ from harness.capacity.probe import (
     ProbePlan,
     cut_off_fields,
     cut_off_text,
-    num_cut_off,
     probe_label,
     read_probe,
     run_probe,
@@ -45,7 +44,7 @@ from harness.capacity.search import (
     search,
 )
 from harness.manifest import jsonable, read_manifest
-from harness.metrics import SHORTEST_STEADY_E2ES, attainment_text
+from harness.metrics import SHORTEST_STEADY_E2ES, attainment_text, num_cut_off
 from harness.prediction import CAPACITY_CAVEAT, summary_prediction
 from harness.redact import redact_argv, redact_tree
 from harness.results import (

@@ -33,12 +33,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from adapters.base import Knobs, LaunchPlan, LogCheck, MappedKnob
+from adapters.base import Knobs, LaunchPlan, MappedKnob
 from adapters.catalog import UNKNOWN_KNOB, attached_manifest, replay_defaults
 from adapters.process import EngineExited, EngineStartError, ServerProcess, probe_version
 from harness.live.replay import ReplayConfig, replay
 from harness.live.rundir import with_engine_counters
-from harness.live.session import engine_session, plan_for
+from harness.live.session import EngineSession, engine_session, plan_for
 from harness.live.telemetry import DEFAULT_INTERVAL_S, TELEMETRY_FILE, TelemetryScraper, source_for
 from harness.manifest import (
     jsonable,
@@ -106,19 +106,13 @@ def _effective_knobs(plan: LaunchPlan, knobs: Knobs) -> dict[str, Any]:
     return effective
 
 
-def _ignored_in_manifest(out_dir: Path, ignored: Sequence[LogCheck]) -> dict[str, Any]:
+def _ignored_in_manifest(out_dir: Path, session: EngineSession) -> dict[str, Any]:
     """The manifest's ``mapping`` and ``knobs`` once the server's log showed it ignored
-    ``ignored``: each such knob not applied (with why), and its value the one the engine runs
-    with."""
-    manifest = read_manifest(out_dir)
-    mapping = [dict(m) for m in manifest.get("mapping") or [] if isinstance(m, Mapping)]
-    knobs = dict(manifest.get("knobs") or {})
-    for check in ignored:
-        for m in mapping:
-            if m.get("knob") == check.knob:
-                m.update(status="not_applied", note=check.note)
-        knobs[check.knob] = check.runs_with
-    return {"mapping": mapping, "knobs": knobs}
+    knobs: the session's plan has each such knob marked not applied (with why), and the knobs
+    take the value the engine runs with."""
+    knobs = dict(read_manifest(out_dir).get("knobs") or {})
+    knobs.update({check.knob: check.runs_with for check in session.ignored})
+    return {"mapping": [jsonable(asdict(m)) for m in session.plan.mapping], "knobs": knobs}
 
 
 def redacted_plan(plan: LaunchPlan) -> LaunchPlan:
@@ -258,7 +252,7 @@ def run_live(
                             secrets=secrets) as session:
             engine["ready_s"] = round(session.ready_s, 3)
             if session.ignored:  # before the first request: the run says what it measured
-                update_manifest(out_path, _ignored_in_manifest(out_path, session.ignored))
+                update_manifest(out_path, _ignored_in_manifest(out_path, session))
             server = session.server
             early_stop = (options.early_stop if server is None
                           else _stop_when_it_exits(server, options.early_stop))

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from harness.manifest import read_manifest
-from harness.metrics import attainment_text
+from harness.metrics import attainment_text, num_cut_off
 from harness.report.format import sig, slo_text, value_text
 from harness.report.plots import CapacityMark
 from harness.report.runs import CellResult, get, knob, read_engine_samples
@@ -151,18 +151,15 @@ def load_series(ok: Sequence[CellResult]) -> list[Series]:
             stopped=get(s, "stopped_early"), slo=get(s, "slo") or None,
             behind=_behind(c.run_dir, listed) or _cell_behind(c),
             under_way=_probe_under_way(c.run_dir),
-            num_cut_off=num_cut_off(s)))
+            num_cut_off=stopped_cut_off(s)))
     return [Series(key, kind, tuple(sorted(points, key=lambda p: p.load)))
             for (key, kind), points in groups.items() if len(points) >= 2]
 
 
-def num_cut_off(summary: Mapping[str, Any] | None) -> int:
-    """The requests a run stopped early cut off (its ``not_finished`` failures); 0 for a run
-    that was not stopped."""
-    if not get(summary, "stopped_early"):
-        return 0
-    count = get(summary, "failures.not_finished")
-    return count if isinstance(count, int) and not isinstance(count, bool) else 0
+def stopped_cut_off(summary: Mapping[str, Any] | None) -> int:
+    """The requests a run stopped early cut off (``metrics.num_cut_off``); 0 for a run that
+    was not stopped."""
+    return num_cut_off(summary) if get(summary, "stopped_early") else 0
 
 
 def _listed_probes(cells: Sequence[CellResult]) -> dict[Path, str | None]:

@@ -28,8 +28,8 @@ from harness.report.curves import (
     capacity_text,
     cell_setting,
     find_searches,
-    num_cut_off,
     roofline_of,
+    stopped_cut_off,
 )
 from harness.report.format import (
     code,
@@ -340,7 +340,7 @@ def latency_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
                 "the tables below."
                 if bases.compared() else "."), "", *tails_note(ok)]
     # cells with percentiles (a request finished) that leave out those cut off
-    cut = [(c, n) for c in ok if (n := num_cut_off(c.summary))
+    cut = [(c, n) for c in ok if (n := stopped_cut_off(c.summary))
            and get(c.summary, "num_completed")]
     if cut:
         lines += ["Stopped early: " + ", ".join(f"{code(c.name)} cut off {n:,} request"

@@ -66,13 +66,22 @@ def test_a_stopped_probe_says_its_latencies_are_a_lower_bound(
             "are of the requests that finished only, a lower bound") in report
 
 
+def _stopped_probe(folder: Path, load: int, attainment: float, failures: dict[str, int], *,
+                   num_requests: int) -> ProbeOutcome:
+    """A probe stopped early at ``load`` req/s, its summary.json under ``folder``."""
+    label = f"rate-{load}"
+    (folder / label).mkdir()
+    num_failed = sum(failures.values())
+    (folder / label / "summary.json").write_text(json.dumps(
+        {"failures": failures, "num_failed": num_failed}))
+    return ProbeOutcome(load=load, attainment=attainment, passed=False, num_failed=num_failed,
+                        num_requests=num_requests, stopped="over-saturated: ...",
+                        run_dir=label)
+
+
 def test_a_stopped_probe_that_cut_nothing_off_says_nothing_of_its_latencies(
         tmp_path: Path) -> None:
-    (tmp_path / "rate-8").mkdir()
-    (tmp_path / "rate-8" / "summary.json").write_text(json.dumps(
-        {"failures": {"rejected": 2}, "num_failed": 2}))
-    stopped = ProbeOutcome(load=8, attainment=0.9, passed=False, num_failed=2,
-                           num_requests=20, stopped="over-saturated: ...", run_dir="rate-8")
+    stopped = _stopped_probe(tmp_path, 8, 0.9, {"rejected": 2}, num_requests=20)
     assert probe_verdict(stopped, 0.99, tmp_path) == (
         "SLO attainment 90.0% (2 of 20 requests failed), failed; stopped early: "
         "over-saturated: ...")
@@ -81,11 +90,7 @@ def test_a_stopped_probe_that_cut_nothing_off_says_nothing_of_its_latencies(
 def test_a_stopped_probe_with_nothing_finished_has_no_latencies_to_bound(
         tmp_path: Path) -> None:
     """Every request cut off: there are no latency figures, so none is called a lower bound."""
-    (tmp_path / "rate-200").mkdir()
-    (tmp_path / "rate-200" / "summary.json").write_text(json.dumps(
-        {"failures": {"not_finished": 40}, "num_failed": 40}))
-    stopped = ProbeOutcome(load=200, attainment=0.0, passed=False, num_failed=40,
-                           num_requests=40, stopped="over-saturated: ...", run_dir="rate-200")
+    stopped = _stopped_probe(tmp_path, 200, 0.0, {"not_finished": 40}, num_requests=40)
     verdict = probe_verdict(stopped, 0.99, tmp_path)
     assert verdict.endswith("its latencies are of no request: none finished before the early "
                             "stop cut off 40 requests")
