@@ -36,14 +36,46 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
 
 # The child's command: `-c` rather than `-m`, which would run this module a second time
 # beside the copy that importing the harness.sim package loads.
 _CHILD = "import sys; from harness.sim.report_process import main; sys.exit(main())"
 _REPO_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds the harness package
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP that arrive while the block runs are handled when it ends,
+    by the handlers they would have met (a KeyboardInterrupt is then raised from the ``with``
+    statement, after the block has run to its end). Used where a child process is started and
+    kept: an interrupt between its fork and the line that keeps it would leave it unseen.
+
+    Only Python-level handlers are held (signals ignored or left to the system are not
+    touched), and only in the main thread, where Python runs them; elsewhere nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous: dict[int, Callable[[int, FrameType | None], Any]] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            previous[sig] = handler
+            signal.signal(sig, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for signum in held:
+            previous[signum](signum, None)
 
 
 class ReportError(RuntimeError):

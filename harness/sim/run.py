@@ -39,7 +39,7 @@ from harness.results import (
 )
 from harness.runfolder import RunIdentity, claim_run_dir, release_run_dir
 from harness.sim.driver import SimulationResult, simulate
-from harness.sim.report_process import ReportProcess
+from harness.sim.report_process import ReportProcess, signals_deferred
 from harness.sim.roofline import decode_context_len, roofline_turn
 from harness.target import ClosedLoop, EarlyStop
 from harness.traces import Trace
@@ -84,8 +84,16 @@ def run_simulation(
     """
     identity = RunIdentity("simulated", trace.digest, engine="reference")
     run_id = claim_run_dir(out_dir, identity, overwrite=overwrite)
-    reporter = ReportProcess.start() if write_report else None
+    reporter: ReportProcess | None = None
     try:
+        # a Ctrl-C (or SIGTERM) that landed between the child's fork and the assignment would
+        # leave the child running unseen, and the folder "starting": it waits until the child
+        # is kept, then the manifest says the run was interrupted
+        with _said_in_manifest(out_dir, command, failed="the report renderer could not start",
+                               interrupted="interrupted before the simulation started",
+                               told="the simulation had not started: nothing was measured"
+                               ), signals_deferred():
+            reporter = ReportProcess.start() if write_report else None
         summary = _run(trace, config, out_dir, run_id, identity, slo=slo, progress=progress,
                        command=command, knobs=knobs, closed_loop=closed_loop,
                        early_stop=early_stop, reporter=reporter)

@@ -5,6 +5,7 @@ child behind: tests/harness/integrity/test_signals.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -105,3 +106,27 @@ def test_without_matplotlib_the_run_has_no_report_and_no_error(
     assert (run / "summary.json").exists() and (run / "chunks.parquet").exists()
     assert not (run / "report.md").exists()
     assert not any((run / name).exists() for name in FIGURES)
+
+
+def test_an_interrupt_while_the_child_starts_waits_until_the_child_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that lands after the child was forked and before the run keeps it: the child
+    is still stopped, and the manifest says the run was interrupted (not "starting")."""
+    started: list[ReportProcess] = []
+    real_start = ReportProcess.start
+
+    def start() -> ReportProcess | None:
+        reporter = real_start()
+        assert reporter is not None
+        started.append(reporter)
+        os.kill(os.getpid(), signal.SIGINT)  # handled at the next instruction, here or held
+        return reporter
+
+    monkeypatch.setattr(ReportProcess, "start", staticmethod(start))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt, match="had not started"):
+        _simulate(run)
+    assert json.loads((run / "manifest.json").read_text())["status"] == "interrupted"
+    assert started[0]._proc.poll() is not None  # stopped by the run, not left behind
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
