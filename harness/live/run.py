@@ -221,32 +221,33 @@ def run_live(
     config.validate()
 
     out_path = Path(out_dir)
+    secrets = secret_values(env=plan.env, argv=plan.argv, api_key_env=config.api_key_env,
+                            urls=(plan.base_url,))
     run_id = claim_run_dir(out_path, RunIdentity(
         "live", trace.digest, engine=plan.engine,
         target=None if plan.launch else plan.base_url), overwrite=options.overwrite)
-    secrets = secret_values(env=plan.env, argv=plan.argv, api_key_env=config.api_key_env,
-                            urls=(plan.base_url,))
-    (out_path / TELEMETRY_FILE).unlink(missing_ok=True)
-    for name, content in plan.config_files.items():
-        (out_path / name).write_text(content)
-    argv = plan.resolved_argv(str(out_path.resolve()))
-    update_manifest(out_path, _engine_manifest(
-        plan, spec.knobs, trace, model=model, allow_approximate=spec.allow_approximate,
-        argv=argv, gpu=spec.gpu, command=options.command,
-    ))
-    scraper = TelemetryScraper(
-        source_for(plan.telemetry, plan.base_url), out_path / TELEMETRY_FILE,
-        interval_s=spec.telemetry_interval_s or DEFAULT_INTERVAL_S, run_id=run_id,
-    )
     engine: dict[str, Any] = {}
     started: list[ServerProcess] = []
+    scraper: TelemetryScraper | None = None
 
     def on_start(server: ServerProcess) -> None:
         started.append(server)
         engine.update(pid=server.pid, pgid=server.pgid)
         update_manifest(out_path, {"engine": _merged_engine(out_path, engine)})
 
-    try:
+    try:  # from the claim on: a failure or Ctrl-C anywhere leaves a manifest that says so
+        (out_path / TELEMETRY_FILE).unlink(missing_ok=True)
+        for name, content in plan.config_files.items():
+            (out_path / name).write_text(content)
+        argv = plan.resolved_argv(str(out_path.resolve()))
+        update_manifest(out_path, _engine_manifest(
+            plan, spec.knobs, trace, model=model, allow_approximate=spec.allow_approximate,
+            argv=argv, gpu=spec.gpu, command=options.command,
+        ))
+        scraper = TelemetryScraper(
+            source_for(plan.telemetry, plan.base_url), out_path / TELEMETRY_FILE,
+            interval_s=spec.telemetry_interval_s or DEFAULT_INTERVAL_S, run_id=run_id,
+        )
         # the whole set, the API key too: a pass without it would leave part of it
         with engine_session(spec, out_path, plan=plan, on_start=on_start,
                             secrets=secrets) as session:
@@ -371,9 +372,11 @@ def _merged_engine(out_dir: Path, engine: Mapping[str, Any]) -> dict[str, Any]:
     return {**(read_manifest(out_dir).get("engine") or {}), **engine}
 
 
-def _finish_manifest(out_dir: Path, engine: Mapping[str, Any], scraper: TelemetryScraper) -> None:
+def _finish_manifest(out_dir: Path, engine: Mapping[str, Any],
+                     scraper: TelemetryScraper | None) -> None:
+    """``scraper``: None when the run failed before it was made."""
     fields: dict[str, Any] = {"engine": _merged_engine(out_dir, engine)}
-    if scraper.rows:
+    if scraper is not None and scraper.rows:
         fields["telemetry"] = {
             "file": TELEMETRY_FILE,
             "interval_s": scraper.interval_s,
