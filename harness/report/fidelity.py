@@ -20,8 +20,9 @@ predicted 10% too high; None when the measured value is missing or zero.
 
 With ``common_requests_only`` (``batchlab validate``), percentiles and throughput compare like
 with like: when the two sides completed different requests (the live engine died mid-replay, a
-request failed on one side), both are computed over the requests completed on both sides only,
-and ``requests_compared`` says so.
+request failed on one side), both are computed over the requests completed on both sides only
+(throughput: their output tokens over each run's own ``duration_s``), and ``requests_compared``
+says so.
 """
 
 from __future__ import annotations
@@ -84,6 +85,13 @@ def _get(summary: Mapping[str, Any] | None, *keys: str) -> Any:
     return node
 
 
+def _duration(summary: Mapping[str, Any]) -> float | None:
+    """A summary's ``duration_s`` when it has a usable one."""
+    value = _get(summary, "duration_s")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value) and value > 0 else None
+
+
 def fidelity(
     predicted_summary: Mapping[str, Any],
     measured_summary: Mapping[str, Any],
@@ -116,12 +124,17 @@ def fidelity(
             both = p_ok & m_ok
             predicted_timelines = [tl for tl in predicted_timelines if tl.request_id in both]
             measured_timelines = [tl for tl in measured_timelines if tl.request_id in both]
-            predicted_summary = summarize(predicted_timelines)
-            measured_summary = summarize(measured_timelines)
+            # throughput stays over each run's own duration (docs/metrics.md): the span of
+            # the requests kept would leave out the time the others took
+            predicted_summary = summarize(predicted_timelines,
+                                          duration_s=_duration(predicted_summary))
+            measured_summary = summarize(measured_timelines,
+                                         duration_s=_duration(measured_summary))
             compared.update(basis="completed on both sides", note=(
                 f"the live run completed {_requests(len(m_ok))} and the prediction "
                 f"{len(p_ok):,}: every figure is over the {len(both):,} completed on both "
-                "sides (over each side's own, they would compare different requests)"))
+                "sides (over each side's own, they would compare different requests); "
+                "throughput is their output tokens over each run's own duration"))
             predicted_steps = measured_telemetry = None
     for metric in METRICS:
         out[metric] = {

@@ -146,7 +146,8 @@ def test_fidelity_compares_only_requests_completed_on_both_sides() -> None:
     predicted = run(0.2, 0.05)
     measured = run(0.2, 0.05)[:3] + [timeline(f"r{i}", float(i), 0.2, 0.05, 11,
                                               error="connect_error") for i in range(3, 10)]
-    fid = fidelity(summarize(predicted), summarize(measured), predicted, measured,
+    m_summary = summarize(measured)
+    fid = fidelity(summarize(predicted), m_summary, predicted, measured,
                    common_requests_only=True)
     assert fid["num_completed"] == {"predicted": 10, "measured": 3}
     assert fid["requests_compared"]["basis"] == "completed on both sides"
@@ -154,7 +155,8 @@ def test_fidelity_compares_only_requests_completed_on_both_sides() -> None:
     for metric in METRICS:
         for pct in PERCENTILES:
             assert fid[metric][pct]["relative_error"] == pytest.approx(0.0), (metric, pct)
-    assert fid["output_tokens_per_s"]["relative_error"] == pytest.approx(0.0)
+    # the same tokens, each over its own run's duration
+    assert fid["output_tokens_per_s"]["measured"] == pytest.approx(33 / m_summary["duration_s"])
     text = render_fidelity_markdown(fid)
     assert "**Compared on 3 requests only**: the live run completed 3 requests" in text
     # the same requests on both sides: nothing restricted, nothing said
@@ -211,3 +213,19 @@ def test_validate_keeps_out_of_run_folders_and_replaces_an_earlier_one_only_when
     prepare_validation_out(earlier, overwrite=True)
     assert not (earlier / "fidelity.json").exists() and not (earlier / "simulated").exists()
     prepare_validation_out(tmp_path / "new", overwrite=False)  # nothing there: fine
+
+
+def test_throughput_over_common_requests_stays_over_each_runs_own_duration() -> None:
+    """Restricted to the requests both sides completed, throughput is their tokens over each
+    run's own duration_s (docs/metrics.md), not over the span of the requests kept: the
+    live run's timeouts took time the engine spent."""
+    predicted = run(0.2, 0.05)
+    measured = run(0.2, 0.05)[:3] + [timeline(f"r{i}", float(i), 30.0, 0.05, 11,
+                                              error="timeout") for i in range(3, 10)]
+    p_summary, m_summary = summarize(predicted), summarize(measured)
+    fid = fidelity(p_summary, m_summary, predicted, measured, common_requests_only=True)
+    tput = fid["output_tokens_per_s"]
+    assert tput["measured"] == pytest.approx(3 * 11 / m_summary["duration_s"])
+    assert tput["predicted"] == pytest.approx(3 * 11 / p_summary["duration_s"])
+    assert m_summary["duration_s"] > p_summary["duration_s"]
+    assert "over each run's own duration" in render_fidelity_markdown(fid)
