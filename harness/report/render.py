@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from harness.report.predictions import derived_note, is_prediction, predicted_te
 from harness.report.runs import (
     CellResult,
     collect,
+    first_arrival_s,
     get,
     knob,
     load_run,
@@ -220,7 +222,8 @@ def _latency_figure(runs: Mapping[str, Path], path: Path) -> bool:
 
 def _engine_state_figure(runs: Mapping[str, Path], path: Path) -> bool:
     labels = _legend_labels(runs)
-    states = {labels[name]: s for name, run_dir in runs.items()
+    states = {labels[name]: dataclasses.replace(s, t_s=s.t_s - first_arrival_s(run_dir))
+              for name, run_dir in runs.items()
               if (s := read_engine_state(run_dir)) is not None}
     return bool(states) and plots.engine_state(states, path,
                                                note=_figure_note(runs)) is not None
@@ -232,7 +235,8 @@ def _throughput_figure(runs: Mapping[str, Path], path: Path) -> bool:
     for name, run_dir in runs.items():
         chunks = read_columns(run_dir / CHUNKS_FILE, ("t_s", "num_tokens"))
         if chunks and "t_s" in chunks and "num_tokens" in chunks:
-            tput[labels[name]] = (np.asarray(chunks["t_s"], dtype=np.float64),
+            tput[labels[name]] = (np.asarray(chunks["t_s"], dtype=np.float64)
+                                  - first_arrival_s(run_dir),
                                   np.asarray(chunks["num_tokens"], dtype=np.float64))
     return bool(tput) and plots.throughput_over_time(tput, path,
                                                      note=_figure_note(runs)) is not None
@@ -244,28 +248,36 @@ class RunFigure:
 
     png: str
     alt: str
-    source: str  # the file of a simulated run folder it is drawn from, and no other
+    source: str  # the file of a simulated run folder its lines are drawn from
     draw: Callable[[Mapping[str, Path], Path], bool]  # (runs, PNG path) -> anything drawn
+    # the last of the files it reads that a simulated run writes (the time axes start at the
+    # run's first arrival, from requests.parquet, written after steps.parquet): drawn early
+    # once that one is on disk
+    ready: str = ""
+
+    @property
+    def drawn_after(self) -> str:
+        return self.ready or self.source
 
 
 RUN_FIGURES = (
     RunFigure("latency_cdf.png", "Latency CDFs (TTFT, TPOT, E2E) per cell", REQUESTS_FILE,
               _latency_figure),
     RunFigure("engine_state.png", "Running batch size, waiting queue and KV usage over time",
-              STEPS_FILE, _engine_state_figure),
+              STEPS_FILE, _engine_state_figure, ready=REQUESTS_FILE),
     RunFigure("throughput.png", "Output tokens per second over time", CHUNKS_FILE,
               _throughput_figure),
 )
 
 
 def draw_run_figures(run_dir: Path, written: str) -> dict[str, bool]:
-    """Draw the figures of the single run in ``run_dir`` that are drawn from the file
-    ``written`` alone, as soon as it is on disk and before the rest of the folder is (the
+    """Draw the figures of the single run in ``run_dir`` that need no file a simulated run
+    writes after ``written``, as soon as it is on disk and before the rest of the folder is (the
     figures of ``render_run_report`` exactly; pass the result as its ``drawn``).
     {PNG name: whether there was anything to draw}."""
     runs = {Path(run_dir).name: Path(run_dir)}
     return {f.png: f.draw(runs, Path(run_dir) / f.png) for f in RUN_FIGURES
-            if f.source == written}
+            if f.drawn_after == written}
 
 
 def unreadable_sources(ok: Sequence[CellResult]) -> list[str]:

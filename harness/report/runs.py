@@ -630,6 +630,17 @@ def read_columns(path: Path, columns: Sequence[str]) -> dict[str, np.ndarray] | 
     return out
 
 
+def first_arrival_s(run_dir: Path) -> float:
+    """The run's first arrival on its clock (``requests.parquet``), where the time axes of its
+    figures start and ``duration_s`` is counted from (docs/metrics.md); 0, the clock's own
+    start, when the file cannot say."""
+    arrivals = (read_columns(run_dir / REQUESTS_FILE, ("arrival_s",)) or {}).get("arrival_s")
+    if arrivals is None:
+        return 0.0
+    finite = arrivals[np.isfinite(arrivals)]
+    return float(finite.min()) if finite.size else 0.0
+
+
 def request_columns(run_dir: Path) -> dict[str, np.ndarray]:
     """Per-request latencies and preemption counts from ``requests.parquet``."""
     return read_columns(run_dir / REQUESTS_FILE,

@@ -3,7 +3,7 @@
 Loading the report's plotting stack (matplotlib) and drawing a first figure costs about a
 second of one core, and each figure a few tenths more. Started before the simulation, a child
 process loads on another core while the simulation runs; it draws each figure as soon as the
-one results file it is drawn from is on disk (``harness.report.render.draw_run_figures``),
+results files it is drawn from are on disk (``harness.report.render.draw_run_figures``),
 while the parent writes the rest; it writes ``report.md`` once every result is on disk, as
 ``batchlab report`` would. The child only reads the folder, so a report that fails never costs
 a result::
@@ -11,8 +11,9 @@ a result::
     parent (the run)                              child process (main below)
     ReportProcess.start()  ── spawn ───────────►  import harness.report, draw a warm-up
     simulate                                      wait for a line on stdin
-    write steps.parquet ── {"written": ...} ──►   draw engine_state.png from it
-    write requests.parquet, chunks.parquet ───►   draw latency_cdf.png, throughput.png
+    write steps.parquet ── {"written": ...} ──►   (engine_state.png needs requests.parquet)
+    write requests.parquet, chunks.parquet ───►   draw latency_cdf.png, engine_state.png,
+                                                  throughput.png
     write summary.json, manifest.json
     folder_written() ── {"render": ...} ──────►   write report.md (figures drawn: kept)
     wait()          ◄── {"status": "ok"} ─────    exit
