@@ -151,12 +151,16 @@ class CanonicalReader:
     def __init__(self, spec: TelemetrySpec) -> None:
         self.spec = spec
         self._previous: dict[str, float] = {}  # counter key -> last value
+        self._num_readings = 0  # scrapes answered so far
 
     def _increase(self, key: str, value: float) -> float:
         previous = self._previous.get(key)
         self._previous[key] = value
         if previous is None:
-            return 0.0  # the first scrape is the baseline
+            # in the first answered scrape: the baseline (what the engine counted before the
+            # run); in a later one, a counter the engine made at its first increment, as
+            # Prometheus clients do for labelled series: it rose from 0 during the run
+            return 0.0 if self._num_readings == 0 else value
         return value - previous if value >= previous else value  # a decrease: restarted
 
     def reading(self, samples: Samples) -> Reading:
@@ -169,6 +173,7 @@ class CanonicalReader:
                 missing.append(signal)
             else:
                 values.update(got)
+        self._num_readings += 1
         return Reading(values, tuple(missing))
 
     def _signal(

@@ -249,3 +249,17 @@ def test_scrape_times_come_from_the_clock() -> None:
 
     asyncio.run(go())
     assert [r["t_s"] for r in scraper.rows] == [0.0, 0.25]
+
+
+def test_a_counter_that_appears_mid_run_counts_from_zero() -> None:
+    """A counter the engine makes at its first increment (a lazily created, labelled series)
+    is absent from the first scrapes: when it appears, it has risen from 0 during the run."""
+    reader = CanonicalReader(vllm.TELEMETRY)
+    without = vllm_text(running=1).replace("vllm:num_preemptions_total",
+                                           "vllm:something_else_total")
+    first = reader.reading(parse_exposition(without))
+    assert first.values["num_preemptions"] is None
+    assert reader.reading(parse_exposition(vllm_text(preemptions=7))).values[
+        "num_preemptions"] == 7
+    assert reader.reading(parse_exposition(vllm_text(preemptions=9))).values[
+        "num_preemptions"] == 2
