@@ -137,7 +137,12 @@ def cmd_trace(args: argparse.Namespace) -> int:
         print(f"{label:<10}tokens mean {num(d[name + '_mean'], 1)}, p50 {num(d[name + '_p50'])}, "
               f"p99 {num(d[name + '_p99'])}, max {num(d[name + '_max'])}")
     if d["num_with_priority"]:
-        print(f"priority  {d['num_high_priority']:,} of {d['num_with_priority']:,} at 0 (high)")
+        unset = d["num_requests"] - d["num_with_priority"]
+        line = f"{d['num_high_priority']:,} of {d['num_with_priority']:,} set to 0 (high)"
+        if unset:  # a run puts them in class 0 (docs/metrics.md): say so, and the class's size
+            line += (f"; {unset:,} set none and run as class 0, which holds "
+                     f"{d['num_high_priority'] + unset:,} in all")
+        print(f"priority  {line}")
     if d["num_with_prefix_hashes"]:
         print(f"prefixes  {d['num_with_prefix_hashes']:,} requests carry prefix-block hashes")
     counts = ", ".join(f"{k} {v:,}" for k, v in d["counts"].items() if v)

@@ -899,3 +899,17 @@ def test_a_negative_seed_is_refused_by_its_flag(capsys: pytest.CaptureFixture[st
     assert main(["trace", "info", "--trace", "synthetic", "--num-requests", "5", "--rate", "1",
                  "--prompt-tokens", "5", "--output-tokens", "5", "--seed", "-1"]) == 2
     assert "--seed: expected a non-negative integer, got -1" in capsys.readouterr().err
+
+
+def test_trace_info_counts_requests_without_a_priority_in_class_0(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run puts a request whose row sets no priority in class 0 (docs/metrics.md): trace
+    info says so, and how many class 0 holds, as a run's by_priority will."""
+    path = tmp_path / "prio.csv"
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens,priority"]
+    rows += [f"2023-11-16 18:15:{10 + i:02d}.0000000,100,10,{p}"
+             for i, p in enumerate(["0", "0", "1", "", ""])]
+    path.write_text("\n".join(rows) + "\n")
+    assert main(["trace", "info", "--trace", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "priority  2 of 3 set to 0 (high); 2 set none and run as class 0, which holds 4" in out
