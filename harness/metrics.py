@@ -103,15 +103,22 @@ class Pace:
         and each scenario cell ('' when it kept pace): one wording for all of them."""
         if not self.overloaded:
             return ""
-        grew = (f" (too short to show a steady state, yet those arriving last waited "
-                f"{_seconds(self.queue_growth_s or 0.0)} longer for a first token than the "
-                "first)" if self.swamped else "")
+        waited = (f"those arriving last waited {_seconds(self.queue_growth_s or 0.0)} longer "
+                  "for a first token than the first")
+        after = ("so its queue grew for the whole run: TTFT and E2E are those of this trace's "
+                 "length, not of a steady state (`batchlab capacity` finds the load it keeps "
+                 "pace with)")
+        if self.swamped and not self.completed_per_s < self.due_per_s:
+            # arrivals too short for the counts to show it (requests that decode for longer
+            # than half of them are counted on neither side): the wait is the evidence
+            return (f"the engine fell behind its arrivals: {waited}, over arrivals lasting "
+                    f"{_seconds(self.span_s or 0.0)} (too short to show a steady state, or to "
+                    f"count a rate over their second half), {after}")
+        grew = (f" (too short to show a steady state, yet {waited})" if self.swamped else "")
         return (f"the engine fell behind its arrivals: over the second half of them it "
                 f"completed {self.completed_per_s:.3g} req/s while {self.due_per_s:.3g} "
                 f"req/s were due{grew} (due: arrival, plus the quickest wait for a first "
-                "token, plus its own decode time; docs/metrics.md), so its queue grew for the "
-                "whole run: TTFT and E2E are those of this trace's length, not of a steady "
-                "state (`batchlab capacity` finds the load it keeps pace with)")
+                f"token, plus its own decode time; docs/metrics.md), {after}")
 
 
 def _seconds(value_s: float) -> str:

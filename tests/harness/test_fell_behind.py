@@ -221,3 +221,22 @@ def test_cells_behind_one_rate_some_too_short_are_said_each_on_its_own() -> None
     assert "`settled` (completed 5 req/s while 20 req/s were due); `short` (completed 9 req/s " \
            "while 20 req/s were due; too short to show a steady state, yet those arriving last " \
            "waited 30 s longer" in text
+
+
+def test_a_run_too_short_to_count_rates_is_not_said_to_fall_behind_0_against_0() -> None:
+    """Arrivals too short for the rate counts (requests that decode for longer than half of
+    them are counted on neither side: 0 req/s against 0): the warning gives the wait that
+    grew, not two zeros that contradict it."""
+    from harness.metrics import Pace
+
+    pace = Pace(0.0, 0.0, False, "too short", fell_behind=True, settled=False,
+                queue_growth_s=62.52, span_s=1.06)
+    assert pace.overloaded
+    text = pace.behind_warning()
+    assert "0 req/s" not in text
+    assert text.startswith("the engine fell behind its arrivals: those arriving last waited "
+                           "62.52 s longer for a first token than the first, over arrivals "
+                           "lasting 1.06 s")
+    shown = Pace(8.0, 5.0, False, "too short", fell_behind=True, settled=False,
+                 queue_growth_s=62.52, span_s=1.06)
+    assert "completed 5 req/s while 8 req/s were due" in shown.behind_warning()
