@@ -33,7 +33,13 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from adapters.reference.hardware import GPUS, GpuSpec, UnknownHardwareError, known_gpus
+from adapters.reference.hardware import (
+    GPUS,
+    GpuSpec,
+    UnknownHardwareError,
+    gpu_hint,
+    known_gpus,
+)
 from adapters.reference.models import ModelSpec
 
 GIB = 2**30
@@ -369,8 +375,7 @@ def resolve_gpu(name: str | None, params: CostModelParams) -> GpuSpec:
     missing = [k for k in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_bf16_flops")
                if k not in overrides]
     if missing:
-        close = difflib.get_close_matches(device, known_gpus(), n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = gpu_hint(device)
         profile = (f"; the profile ({params.source}) describes no device of its own: it lacks "
                    f"{', '.join(missing)}" if overrides else
                    "; a --profile JSON may describe another device, with all of "

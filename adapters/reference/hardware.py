@@ -128,15 +128,24 @@ def known_gpus() -> tuple[str, ...]:
     return tuple(sorted(GPUS))
 
 
+def gpu_hint(name: str) -> str:
+    """`` (did you mean 'h100-pcie' or 'h100-sxm'?)`` for a GPU name not in the catalog, or
+    ``""``: every catalog name the typed one begins (``h100``: both H100s, not the H200 one
+    letter away), else the closest by spelling."""
+    typed = name.lower()
+    close = [g for g in known_gpus() if g.startswith(typed)] if typed else []
+    if not close:
+        close = difflib.get_close_matches(typed, known_gpus(), n=1, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(g) for g in close)}?)" if close else ""
+
+
 def lookup_gpu(name: str) -> GpuSpec:
     """The catalog entry for ``name``; a clear error lists the known names."""
     try:
         return GPUS[name.lower()]
     except KeyError:
-        close = difflib.get_close_matches(name, known_gpus(), n=1, cutoff=0.6)
         raise UnknownHardwareError(
-            f"unknown GPU {name!r}"
-            + (f" (did you mean {close[0]!r}?)" if close else "")
+            f"unknown GPU {name!r}{gpu_hint(name)}"
             + f"; known GPUs: {', '.join(known_gpus())} "
             "(a --profile JSON may describe another device with all of memory_bytes, "
             "hbm_bandwidth_bytes_per_s, peak_bf16_flops)"

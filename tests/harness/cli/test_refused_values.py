@@ -55,6 +55,11 @@ def test_a_misspelt_gpu_or_policy_gets_the_close_name(
     assert main(["simulate", "--gpu", "h200x", "--trace", str(EXCERPT), "--limit", "3",
                  "--out", str(tmp_path / "run")]) == 2
     assert "unknown GPU 'h200x' (did you mean 'h200'?)" in capsys.readouterr().err
+    # a family name: every GPU of it, not the other GPU one letter away
+    assert main(["simulate", "--gpu", "h100", "--trace", str(EXCERPT), "--limit", "3",
+                 "--out", str(tmp_path / "run")]) == 2
+    assert "unknown GPU 'h100' (did you mean 'h100-pcie' or 'h100-sxm'?)" in \
+        capsys.readouterr().err
     scenario = tmp_path / "s.yaml"
     scenario.write_text((REPO / "tests" / "data" / "scenario_small.yaml").read_text()
                         .replace("policy: fcfs,", "policy: fcsf,")
