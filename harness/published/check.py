@@ -223,12 +223,14 @@ def render_text(checked: Sequence[CheckedRow]) -> str:
     """The table ``batchlab check-published`` prints."""
     width = max((len(c.row.row_id) for c in checked), default=6)
     out = [f"{'row':<{width}}  {'metric':<12} {'published':>10} {'predicted':>10} "
-           f"{'ratio':>6}  split"]
+           f"{'ratio':>6} {'error':>8}  split"]
     for c in checked:
         p = c.prediction
         out.append(f"{c.row.row_id:<{width}}  {c.row.metric:<12} {_fmt(p.published):>10} "
-                   f"{_fmt(p.predicted):>10} {p.ratio:>6.3f}  {c.split}")
+                   f"{_fmt(p.predicted):>10} {p.ratio:>6.3f} {c.error:>+8.1%}  {c.split}")
     out.append("")
+    out.append("ratio: predicted / published; error: ratio - 1, but for a run's duration "
+               "(a fixed amount of work) the error of the throughput it implies, 1 / ratio - 1")
     out.extend(stats_lines(checked))
     return "\n".join(out)
 

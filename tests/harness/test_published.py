@@ -30,6 +30,7 @@ from harness.published.check import (
     error_stats,
     fidelity_digest,
     inputs_digest,
+    render_text,
 )
 from harness.published.fit import HELD_OUT_SOURCES, fit_profile, split
 from harness.published.frozen import evaluate, freeze
@@ -478,3 +479,8 @@ def test_a_run_duration_errs_as_the_throughput_it_implies() -> None:
     stats = error_stats([fast, high])
     assert stats is not None and stats.num_over == 2
     assert stats.worst_abs_error == pytest.approx(3.0) and stats.worst_row_id == duration.row_id
+    # the printed table gives that error beside the ratio, and says how it is taken
+    text = render_text([fast, high])
+    assert f"{duration.row_id}" in text and " 0.250  +300.0%  held-out" in text
+    assert " 1.500   +50.0%  held-out" in text
+    assert "for a run's duration (a fixed amount of work) the error of the throughput" in text
