@@ -26,7 +26,8 @@ its processes (the report is drawn by a child process): the work that has to fit
 machine's other cores, or after the simulation.
 
 TRACE defaults to $BATCHLAB_TRACES_DIR/AzureLLMInferenceTrace_conv.csv (the folder defaults
-to ../shared/traces next to the repository).
+to ../shared/traces next to the repository); without it, and no TRACE given, the script says
+so and skips (exit 0).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from pathlib import Path
 from adapters.reference import ReferenceConfig
 from harness.sim import SimulationResult, simulate
 from harness.traces import TraceOptions, load_trace, shared_traces_dir
+from harness.traces.data import TRACES_DIR_ENV, default_traces_dir
 
 TRACE_NAME = "AzureLLMInferenceTrace_conv.csv"
 TARGET = 1.30  # whole command / core simulation (issue: the CLI adds at most 30%)
@@ -91,9 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     path: Path | None = Path(args.trace) if args.trace else None
     if path is None:
         folder = shared_traces_dir()
-        if folder is None:
-            print("no trace: pass a path or set BATCHLAB_TRACES_DIR", file=sys.stderr)
-            return 2
+        if folder is None or not (folder / TRACE_NAME).is_file():
+            # as the tests that want the full traces do (README, "Traces"): skipped, and why
+            configured = os.environ.get(TRACES_DIR_ENV)
+            where = (folder or (Path(configured) if configured else default_traces_dir())
+                     ) / TRACE_NAME
+            print(f"skipped: the full trace is not at {where} (set {TRACES_DIR_ENV} to the "
+                  "folder that holds it, or pass a trace path: harness/data/"
+                  "azure_conv_excerpt.csv runs in seconds, though on its requests the "
+                  "command's fixed costs weigh more than on the whole trace)")
+            return 0
         path = folder / TRACE_NAME
     t0 = time.perf_counter()
     trace = load_trace(path, TraceOptions(limit=args.limit))

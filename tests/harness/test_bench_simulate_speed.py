@@ -1,0 +1,33 @@
+"""bench/simulate_speed.py runs, and skips with its reason where the full trace is not (a fresh
+clone without ../shared/traces). Its timings are not checked: no test asserts a time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "simulate_speed.py"
+
+
+def _bench(*args: str, traces_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "BATCHLAB_TRACES_DIR": str(traces_dir)}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_without_the_full_trace_it_says_so_and_skips(tmp_path: Path) -> None:
+    done = _bench(traces_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"skipped: the full trace is not at {tmp_path}")
+
+
+def test_on_a_given_trace_it_prints_its_figures_and_the_baseline(tmp_path: Path) -> None:
+    done = _bench(str(REPO / "harness" / "data" / "azure_conv_excerpt.csv"), "--limit", "200",
+                  "--no-cli", traces_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "decode spans (default)" in done.stdout
+    assert "baseline: step by step" in done.stdout
+    assert "identical results: True" in done.stdout
