@@ -14,6 +14,7 @@ from adapters.knobs import KnobError, Knobs
 from harness.cli.common import (
     EXIT_FAILURE,
     PROMPT_SALT_HELP,
+    RawDescriptionFormatter,
     UserError,
     add_subparser,
     add_trace_options,
@@ -107,7 +108,7 @@ def add_calibrate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "  batchlab calibrate --engine vllm --url http://127.0.0.1:8000 \\\n"
         "      --model meta-llama/Llama-3.1-8B --reference-model llama-3.1-8b \\\n"
         "      --gpu h100-sxm --out profiles/h100-llama8b.json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionFormatter,
     )
     add_engine_options(p, gpu_help=CALIBRATE_GPU_HELP)
     add_calibration_target_options(p)
@@ -351,7 +352,7 @@ def add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "      --max-num-batched-tokens 2048 --extra-arg=--dtype --extra-arg=float32 \\\n"
         "      --trace harness/data/azure_conv_excerpt.csv --limit 40 --max-model-len 1024 \\\n"
         "      --on-too-long clip --rate 2 --out reports/validate",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionFormatter,
     )
     add_trace_options(p)
     add_engine_options(p)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.cli.common import (
+    RawDescriptionFormatter,
     UserError,
     add_knob_flags,
     add_subparser,
@@ -54,7 +55,7 @@ def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "  batchlab capacity --trace synthetic --num-requests 400 --prompt-tokens 512 \\\n"
         "      --output-tokens 128 --search concurrency --start 8 --slo ttft_s=1,tpot_s=0.05\n"
         "  batchlab capacity scenarios/batch-size.yaml --resume     # after an interruption",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionFormatter,
     )
     p.add_argument("scenario", nargs="?", metavar="SCENARIO.yaml",
                    help="search every engine × grid setting of this scenario (optional)")

@@ -12,6 +12,7 @@ import dataclasses
 import math
 import re
 import sys
+import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,12 +33,36 @@ class UserError(Exception):
     """A problem with the user's input (file, field, knob): printed without a traceback."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's wrapping, without breaking a line at a hyphen: a path or flag in a help text
+    or an example (``scenarios/batch-size.yaml``, ``--max-num-seqs``) stays whole, so that
+    it can be copied."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width,
+                             break_on_hyphens=False, break_long_words=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(self._whitespace_matcher.sub(" ", text).strip(), width,
+                             initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False, break_long_words=False)
+
+
+class RawDescriptionFormatter(HelpFormatter):
+    """``HelpFormatter`` that keeps the description and epilog as written (their own line
+    breaks: examples, lists), as argparse's RawDescriptionHelpFormatter does."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
 class Parser(argparse.ArgumentParser):
     """No abbreviations (``--gpu`` must never be read as ``--gpu-memory-utilization``), and
     errors that never echo an option's value (it may be a secret)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:

@@ -7,7 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from harness.cli.common import EXIT_FAILURE, UserError, add_subparser
+from harness.cli.common import EXIT_FAILURE, RawDescriptionFormatter, UserError, add_subparser
 
 EXIT_OK = 0
 
@@ -53,7 +53,7 @@ def add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "batchlab version, SLO, load, predicted vs measured).", width=88,
         break_on_hyphens=False),
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionFormatter,
     )
     p.add_argument("before", metavar="BEFORE", help="scenario or run folder: the reference")
     p.add_argument("after", metavar="AFTER", help="scenario or run folder: the one checked")

@@ -18,6 +18,7 @@ from harness.cli.common import (
     MAX_FAILED_HELP,
     OVERWRITE_HELP,
     PROMPT_SALT_HELP,
+    RawDescriptionFormatter,
     UserError,
     add_gpu_option,
     add_knob_flags,
@@ -58,7 +59,7 @@ def add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "  batchlab replay --target http://127.0.0.1:8080 --protocol tgi --trace synthetic \\\n"
         "      --num-requests 200 --prompt-tokens 512 --output-tokens 128 \\\n"
         "      --mode closed --concurrency 16 --slo ttft_s=0.5,tpot_s=0.05",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionFormatter,
     )
     add_trace_options(p)
     g = p.add_argument_group("replay")
@@ -650,7 +651,7 @@ def add_engines(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "time (or approximated with --allow-approximate).\n\n"
         "example: batchlab engines\n"
         "         batchlab engines --markdown > docs/engines.md",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionFormatter,
     )
     p.add_argument("--markdown", action="store_true",
                    help="print docs/engines.md (the same tables as Markdown)")

@@ -13,6 +13,7 @@ from harness.cli.common import (
     MAX_FAILED_HELP,
     OVERWRITE_HELP,
     Parser,
+    RawDescriptionFormatter,
     UserError,
     add_gpu_option,
     add_knob_flags,
@@ -95,7 +96,7 @@ def add_trace(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "  batchlab trace info --trace harness/data/sharegpt_lengths_excerpt.csv --rate 4\n"
         "  batchlab trace info --trace synthetic --num-requests 1000 --rate 2 "
         "--burstiness 0.5 --prompt-tokens 512 --output-tokens 128",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionFormatter,
     )
     add_trace_options(info)
     info.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -308,7 +309,7 @@ def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--policy priority --port 0\n"
         "  then: batchlab replay --target http://127.0.0.1:8000 --protocol openai "
         "--trace harness/data/azure_conv_excerpt.csv --limit 50",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionFormatter,
     )
     p.add_argument("engine", choices=("reference",),
                    help="the engine to serve (batchlab serves only its reference engine)")

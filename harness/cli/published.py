@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.common import add_subparser
+from harness.cli.common import RawDescriptionFormatter, add_subparser
 from harness.published import cli as published
 
 
@@ -27,7 +27,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def add_check_published(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = add_subparser(sub, "check-published", help=published.CHECK_HELP)
+    p = add_subparser(sub, "check-published", help=published.CHECK_HELP,
+                      formatter_class=RawDescriptionFormatter)
     published.check_add_arguments(p)
 
 
@@ -37,7 +38,8 @@ def cmd_check_published(args: argparse.Namespace) -> int:
 
 def add_fit_published(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add_subparser(sub, "fit-published", help=published.FIT_HELP,
-                      description=_sentence(published.FIT_HELP))
+                      description=_sentence(published.FIT_HELP),
+                      formatter_class=RawDescriptionFormatter)
     published.fit_add_arguments(p)
 
 

@@ -39,7 +39,6 @@ FIT_HELP = "refit every shipped profile on the published rows (minutes) and rewr
 
 def check_add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = CHECK_DESCRIPTION
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--profile", metavar="NAME",
                         help="only the rows of this shipped profile (e.g. vllm-h100-sxm), or a "
                              "profile file: then the rows of its engine and GPU, simulated with it")
@@ -163,7 +162,6 @@ def fit_add_arguments(parser: argparse.ArgumentParser) -> None:
         "Fit each shipped profile's coefficients on the rows of the training sources, hold the "
         "other sources out, write the profiles and docs/fidelity.md. Takes a few minutes.\n\n"
         "example:\n  batchlab fit-published")
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--rounds", type=int, default=3,
                         help="fit rounds, each on freshly simulated schedules (default 3)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
