@@ -10,7 +10,8 @@
   (a rerun with ``--overwrite`` in the same process).
 - A folder holding anything batchlab did not write (``foreign_names``) is refused, with or
   without a manifest, even with ``overwrite``: nothing but batchlab's own files is ever
-  deleted.
+  deleted. A scenario sweep's or capacity search's folder (or one setting's search in it) is
+  refused as what it is (``results_folder``), even with ``overwrite``: it holds many runs.
 - A folder holding another run (a different kind, trace digest, engine or target; read from its
   ``manifest.json``) is refused unless ``overwrite``; then it is emptied first. The same run
   again (same identity) replaces the old one: its files are removed first, so nothing of the
@@ -387,6 +388,7 @@ def claim_run_dir(out_dir: Path | str, identity: RunIdentity, *, overwrite: bool
     go of a lock it took."""
     out = Path(out_dir)
     ensure_writable_dir(out, what)
+    _refuse_sweep_folder(out, what)
     took = _lock(out, what)
     try:
         _refuse_foreign(out, what, "choose an empty or new folder")
@@ -413,6 +415,16 @@ def claim_run_dir(out_dir: Path | str, identity: RunIdentity, *, overwrite: bool
             release_run_dir(out)
         raise
     return run_id
+
+
+def _refuse_sweep_folder(out: Path, what: str) -> None:
+    """RunDirError naming what ``out`` is when batchlab made it for many runs (a scenario
+    sweep's, a capacity search's, one setting's search in it: ``results_folder``), not for
+    one: its cells and probes are that sweep's, and ``--overwrite`` replaces a run, not them."""
+    found = results_folder(out)
+    if found is not None and found.kind not in ("run", "cell"):
+        raise RunDirError(f"{what} {out}: is {found.describe()}, not one run's: choose "
+                          "another folder")
 
 
 def _refuse_foreign(out: Path, what: str, instead: str) -> None:

@@ -12,6 +12,13 @@ engine, knobs, trace, SLO and target) and runs only the rest. A server batchlab 
 (``--url``) may have been restarted with another configuration since: a resume whose probes it
 answered reporting other settings than it reports now (its knobs, model, version) is refused,
 naming what changed (``check_same_server``), as one with another SLO or trace is.
+
+A folder holds one search. Another one there (another scenario's, or, without a scenario,
+another engine, knobs, trace, SLO or target: ``other_search``) is refused unless the command
+line says ``--overwrite``; then its setting folders are removed first (``check_same_search``).
+The same search again starts over, or, with ``resume``, goes on; a scenario edited since is
+the same scenario's search, each setting whose definition changed searched again (as
+``batchlab run`` runs an edited scenario again in its folder).
 """
 
 from __future__ import annotations
@@ -56,11 +63,14 @@ from harness.results import (
     write_json_atomic,
 )
 from harness.runfolder import (
+    LOCK_FILE,
+    RunDirError,
     check_each,
     check_removable,
     holding_dir,
     refuse_results_folder,
     remove_run_dir,
+    writer_of,
 )
 from harness.scenario.attached import changed_since, identity_now, is_attached
 from harness.scenario.status import CELL_FILE
@@ -77,6 +87,7 @@ class Setting:
 
     name: str  # its folder, e.g. ``fcfs__max_num_seqs-64``
     plan: ProbePlan
+    scenario: str | None = None  # the scenario it is a setting of; None: the command line's
 
 
 @dataclass(frozen=True)
@@ -178,15 +189,16 @@ def _engine_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[s
 
 
 def known_probes(search_dir: Path, digest: str, *, full: bool = False,
-                 made_from: Mapping[str, Any] | None = None) -> dict[float, ProbeOutcome]:
+                 made_from: Mapping[str, Any] | None = None,
+                 instead: str = "drop --resume to start over") -> dict[float, ProbeOutcome]:
     """Finished probes of this search (same digest) in ``search_dir``, by load (``full``:
     the runs that confirmed a probe stopped early, instead). Refuses a ``search.json`` made
-    with other settings rather than mixing two searches."""
+    with other settings rather than mixing two searches (``instead``: what to do)."""
     recorded = read_json_object(search_dir / SEARCH_FILE)
     if recorded and recorded.get("digest") != digest:
         raise ValueError(f"{search_dir / SEARCH_FILE}: made with other settings ("
-                         f"{_what_changed(recorded.get('made_from'), made_from)}); drop "
-                         "--resume to start over, or choose another --out")
+                         f"{_what_changed(recorded.get('made_from'), made_from)}); {instead}, "
+                         "or choose another --out")
     known: dict[float, ProbeOutcome] = {}
     if not search_dir.is_dir():
         return known
@@ -231,7 +243,7 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
     if resume:
         check_same_server(setting, out_dir)
     else:
-        _clear_earlier_probes(out_dir, setting.name, log)
+        _clear_earlier_probes(out_dir, setting.name, log, digest=plan.digest)
     done: list[ProbeOutcome] = []
 
     def write(status: str, result: SearchResult | None = None, error: str | None = None) -> None:
@@ -328,19 +340,21 @@ def _earlier_probes(search_dir: Path) -> list[Path]:
             and (sub / CELL_FILE).exists()]
 
 
-def _clear_earlier_probes(out_dir: Path, name: str, log: Log | None) -> None:
+def _clear_earlier_probes(out_dir: Path, name: str, log: Log | None, *, digest: str) -> None:
     """A search started over (no --resume) removes the probe folders an earlier search left
     in ``out_dir``: kept, they would sit beside the new ones as if this search had run them.
     Only folders of batchlab's files that no other process writes (``remove_run_dir``:
-    RunDirError naming the folder otherwise)."""
+    RunDirError naming the folder otherwise). ``digest``: this search's; the log says
+    --resume would have reused them only when the earlier search was this one."""
     earlier = _earlier_probes(out_dir)
+    same = read_json_object(out_dir / SEARCH_FILE).get("digest") == digest
     # every one first: a refusal leaves them all as they were
     check_each(earlier, lambda sub: check_removable(sub, "probe folder"))
     for sub in earlier:
         remove_run_dir(sub, "probe folder")
     if earlier and log is not None:
         log(f"{name}: started over: removed {len(earlier)} probe folder(s) of an earlier search "
-            "(--resume reuses them)")
+            + ("(--resume reuses them)" if same else "(another search's, replaced)"))
 
 
 def _trace_bound(result: SearchResult, target: float) -> SearchResult:
@@ -394,14 +408,19 @@ def _search_record(setting: Setting, spec: SearchSpec, status: str,
     }
 
 
-def check_resumable(settings: Sequence[Setting], out_dir: Path) -> None:
+def check_resumable(settings: Sequence[Setting], out_dir: Path, *,
+                    name: str | None = None) -> None:
     """Raises ValueError (``known_probes``, ``check_same_server``) when a search in
     ``out_dir`` was made with other settings, or against an attached server that reports
     another configuration now: checked before anything is written, so a refused --resume
-    changes nothing."""
+    changes nothing. ``name``: this search's, to say when starting over takes --overwrite
+    (another search: ``other_search``)."""
+    other = name is not None and other_search(settings, out_dir, name=name) is not None
+    instead = "drop --resume and pass --overwrite to start over" if other else \
+        "drop --resume to start over"
     for setting in settings:
         known_probes(out_dir / setting.name, setting.plan.digest,
-                     made_from=setting.plan.made_from)
+                     made_from=setting.plan.made_from, instead=instead)
         check_same_server(setting, out_dir / setting.name)
 
 
@@ -484,11 +503,135 @@ def check_out_folders(settings: Sequence[Setting], out_dir: Path) -> None:
         folder, "probe folder", allow=("cell",), instead=instead))
 
 
+# What a search's ``made_from`` records that batchlab chose, not the user: its version and its
+# rules for judging a probe. The same command under another batchlab is the same search
+# (started over: its digest, and so its probes, differ).
+_CHOSEN_BY_BATCHLAB = frozenset({"batchlab", "pace_sigmas", "pace_tolerance", "steady_e2es",
+                                 "pace_rule"})
+
+
+def other_search(settings: Sequence[Setting], out_dir: Path, *, name: str) -> str | None:
+    """What of another capacity search ``out_dir`` holds, in words ("reference-capacity of
+    setting reference, changed: SLO: ..."); None when it holds none, or this one (``name``,
+    of ``settings``): the same scenario's, however edited since (a setting whose definition
+    changed is searched again), or, without a scenario, the same setting (engine, knobs,
+    trace and the bytes of the files it reads, SLO, target; the batchlab version aside)."""
+    recorded = read_json_object(out_dir / SCENARIO_FILE).get("name")
+    if isinstance(recorded, str) and recorded != name:
+        return f"{recorded} of {_settings_text(out_dir)}; this is {name}"
+    for setting in settings:
+        record = read_json_object(out_dir / setting.name / SEARCH_FILE)
+        if setting.scenario is not None or not record or _same_setting(record, setting.plan):
+            continue
+        changed = _what_changed(record.get("made_from"), setting.plan.made_from)
+        return f"{recorded or name} of setting {setting.name}, {changed}"
+    return None
+
+
+def _same_setting(record: Mapping[str, Any], plan: ProbePlan) -> bool:
+    """Whether ``search.json`` (``record``) is a search of the setting ``plan`` searches, by
+    what the user chose (``_CHOSEN_BY_BATCHLAB`` aside); by its digest when it records no
+    ``made_from`` (an older batchlab)."""
+    before = record.get("made_from")
+    if not isinstance(before, Mapping):
+        return bool(record.get("digest") == plan.digest)
+
+    def chosen(made_from: Mapping[str, Any]) -> str:
+        kept = {k: v for k, v in made_from.items() if k not in _CHOSEN_BY_BATCHLAB}
+        return json.dumps(redact_tree(jsonable(kept)), sort_keys=True, default=str)
+
+    return chosen(before) == chosen(plan.made_from)
+
+
+def _settings_text(out_dir: Path) -> str:
+    """The settings a search in ``out_dir`` searched, as a refusal names them: "setting
+    reference", "settings a, b"."""
+    rows = read_json_object(out_dir / CAPACITY_FILE).get("settings")
+    names = ([str(r["setting"]) for r in rows if isinstance(r, dict) and "setting" in r]
+             if isinstance(rows, list) else [f.name for f in _search_dirs(out_dir)])
+    if not names:
+        return "no setting yet"
+    return f"setting{'s' if len(names) > 1 else ''} {', '.join(names)}"
+
+
+def _search_dirs(out_dir: Path) -> list[Path]:
+    """The setting folders (each with its ``search.json``) in ``out_dir``."""
+    if not out_dir.is_dir():
+        return []
+    return [sub for sub in sorted(out_dir.iterdir())
+            if sub.is_dir() and not sub.is_symlink() and (sub / SEARCH_FILE).is_file()]
+
+
+def check_same_search(settings: Sequence[Setting], out_dir: Path, *, name: str,
+                      overwrite: bool, resume: bool = False) -> list[Path]:
+    """The setting folders of another search in ``out_dir`` (``other_search``) that this one
+    replaces: none when it holds none; with ``overwrite``, each of its setting folders this
+    search does not write (those it does, it starts over), every one checked removable
+    (``check_search_removable``); RunDirError naming the other search otherwise. Looks
+    only."""
+    said = other_search(settings, out_dir, name=name)
+    if said is None:
+        return []
+    if not overwrite:
+        how = "drop --resume and pass --overwrite" if resume else "pass --overwrite"
+        raise RunDirError(f"--out {out_dir}: holds another capacity search ({said}); {how} to "
+                          "replace it, or choose another --out")
+    searched = {setting.name for setting in settings}
+    folders = [sub for sub in _search_dirs(out_dir) if sub.name not in searched]
+    check_each(folders, check_search_removable)
+    return folders
+
+
+def _search_names(folder: Path) -> tuple[list[Path], list[str]]:
+    """A setting folder's probe folders (each with its ``cell.json``), and what else in it is
+    not batchlab's: anything but those, ``search.json`` and the lock."""
+    probes, foreign = [], []
+    for sub in sorted(folder.iterdir()):
+        if sub.is_dir() and not sub.is_symlink() and (sub / CELL_FILE).is_file():
+            probes.append(sub)
+        elif sub.is_symlink() or sub.is_dir():
+            foreign.append(sub.name + ("/" if sub.is_dir() else ""))
+        elif sub.name not in (SEARCH_FILE, SEARCH_FILE + ".tmp", LOCK_FILE):
+            foreign.append(sub.name)
+    return probes, foreign
+
+
+def check_search_removable(folder: Path, what: str = "setting folder") -> None:
+    """RunDirError unless ``remove_search_dir`` may remove ``folder`` now: it holds nothing
+    batchlab did not write, and no other process writes a probe in it."""
+    probes, foreign = _search_names(folder)
+    writer = writer_of(folder)
+    if writer is not None:
+        raise RunDirError(f"{what} {folder}: is being written by {writer}; wait for it or "
+                          "choose another --out")
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise RunDirError(f"{what} {folder}: holds files batchlab did not write ({shown}); "
+                          "move them, or choose another --out")
+    check_each(probes, lambda sub: check_removable(sub, "probe folder"))
+
+
+def remove_search_dir(folder: Path, what: str = "setting folder") -> None:
+    """Delete a setting folder of a search replaced (``--overwrite``): its probe folders
+    (``remove_run_dir``), its ``search.json``, then the folder; RunDirError, and nothing
+    more deleted, when something batchlab did not write is found there."""
+    check_search_removable(folder, what)
+    for sub in _search_names(folder)[0]:
+        remove_run_dir(sub, "probe folder")
+    for name in (SEARCH_FILE, SEARCH_FILE + ".tmp", LOCK_FILE):  # a lock nobody holds
+        (folder / name).unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError as exc:  # written into meanwhile: what is there now stays
+        raise RunDirError(f"{what} {folder}: could not be removed ({exc.strerror or exc}); "
+                          "choose another --out") from None
+
+
 def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *,
                  name: str, resume: bool = False, baseline: str | None = None,
                  command: Sequence[str] | None = None, log: Log | None = None,
-                 write_report: bool = True,
-                 every: Sequence[Setting] = ()) -> list[SettingResult]:
+                 write_report: bool = True, every: Sequence[Setting] = (),
+                 overwrite: bool | None = None) -> list[SettingResult]:
     """Search every setting (each into ``out_dir/<setting>``), then write ``capacity.json``,
     the sweep metadata and the report. A setting whose probe cannot run (an engine that does
     not start) is recorded as failed and the others go on.
@@ -496,7 +639,11 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
     ``every``: all the scenario's settings, when ``--only`` chose ``settings`` among them; what
     an earlier search of one not chosen left in ``out_dir`` (with the same digest) stays
     listed and reported, in the scenario's order, as ``batchlab run --only`` keeps the cells
-    it did not run."""
+    it did not run.
+
+    ``overwrite``: another search in ``out_dir`` (``check_same_search``) is refused (False) or
+    replaced, its setting folders removed (True); None searches over whatever is there, for
+    a caller that has judged the folder itself."""
     spec.validate()
     # one search writes ``out_dir`` at a time (harness.runfolder.holding_dir): one there is
     # held before anything in it is read, a new one as soon as it is made
@@ -505,12 +652,16 @@ def run_capacity(settings: Sequence[Setting], spec: SearchSpec, out_dir: Path, *
         if out_dir.is_dir():
             holding.enter_context(holding_dir(out_dir))
         if resume:
-            check_resumable(settings, out_dir)
+            check_resumable(settings, out_dir, name=name)
         else:  # probe folders it will remove hold nothing but batchlab's: refused now
             check_each((sub for setting in settings
                         for sub in _earlier_probes(out_dir / setting.name)),
                        lambda sub: check_removable(sub, "probe folder"))
+        replaced = ([] if overwrite is None else check_same_search(
+            settings, out_dir, name=name, overwrite=overwrite, resume=resume))
         holding.enter_context(holding_dir(out_dir))
+        for folder in replaced:  # another search's, replaced (--overwrite): checked above
+            remove_search_dir(folder)
         # the last search's report no longer describes the folder (its SLO, answers and
         # probes): gone until this one's is written, as a scenario sweep does
         for left in (REPORT_FILE, *REPORT_PLOTS):  # and its figures

@@ -73,7 +73,7 @@ def scenario_settings(scenario: Scenario, *, kind: LoadKind, target: float, slo:
             made_from=payload,
             think_time_s=think_time_s, replay=dict(cell.engine.replay), command=command,
             early_stop=early_stop,
-        )))
+        ), scenario=scenario.name))
     return settings
 
 

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from harness.capacity import SearchResult, SearchSpec, Setting, SettingResult
 
 
+OVERWRITE_HELP = ("replace the search in --out when it is another search's (another scenario, "
+                  "or other engine, knobs, trace, SLO or target); without it such a folder is "
+                  "refused")
+
+
 def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add_subparser(
         sub, "capacity",
@@ -94,6 +99,7 @@ def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="reuse the probes already done in --out (same engine, knobs, trace, SLO "
                    "and target, the same bytes of the trace, lengths and profile files, and "
                    "the same batchlab version); run only the rest")
+    g.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     add_trace_options(p)
     add_engine_options(p)
     r = p.add_argument_group("reference engine (without --engine)")
@@ -133,19 +139,22 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         if (out / setting.name).exists() and not (out / setting.name).is_dir():
             raise UserError(f"--out {out}: {setting.name} is a file there, where the search "
                             f"of setting {setting.name} goes; move it, or choose another --out")
-    from harness.capacity.run import check_out_folders
+    from harness.capacity.run import check_out_folders, check_resumable, check_same_search
 
     try:  # another run's folder, a scenario's: refused before anything is read or written
         check_out_folders(settings, out)
     except RunDirError as exc:
         raise UserError(str(exc)) from None
     if args.resume:
-        from harness.capacity.run import check_resumable
-
         try:
-            check_resumable(settings, out)
+            check_resumable(settings, out, name=name)
         except ValueError as exc:
             raise UserError(str(exc)) from None
+    try:  # another search's, unless --overwrite (then its folders are checked removable)
+        check_same_search(settings, out, name=name, overwrite=args.overwrite,
+                          resume=args.resume)
+    except RunDirError as exc:
+        raise UserError(str(exc)) from None
     try:  # made now, and proved writable: what the checks above cannot tell (/proc as root)
         ensure_writable_dir(out)
     except RunDirError as exc:
@@ -192,7 +201,7 @@ def _search_and_report(args: argparse.Namespace, settings: list[Setting], spec: 
     try:
         results = run_capacity(settings, spec, out, name=name, resume=args.resume,
                                baseline=baseline, command=command_line(), log=_log,
-                               every=every, write_report=False)
+                               every=every, write_report=False, overwrite=args.overwrite)
     except KeyboardInterrupt:  # what to do next, said by the command line's interrupt line
         raise KeyboardInterrupt(f"the finished probes are listed in {out / 'capacity.json'}; "
                                 f"`batchlab report {out}` renders them, and the same command "
@@ -355,7 +364,7 @@ def _baseline_setting(scenario: Any, settings: list[Setting]) -> str | None:
 # without a scenario.
 _SCENARIO_FORM = {"command", "scenario", "search", "target", "slo", "start", "precision",
                   "min_load", "max_load", "max_probes", "think_time_s", "no_early_stop", "only",
-                  "out", "resume", "trace"}
+                  "out", "resume", "overwrite", "trace"}
 
 
 def _refuse_setting_options(args: argparse.Namespace) -> None:

@@ -423,8 +423,8 @@ def test_a_search_killed_outright_leaves_capacity_json_saying_so(
         return real_probe(plan, load, out_dir, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(capacity_run, "run_probe", killed_after_one)
-    with pytest.raises(_Killed):
-        cli_main([*base, "--slo", "ttft_s=0.5"])
+    with pytest.raises(_Killed):  # another search: replaced only when asked
+        cli_main([*base, "--slo", "ttft_s=0.5", "--overwrite"])
     left = json.loads((out / "capacity.json").read_text())
     assert left["status"] == "running" and left["slo"] == {"ttft_s": 0.5}
     row = left["settings"][0]

@@ -161,7 +161,7 @@ def test_a_search_started_over_leaves_no_probe_of_the_earlier_one(
             "64", "--output-tokens", "8", "--max-probes", "3", "--out", str(out)]
     assert cli_main([*args, "--slo", "ttft_s=1"]) == 0
     first = {p.name for p in (out / "reference").iterdir() if p.is_dir()}
-    assert cli_main([*args, "--slo", "ttft_s=2", "--start", "3"]) == 0
+    assert cli_main([*args, "--slo", "ttft_s=2", "--start", "3", "--overwrite"]) == 0
     search = json.loads((out / "reference" / SEARCH_FILE).read_text())
     probes = {p["label"] for p in search["probes"]}
     assert {p.name for p in (out / "reference").iterdir() if p.is_dir()} == probes
