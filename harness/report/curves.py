@@ -63,25 +63,35 @@ class Baselines:
     base: CellResult | None
     by_cell: Mapping[str, CellResult | None]
     per_load: bool  # cells at other loads than the baseline cell's are compared at their own
+    # cells left uncompared because they, or the cell each would be compared with, ran part
+    # of their trace (``CellResult.partial``): that cell, by name of the one left uncompared
+    withheld: Mapping[str, CellResult] = field(default_factory=dict)
 
     @classmethod
     def of(cls, ok: Sequence[CellResult], base: CellResult | None) -> Baselines:
-        """A cell that ended early is compared with nothing, and nothing with it: its
-        figures cover part of its trace (``CellResult.ended_early``)."""
+        """A cell that ended or was stopped early is compared with nothing, and nothing with
+        it: its figures cover part of its trace (``CellResult.partial``)."""
         loads = {c.load for c in ok}
         setting = cell_setting(base) if base is not None else None
+        per_load = base is not None and setting is not None and len(loads) >= 2
         by_cell: dict[str, CellResult | None]
-        if base is None or setting is None or len(loads) < 2:
+        if base is None or not per_load:
             by_cell = dict.fromkeys((c.name for c in ok), base)
         else:
-            at_load = {c.load: c for c in ok
-                       if cell_setting(c) == setting and not c.ended_early}
+            at_load: dict[str, CellResult] = {}
+            for c in ok:  # at a load, a whole run of the setting over one of part of it
+                if cell_setting(c) == setting and (c.load not in at_load
+                                                   or at_load[c.load].partial):
+                    at_load[c.load] = c
             at_load[base.load] = base
             by_cell = {c.name: at_load.get(c.load) for c in ok}
+        withheld: dict[str, CellResult] = {}
         for c in ok:
-            if c.ended_early and c is not base:
+            b = by_cell[c.name]
+            if b is not None and b is not c and (c.partial or b.partial):
                 by_cell[c.name] = None
-        return cls(base, by_cell, setting is not None and base is not None and len(loads) >= 2)
+                withheld[c.name] = b
+        return cls(base, by_cell, per_load, withheld)
 
     def of_cell(self, c: CellResult) -> CellResult | None:
         return self.by_cell.get(c.name)
@@ -643,8 +653,9 @@ def batch_rows(cells: Sequence[CellResult]) -> list[BatchRow]:
         tps = get(c.summary, "throughput.output_tokens_per_s")
         limit = kv_bound(c, use)
         gain = None
-        # Only between saturated rows: a batch the load bounds says nothing about the engine.
-        saturated = limit in ("cap", "kv", "budget")  # requests were waiting
+        # Only between saturated rows: a batch the load bounds says nothing about the engine;
+        # nor to or from a run stopped early, whose tokens/s is of part of its trace
+        saturated = limit in ("cap", "kv", "budget") and not c.partial  # requests waited
         if prev is not None and tps and saturated and batch / prev[0] >= 1.1:
             gain = math.log(tps / prev[1]) / math.log(batch / prev[0])
             turned = turned or gain < FLAT_GAIN

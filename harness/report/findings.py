@@ -116,9 +116,10 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         bases = bases or Baselines.of(ok, base)
         # what a sweep of max_num_seqs asks (the cap within the TPOT SLO, where KV memory
         # binds) before the largest differences between cells
-        # a cell that ended early (interrupted, its engine gone) has partial figures: said
-        # apart below, never compared with a whole run's
-        whole = [c for c in ok if not c.ended_early]
+        # a cell that ended early (interrupted, its engine gone) or was stopped early (its
+        # latencies a lower bound) has partial figures: said apart below, never compared with
+        # a whole run's (``CellResult.partial``)
+        whole = [c for c in ok if not c.partial]
         batch = _batch_size_findings(whole, ctx.slo)
         out += batch
         out += tuning_findings(whole, ctx.slo, latency_stated=bool(batch))
@@ -133,8 +134,7 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         for c in ok:
             b = bases.of_cell(c)
             # a run stopped or ended early has partial figures: said apart, never compared
-            if b is None or b is c or any(get(x.summary, "stopped_early") or x.ended_early
-                                          for x in (b, c)):
+            if b is None or b is c or b.partial or c.partial:
                 continue
             score, text = _comparison(c, b)
             if text:
@@ -297,7 +297,20 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
         return []
     near = [(c, p) for c, p in paces if p is not None and _short_within_chance(p)]
 
+    def counted(pace: Pace) -> bool:
+        """Its rates show the shortfall: not arrivals too short to count a rate over their
+        second half (0 against 0), where the wait that grew is the evidence (as
+        ``Pace.behind_warning`` says it)."""
+        return not (pace.swamped and not pace.completed_per_s < pace.due_per_s)
+
+    def waited_text(pace: Pace) -> str:
+        return (f"those arriving last waited {fmt_seconds(pace.queue_growth_s)} longer for a "
+                f"first token than the first, over arrivals lasting {fmt_seconds(pace.span_s)}, "
+                "too short to count a rate over their second half")
+
     def rates(pace: Pace, short: bool = False) -> str:
+        if not counted(pace):
+            return waited_text(pace)
         grew = (f"; too short to show a steady state, yet those arriving last waited "
                 f"{fmt_seconds(pace.queue_growth_s)} longer for a first token than the first"
                 if pace.swamped else "")
@@ -314,11 +327,13 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
     if len(behind) == 1:
         c, pace = behind[0]
         who = "The engine" if len(ok) == 1 else code(c.name)
-        text = (f"{who} fell behind its arrivals: over the second half of them it "
-                f"{rates(pace)}, so its queue grew for the whole run. "
+        how = (f"over the second half of them it {rates(pace)}" if counted(pace)
+               else waited_text(pace))
+        text = (f"{who} fell behind its arrivals: {how}, so its queue grew for the whole run. "
                 f"{_pace_window([pace], plural=False)} Its " + consequence)
     elif (len({fmt_number(p.due_per_s, "req/s") for _, p in behind}) == 1
-          and len({p.swamped for _, p in behind}) == 1):
+          and len({p.swamped for _, p in behind}) == 1
+          and all(counted(p) for _, p in behind)):
         # one arrival rate (one trace and load), and every run long enough to show a steady
         # state or none: said once, each cell's completions after it
         done = ", ".join(f"{code(c.name)} {fmt_number(p.completed_per_s)}" for c, p in behind)
@@ -1195,7 +1210,7 @@ def _priority_findings(cells: Sequence[CellResult], bases: Baselines, ctx: Repor
     scored = []
     for c in cells:
         base = bases.of_cell(c)
-        if base is None or base is c or base.ended_early:
+        if base is None or base is c or base.partial:
             continue
         base_classes = get(base.summary, "by_priority") or {}
         if len(base_classes) < 2:

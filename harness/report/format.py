@@ -167,6 +167,12 @@ def with_delta(text: str, value: float | None, base: float | None, is_base: bool
     return f"{text} ({delta})" if delta else text
 
 
+def at_least(text: str, bound: bool) -> str:
+    """A figure as written, ``≥ 2.01 s`` when it is only a lower bound (``bound``: a latency
+    of a run stopped early that cut requests off); "–" stays "–"."""
+    return f"≥ {text}" if bound and text != "–" else text
+
+
 def short(text: str, limit: int = 200) -> str:
     """A reason on one line, cut at ``limit`` characters (the cell's error.txt has it all)."""
     text = " ".join(text.split())

@@ -101,6 +101,20 @@ class CellResult:
         return said
 
     @property
+    def stopped_early(self) -> str | None:
+        """Why an early-stop check stopped the run (a capacity probe that found its engine
+        over-saturated: the summary's ``stopped_early``); None when none did."""
+        stopped = get(self.summary, "stopped_early")
+        return str(stopped) if stopped else None
+
+    @property
+    def partial(self) -> bool:
+        """Its figures are of part of its trace: it ended early (``ended_early``) or was
+        stopped early (``stopped_early``). The report compares them with nothing, and
+        nothing with them."""
+        return bool(self.ended_early or self.stopped_early)
+
+    @property
     def in_flight_lost(self) -> bool:
         """Killed outright, summarized from a record of an older batchlab that wrote no
         request down until it ended: the requests in flight then are not among its figures

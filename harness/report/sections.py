@@ -32,6 +32,7 @@ from harness.report.curves import (
     stopped_cut_off,
 )
 from harness.report.format import (
+    at_least,
     code,
     display_path,
     fmt_attainment,
@@ -348,7 +349,10 @@ def latency_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
                                                for c, n in cut)
                   + (": its" if len(cut) == 1 else ": their")
                   + " percentiles are of the requests that finished only, a lower bound "
-                  "(docs/metrics.md).", ""]
+                  "(docs/metrics.md), and so " + ("is its mean" if len(cut) == 1
+                                                  else "are their means")
+                  + ": each marked ≥, here and in the tables below.", ""]
+    lines += _withheld_note(ok, bases)
     labels = row_labels(ok)
     for metric, label in LATENCIES:
         if not any(get(c.summary, f"{metric}.count") for c in ok):
@@ -356,16 +360,53 @@ def latency_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
         rows = []
         for c in ok:
             row: list[str] = [labels[c.name]]
-            b = bases.of_cell(c)
+            b = bases.of_cell(c)  # None beside a cell stopped early: a bound is no figure
+            bound = stopped_cut_off(c.summary) > 0
             for p in PERCENTILES:
                 v = get(c.summary, f"{metric}.{p}")
                 bv = get(b.summary, f"{metric}.{p}") if b else None
-                row.append(with_delta(fmt_seconds(v), v, bv, c is b))
-            row.append(fmt_seconds(get(c.summary, f"{metric}.mean")))
+                row.append(with_delta(at_least(fmt_seconds(v), bound), v, bv, c is b))
+            row.append(at_least(fmt_seconds(get(c.summary, f"{metric}.mean")), bound))
             rows.append(row)
         lines += [f"### {label}", "", table(["cell", *PERCENTILES, "mean"], rows), ""]
         lines += kind_note(ok, _KIND_OF[metric], label)
     return lines
+
+
+def _partial_words(c: CellResult) -> str:
+    """How a cell came to have figures of part of its trace (``CellResult.partial``)."""
+    return "did not run to its end" if c.ended_early else "was stopped early"
+
+
+def _withheld_note(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
+    """Why a row shows no change in brackets where the others do: it, or the cell it would
+    be compared with, ran part of its trace (``Baselines.withheld``)."""
+    if not bases.withheld:
+        return []
+    by_name = {c.name: c for c in ok}
+    parts = []
+    for name, b in bases.withheld.items():
+        c = by_name[name]
+        parts.append(f"{code(name)}, which {_partial_words(c)}" if c.partial else
+                     f"{code(name)} against {code(b.name)}, which {_partial_words(b)}")
+    return ["A cell that was stopped early or did not run to its end has figures of part of "
+            "its trace: no change is given for them, nor against them, here or in the tables "
+            "below. Left without one: " + "; ".join(parts) + ".", ""]
+
+
+def _stopped_note(ok: Sequence[CellResult], what: str) -> list[str]:
+    """``what`` the cells stopped early (that ran to the stop: ``ended_early`` are said
+    apart) show, said once below a table of them: "`a` and `b` were stopped early: " + what,
+    and, beside other cells, that they are not compared with them."""
+    stopped = [code(c.name) for c in ok if c.stopped_early and not c.ended_early]
+    if not stopped:
+        return []
+    names = ", ".join(stopped[:-1]) + f" and {stopped[-1]}" if len(stopped) > 1 else stopped[0]
+    one = len(stopped) == 1
+    return [f"{names} {'was' if one else 'were'} stopped early: "
+            + what.format(its="its" if one else "their", s="" if one else "s",
+                          it="it" if one else "they")
+            + (": not compared with another cell's." if len(ok) > 1 else "."), ""]
 
 
 def throughput_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
@@ -388,6 +429,9 @@ def throughput_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
             "Completed requests and their tokens divided by the run's duration (first arrival "
             "to last event).", "",
             table(["cell", *(label for _, label in cols), "duration"], rows), "",
+            *_stopped_note(ok, "{its} throughput is over the part of {its} trace{s} {it} "
+                           "ran, up to the stop, and counts none of the requests the stop cut "
+                           "off in flight"),
             *kind_note(ok, "throughput", "throughput")]
 
 
@@ -427,6 +471,8 @@ def goodput_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportConte
         rows.append(row)
     headers = ["cell", "good requests", "requests", "goodput req/s", "SLO attainment"]
     lines += [table(headers + (["SLO"] if several else []), rows), ""]
+    lines += _stopped_note(ok, "{its} goodput and SLO attainment count only the requests "
+                               "{it} sent before the stop (docs/metrics.md)")
     return lines + derived_note(ok, "Goodput and SLO attainment", slo=ctx.slo)
 
 
@@ -558,10 +604,12 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
             b = bases.of_cell(c)
             base_cls = get(b.summary, f"by_priority.{key}") if b else None
             row: list[str] = [labels[c.name], fmt_int(get(cls, "num_requests"))]
+            bound = stopped_cut_off(c.summary) > 0  # of the requests that finished only
             for metric in ("ttft_s.p50", "ttft_s.p90", "tpot_s.p90", "itl_s.p99", "itl_s.max",
                            "e2e_s.p90"):
                 v = get(cls, metric)
-                row.append(with_delta(fmt_seconds(v), v, get(base_cls, metric), c is b))
+                row.append(with_delta(at_least(fmt_seconds(v), bound), v,
+                                      get(base_cls, metric), c is b))
             if has_slo:
                 row.append(fmt_attainment(get(cls, "goodput.slo_attainment")))
             rows.append(row)
@@ -577,23 +625,79 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
 def reproduce_section(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Path
                       ) -> list[str]:
     lines = ["## Reproduce", ""]
+    resummarized = [c for c in cells if _resummarized_slo(c) is not None]
+    shown = bool(ctx.command)  # each one's summarize step among the commands
     # Commands are redacted again: a manifest written before redaction may hold secrets.
     if ctx.command:
-        lines += ["Run it again:", "", "```sh", shlex.join(redact_argv(ctx.command)), "```", ""]
+        lines += ["Run it again:", "", "```sh", shlex.join(redact_argv(ctx.command)),
+                  *(_summarize_command(c) for c in resummarized), "```", ""]
     else:
         commands = [(c, list(c.manifest["command"])) for c in cells
                     if c.manifest.get("command")]
+        shown = all(any(c is x for x, _ in commands) for c in resummarized)
         if commands:
             lines += ["Each cell was produced by:", "", "```sh"]
             for c, cmd in commands:
                 lines += [f"# {c.name}", shlex.join(redact_argv(cmd))]
+                if any(c is x for x in resummarized):
+                    lines.append(_summarize_command(c))
             lines += ["```", ""]
+    if resummarized:
+        lines += _resummarized_note(resummarized, cells, shown=shown)
     if ctx.rerender:
         lines += ["Re-render this report from the saved results, without re-running:", "",
                   "```sh", shlex.join(ctx.rerender), "```", ""]
     lines += [f"Metric definitions (TTFT, TPOT, ITL, E2E, goodput): "
               f"[docs/metrics.md]({metrics_link(ctx, out_dir)}).", ""]
     return lines
+
+
+def _resummarized_slo(c: CellResult) -> Mapping[str, float] | None:
+    """The SLO ``c``'s goodput was computed under (its summary's), when ``batchlab summarize
+    --slo`` changed it from the one its run was given (its manifest's, as its command line
+    set it); None when it did not, or no manifest says what the run was given."""
+    if not c.ok or "slo" not in c.manifest:
+        return None
+    now = get(c.summary, "slo")
+    if not isinstance(now, Mapping) or not now:
+        return None  # summarize cannot take an SLO away: none now is the run's own
+    given = c.manifest.get("slo")
+    return None if isinstance(given, Mapping) and dict(given) == dict(now) else now
+
+
+def _summarize_command(c: CellResult) -> str:
+    """The ``batchlab summarize DIR --slo ...`` that gave ``c``'s figures their SLO."""
+    slo = _resummarized_slo(c) or {}
+    return shlex.join(["batchlab", "summarize", display_path(str(c.run_dir)),
+                       "--slo", ",".join(f"{k}={_seconds_arg(v)}" for k, v in slo.items())])
+
+
+def _seconds_arg(value: Any) -> str:
+    """A number of seconds as ``--slo`` takes it back unchanged: ``1``, ``0.05``."""
+    text = repr(float(value))
+    return text.removesuffix(".0")
+
+
+def _resummarized_note(cells: Sequence[CellResult], everyone: Sequence[CellResult], *,
+                       shown: bool) -> list[str]:
+    """What the reproduce commands' ``batchlab summarize`` step is there for: which cells'
+    goodput is under which SLO (the SLO their runs were given is in their commands, and
+    written out nowhere else: the report's figures are not under it). ``everyone``: the
+    report's cells, for "every cell"; ``shown``: whether the commands above have the step
+    of each."""
+    groups: dict[str, list[str]] = {}  # names by what is said of them
+    for c in cells:
+        given = c.manifest.get("slo")
+        text = f"under {slo_text(_resummarized_slo(c) or {})}" + (
+            "" if isinstance(given, Mapping) and given else " (its run was given none)")
+        groups.setdefault(text, []).append(code(c.name))
+    ran = [c for c in everyone if c.ok]
+    parts = [("every cell" if len(names) == len(ran) > 1 else ", ".join(names)) + " " + text
+             for text, names in groups.items()]
+    return ["Goodput and SLO attainment were summarised again since the run, under another "
+            "SLO than the run was given, by `batchlab summarize DIR --slo ...`"
+            + (" (in the commands above)" if shown else "") + ": " + "; ".join(parts) + ".",
+            ""]
 
 
 # ---------------------------------------------------------------- load curves and capacity
@@ -641,11 +745,11 @@ def curves_section(series: Sequence[Series], has_plot: bool,
             ) + (" (stopped early)" if p.stopped else _point_mark(p, target, judged))
             if several:
                 att += f" under {slo_text(p.slo)}" if p.slo else " (no SLO)"
-            bound = "≥ " if p.num_cut_off else ""  # of the requests that finished only
+            bound = p.num_cut_off > 0  # of the requests that finished only
             rows.append([load_text({"kind": s.kind, "value": p.load}),
                          labels.get(p.cell, code(p.cell)),
                          fmt_number(p.output_tokens_per_s),
-                         *(bound + fmt_seconds(v) if v is not None else fmt_seconds(v)
+                         *(at_least(fmt_seconds(v), bound)
                            for v in (p.tpot_p50_s, p.tpot_p90_s, p.ttft_p90_s)), att])
         lines += [f"### {code(s.key)}", "",
                   table(["load", "cell", "output tok/s", "TPOT p50", "TPOT p90", "TTFT p90",
@@ -790,9 +894,10 @@ def batch_size_section(series: Mapping[str, Sequence[BatchRow]],
             if r.past_turn and (i == 0 or not rows[i - 1].past_turn):
                 gain += " **← turn**"
             shown = labels.get(r.cell.name, code(r.cell.name))
+            bound = stopped_cut_off(s) > 0  # of the requests that finished only
             table_rows.append([str(r.cap), shown, running,
-                               fmt_seconds(get(s, "tpot_s.p50")),
-                               fmt_seconds(get(s, "tpot_s.p90")),
+                               at_least(fmt_seconds(get(s, "tpot_s.p50")), bound),
+                               at_least(fmt_seconds(get(s, "tpot_s.p90")), bound),
                                fmt_number(get(s, "throughput.output_tokens_per_s")), kv,
                                fmt_int(get(s, "num_preemptions")), r.limit, gain, r.roofline])
         if len(series) > 1:
@@ -801,6 +906,13 @@ def batch_size_section(series: Mapping[str, Sequence[BatchRow]],
                          "output tok/s", "KV use mean / peak", "preemptions", "bound by", "gain",
                          "roofline"], rows=table_rows,
                         align=("r", "l", "r", "r", "r", "r", "r", "r", "l", "l", "l")), ""]
+    cut = [r.cell for rows in series.values() for r in rows
+           if stopped_cut_off(r.cell.summary) and get(r.cell.summary, "num_completed")]
+    if cut:  # a "≥" shown
+        lines += ["≥: stopped early; TPOT of the requests that finished, not of the "
+                  + ", ".join(f"{stopped_cut_off(c.summary):,} of {code(c.name)}" for c in cut)
+                  + " it cut off: a lower bound (docs/metrics.md). No gain is given to or "
+                  "from a run stopped early: its tokens/s is of part of its trace.", ""]
     lines += kind_note(cells, "TPOT/ITL", "TPOT")
     lines += kind_note(cells, "throughput", "output tokens/s")
     return lines

@@ -240,3 +240,17 @@ def test_a_run_too_short_to_count_rates_is_not_said_to_fall_behind_0_against_0()
     shown = Pace(8.0, 5.0, False, "too short", fell_behind=True, settled=False,
                  queue_growth_s=62.52, span_s=1.06)
     assert "completed 5 req/s while 8 req/s were due" in shown.behind_warning()
+
+
+def test_a_finding_on_arrivals_too_short_to_count_gives_the_wait_not_0_against_0() -> None:
+    swamped = Pace(0.0, 0.0, False, "too short", fell_behind=True, settled=False,
+                   queue_growth_s=62.52, span_s=1.06)
+    (one,) = _behind_finding([_cell("live-4w", swamped)])
+    assert "0 req/s" not in one
+    assert one.startswith("The engine fell behind its arrivals: those arriving last waited "
+                          "62.5 s longer for a first token than the first, over arrivals "
+                          "lasting 1.06 s, too short to count a rate over their second half, "
+                          "so its queue grew")
+    (two,) = _behind_finding([_cell("a", swamped), _cell("b", swamped)])
+    assert "0 req/s" not in two and "were due while they completed" not in two
+    assert "`a` (those arriving last waited 62.5 s longer" in two
