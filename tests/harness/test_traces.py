@@ -805,7 +805,7 @@ def test_cli_trace_info(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["trace", "info", "--trace", str(MOONCAKE), "--max-model-len", "32768",
                  "--on-too-long", "drop", "--priority-fraction", "0.1"]) == 0
     out = capsys.readouterr().out
-    assert "271 over" in out and "dropped_too_long 29" in out and "27 of 271 at 0" in out
+    assert "271 over" in out and "dropped_too_long 29" in out and "27 of 271 set to 0 (high)" in out
     assert main(["trace", "info", "--trace", str(AZURE_CONV), "--limit", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["num_requests"] == 3
     # a lengths-only excerpt is described without --rate; its arrivals are not invented
