@@ -27,7 +27,7 @@ from harness.manifest import read_manifest
 from harness.metrics import attainment_text, num_cut_off
 from harness.report.format import sig, slo_text, value_text
 from harness.report.plots import CapacityMark
-from harness.report.runs import CellResult, get, knob, read_engine_samples
+from harness.report.runs import CellResult, get, knob, preemptions, read_engine_samples
 from harness.results import PROBE_FILE, SEARCH_FILE, read_json_object
 
 DEFAULT_TARGET = 0.99  # SLO attainment a capacity keeps, when no search says otherwise
@@ -632,7 +632,8 @@ def kv_bound(c: CellResult, use: EngineUse | None) -> str:
     cap = knob(c, "max_num_seqs")
     if use is None or use.running_peak is None or not isinstance(cap, int):
         return "–"
-    if (get(c.summary, "num_preemptions") or 0) > 0 or (use.kv_peak or 0) >= KV_FULL:
+    # a live run whose engine exported no count: its preemptions are no evidence either way
+    if (preemptions(c) or 0) > 0 or (use.kv_peak or 0) >= KV_FULL:
         return "kv"
     if use.running_peak >= cap:
         return "cap"

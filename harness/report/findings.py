@@ -1259,8 +1259,15 @@ def _worst_gap_phrase(cls: Mapping[str, Any], base_cls: Mapping[str, Any],
     return [phrase]
 
 
+def _preemption_count(c: CellResult) -> str:
+    """"12 preemptions", or "preemptions not known" (a live run whose engine exported no
+    count: ``preemptions``)."""
+    n = preemptions(c)
+    return "preemptions not known" if n is None else f"{fmt_int(n)} preemptions"
+
+
 def _preemption_finding(cells: Sequence[CellResult], counts: Mapping[str, int | None]) -> str:
-    if not any((get(c.summary, "num_preemptions") or 0) > 0 for c in cells):
+    if not any((preemptions(c) or 0) > 0 for c in cells):
         return ""
     parts = []
     for c in cells:
@@ -1375,7 +1382,7 @@ def _throughput_first(group: Sequence[CellResult], where: str) -> str:
                            "batch: max_num_batched_tokens admits prefills only so fast)"}
         return (f"Throughput-first{where}: KV memory never bounded the running batch up to "
                 f"max_num_seqs {top.cap} ({code(top.cell.name)}: KV use peaked at {peak}, "
-                f"{fmt_int(get(top.cell.summary, 'num_preemptions'))} preemptions); "
+                f"{_preemption_count(top.cell)}); "
                 f"{bound.get(top.limit, 'nothing measured did')}.")
     r = rows[first_kv]
     use = r.use
@@ -1386,7 +1393,7 @@ def _throughput_first(group: Sequence[CellResult], where: str) -> str:
                 else f"its running batch peaked at {use.running_peak:.0f} of {r.cap}"]
     if use.kv_peak is not None:
         evidence.append(f"KV use reached {fmt_pct(use.kv_peak)}")
-    n_pre = get(r.cell.summary, "num_preemptions") or 0
+    n_pre = preemptions(r.cell) or 0
     if n_pre:
         evidence.append(f"{n_pre:,} preemptions")
     limit = (" bounds the running batch as well as the cap" if reached

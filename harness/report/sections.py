@@ -854,6 +854,13 @@ def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
     return lines
 
 
+def _preemptions_text(c: CellResult) -> str:
+    """A cell's preemptions for a table: "not known" for a live run whose engine exported no
+    count (``preemptions``), never a 0 it did not count."""
+    n = preemptions(c)
+    return "not known" if n is None else fmt_int(n)
+
+
 def batch_size_section(series: Mapping[str, Sequence[BatchRow]],
                        report_cells: Sequence[CellResult] | None = None) -> list[str]:
     """The seed's batch-size table from measurements, with the turn marked, and how accurate
@@ -899,7 +906,7 @@ def batch_size_section(series: Mapping[str, Sequence[BatchRow]],
                                at_least(fmt_seconds(get(s, "tpot_s.p50")), bound),
                                at_least(fmt_seconds(get(s, "tpot_s.p90")), bound),
                                fmt_number(get(s, "throughput.output_tokens_per_s")), kv,
-                               fmt_int(get(s, "num_preemptions")), r.limit, gain, r.roofline])
+                               _preemptions_text(r.cell), r.limit, gain, r.roofline])
         if len(series) > 1:
             lines += [f"### {code(name)}", ""]
         lines += [table(["max_num_seqs", "cell", "running mean / peak", "TPOT p50", "TPOT p90",
