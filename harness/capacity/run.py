@@ -27,11 +27,13 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast, get_args
 
+from adapters.reference.cost_model import PROFILES_DIR
 from harness.capacity.probe import (
     ProbePlan,
     cut_off_fields,
@@ -538,9 +540,29 @@ def _same_setting(record: Mapping[str, Any], plan: ProbePlan) -> bool:
 
     def chosen(made_from: Mapping[str, Any]) -> str:
         kept = {k: v for k, v in made_from.items() if k not in _CHOSEN_BY_BATCHLAB}
-        return json.dumps(redact_tree(jsonable(kept)), sort_keys=True, default=str)
+        return json.dumps(redact_tree(jsonable(_without_shipped_coefficients(kept))),
+                          sort_keys=True, default=str)
 
     return chosen(before) == chosen(plan.made_from)
+
+
+def _without_shipped_coefficients(made_from: Mapping[str, Any]) -> dict[str, Any]:
+    """``made_from`` without the coefficients batchlab ships: a shipped profile's file, and
+    the resolved coefficients' name and digest (a shipped profile's, the catalog's, or a
+    file's, which the file's own digest in ``files`` stands for): a profile refitted by a
+    newer batchlab leaves the user's search the same search; a profile file of the user's
+    own still tells two searches apart by its bytes."""
+    out = dict(made_from)
+    files = out.get("files")
+    if isinstance(files, Mapping):
+        shipped = str(PROFILES_DIR.resolve()) + os.sep
+        out["files"] = {path: digest for path, digest in files.items()
+                        if not str(path).startswith(shipped)}
+    engine = out.get("engine")
+    if isinstance(engine, Mapping):
+        out["engine"] = {k: v for k, v in engine.items()
+                         if k not in ("cost_model", "cost_model_digest")}
+    return out
 
 
 def _settings_text(out_dir: Path) -> str:
@@ -582,24 +604,27 @@ def check_same_search(settings: Sequence[Setting], out_dir: Path, *, name: str,
     return folders
 
 
-def _search_names(folder: Path) -> tuple[list[Path], list[str]]:
-    """A setting folder's probe folders (each with its ``cell.json``), and what else in it is
+def _search_names(folder: Path) -> tuple[list[Path], list[Path], list[str]]:
+    """A setting folder's probe folders (each with its ``cell.json``), its empty folders (a
+    probe's, interrupted before its ``cell.json``: they hold nothing), and what else in it is
     not batchlab's: anything but those, ``search.json`` and the lock."""
-    probes, foreign = [], []
+    probes, empty, foreign = [], [], []
     for sub in sorted(folder.iterdir()):
         if sub.is_dir() and not sub.is_symlink() and (sub / CELL_FILE).is_file():
             probes.append(sub)
+        elif sub.is_dir() and not sub.is_symlink() and not any(sub.iterdir()):
+            empty.append(sub)
         elif sub.is_symlink() or sub.is_dir():
             foreign.append(sub.name + ("/" if sub.is_dir() else ""))
         elif sub.name not in (SEARCH_FILE, SEARCH_FILE + ".tmp", LOCK_FILE):
             foreign.append(sub.name)
-    return probes, foreign
+    return probes, empty, foreign
 
 
 def check_search_removable(folder: Path, what: str = "setting folder") -> None:
     """RunDirError unless ``remove_search_dir`` may remove ``folder`` now: it holds nothing
     batchlab did not write, and no other process writes a probe in it."""
-    probes, foreign = _search_names(folder)
+    probes, _, foreign = _search_names(folder)
     writer = writer_of(folder)
     if writer is not None:
         raise RunDirError(f"{what} {folder}: is being written by {writer}; wait for it or "
@@ -616,8 +641,12 @@ def remove_search_dir(folder: Path, what: str = "setting folder") -> None:
     (``remove_run_dir``), its ``search.json``, then the folder; RunDirError, and nothing
     more deleted, when something batchlab did not write is found there."""
     check_search_removable(folder, what)
-    for sub in _search_names(folder)[0]:
+    probes, empty, _ = _search_names(folder)
+    for sub in probes:
         remove_run_dir(sub, "probe folder")
+    for sub in empty:
+        with contextlib.suppress(OSError):  # written into meanwhile: rmdir below says so
+            sub.rmdir()
     for name in (SEARCH_FILE, SEARCH_FILE + ".tmp", LOCK_FILE):  # a lock nobody holds
         (folder / name).unlink(missing_ok=True)
     try:

@@ -152,3 +152,45 @@ def test_overwrite_never_removes_what_batchlab_did_not_write(
             "(mine.csv)") in _err(capsys)
     assert (out / "reference" / "rate-2" / "mine.csv").is_file()
     assert (out / "reference" / "search.json").is_file()
+
+
+def test_a_shipped_profile_refitted_since_leaves_the_same_search(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same command, with --profile, after a newer batchlab refitted that shipped profile:
+    the same search, started over, not another one refused; a profile file of the user's own
+    that changed is another search."""
+    out = tmp_path / "c"
+    command = [*FIRST, "--profile", "trtllm-h100-sxm", "--out", str(out)]
+    assert cli_main(command) == 0
+    path = out / "trtllm-h100-sxm" / "search.json"
+    record = json.loads(path.read_text())
+    made_from = record["made_from"]
+    made_from["engine"]["cost_model"] = "trtllm-h100-sxm: fitted on published measurements, old"
+    made_from["engine"]["cost_model_digest"] = "0123456789abcdef"
+    made_from["files"] = {p: ("0" * 64 if p.endswith("trtllm-h100-sxm.json") else d)
+                          for p, d in made_from["files"].items()}
+    record["digest"] = "another"
+    path.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert cli_main(command) == 0
+    assert "started over: removed" in capsys.readouterr().err
+    # the user's own profile, edited since: another search
+    own = tmp_path / "mine.json"
+    own.write_text(json.dumps({"memory_efficiency": 0.7, "device": "h100-sxm"}))
+    mine = [*FIRST, "--profile", str(own), "--out", str(tmp_path / "d")]
+    assert cli_main(mine) == 0
+    own.write_text(json.dumps({"memory_efficiency": 0.6, "device": "h100-sxm"}))
+    capsys.readouterr()
+    assert cli_main(mine) == 2
+    assert "holds another capacity search" in _err(capsys)
+
+
+def test_overwrite_removes_an_empty_probe_folder_an_interrupt_left(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A probe interrupted between making its folder and writing its cell.json leaves an empty
+    folder: it holds nothing of anyone's, and does not stop --overwrite."""
+    out = tmp_path / "c"
+    assert cli_main([*FIRST, "--profile", "trtllm-h100-sxm", "--out", str(out)]) == 0
+    (out / "trtllm-h100-sxm" / "rate-99").mkdir()
+    assert cli_main([*OTHER, "--out", str(out), "--overwrite"]) == 0
+    assert not (out / "trtllm-h100-sxm").exists()
