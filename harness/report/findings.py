@@ -329,8 +329,9 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
         who = "The engine" if len(ok) == 1 else code(c.name)
         how = (f"over the second half of them it {rates(pace)}" if counted(pace)
                else waited_text(pace))
+        window = f"{_pace_window([pace], plural=False)} " if counted(pace) else ""
         text = (f"{who} fell behind its arrivals: {how}, so its queue grew for the whole run. "
-                f"{_pace_window([pace], plural=False)} Its " + consequence)
+                f"{window}Its " + consequence)
     elif (len({fmt_number(p.due_per_s, "req/s") for _, p in behind}) == 1
           and len({p.swamped for _, p in behind}) == 1
           and all(counted(p) for _, p in behind)):
@@ -351,9 +352,12 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
                 + consequence)
     else:
         names = "; ".join(f"{code(c.name)} ({rates(p)})" for c, p in behind)
+        # the rates' window, said for the cells whose rates were counted only
+        rated = [p for _, p in behind if counted(p)]
+        over = " (over the second half of the arrivals)" if len(rated) == len(behind) else ""
+        window = (f"{_pace_window(rated, plural=len(rated) > 1)} " if rated else "")
         text = (f"{len(behind)} of {len(ok)} cells fell behind their arrivals, their queues "
-                f"growing for the whole run (over the second half of the arrivals): {names}. "
-                f"{_pace_window([p for _, p in behind], plural=True)} Their " + consequence)
+                f"growing for the whole run{over}: {names}. {window}Their " + consequence)
     if near:
         names = "; ".join(f"{code(c.name)} ({rates(p, short=True)})" for c, p in near)
         text += (f" Short of its arrivals too, by more than {fmt_pct(PACE_TOLERANCE)} but by no "

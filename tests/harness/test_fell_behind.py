@@ -251,6 +251,9 @@ def test_a_finding_on_arrivals_too_short_to_count_gives_the_wait_not_0_against_0
                           "62.5 s longer for a first token than the first, over arrivals "
                           "lasting 1.06 s, too short to count a rate over their second half, "
                           "so its queue grew")
+    # no rate was given: nothing explains a rate's window
+    assert "completion rate" not in one and "second half of them" not in one
     (two,) = _behind_finding([_cell("a", swamped), _cell("b", swamped)])
     assert "0 req/s" not in two and "were due while they completed" not in two
     assert "`a` (those arriving last waited 62.5 s longer" in two
+    assert "completion rate" not in two and "(over the second half" not in two
