@@ -151,7 +151,7 @@ class CanonicalReader:
     def __init__(self, spec: TelemetrySpec) -> None:
         self.spec = spec
         self._previous: dict[str, float] = {}  # counter key -> last value
-        self._num_readings = 0  # scrapes answered so far
+        self._num_readings = 0  # scrapes answered with any of the engine's metrics so far
 
     def _increase(self, key: str, value: float) -> float:
         previous = self._previous.get(key)
@@ -173,7 +173,8 @@ class CanonicalReader:
                 missing.append(signal)
             else:
                 values.update(got)
-        self._num_readings += 1
+        if len(missing) < len(CANONICAL_SIGNALS):  # the engine's metrics were there: a baseline
+            self._num_readings += 1
         return Reading(values, tuple(missing))
 
     def _signal(

@@ -263,3 +263,15 @@ def test_a_counter_that_appears_mid_run_counts_from_zero() -> None:
         "num_preemptions"] == 7
     assert reader.reading(parse_exposition(vllm_text(preemptions=9))).values[
         "num_preemptions"] == 2
+
+
+def test_a_scrape_before_the_engine_exports_its_metrics_is_no_baseline() -> None:
+    """An endpoint that answers before the engine has registered its metrics: the first scrape
+    with them is the baseline, so what the engine counted before the run is not counted."""
+    reader = CanonicalReader(vllm.TELEMETRY)
+    empty = reader.reading(parse_exposition("# nothing yet\n"))
+    assert empty.values["num_preemptions"] is None
+    first = reader.reading(parse_exposition(vllm_text(preemptions=40)))
+    assert first.values["num_preemptions"] == 0
+    assert reader.reading(parse_exposition(vllm_text(preemptions=42))).values[
+        "num_preemptions"] == 2
