@@ -245,7 +245,7 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
     if resume:
         check_same_server(setting, out_dir)
     else:
-        _clear_earlier_probes(out_dir, setting.name, log, digest=plan.digest)
+        _clear_earlier_probes(out_dir, setting.name, log, plan=plan)
     done: list[ProbeOutcome] = []
 
     def write(status: str, result: SearchResult | None = None, error: str | None = None) -> None:
@@ -342,21 +342,24 @@ def _earlier_probes(search_dir: Path) -> list[Path]:
             and (sub / CELL_FILE).exists()]
 
 
-def _clear_earlier_probes(out_dir: Path, name: str, log: Log | None, *, digest: str) -> None:
+def _clear_earlier_probes(out_dir: Path, name: str, log: Log | None, *,
+                          plan: ProbePlan) -> None:
     """A search started over (no --resume) removes the probe folders an earlier search left
     in ``out_dir``: kept, they would sit beside the new ones as if this search had run them.
     Only folders of batchlab's files that no other process writes (``remove_run_dir``:
-    RunDirError naming the folder otherwise). ``digest``: this search's; the log says
-    --resume would have reused them only when the earlier search was this one."""
+    RunDirError naming the folder otherwise). ``plan``: this search's; the log says --resume
+    would have reused them only when the earlier search was this one, with the same digest
+    (``known_probes``)."""
     earlier = _earlier_probes(out_dir)
-    same = read_json_object(out_dir / SEARCH_FILE).get("digest") == digest
+    same = read_json_object(out_dir / SEARCH_FILE).get("digest") == plan.digest
     # every one first: a refusal leaves them all as they were
     check_each(earlier, lambda sub: check_removable(sub, "probe folder"))
     for sub in earlier:
         remove_run_dir(sub, "probe folder")
     if earlier and log is not None:
         log(f"{name}: started over: removed {len(earlier)} probe folder(s) of an earlier search "
-            + ("(--resume reuses them)" if same else "(another search's, replaced)"))
+            + ("(--resume reuses them)" if same else
+               "(made with other settings or another batchlab: --resume would not reuse them)"))
 
 
 def _trace_bound(result: SearchResult, target: float) -> SearchResult:
