@@ -46,6 +46,9 @@ from harness.results import write_parquet_atomic
 
 TELEMETRY_FILE = "telemetry.parquet"
 DEFAULT_INTERVAL_S = 0.25
+# after the run's end, scrapes while the engine's counters still rise (TelemetryScraper._settle)
+SETTLE_SCRAPES = 8
+SETTLE_INTERVAL_S = 0.25
 
 COLUMNS = (
     "t_s",
@@ -57,6 +60,8 @@ COLUMNS = (
     "num_batched_tokens",
     "batch_tokens_mean",
 )
+# Columns that are counters' increases since the last scrape.
+_COUNTED = ("num_preemptions", "num_steps", "num_batched_tokens")
 # Output columns each canonical signal fills.
 _SIGNAL_COLUMNS = {
     "num_running": ("num_running",),
@@ -416,15 +421,16 @@ class TelemetryScraper:
         try:
             while True:
                 tick_ns = self.clock_ns()
-                await self.scrape_once()
+                row = await self.scrape_once()
                 if stop.is_set():
+                    await self._settle(row)
                     break
                 # keep the period: sleep what is left of the interval after the scrape
                 left_s = self.interval_s - (self.clock_ns() - tick_ns) / 1e9
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=max(0.0, left_s))
                 if stop.is_set():
-                    await self.scrape_once()  # the state at the end of the run
+                    await self._settle(await self.scrape_once())  # the state at the end
                     break
         finally:
             if self.out_path is not None:
@@ -433,6 +439,20 @@ class TelemetryScraper:
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
+
+    async def _settle(self, row: Mapping[str, Any]) -> None:
+        """After the run's last scrape (``row``), scrape once more, then again while the
+        engine's counters still rise, up to ``SETTLE_SCRAPES`` times in all: an engine may
+        publish a step's stats after its tokens were streamed (vLLM's API server gets them
+        from the engine core, behind the streams), so the last steps of a run can reach
+        /metrics after its end. Not after a scrape that failed (an engine gone)."""
+        for i in range(SETTLE_SCRAPES):
+            if row.get("scrape_error") is not None:
+                return
+            if i > 0 and not any((row.get(c) or 0) > 0 for c in _COUNTED):
+                return
+            await asyncio.sleep(min(self.interval_s, SETTLE_INTERVAL_S))
+            row = await self.scrape_once()
 
     def table(self) -> pa.Table:
         return telemetry_table(self.rows)

@@ -275,3 +275,29 @@ def test_a_scrape_before_the_engine_exports_its_metrics_is_no_baseline() -> None
     assert first.values["num_preemptions"] == 0
     assert reader.reading(parse_exposition(vllm_text(preemptions=42))).values[
         "num_preemptions"] == 2
+
+
+def test_the_scraper_waits_for_counters_still_rising_after_the_run(tmp_path: Path) -> None:
+    """vLLM publishes a step's stats after streaming its tokens: the last steps of a run can
+    reach /metrics after its end. The scraper scrapes again while the counters still rise, so
+    the run's totals are whole (a real vLLM run in CI once counted 1,503 of 1,536 tokens)."""
+    texts = [vllm_text(steps=10, tokens=100), vllm_text(steps=12, tokens=120),
+             vllm_text(steps=15, tokens=150), vllm_text(steps=17, tokens=170),
+             vllm_text(steps=17, tokens=170)]
+    source = FakeSource(texts, vllm.TELEMETRY)
+    scraper = TelemetryScraper(source, tmp_path / "telemetry.parquet", interval_s=0.01)
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(scraper.run(stop))
+        while source.num_reads < 2:  # the run ends with its counters still rising
+            await asyncio.sleep(0.001)
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(go())
+    rows = pq.read_table(tmp_path / "telemetry.parquet").to_pylist()
+    assert sum(r["num_steps"] or 0 for r in rows) == 7  # 17 - 10: every step counted
+    assert sum(r["num_batched_tokens"] or 0 for r in rows) == 70
+    assert rows[-1]["num_steps"] == 0  # and no scrape more once they stopped rising
+    assert source.num_reads == len(rows) <= 7
