@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 from adapters.reference.cost_model import ProfileError, shipped_profiles
 from harness.published.check import (
@@ -17,7 +18,7 @@ from harness.published.check import (
     render_text,
 )
 from harness.published.profiles import read_profile
-from harness.published.rows import load_rows, select
+from harness.published.rows import PublishedRow, load_rows, select
 from harness.published.sensitivity import length_sensitivity
 
 CHECK_HELP = "replay every published measurement on the reference engine and compare"
@@ -81,6 +82,7 @@ def check_run(args: argparse.Namespace) -> int:
     # A shipped name checks the rows with the shipped profiles (in parallel); a file is used
     # for every selected row.
     custom = profile if args.profile and args.profile not in shipped_profiles() else None
+    _say_what_is_simulated(rows)
     checked = check_rows(rows, jobs=args.jobs, profile=custom)
     print(render_text(checked))
     if args.write_docs:
@@ -108,6 +110,7 @@ def _check_catalog(args: argparse.Namespace) -> int:
                   "--profile)", file=sys.stderr)
             return 2
         rows = select(rows, profile=args.profile)
+    _say_what_is_simulated(rows)
     checked = check_rows(rows, jobs=args.jobs, catalog=True)
     width = max(len(c.row.row_id) for c in checked)
     print(f"{'row':<{width}}  {'metric':<12} {'published':>10} {'catalog':>10} {'ratio':>6}")
@@ -175,6 +178,14 @@ def fit_run(args: argparse.Namespace) -> int:
     checked = refit_all(load_rows(), rounds=args.rounds, jobs=args.jobs)
     print("\n".join(stats_lines(checked)))
     return 0
+
+
+def _say_what_is_simulated(rows: Sequence[PublishedRow]) -> None:
+    """One line on stderr before a check that may take minutes: how much it simulates."""
+    num = sum(r.num_requests for r in rows)
+    print(f"simulating {len(rows)} published row{'s' if len(rows) != 1 else ''}, each with "
+          f"its whole published request count ({num:,} requests; all of the rows take about "
+          "two minutes on two cores)", file=sys.stderr, flush=True)
 
 
 def _kinds_text(by_kind: object) -> str:

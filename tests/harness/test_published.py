@@ -304,7 +304,12 @@ def test_check_published_cli_for_one_profile(capsys: pytest.CaptureFixture[str])
     parser = argparse.ArgumentParser()
     cli.check_add_arguments(parser)
     assert cli.check_run(parser.parse_args(["--profile", "tgi-h100-sxm", "--jobs", "1"])) == 0
-    out = capsys.readouterr().out
+    said = capsys.readouterr()
+    out = said.out
+    # before a wait that may last minutes, stderr says what is simulated
+    assert said.err == ("simulating 2 published rows, each with its whole published request "
+                        "count (220 requests; all of the rows take about two minutes on two "
+                        "cores)\n")
     assert "tgiv3-tgi-70b-h100-tp8-long" in out and "held-out" in out
     # TGI's held-out figures are run durations: throughput, the only kind it was measured on
     stats = read_profile("tgi-h100-sxm").fit["held_out_by_kind"]["throughput"]
