@@ -92,6 +92,13 @@ class Pace:
                 and self.queue_growth_s > QUEUE_GROWTH_SHARE * self.span_s)
 
     @property
+    def counted(self) -> bool:
+        """Its rates show the shortfall: not arrivals too short to count a rate over their
+        second half (``swamped`` with no fewer completed than due, 0 against 0 at the least),
+        where the wait that grew is the evidence."""
+        return not (self.swamped and not self.completed_per_s < self.due_per_s)
+
+    @property
     def overloaded(self) -> bool:
         """Fell behind over arrivals long enough to tell a growing backlog from the edges of a
         short run, or too short yet ``swamped``: what a run report says of a run (a capacity
@@ -108,9 +115,8 @@ class Pace:
         after = ("so its queue grew for the whole run: TTFT and E2E are those of this trace's "
                  "length, not of a steady state (`batchlab capacity` finds the load it keeps "
                  "pace with)")
-        if self.swamped and not self.completed_per_s < self.due_per_s:
-            # arrivals too short for the counts to show it (requests that decode for longer
-            # than half of them are counted on neither side): the wait is the evidence
+        if not self.counted:  # requests that decode for longer than half of the arrivals
+            # are counted on neither side: the wait is the evidence
             return (f"the engine fell behind its arrivals: {waited}, over arrivals lasting "
                     f"{_seconds(self.span_s or 0.0)} (too short to show a steady state, or to "
                     f"count a rate over their second half), {after}")

@@ -44,6 +44,7 @@ from harness.report.curves import (
     within_precision,
 )
 from harness.report.format import (
+    and_codes,
     code,
     fmt_attainment,
     fmt_int,
@@ -297,19 +298,13 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
         return []
     near = [(c, p) for c, p in paces if p is not None and _short_within_chance(p)]
 
-    def counted(pace: Pace) -> bool:
-        """Its rates show the shortfall: not arrivals too short to count a rate over their
-        second half (0 against 0), where the wait that grew is the evidence (as
-        ``Pace.behind_warning`` says it)."""
-        return not (pace.swamped and not pace.completed_per_s < pace.due_per_s)
-
     def waited_text(pace: Pace) -> str:
         return (f"those arriving last waited {fmt_seconds(pace.queue_growth_s)} longer for a "
                 f"first token than the first, over arrivals lasting {fmt_seconds(pace.span_s)}, "
                 "too short to count a rate over their second half")
 
     def rates(pace: Pace, short: bool = False) -> str:
-        if not counted(pace):
+        if not pace.counted:  # the wait is the evidence, as Pace.behind_warning says it
             return waited_text(pace)
         grew = (f"; too short to show a steady state, yet those arriving last waited "
                 f"{fmt_seconds(pace.queue_growth_s)} longer for a first token than the first"
@@ -327,14 +322,14 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
     if len(behind) == 1:
         c, pace = behind[0]
         who = "The engine" if len(ok) == 1 else code(c.name)
-        how = (f"over the second half of them it {rates(pace)}" if counted(pace)
+        how = (f"over the second half of them it {rates(pace)}" if pace.counted
                else waited_text(pace))
-        window = f"{_pace_window([pace], plural=False)} " if counted(pace) else ""
+        window = f"{_pace_window([pace], plural=False)} " if pace.counted else ""
         text = (f"{who} fell behind its arrivals: {how}, so its queue grew for the whole run. "
                 f"{window}Its " + consequence)
     elif (len({fmt_number(p.due_per_s, "req/s") for _, p in behind}) == 1
           and len({p.swamped for _, p in behind}) == 1
-          and all(counted(p) for _, p in behind)):
+          and all(p.counted for _, p in behind)):
         # one arrival rate (one trace and load), and every run long enough to show a steady
         # state or none: said once, each cell's completions after it
         done = ", ".join(f"{code(c.name)} {fmt_number(p.completed_per_s)}" for c, p in behind)
@@ -353,7 +348,7 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
     else:
         names = "; ".join(f"{code(c.name)} ({rates(p)})" for c, p in behind)
         # the rates' window, said for the cells whose rates were counted only
-        rated = [p for _, p in behind if counted(p)]
+        rated = [p for _, p in behind if p.counted]
         over = " (over the second half of the arrivals)" if len(rated) == len(behind) else ""
         window = (f"{_pace_window(rated, plural=len(rated) > 1)} " if rated else "")
         text = (f"{len(behind)} of {len(ok)} cells fell behind their arrivals, their queues "
@@ -400,7 +395,7 @@ def _pace_unchecked_finding(ok: Sequence[CellResult]) -> list[str]:
         head = (f"Whether {who} kept pace with its arrivals could not be checked, its run "
                 f"being {why(pace)}.")
     else:
-        head = (f"Whether {_and([c.name for c, _ in unchecked])} kept pace with their "
+        head = (f"Whether {and_codes([c.name for c, _ in unchecked])} kept pace with their "
                 "arrivals could not be checked, each run being too short to show a steady "
                 "state: " + "; ".join(whose(c, p) for c, p in unchecked) + ".")
     behind = any(c.pace is not None and c.pace.overloaded for c in ok)
@@ -498,12 +493,6 @@ METRIC_KINDS = {"throughput.output_tokens_per_s": "throughput", "ttft_s.p90": "T
                 "tpot_s.p90": "TPOT/ITL"}
 
 
-def _and(names: Sequence[str]) -> str:
-    """"`a`", "`a` and `b`", "`a`, `b` and `c`"."""
-    coded = [code(n) for n in names]
-    return coded[0] if len(coded) == 1 else f"{', '.join(coded[:-1])} and {coded[-1]}"
-
-
 @dataclass(frozen=True)
 class _Margin:
     """How far apart figures of one kind (``KINDS``: throughput, TTFT, TPOT/ITL) must be to
@@ -580,22 +569,23 @@ class _Margin:
         if self.unknown:
             parts.append(f"no {self.kind} error was ever measured for either"
                          if either and len(self.unknown) == 2 else
-                         f"the {self.kind} error of {_and(self.unknown)} was never measured")
+                         f"the {self.kind} error of {and_codes(self.unknown)} was never measured")
         if self.unrecorded:
             parts.append("no error is recorded in either run"
                          if either and len(self.unrecorded) == 2 else
                          f"no error is recorded in the run"
-                         f"{'s' if len(self.unrecorded) > 1 else ''} of {_and(self.unrecorded)}")
+                         f"{'s' if len(self.unrecorded) > 1 else ''} of "
+                         f"{and_codes(self.unrecorded)}")
         if self.uncovered:
             its = "their" if len(self.uncovered) > 1 else "its"
             if self.unknown:  # "the TTFT error of `a` was never measured, nor that of `b` ..."
-                parts[0] += (f", nor that of {_and(self.uncovered)} for {its} model, GPU and "
+                parts[0] += (f", nor that of {and_codes(self.uncovered)} for {its} model, GPU and "
                              "data types")
             else:
-                parts.append(f"the {self.kind} error of {_and(self.uncovered)} was never "
+                parts.append(f"the {self.kind} error of {and_codes(self.uncovered)} was never "
                              f"measured for {its} model, GPU and data types")
         if self.known and self.quoted:
-            parts.append(f"predicted {self.kind} of {_and(self.quoted)} misses by a median "
+            parts.append(f"predicted {self.kind} of {and_codes(self.quoted)} misses by a median "
                          f"{fmt_pct(self.within)}")
         return "; ".join(parts)
 
@@ -1131,7 +1121,7 @@ def _leaders(cells: Sequence[CellResult]) -> str:
             low, high = fmt_pair(min(get(c.summary, metric) for c in near),
                                  max(get(c.summary, metric) for c in near), write)
             among = ("in every cell" if len(near) == len(cells)
-                     else f"among {_and([c.name for c in near])}")
+                     else f"among {and_codes([c.name for c in near])}")
             error = _Margin.of(near, kind)
             within = "" if not error.known else "within the predictions' known error: "
             return f"{what} not told apart ({low} to {high} {among}; {within}{error.why()})"

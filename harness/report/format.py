@@ -167,6 +167,12 @@ def with_delta(text: str, value: float | None, base: float | None, is_base: bool
     return f"{text} ({delta})" if delta else text
 
 
+def and_codes(names: Sequence[str]) -> str:
+    """"`a`", "`a` and `b`", "`a`, `b` and `c`"."""
+    coded = [code(n) for n in names]
+    return coded[0] if len(coded) == 1 else f"{', '.join(coded[:-1])} and {coded[-1]}"
+
+
 def at_least(text: str, bound: bool) -> str:
     """A figure as written, ``≥ 2.01 s`` when it is only a lower bound (``bound``: a latency
     of a run stopped early that cut requests off); "–" stays "–"."""

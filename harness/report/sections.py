@@ -32,6 +32,7 @@ from harness.report.curves import (
     stopped_cut_off,
 )
 from harness.report.format import (
+    and_codes,
     at_least,
     code,
     display_path,
@@ -398,10 +399,10 @@ def _stopped_note(ok: Sequence[CellResult], what: str) -> list[str]:
     """``what`` the cells stopped early (that ran to the stop: ``ended_early`` are said
     apart) show, said once below a table of them: "`a` and `b` were stopped early: " + what,
     and, beside other cells, that they are not compared with them."""
-    stopped = [code(c.name) for c in ok if c.stopped_early and not c.ended_early]
+    stopped = [c.name for c in ok if c.stopped_early and not c.ended_early]
     if not stopped:
         return []
-    names = ", ".join(stopped[:-1]) + f" and {stopped[-1]}" if len(stopped) > 1 else stopped[0]
+    names = and_codes(stopped)
     one = len(stopped) == 1
     return [f"{names} {'was' if one else 'were'} stopped early: "
             + what.format(its="its" if one else "their", s="" if one else "s",
