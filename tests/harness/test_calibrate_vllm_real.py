@@ -14,12 +14,16 @@ had mean -2.6% and standard deviation 9.4% (all within ±16%), that of the media
 moving between calibration and validation (the fidelity's ``engine_speed_vs_calibration``
 shows a reading of it). The bounds, 25% on both, sit 2.4 and 3.5 standard deviations out. A
 model that misses batching (TPOT of one request at a time) or the prefill cost errs by 2x and
-more.
+more. In the whole suite the machine has moved further: two runs missed the TPOT bound (-29%,
+-32%) while the speed probe read the engine 15% and 37% slower than at calibration. So when a
+bound is missed and the probe says the engine's speed moved by more than ``MAX_DRIFT``, the test
+calibrates and validates once more, and asserts on that second attempt; a model that errs misses
+both.
 
 Needs ``make engines`` (``.venvs/vllm``, ``models/small-llama``); skips without them outside CI
 and fails without them in CI. About 3 min 10 s on 2 cores: start-up ~55 s (``--enforce-eager``
 skips the torch.compile warm-up), calibration ~50 s, validation ~90 s (40 s of arrivals, the
-tail, two speed probes).
+tail, two speed probes); twice that when the machine drifted.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ TRACE = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
 
 MAX_TPOT_P50_ERROR = 0.25
 MAX_TTFT_P50_ERROR = 0.25
+# the probe's change of the mean decode step above which an attempt's misses are the machine's
+MAX_DRIFT = 0.10
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(900)]
 
@@ -71,10 +77,10 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield session.plan.base_url
 
 
-def test_calibrated_reference_predicts_vllm_on_a_held_out_trace(vllm_url: str,
-                                                                tmp_path: Path) -> None:
-    profile = tmp_path / "cpu-small-llama.json"
-    out = tmp_path / "validate"
+def _calibrate_and_validate(vllm_url: str, folder: Path) -> tuple[dict, dict]:
+    """One attempt: calibrate a profile, validate it on the excerpt; print what it measured."""
+    profile = folder / "cpu-small-llama.json"
+    out = folder / "validate"
     # /metrics costs vLLM ~0.1 s of CPU to render: scrape every second, in both commands
     common = ["--engine", "vllm", "--url", vllm_url, "--model", str(MODEL), *KNOB_ARGS,
               "--telemetry-interval-s", "1"]
@@ -88,7 +94,6 @@ def test_calibrated_reference_predicts_vllm_on_a_held_out_trace(vllm_url: str,
 
     fid = json.loads((out / "fidelity.json").read_text())
     prof = json.loads(profile.read_text())
-    ttft, tpot = fid["ttft_s"]["p50"], fid["tpot_s"]["p50"]
     per = fid["per_request"]
     print(f"\ncalibration {calibrated - started:.0f} s, validation {validated - calibrated:.0f} s; "
           f"fit median |error| {prof['metadata']['fit']['median_abs_relative_error']:.1%}; "
@@ -98,13 +103,45 @@ def test_calibrated_reference_predicts_vllm_on_a_held_out_trace(vllm_url: str,
                                                                               "p99"))
         print(f"{metric:7s} {row}   per request: median |error| "
               f"{per[metric]['median_abs']:.1%}")
-    speed = fid["engine_speed_vs_calibration"]
+    speed = {when: "not measured" if drift is None else f"{drift:+.1%}"
+             for when, drift in fid["engine_speed_vs_calibration"].items()
+             if when in ("before", "after")}
     print(f"output tokens/s {fid['output_tokens_per_s']['relative_error']:+.1%}; running batch "
           f"size mean {fid['running_batch_size']['mean']['relative_error']:+.1%}; in flight "
           f"{fid['in_flight_requests']['mean']['relative_error']:+.1%}; engine speed since "
-          f"calibration {speed['before']:+.1%} before, {speed['after']:+.1%} after")
+          f"calibration {speed['before']} before, {speed['after']} after")
+    return fid, prof
 
-    assert per["num_matched"] == 40  # every request completed, live and simulated
+
+def _misses(fid: dict) -> list[str]:
+    bounds = {"tpot_s": MAX_TPOT_P50_ERROR, "ttft_s": MAX_TTFT_P50_ERROR}
+    return [f"{metric} p50 {fid[metric]['p50']['relative_error']:+.1%}"
+            for metric, bound in bounds.items()
+            if not abs(fid[metric]["p50"]["relative_error"]) < bound]
+
+
+def _drift(fid: dict) -> float | None:
+    """The larger change of engine speed the two probes read, or None when neither measured."""
+    speed = fid["engine_speed_vs_calibration"]
+    readings = [abs(speed[when]) for when in ("before", "after") if speed[when] is not None]
+    return max(readings) if readings else None
+
+
+def test_calibrated_reference_predicts_vllm_on_a_held_out_trace(vllm_url: str,
+                                                                tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    first.mkdir()
+    fid, prof = _calibrate_and_validate(vllm_url, first)
+    missed, drift = _misses(fid), _drift(fid)
+    if missed and drift is not None and drift > MAX_DRIFT:
+        print(f"missed {', '.join(missed)} while the engine's speed moved {drift:.0%} since "
+              f"calibration: calibrating and validating again")
+        second = tmp_path / "second"
+        second.mkdir()
+        fid, prof = _calibrate_and_validate(vllm_url, second)
+
+    ttft, tpot = fid["ttft_s"]["p50"], fid["tpot_s"]["p50"]
+    assert fid["per_request"]["num_matched"] == 40  # every request completed, both sides
     assert prof["device"] == "cpu" and prof["metadata"]["engine"]["block_size"] == 128
     assert abs(tpot["relative_error"]) < MAX_TPOT_P50_ERROR, tpot
     assert abs(ttft["relative_error"]) < MAX_TTFT_P50_ERROR, ttft
