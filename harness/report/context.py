@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.report.format import REPO_ROOT, code, display_path, slo_text
-from harness.report.runs import CellResult, get
+from harness.report.runs import CellResult, get, priorities_from_trace
 
 METRICS_DOC = REPO_ROOT / "docs" / "metrics.md"
 
@@ -126,8 +126,14 @@ def scenario_context(meta: Mapping[str, Any], cells: Sequence[CellResult], scena
                      *, baseline: str | None = None, metrics_doc: str | None = None
                      ) -> ReportContext:
     """The context of a scenario sweep's report, from its ``scenario.json``."""
-    names = {int(p["priority"]): str(p["name"]) for p in meta.get("priority_classes") or []}
-    names.update({int(k): str(v) for k, v in (meta.get("class_names") or {}).items()})
+    classes = {int(p["priority"]): str(p["name"]) for p in meta.get("priority_classes") or []}
+    labels = {int(k): str(v) for k, v in (meta.get("class_names") or {}).items()}
+    if any(priorities_from_trace(c.manifest) for c in cells):
+        # the trace's own priorities were kept: the classes' names would be put on them (a
+        # mix's labels name the priority they gave their own trace, and stay)
+        labels = {p: name for p, name in labels.items() if classes.get(p) != name}
+        classes = {}
+    names = {**classes, **labels}
     command = meta.get("command")
     return ReportContext(
         title=(f"Capacity at SLO: {meta.get('name') or scenario_dir.name}"

@@ -26,6 +26,7 @@ from harness.results import (
     read_summary,
     run_pace,
 )
+from harness.traces import PRIORITIES_FROM_TRACE
 
 TELEMETRY_FILE = "telemetry.parquet"
 CELL_FILE = "cell.json"
@@ -643,6 +644,12 @@ def read_columns(path: Path, columns: Sequence[str]) -> dict[str, np.ndarray] | 
                              "records.jsonl)") from None
     return out
 
+
+def priorities_from_trace(manifest: Mapping[str, Any]) -> bool:
+    """Whether the run's trace kept its own priorities over a scenario's priority classes or
+    ``--priority-fraction`` (a note of the trace loader)."""
+    notes = (manifest.get("trace") or {}).get("notes") or ()
+    return any(str(n).startswith(PRIORITIES_FROM_TRACE) for n in notes)
 
 def first_arrival_s(run_dir: Path) -> float:
     """The run's first arrival on its clock (``requests.parquet``), where the time axes of its

@@ -66,6 +66,7 @@ from harness.report.runs import (
     client_limited,
     get,
     preemptions,
+    priorities_from_trace,
     varying_knobs,
 )
 
@@ -587,14 +588,24 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
     if not keys:
         return []
     keys.sort(key=priority_sort_key)
+    has_slo = any(get(c.summary, "goodput") for c in ok)
+    several = has_slo and not one_slo(ok)  # each row's own SLO, as in the goodput section
     lines = ["## Per priority class", "",
              "Requests split by priority (lower values are served first under the priority "
-             "policy; other policies ignore them). ITL p99 and ITL max are the tail of the "
-             "gaps between tokens: a prefill sharing a step shows in one of them, a stall of "
-             "a few steps in a thousand (a whole long prompt) in the max alone."
+             "policy; other policies ignore them; a request with no priority is in class 0). "
+             "Failed: requests of the class that did not complete (their kinds are in the "
+             "Failures section); the latencies are of those that did. ITL p99 and ITL max are "
+             "the tail of the gaps between tokens: a prefill sharing a step shows in one of "
+             "them, a stall of a few steps in a thousand (a whole long prompt) in the max alone."
              + (f" Deltas against the same class in {bases.phrase(code)}." if bases.compared()
-                else ""), ""]
-    has_slo = any(get(c.summary, "goodput") for c in ok)
+                else "")
+             + (" SLO attainment is each cell's under its own SLO (the SLO column): these "
+                "cells' goodput was computed under different SLOs, so it is not compared "
+                "between them." if several else ""), ""]
+    if ctx.scenario and ctx.scenario.get("priority_classes") and any(
+            priorities_from_trace(c.manifest) for c in ok):
+        lines += ["The trace carries its own priorities: the scenario's `priority_classes` "
+                  "were not drawn, and their names are not given to the trace's classes.", ""]
     labels = row_labels(ok)
     for key in keys:
         rows = []
@@ -604,7 +615,8 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
                 continue
             b = bases.of_cell(c)
             base_cls = get(b.summary, f"by_priority.{key}") if b else None
-            row: list[str] = [labels[c.name], fmt_int(get(cls, "num_requests"))]
+            row: list[str] = [labels[c.name], fmt_int(get(cls, "num_requests")),
+                              fmt_int(get(cls, "num_failed"))]
             bound = stopped_cut_off(c.summary) > 0  # of the requests that finished only
             for metric in ("ttft_s.p50", "ttft_s.p90", "tpot_s.p90", "itl_s.p99", "itl_s.max",
                            "e2e_s.p90"):
@@ -613,11 +625,16 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
                                       get(base_cls, metric), c is b))
             if has_slo:
                 row.append(fmt_attainment(get(cls, "goodput.slo_attainment")))
+            if several:
+                slo = get(c.summary, "slo")
+                row.append(slo_text(slo) if slo else "none")
             rows.append(row)
-        headers = ["cell", "requests", "TTFT p50", "TTFT p90", "TPOT p90", "ITL p99",
-                   "ITL max", "E2E p90"]
+        headers = ["cell", "requests", "failed", "TTFT p50", "TTFT p90", "TPOT p90",
+                   "ITL p99", "ITL max", "E2E p90"]
         if has_slo:
             headers.append("SLO attainment")
+        if several:
+            headers.append("SLO")
         title = class_name(ctx, key).replace("`", "")
         lines += [f"### Class {title}", "", table(headers, rows), ""]
     return lines + unmeasured_note(ok, "Per-class figures")

@@ -149,9 +149,15 @@ def renumber_prefix_ids(requests: Sequence[TraceRequest], first_id: int
 
 def assign_priorities(trace: Any, classes: Sequence[PriorityClass], *, seed: int) -> Any:
     """Give each request the priority of a class drawn by share (seeded). A trace that carries
-    its own priorities keeps them: recorded traffic wins over the scenario's mix."""
-    if not classes or any(r.priority is not None for r in trace.requests):
+    its own priorities keeps them: recorded traffic wins over the scenario's mix, and a note
+    says so (the report then gives the classes no scenario names)."""
+    if not classes:
         return trace
+    if any(r.priority is not None for r in trace.requests):
+        from harness.traces import PRIORITIES_FROM_TRACE
+
+        note = f"{PRIORITIES_FROM_TRACE}; the scenario's priority_classes were not drawn"
+        return dataclasses.replace(trace, notes=(*trace.notes, note))
     import numpy as np
 
     rng = np.random.default_rng(seed)

@@ -45,7 +45,13 @@ from harness.traces.data import DATA_DIR, REPO_ROOT, TRACES_DIR_ENV, shared_trac
 from harness.traces.formats import MOONCAKE_BLOCK_TOKENS
 from harness.traces.info import arrivals_text, describe
 from harness.traces.load import load_trace
-from harness.traces.options import ARRIVALS, FORMATS, ON_TOO_LONG, TraceOptions
+from harness.traces.options import (
+    ARRIVALS,
+    FORMATS,
+    ON_TOO_LONG,
+    PRIORITIES_FROM_TRACE,
+    TraceOptions,
+)
 from harness.traces.records import DIGEST_SCHEME, MixPart, Trace, TraceError, TraceRequest
 from harness.traces.synthetic import synthetic_arrivals_s
 
@@ -63,6 +69,7 @@ __all__ = [
     "MIN_TIME_SCALE",
     "MOONCAKE_BLOCK_TOKENS",
     "ON_TOO_LONG",
+    "PRIORITIES_FROM_TRACE",
     "REPO_ROOT",
     "TRACES_DIR_ENV",
     "MixPart",

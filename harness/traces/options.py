@@ -389,13 +389,17 @@ def apply_arrivals(
     return [r._replace(arrival_s=float(t)) for r, t in zip(rows, times, strict=True)]
 
 
+# How a trace note that keeps the trace's own priorities (over --priority-fraction, or over a
+# scenario's priority_classes) begins; the report reads it from the run's manifest.
+PRIORITIES_FROM_TRACE = "priorities taken from the trace"
+
 def apply_priorities(
     rows: list[Row], options: TraceOptions, report: Report
 ) -> list[Row]:
     has_column = any(r.priority is not None for r in rows)
     if has_column:
         if options.priority_fraction is not None:
-            report.notes.append("priorities taken from the trace; --priority-fraction ignored")
+            report.notes.append(f"{PRIORITIES_FROM_TRACE}; --priority-fraction ignored")
         return rows
     if options.priority_fraction is None:
         return rows

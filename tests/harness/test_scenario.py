@@ -294,7 +294,10 @@ def test_priority_classes_assigned_by_share() -> None:
     assert len(prios) == 40 and set(prios) == {0, 1}
     assert 4 <= prios.count(0) <= 18
     again = assign_priorities(trace, scenario.priority_classes, seed=99)
-    assert again is trace  # a trace that carries priorities keeps them
+    # a trace that carries priorities keeps them, and says the classes were not drawn
+    assert again.requests == trace.requests and again.digest == trace.digest
+    assert again.notes == (*trace.notes, "priorities taken from the trace; the "
+                           "scenario's priority_classes were not drawn")
     # the digest covers the priorities drawn: another seed, other requests, another digest
     plain = dataclasses.replace(trace, requests=tuple(
         dataclasses.replace(r, priority=None) for r in trace.requests))
