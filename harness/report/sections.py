@@ -523,19 +523,33 @@ def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
                      fmt_int(pc.get("hits_tokens")),
                      fmt_pct(rate) if rate is not None else "–",
                      fmt_pct(again) if again is not None else "–"])
-    if not rows:
+    # live cells that cached prefixes: their engines count hits, but batchlab reads no such
+    # counter from a live engine, so their hit rates are not known (not 0)
+    unread = [code(c.name) for c in ok if c.mode != "simulated"
+              and c.knobs.get("prefix_caching") is True
+              and not isinstance(get(c.summary, "prefix_cache"), Mapping)]
+    if not rows and not unread:
         return []
+    rows += [[name, "not read", "not read", "–", "–"] for name in unread]
     cached = [c for c in ok if isinstance(get(c.summary, "prefix_cache"), Mapping)]
-    return ["## Prefix cache", "",
-            "Prompt tokens looked up in the prefix cache when a request was admitted, and how "
-            "many were found (their prefill is skipped); re-admissions after a preemption are "
-            "counted apart, as vLLM counts `vllm:prefix_cache_queries` and `_hits`.", "",
-            table(["cell", "tokens looked up", "tokens hit", "hit rate",
-                   "hit rate after preemption"], rows), ""] + ([
-            f"No request of {', '.join(blind)} carried prefix identities: the trace records "
-            "lengths, not prompts, so no two prompts can be known to share a prefix and no "
-            "lookup hits. Only Mooncake traces (`hash_ids`) exercise the cache.", ""]
-            if blind else []) + unmeasured_note(cached, "Prefix-cache hits", report_cells=ok)
+    lines = ["## Prefix cache", "",
+             "Prompt tokens looked up in the prefix cache when a request was admitted, and how "
+             "many were found (their prefill is skipped); re-admissions after a preemption are "
+             "counted apart, as vLLM counts `vllm:prefix_cache_queries` and `_hits`.", "",
+             table(["cell", "tokens looked up", "tokens hit", "hit rate",
+                    "hit rate after preemption"], rows), ""]
+    if blind:
+        lines += [f"No request of {', '.join(blind)} carried prefix identities: the trace "
+                  "records lengths, not prompts, so no two prompts can be known to share a "
+                  "prefix and no lookup hits. Only Mooncake traces (`hash_ids`) exercise the "
+                  "cache.", ""]
+    if unread:
+        lines += [f"{', '.join(unread)} ran with prefix caching on a live engine, whose hits "
+                  "batchlab does not read (it scrapes no prefix-cache counter, such as vLLM's "
+                  "`vllm:prefix_cache_hits`): their hit rates are not known.", ""]
+    if cached:
+        lines += unmeasured_note(cached, "Prefix-cache hits", report_cells=ok)
+    return lines
 
 
 def output_length_section(ok: Sequence[CellResult]) -> list[str]:
