@@ -10,6 +10,7 @@ then records what is in flight as ``not_finished`` and the reason as ``stopped_e
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -46,7 +47,7 @@ async def watch_early_stop(run: _RunView, early_stop: EarlyStop, telemetry: obje
         reason = early_stop(LoadState(
             t_s=run.s(time.perf_counter_ns()), num_sent=run.num_sent,
             num_done=len(run.timelines), send_lag_s=run.last_send_lag_s,
-            num_waiting=int(waiting) if isinstance(waiting, int | float) and waiting == waiting
+            num_waiting=int(waiting) if isinstance(waiting, int | float) and math.isfinite(waiting)
             else None))
         if reason:
             run.stop_reason = reason

@@ -480,6 +480,9 @@ async def _replay(trace: Trace, config: ReplayConfig, out_dir: Path, run_id: str
             prepare = getattr(telemetry, "prepare", None)
             if prepare is not None:  # its HTTP client built now, not at t0 beside the sends
                 prepare()
+            baseline = getattr(telemetry, "baseline", None)
+            if baseline is not None:  # counters read now, before the first request, not racing it
+                await baseline()
         except BaseException:
             await wire.aclose()
             raise

@@ -19,14 +19,18 @@ Columns of ``telemetry.parquet`` (one row per scrape):
     missing             comma-separated canonical signals absent from this scrape
     scrape_error        why the scrape failed (then every signal is null), else null
 
-Counter increases treat a decrease as a restart (the increase is the new value). The first
-scrape is the baseline: its increases are 0.
+Counter increases are taken per series (sample name and labels), then summed; a decrease is
+a restart (the increase is the new value). The baseline is a read before the run's t0
+(``TelemetryScraper.baseline``), not written as a row; when it had none of the engine's metrics,
+the first scrape with them is the baseline (its increases are 0). Non-finite values (NaN, +-Inf)
+are missing. A line the parser refuses is skipped, not the scrape (``parse_lines``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -44,11 +48,14 @@ from adapters.base import CANONICAL_SIGNALS, MetricSource, TelemetrySpec
 from harness.columns import numbers
 from harness.results import write_parquet_atomic
 
+log = logging.getLogger(__name__)
+
 TELEMETRY_FILE = "telemetry.parquet"
 DEFAULT_INTERVAL_S = 0.25
 # after the run's end, scrapes while the engine's counters still rise (TelemetryScraper._settle)
 SETTLE_SCRAPES = 8
 SETTLE_INTERVAL_S = 0.25
+BASELINE_TIMEOUT_S = 5.0  # the read before t0 (TelemetryScraper.baseline) waits no longer
 
 COLUMNS = (
     "t_s",
@@ -123,27 +130,129 @@ class TelemetrySource(Protocol):
 # ---------------------------------------------------------------- Prometheus
 
 
-Samples = dict[str, list[float]]  # sample name -> one value per label set
+LabelSet = tuple[tuple[str, str], ...]  # a sample's labels, sorted: which series it is
+
+
+class Values(list[float]):
+    """A sample name's values, one per label set in scrape order; ``label_sets[i]`` names the
+    series of ``self[i]`` (counter increases are taken per series, then summed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.label_sets: list[LabelSet] = []
+
+    def add(self, labels: Mapping[str, str], value: float) -> None:
+        self.append(value)
+        self.label_sets.append(tuple(sorted(labels.items())))
+
+
+Samples = dict[str, list[float]]  # sample name -> one value per label set (``Values``)
+
+
+@dataclass(frozen=True, slots=True)
+class Exposition:
+    """One scrape's samples, and the lines the parser refused (skipped, not fatal)."""
+
+    samples: Samples
+    num_skipped_lines: int = 0
+
+
+# what prometheus_client's parser raises on a line it cannot read
+_PARSE_ERRORS = (ValueError, IndexError, KeyError)
 
 
 def parse_exposition(text: str) -> Samples:
-    """Prometheus text -> sample name -> values (one per label set); ``_created`` dropped."""
+    """Prometheus text -> sample name -> values (one per label set); ``_created`` dropped.
+    A line the parser refuses is skipped (``parse_lines``), never the whole scrape."""
+    return parse_lines(text).samples
+
+
+def parse_lines(text: str) -> Exposition:
+    """``parse_exposition``, saying how many lines were skipped. The text is parsed whole;
+    where that fails, family by family, and in a family that fails, line by line under the
+    family's ``# HELP``/``# TYPE`` lines: one malformed line of a family nobody reads (a new
+    exporter's label, a UTF-8 name) costs that line, not every signal of the scrape."""
     samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
-            samples.setdefault(sample.name, []).append(float(sample.value))
-    return samples
+    num_skipped = 0
+    lines = text.splitlines()
+    whole = _parsed(lines)  # nearly always
+    for block in [lines] if whole is not None else _family_blocks(lines):
+        families = whole if whole is not None else _parsed(block)
+        if families is None:
+            header = [line for line in block if line.startswith("#")]
+            families = []
+            for line in block:
+                if line.startswith("#") or not line.strip():
+                    continue
+                one = _parsed([*header, line])
+                if one is None:
+                    num_skipped += 1
+                else:
+                    families += one
+        for family in families:
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                values = samples.setdefault(sample.name, Values())
+                assert isinstance(values, Values)
+                values.add(sample.labels, float(sample.value))
+    return Exposition(samples, num_skipped)
 
 
-def _first(samples: Samples, names: Sequence[str], suffix: str = "") -> list[float] | None:
-    """The values of the first alias present (newest name first)."""
+def _family_blocks(lines: Sequence[str]) -> list[list[str]]:
+    """``lines`` cut where a ``# HELP`` or ``# TYPE`` line names another family."""
+    blocks: list[list[str]] = [[]]
+    name = None
+    for line in lines:
+        parts = line.split(None, 3)
+        if len(parts) >= 3 and parts[0] == "#" and parts[1] in ("HELP", "TYPE"):
+            if parts[2] != name and blocks[-1]:
+                blocks.append([])
+            name = parts[2]
+        blocks[-1].append(line)
+    return blocks
+
+
+def _parsed(lines: Sequence[str]) -> list[Any] | None:
+    """The metric families of ``lines``, or None when the parser refuses any of them."""
+    try:
+        return list(text_string_to_metric_families("\n".join(lines) + "\n"))
+    except _PARSE_ERRORS:
+        return None
+
+
+def _spellings(name: str, counter: bool) -> tuple[str, ...]:
+    """The sample names a metric may have: a counter's also with and without ``_total``
+    (prometheus_client's parser appends ``_total`` to a sample of a family typed ``counter``
+    whose name lacks it; an untyped line keeps its name)."""
+    if not counter:
+        return (name,)
+    bare = name.removesuffix("_total")
+    return tuple(dict.fromkeys((name, bare + "_total", bare)))
+
+
+def _first(samples: Samples, names: Sequence[str], suffix: str = "",
+           counter: bool = False) -> tuple[str, list[float]] | None:
+    """The sample name and values of the first alias present (newest name first)."""
     for name in names:
-        values = samples.get(name + suffix)
-        if values:
-            return values
+        for spelling in _spellings(name, counter):
+            values = samples.get(spelling + suffix)
+            if values:
+                return spelling + suffix, values
     return None
+
+
+def _series(name: str, values: list[float]) -> dict[tuple[str, LabelSet], float]:
+    """Each series' value, by sample name and label set (a plain list: by position)."""
+    if isinstance(values, Values):
+        keys = values.label_sets
+    else:
+        keys = [(("", str(i)),) for i in range(len(values))]
+    return {(name, labels): value for labels, value in zip(keys, values, strict=True)}
+
+
+def _finite(values: Iterable[float]) -> bool:
+    return all(math.isfinite(v) for v in values)
 
 
 def _reduce(values: list[float], how: str) -> float:
@@ -155,18 +264,27 @@ class CanonicalReader:
 
     def __init__(self, spec: TelemetrySpec) -> None:
         self.spec = spec
-        self._previous: dict[str, float] = {}  # counter key -> last value
+        # counter key -> series (sample name, labels) -> its last value
+        self._previous: dict[str, dict[tuple[str, LabelSet], float]] = {}
         self._num_readings = 0  # scrapes answered with any of the engine's metrics so far
 
-    def _increase(self, key: str, value: float) -> float:
-        previous = self._previous.get(key)
-        self._previous[key] = value
-        if previous is None:
-            # in the first answered scrape: the baseline (what the engine counted before the
-            # run); in a later one, a counter the engine made at its first increment, as
-            # Prometheus clients do for labelled series: it rose from 0 during the run
-            return 0.0 if self._num_readings == 0 else value
-        return value - previous if value >= previous else value  # a decrease: restarted
+    def _increase(self, key: str, series: dict[tuple[str, LabelSet], float]) -> float:
+        """The counter's increase since the previous scrape, taken per series then summed: a
+        series that dropped restarted (its increase is its new value), one that disappeared
+        adds nothing (two data-parallel engines, one restarted or gone)."""
+        previous = self._previous.get(key, {})
+        self._previous[key] = series
+        total = 0.0
+        for name, value in series.items():
+            before = previous.get(name)
+            if before is None:
+                # in the first answered scrape: the baseline (what the engine counted before
+                # the run); in a later one, a series the engine made at its first increment,
+                # as Prometheus clients do for labelled series: it rose from 0 during the run
+                total += 0.0 if self._num_readings == 0 else value
+            else:
+                total += value - before if value >= before else value  # a decrease: restarted
+        return total
 
     def reading(self, samples: Samples) -> Reading:
         values: dict[str, float | None] = dict.fromkeys(COLUMNS[1:])
@@ -185,27 +303,29 @@ class CanonicalReader:
     def _signal(
         self, signal: str, src: MetricSource, samples: Samples
     ) -> dict[str, float | None] | None:
+        """The signal's columns, or None (missing): absent, or not finite (NaN, +-Inf)."""
         if src.kind == "histogram":
             sums = _first(samples, src.names, "_sum")
             counts = _first(samples, src.names, "_count")
-            if sums is None or counts is None:
+            if sums is None or counts is None or not _finite([*sums[1], *counts[1]]):
                 return None
-            tokens = self._increase(signal + ":sum", sum(sums))
-            steps = self._increase(signal + ":count", sum(counts))
+            tokens = self._increase(signal + ":sum", _series(*sums))
+            steps = self._increase(signal + ":count", _series(*counts))
             mean = tokens / steps if steps > 0 else math.nan
             return {"num_steps": steps, "num_batched_tokens": tokens, "batch_tokens_mean": mean}
-        values = _first(samples, src.names)
-        if values is None:
+        found = _first(samples, src.names, counter=src.kind == "counter")
+        if found is None or not _finite(found[1]):
             return None
-        value = _reduce(values, src.reduce)
         if src.kind == "counter":
-            value = self._increase(signal, value)
-        elif src.kind == "ratio":
+            value = self._increase(signal, _series(*found))
+        else:
+            value = _reduce(found[1], src.reduce)
+        if src.kind == "ratio":
             denominator = _first(samples, src.denominator)
             if denominator is None:
                 return None
-            total = _reduce(denominator, src.reduce)
-            if total <= 0:
+            total = _reduce(denominator[1], src.reduce)
+            if not total > 0 or not math.isfinite(total):
                 return None  # an engine that reports a zero capacity has not told us the usage
             value = value / total
         (column,) = _SIGNAL_COLUMNS[signal]
@@ -232,6 +352,7 @@ class PrometheusSource:
         self._reader = CanonicalReader(spec)
         self._client = client
         self._fetch = fetch or self._http_fetch
+        self.num_skipped_lines = 0  # lines of /metrics the parser refused, over every scrape
 
     def prepare(self) -> None:
         """Build the HTTP client now, before the run's t0: building one loads the CA bundle
@@ -253,10 +374,14 @@ class PrometheusSource:
     async def read(self) -> Reading:
         try:
             text = await self._fetch()
-            samples = parse_exposition(text)
+            exposition = parse_lines(text)
         except (httpx.HTTPError, OSError, ValueError) as exc:
             return _failed(f"{type(exc).__name__}: {exc}")
-        return self._reader.reading(samples)
+        if exposition.num_skipped_lines and not self.num_skipped_lines:
+            log.warning("%s: %d line(s) the Prometheus parser refused were skipped",
+                        self.url or "telemetry", exposition.num_skipped_lines)
+        self.num_skipped_lines += exposition.num_skipped_lines
+        return self._reader.reading(exposition.samples)
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -312,7 +437,8 @@ def trtllm_iterations_reading(entries: Sequence[Mapping[str, Any]]) -> Reading:
 
 
 class TrtllmJsonSource:
-    """Polls TensorRT-LLM's draining JSON ``/metrics``."""
+    """Polls TensorRT-LLM's draining JSON ``/metrics``. Its first read (the scraper's baseline,
+    before t0) drains what the engine queued before the run, which is discarded."""
 
     def __init__(self, url: str, *, client: httpx.AsyncClient | None = None) -> None:
         self.url = url
@@ -403,6 +529,20 @@ class TelemetryScraper:
         prepare = getattr(self.source, "prepare", None)
         if prepare is not None:
             prepare()
+
+    async def baseline(self) -> None:
+        """One read before the run's t0, not written as a row (the replay calls it after
+        ``prepare``): the counters' baseline (what the engine counted before the run), taken
+        before the first request rather than racing it, and for TensorRT-LLM's draining JSON
+        endpoint the iterations queued before the run, drained and discarded. A read without
+        the engine's metrics is no baseline: the first scrape with them is then."""
+        try:
+            async with asyncio.timeout(BASELINE_TIMEOUT_S):
+                await self.source.read()
+        except TimeoutError:
+            pass
+        except Exception:  # telemetry failing must not stop the run (as in ``run``)
+            log.exception("telemetry baseline read failed")
 
     async def scrape_once(self) -> dict[str, Any]:
         reading = await self.source.read()
