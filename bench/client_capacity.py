@@ -16,8 +16,12 @@ no failures, and the highest rate the client kept up with at all. The send lag i
 the request's first byte on the socket, so it holds the client's whole per-request cost. The
 baseline is ``vllm bench serve`` (vLLM's serving benchmark, from the ``.venvs/vllm`` environment
 when it imports) on the same server in the same run, at the same rates (the lowest, the highest
-kept up with, and any the harness fell behind at): the script prints the ratio of the two
-clients' figures, or why it was skipped.
+kept up with, and any the harness fell behind at): the script prints each client's figures
+and, batchlab / vLLM, the ratios of the two that tell the clients apart: the arrival-gap error
+p99 (how evenly each paced the constant rate, as the server saw the arrivals) and the TTFT
+error p50 (measured TTFT - the server's schedule); or why the baseline was skipped. Both
+clients' req/s are printed as a sanity check only: both are offered the same rate, so their
+ratio is about 1 by construction.
 
     .venv/bin/python bench/client_capacity.py [--rates 25,50,...] [--step-s 4] [--no-vllm]
 
@@ -39,6 +43,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from arg_types import ascending_rates, positive_float
 
 from harness.live.recorder import RECORDS_FILE, read_records
 from harness.live.replay import ReplayConfig, replay
@@ -259,6 +264,9 @@ class VllmClient(VllmBenchProcess):
             "--random-output-len", str(OUTPUT_TOKENS), "--random-range-ratio", "0",
             "--burstiness", "inf", "--ignore-eos", "--disable-tqdm",
             "--percentile-metrics", "ttft,tpot,itl",
+            # no test request before the run, no warm-up requests (both its defaults, said
+            # here so that the server's log holds the run's requests alone: arrival gaps)
+            "--ready-check-timeout-sec", "0", "--num-warmups", "0",
         ], {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin",
             "VLLM_LOGGING_LEVEL": "WARNING"})
 
@@ -276,6 +284,23 @@ def arrival_gap_error(recv_ns: list[int], rate: float) -> tuple[float, float]:
     return float(np.percentile(err, 50)), float(np.percentile(err, 99))
 
 
+def run_arrivals(log: dict[str, list[int]], num: int) -> list[int]:
+    """The instants the server read the run's requests, from its log (request id -> [read,
+    chunk writes...]). The log holds the run's ``num`` requests alone (``VllmClient`` asks for
+    no test or warm-up request); should it hold more, the extra ones came before the run, so
+    only the earliest beyond ``num`` are dropped."""
+    recv = sorted(entry[0] for entry in log.values() if entry)
+    return recv[max(len(recv) - num, 0):]
+
+
+def ratio(ours: float, theirs: float) -> str:
+    """``ours / theirs`` of two errors, or n/a where theirs is not above 0 or ours is below 0
+    (a p50 of measured - schedule can be: then a ratio would mislead)."""
+    if not (theirs > 0) or not (ours >= 0) or not np.isfinite(ours):
+        return "n/a"
+    return f"{ours / theirs:.2f}x"
+
+
 def compare_with_vllm(url: str, rates: list[float], step_s: float, tmp: Path) -> None:
     """At each rate, batchlab then vLLM's client, back to back (the machine's load drifts)."""
     why = vllm_unavailable()
@@ -291,7 +316,8 @@ def compare_with_vllm(url: str, rates: list[float], step_s: float, tmp: Path) ->
             return
         print("\nbatchlab and vllm bench serve (vLLM's client), back to back on the same server:")
         print("  rate  client    req/s   tok/s  TTFT err p50  ITL p50 (ms)  arrival-gap err p99 "
-              "(ms)  |  batchlab/vllm req/s")
+              "(ms)  |  batchlab / vllm: gap err p99  TTFT err p50")
+        print("  (req/s: a sanity check only, both clients are offered the same rate)")
         for rate in rates:
             num = max(int(rate * step_s), 1)
             ours = step(url, rate, step_s, tmp / f"pair{rate:g}")
@@ -301,15 +327,16 @@ def compare_with_vllm(url: str, rates: list[float], step_s: float, tmp: Path) ->
                 print(f"{rate:6g}  vllm: {v}")
                 return
             log: dict[str, list[int]] = httpx.get(f"{url}/_log", timeout=30).json()
-            recv = sorted(entry[0] for entry in log.values() if entry)
-            # vLLM sends one test request before the run
-            _, vllm_gap_p99 = arrival_gap_error(recv[1:], rate)
+            _, vllm_gap_p99 = arrival_gap_error(run_arrivals(log, num), rate)
+            vllm_ttft_err_p50 = v["median_ttft_ms"] / 1e3 - TTFT_S
             print(f"{rate:6g}  batchlab {ours['req_s']:7.1f} {ours['tok_s']:7.0f} "
                   f"{ours['ttft_err_p50'] * 1e3:13.3f} {ours['itl_p50'] * 1e3:13.3f} "
                   f"{ours['gap_err_p99'] * 1e3:21.3f}")
             print(f"{'':6}  vllm     {v['request_throughput']:7.1f} {v['output_throughput']:7.0f} "
-                  f"{v['median_ttft_ms'] - TTFT_S * 1e3:13.3f} {v['median_itl_ms']:13.3f} "
-                  f"{vllm_gap_p99 * 1e3:21.3f}  |  {ours['req_s'] / v['request_throughput']:.3f}")
+                  f"{vllm_ttft_err_p50 * 1e3:13.3f} {v['median_itl_ms']:13.3f} "
+                  f"{vllm_gap_p99 * 1e3:21.3f}  |  "
+                  f"{ratio(ours['gap_err_p99'], vllm_gap_p99):>28}  "
+                  f"{ratio(ours['ttft_err_p50'], vllm_ttft_err_p50):>12}")
     finally:
         vllm.close()
 
@@ -319,12 +346,14 @@ def compare_with_vllm(url: str, rates: list[float], step_s: float, tmp: Path) ->
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rates", default=",".join(str(r) for r in DEFAULT_RATES),
-                   help="request rates to sweep, ascending")
-    p.add_argument("--step-s", type=float, default=4.0, help="seconds of arrivals per rate")
+    p.add_argument("--rates", type=ascending_rates,
+                   default=",".join(str(r) for r in DEFAULT_RATES),
+                   help="request rates to sweep (req/s), comma-separated, each above 0, rising")
+    p.add_argument("--step-s", type=positive_float, default=4.0,
+                   help="seconds of arrivals per rate")
     p.add_argument("--no-vllm", action="store_true", help="skip the vLLM baseline")
     args = p.parse_args()
-    rates = [float(r) for r in args.rates.split(",")]
+    rates: list[float] = args.rates
 
     wall0 = time.perf_counter()
     results: list[dict[str, Any]] = []

@@ -13,8 +13,13 @@ Starts llama.cpp's ``llama-server`` (``make engines``: ``.build/llama-server`` a
 
 Each client sends N requests of P prompt tokens asking for exactly O output tokens, from C
 users (closed loop). The prompt cache is off, so every request computes its prompt. Prints the
-figures and each client's ratio against the server's own (the baseline): the server's timings
-of that client's requests, read from the part of its log written while that client ran.
+figures, then each client's against the server's own (the baseline): the server's timings of
+that client's requests, read from the part of its log written while that client ran. TPOT and
+the output-token count are printed as ratios (client / server's, tokens / asked); TTFT as the
+difference, the client's p50 - the server's prompt-eval p50 in ms, with their ratio beside it.
+The difference is the figure to read: the server's prompt time leaves out HTTP, the front end
+and the wait for the next step, a roughly fixed cost in ms, so the ratio mostly tracks how
+short the prompt is.
 
     .venv/bin/python bench/llamacpp_side_by_side.py [--requests 32 --users 4 --output 64]
 """
@@ -38,12 +43,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import pyarrow.parquet as pq  # noqa: E402
+from arg_types import positive_int  # noqa: E402
 
 from adapters.knobs import Knobs  # noqa: E402
 from adapters.process import ServerProcess, free_port  # noqa: E402
 from harness.live import run as live  # noqa: E402
 from harness.target import RunOptions, TargetSpec  # noqa: E402
-from harness.traces import TraceOptions, load_trace  # noqa: E402
+from harness.traces import Trace, TraceError, TraceOptions, load_trace  # noqa: E402
 
 BINARY = REPO / ".build" / "llama-server"
 MODEL = REPO / "models" / "small-llama"
@@ -123,10 +129,17 @@ def baseline_row(own: dict[int, dict[str, float]]) -> dict[str, Any]:
             "num": len(own)}
 
 
-def run_batchlab(url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    trace = load_trace("synthetic", TraceOptions(num_requests=args.requests, rate=1000.0,
-                                                 prompt_tokens=args.prompt,
-                                                 output_tokens=args.output))
+SLOT_CONTEXT_TOKENS = 1024  # each slot's share of the context: -c slots x this
+
+
+def batchlab_trace(args: argparse.Namespace) -> Trace:
+    return load_trace("synthetic", TraceOptions(num_requests=args.requests, rate=1000.0,
+                                                prompt_tokens=args.prompt,
+                                                output_tokens=args.output))
+
+
+def run_batchlab(url: str, trace: Trace, args: argparse.Namespace, out: Path
+                 ) -> dict[str, Any]:
     spec = TargetSpec("llamacpp", "attach", knobs=Knobs(given=frozenset()), model=str(MODEL),
                       served_model_name="small", url=url, telemetry_interval_s=0.25)
     live.run_live(spec, trace, out, RunOptions(
@@ -172,12 +185,22 @@ def run_vllm_client(url: str, args: argparse.Namespace, out: Path) -> dict[str, 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--requests", type=int, default=32)
-    p.add_argument("--users", type=int, default=4)
-    p.add_argument("--prompt", type=int, default=32)
-    p.add_argument("--output", type=int, default=64)
-    p.add_argument("--slots", type=int, default=4)
+    p.add_argument("--requests", type=positive_int, default=32,
+                   help="requests each client sends (32)")
+    p.add_argument("--users", type=positive_int, default=4,
+                   help="closed-loop users, requests in flight at a time (4)")
+    p.add_argument("--prompt", type=positive_int, default=32, help="prompt tokens (32)")
+    p.add_argument("--output", type=positive_int, default=64,
+                   help="output tokens asked for, exactly (64)")
+    p.add_argument("--slots", type=positive_int, default=4, help="llama-server -np (4)")
     args = p.parse_args()
+    if args.prompt + args.output > SLOT_CONTEXT_TOKENS:
+        p.error(f"--prompt {args.prompt} + --output {args.output} is more than a slot's "
+                f"{SLOT_CONTEXT_TOKENS} tokens of context")
+    try:  # before the server starts or its folder is made
+        trace = batchlab_trace(args)
+    except TraceError as exc:
+        p.error(str(exc))
     for path in (BINARY, MODEL, MODEL.with_suffix(".gguf")):
         if not path.exists():
             print(f"{path.relative_to(REPO)} missing: run `make engines`")
@@ -187,8 +210,8 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}"
     argv = [str(BINARY), "-m", str(MODEL.with_suffix(".gguf")), "--alias", "small",
             "--host", "127.0.0.1", "--port", str(port), "--metrics", "-np", str(args.slots),
-            "-c", str(args.slots * 1024), "-cb", "--no-cache-prompt", "--cache-ram", "0",
-            "-t", "2"]
+            "-c", str(args.slots * SLOT_CONTEXT_TOKENS), "-cb", "--no-cache-prompt",
+            "--cache-ram", "0", "-t", "2"]
     print(f"load: {args.requests} requests, {args.prompt} prompt + {args.output} output tokens, "
           f"{args.users} users; llama-server -np {args.slots}; load average "
           f"{os.getloadavg()[0]:.2f}")
@@ -197,7 +220,7 @@ def main() -> int:
         asyncio.run(server.wait_ready(url + "/health", timeout_s=60))
         log = ServerLog((server.stderr_path, server.stdout_path))
         log.new()  # start-up lines
-        ours = run_batchlab(url, args, work / "batchlab")
+        ours = run_batchlab(url, trace, args, work / "batchlab")
         rows = [("batchlab", ours, baseline_row(timings_since(log, ours["num"])))]
         theirs = run_vllm_client(url, args, work)
         if theirs:
@@ -212,7 +235,9 @@ def main() -> int:
               f"eval in the slot)")
     exact = args.requests * args.output
     print(f"\nasked for {exact} output tokens in all ({args.requests} x {args.output}); each "
-          f"client against the server's own timings of its requests")
+          f"client against the server's own timings of its requests (TTFT as a difference: "
+          f"the server's prompt time leaves out HTTP and the wait for a step, a cost in ms "
+          f"whatever the prompt, which a ratio would mix with the prompt's length)")
     status = 0
     for name, fig, own in rows:
         if not own["tpot"] or not own["ttft"]:
@@ -225,9 +250,12 @@ def main() -> int:
             print(f"{name}: no ratio: the client measured no TTFT or TPOT")
             continue
         tpot_ratio = statistics.median(fig["tpot"]) / statistics.median(own["tpot"])
-        ttft_extra = statistics.median(fig["ttft"]) - statistics.median(own["ttft"])
+        fig_ttft, own_ttft = statistics.median(fig["ttft"]), statistics.median(own["ttft"])
+        ttft_extra = fig_ttft - own_ttft
+        ttft_ratio = f"{fig_ttft / own_ttft:.2f}x" if own_ttft > 0 else "n/a"
         print(f"{name}: TPOT p50 / server's {tpot_ratio:.3f}; TTFT p50 - server's prompt time "
-              f"{ttft_extra * 1e3:+.1f} ms; output tokens / asked {fig['tokens'] / exact:.3f}")
+              f"{ttft_extra * 1e3:+.1f} ms (ratio {ttft_ratio}); output tokens / asked "
+              f"{fig['tokens'] / exact:.3f}")
     print(f"(run folder and server log: {work})")
     return status
 

@@ -27,15 +27,16 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from arg_types import positive_float, positive_int
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.reference.config import ReferenceConfig
+from adapters.reference.config import ConfigError, ReferenceConfig
 from harness.live.recorder import RECORDS_FILE, read_records
 from harness.live.replay import ReplayConfig, replay
 from harness.metrics import request_metrics, summarize
 from harness.serve import launch_server_process
 from harness.sim import simulate
-from harness.traces import TraceOptions, load_trace
+from harness.traces import TraceError, TraceOptions, load_trace
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
@@ -70,17 +71,23 @@ def main() -> int:
     p.add_argument("--trace", default=str(DEFAULT_TRACE),
                    help="trace file (default: harness/data/azure_conv_excerpt.csv in the "
                    "repository, wherever the script is run from)")
-    p.add_argument("--limit", type=int, default=100)
-    p.add_argument("--rate", type=float, default=4.0)
+    p.add_argument("--limit", type=positive_int, default=100, help="first N requests (100)")
+    p.add_argument("--rate", type=positive_float, default=4.0,
+                   help="arrivals rescaled to this many requests/s (4)")
     p.add_argument("--protocol", default="openai", choices=("openai", "openai-chat", "tgi"))
     p.add_argument("--model", default="llama-3.1-70b")
     p.add_argument("--gpu", default="a100-80gb")
-    p.add_argument("--tp", type=int, default=4)
+    p.add_argument("--tp", type=positive_int, default=4)
     p.add_argument("--out", help="keep the replay's run folder here (default: a temp folder)")
     args = p.parse_args()
 
-    trace = load_trace(args.trace, TraceOptions(limit=args.limit, rate=args.rate))
-    config = ReferenceConfig(model=args.model, gpu=args.gpu, tp=args.tp)
+    if args.out and Path(args.out).is_dir() and any(Path(args.out).iterdir()):
+        p.error(f"--out {args.out}: not empty; choose a new or empty folder")
+    try:  # before the server starts: a bad trace or setting is one line, exit status 2
+        trace = load_trace(args.trace, TraceOptions(limit=args.limit, rate=args.rate))
+        config = ReferenceConfig(model=args.model, gpu=args.gpu, tp=args.tp)
+    except (TraceError, ConfigError) as exc:  # the message names the file or the field
+        p.error(str(exc))
     sim = simulate(trace.requests, config)
     sim_summary = summarize(sim.timelines)
     engine_args = ("--model", args.model, "--gpu", args.gpu, "--tp", str(args.tp))

@@ -42,9 +42,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from arg_types import positive_int
+
 from adapters.reference import ReferenceConfig
 from harness.sim import SimulationResult, simulate
-from harness.traces import TraceOptions, load_trace, shared_traces_dir
+from harness.traces import TraceError, TraceOptions, load_trace, shared_traces_dir
 from harness.traces.data import TRACES_DIR_ENV, default_traces_dir
 
 TRACE_NAME = "AzureLLMInferenceTrace_conv.csv"
@@ -69,24 +71,13 @@ def _line(label: str, result: SimulationResult, wall_s: float, cpu_s: float) -> 
             f"{ok:,}/{num_req:,} completed, {sim_s:,.0f} simulated s")
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1 (argparse answers anything else with exit 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("trace", nargs="?", help=f"trace file (default: shared {TRACE_NAME})")
-    parser.add_argument("--limit", type=_positive_int, help="first N requests only")
+    parser.add_argument("--limit", type=positive_int, help="first N requests only")
     parser.add_argument("--no-baseline", action="store_true", help="skip the step-by-step run")
     parser.add_argument("--no-cli", action="store_true", help="skip the command-line runs")
-    parser.add_argument("--repeat", type=_positive_int, default=1, metavar="N",
+    parser.add_argument("--repeat", type=positive_int, default=1, metavar="N",
                         help="command-line runs and their core runs, best of N (1)")
     args = parser.parse_args(argv)
 
@@ -105,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         path = folder / TRACE_NAME
     t0 = time.perf_counter()
-    trace = load_trace(path, TraceOptions(limit=args.limit))
+    try:
+        trace = load_trace(path, TraceOptions(limit=args.limit))
+    except TraceError as exc:  # the message names the file, and the line and field
+        parser.error(str(exc))
     load_s = time.perf_counter() - t0
     config = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", policy="fcfs")
     print(f"trace {path}: {len(trace.requests):,} requests (loaded in {load_s:.2f} s); "

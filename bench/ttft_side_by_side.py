@@ -45,18 +45,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from arg_types import non_negative_int, positive_float, positive_int
 
 # (a script's own folder is first on sys.path: bench/client_capacity.py drives vLLM's client too)
 from client_capacity import VLLM_PYTHON, VllmBenchProcess, make_tokenizer, vllm_unavailable
 
 import harness.live.sse_client as sse_client
-from adapters.reference.config import ReferenceConfig
+from adapters.reference.config import ConfigError, ReferenceConfig
 from harness.live.replay import ReplayConfig, replay
 from harness.metrics import summarize
 from harness.serve import launch_server_process
 from harness.sim import simulate
 from harness.target import ClosedLoop
-from harness.traces import Trace, TraceOptions, load_trace
+from harness.traces import Trace, TraceError, TraceOptions, load_trace
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
@@ -229,26 +230,32 @@ def main() -> int:
     p.add_argument("--trace", default=str(DEFAULT_TRACE),
                    help="trace file (default: harness/data/azure_conv_excerpt.csv in the "
                    "repository, wherever the script is run from)")
-    p.add_argument("--limit", type=int, default=200)
-    p.add_argument("--rate", type=float, default=8.0)
-    p.add_argument("--closed-requests", type=int, default=40,
+    p.add_argument("--limit", type=positive_int, default=200,
+                   help="open loop: the first N requests of the trace (200)")
+    p.add_argument("--rate", type=positive_float, default=8.0,
+                   help="open loop: arrivals rescaled to this many requests/s (8)")
+    p.add_argument("--closed-requests", type=non_negative_int, default=40,
                    help="closed loop of one user: this many requests of the trace, each asking "
                    "for --closed-output-tokens (0: skip the closed loop)")
-    p.add_argument("--closed-output-tokens", type=int, default=16)
+    p.add_argument("--closed-output-tokens", type=positive_int, default=16)
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--gpu", default="h100-sxm")
-    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--tp", type=positive_int, default=1)
     p.add_argument("--no-vllm", action="store_true", help="skip vLLM's client")
     p.add_argument("--no-before", action="store_true",
                    help="skip the server with Nagle's algorithm on (the cause of the old gap)")
     args = p.parse_args()
 
     wall0 = time.perf_counter()
-    config = ReferenceConfig(model=args.model, gpu=args.gpu, tp=args.tp)
-    traces = {"open": load_trace(args.trace, TraceOptions(limit=args.limit, rate=args.rate))}
-    if args.closed_requests:
-        traces["closed"] = load_trace(args.trace, TraceOptions(
-            limit=args.closed_requests, output_tokens=args.closed_output_tokens))
+    try:  # before any server starts: a bad trace or setting is one line, exit status 2
+        config = ReferenceConfig(model=args.model, gpu=args.gpu, tp=args.tp)
+        traces = {"open": load_trace(args.trace, TraceOptions(limit=args.limit,
+                                                              rate=args.rate))}
+        if args.closed_requests:
+            traces["closed"] = load_trace(args.trace, TraceOptions(
+                limit=args.closed_requests, output_tokens=args.closed_output_tokens))
+    except (TraceError, ConfigError) as exc:  # the message names the file or the field
+        p.error(str(exc))
     rows: dict[str, dict[str, dict[str, float] | str]] = {
         loop: {SIM: figures(summarize(simulate(
             trace.requests, config,

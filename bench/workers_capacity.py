@@ -8,9 +8,16 @@ back (taking turns to go first, so that drift in the machine's load hits both), 
 falls behind (sent rate off by more than 2 %, send-lag p50 over 5 ms, or a failure; the other
 goes on alone). Per step it prints the
 sent rate, send lag, streamed tokens/s, and where the CPU went: each worker's CPU seconds in
-its replay and the server's (from /proc), as a fraction of the run, so that the limit can be
-named: a worker near 100 % of a core is a client limit; the server near 100 % is a server
-limit; all processes together near the machine's cores is the machine.
+its replay, the server's (from /proc) and the whole machine's busy share (/proc/stat), so that
+the limit can be named: a worker near 100 % of a core is a client limit; the server near 100 %
+is a server limit; all processes together near the machine's cores is the machine.
+
+All three CPU shares are over one window, so that they can be set side by side: from t0 (the
+workers' shared clock origin, when the first request is due) to the return of
+``replay_workers``. It holds the sends and streams, each worker writing its records, and the
+parent merging them (that last on the machine's share only; the parent's own CPU is counted
+with the server's and the workers' when the limit is named). A worker's own count starts when
+it is told t0, up to a second (the start margin) before t0, a wait it spends idle.
 
 The baseline is 1 worker (the ordinary replay's event loop in one process): the script prints
 the ratio of the highest rate 2 workers kept up with to it, and which process was the limit.
@@ -26,10 +33,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow.parquet as pq
+from arg_types import ascending_rates, positive_float
 
 from harness.live.config import ReplayConfig
 from harness.live.testing import server_process
@@ -56,10 +64,24 @@ def machine_ticks() -> tuple[int, int]:
     return sum(values) - idle, sum(values)
 
 
-def ticks_at(t0_ns: int) -> tuple[int, int]:
-    """The machine's ticks at the replay's start: wait for t0 (the parent idles meanwhile)."""
+class CpuMark(NamedTuple):
+    """CPU counters at one instant: the server's, the machine's ticks and this process's."""
+
+    at_ns: int  # perf_counter_ns
+    server_s: float
+    machine: tuple[int, int]  # (busy, total) ticks
+    parent_s: float
+
+
+def cpu_mark(server_pid: int) -> CpuMark:
+    return CpuMark(time.perf_counter_ns(), cpu_s(server_pid), machine_ticks(),
+                   time.process_time())
+
+
+def mark_at(t0_ns: int, server_pid: int) -> CpuMark:
+    """The counters at the replay's start: wait for t0 (the parent idles meanwhile)."""
     time.sleep(max(0.0, (t0_ns - time.perf_counter_ns()) / 1e9))
-    return machine_ticks()
+    return cpu_mark(server_pid)
 
 
 def constant_trace(rate: float, duration_s: float, tag: str) -> Trace:
@@ -72,18 +94,17 @@ def constant_trace(rate: float, duration_s: float, tag: str) -> Trace:
 def step(url: str, server_pid: int, workers: int, rate: float, step_s: float,
          out: Path) -> dict[str, Any]:
     trace = constant_trace(rate, step_s, f"w{workers}r{rate:g}")
-    ticks: list[tuple[int, int]] = []
+    marks: list[CpuMark] = []
     config = ReplayConfig(target_url=url, protocol="openai", timeout_s=30.0)
-    server_before = cpu_s(server_pid)
     summary = replay_workers(trace, config, out, num_workers=workers,
-                             on_t0=lambda t0_ns: ticks.append(ticks_at(t0_ns)))
-    ticks.append(machine_ticks())
-    server_cpu = cpu_s(server_pid) - server_before  # the server idles while workers spawn
-    (busy0, total0), (busy1, total1) = ticks[0], ticks[-1]
+                             on_t0=lambda t0_ns: marks.append(mark_at(t0_ns, server_pid)))
+    marks.append(cpu_mark(server_pid))
+    start, end = marks[0], marks[-1]  # the window of every CPU share (module doc)
+    window_s = (end.at_ns - start.at_ns) / 1e9 or 1.0
+    (busy0, total0), (busy1, total1) = start.machine, end.machine
     table = pq.read_table(out / "requests.parquet", columns=["sent_s", "error_kind"]).to_pydict()
     sent = np.sort(np.asarray([s for s in table["sent_s"] if s is not None], dtype=np.float64))
     span = float(sent[-1] - sent[0]) if sent.size > 1 else 0.0
-    duration = float(summary["duration_s"]) or 1.0
     lag = summary.get("send_lag_s") or {}
     per_worker = summary.get("workers") or []
     return {
@@ -93,9 +114,11 @@ def step(url: str, server_pid: int, workers: int, rate: float, step_s: float,
         "lag_p50": lag.get("p50") or 0.0, "lag_p99": lag.get("p99") or 0.0,
         "tok_s": summary["throughput"]["output_tokens_per_s"],
         "worker_lag_p99": [w.get("send_lag_s_p99") or 0.0 for w in per_worker],
-        "worker_cpu": [(w.get("cpu_s") or 0.0) / duration for w in per_worker],
-        "server_cpu": server_cpu / duration,
-        # the whole machine during the replay, other users' processes included
+        "window_s": window_s,
+        "worker_cpu": [(w.get("cpu_s") or 0.0) / window_s for w in per_worker],
+        "server_cpu": (end.server_s - start.server_s) / window_s,
+        "parent_cpu": (end.parent_s - start.parent_s) / window_s,  # mostly the merge
+        # the whole machine over the same window, other users' processes included
         "machine_busy": (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0,
     }
 
@@ -117,7 +140,7 @@ def line(r: dict[str, Any]) -> str:
 def limit_of(r: dict[str, Any]) -> str:
     """Which process ran out of CPU at the first rate not kept up."""
     cores = os.cpu_count() or 1
-    total = r["server_cpu"] + sum(r["worker_cpu"])
+    total = r["server_cpu"] + sum(r["worker_cpu"]) + r["parent_cpu"]
     parts = []
     if r["server_cpu"] >= 0.85:
         parts.append(f"the server ({r['server_cpu']:.0%} of a core)")
@@ -125,11 +148,12 @@ def limit_of(r: dict[str, Any]) -> str:
     if busy:
         parts.append("the client: " + ", ".join(busy))
     if total >= 0.85 * cores:
-        parts.append(f"the machine: server and workers used {total:.2f} of {cores} cores")
+        parts.append(f"the machine: server, workers and parent used {total:.2f} of {cores} "
+                     "cores")
     elif r["machine_busy"] >= 0.9:
         parts.append(f"the machine, shared: its {cores} cores were {r['machine_busy']:.0%} busy "
-                     f"but server and workers got only {total:.2f} of them (other processes "
-                     "took the rest)")
+                     f"but server, workers and parent got only {total:.2f} of them (other "
+                     "processes took the rest)")
     return "; ".join(parts) or (f"no process near a full core (server {r['server_cpu']:.0%}, "
                                 f"workers {'/'.join(f'{c:.0%}' for c in r['worker_cpu'])})")
 
@@ -153,11 +177,13 @@ def sweep(url: str, pid: int, rates: list[float], step_s: float,
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rates", default=",".join(str(r) for r in DEFAULT_RATES),
-                   help="request rates to sweep, ascending")
-    p.add_argument("--step-s", type=float, default=3.0, help="seconds of arrivals per rate")
+    p.add_argument("--rates", type=ascending_rates,
+                   default=",".join(str(r) for r in DEFAULT_RATES),
+                   help="request rates to sweep (req/s), comma-separated, each above 0, rising")
+    p.add_argument("--step-s", type=positive_float, default=3.0,
+                   help="seconds of arrivals per rate")
     args = p.parse_args()
-    rates = [float(r) for r in args.rates.split(",")]
+    rates: list[float] = args.rates
     wall0 = time.perf_counter()
     with server_process("--ttft-s", str(TTFT_S), "--itl-s", str(ITL_S)) as server:
         url = server.url
@@ -165,6 +191,8 @@ def main() -> int:
               f"then every {ITL_S * 1e3:g} ms, {OUTPUT_TOKENS} tokens; constant rate, "
               f"{args.step_s:g} s per step; {os.cpu_count()} CPUs, load average "
               f"{os.getloadavg()[0]:.1f}")
+        print("CPU columns: shares of one window, t0 to replay_workers' return (sends, streams, "
+              "the workers writing their records, the parent merging them)")
         print("workers   rate   sent/s failed  lag p50  lag p99  worker p99 ms     tok/s  "
               "worker CPU  server  machine  kept up")
         best: dict[int, dict[str, Any] | None] = {}
