@@ -14,7 +14,12 @@ Columns of ``telemetry.parquet`` (one row per scrape):
     kv_usage            KV-cache blocks in use, 0..1 (gauge)
     num_preemptions     preemptions since the previous scrape (counter increase)
     num_steps           engine steps since the previous scrape (histogram count increase)
-    num_batched_tokens  tokens scheduled over those steps (histogram sum increase)
+    num_batched_tokens  tokens of those steps (histogram sum increase), as the engine counts
+                        them: vLLM 0.32 (``vllm:iteration_tokens_total``) counts a prompt's
+                        computed (uncached) tokens at the step that finishes it, plus the
+                        tokens generated; the served reference counts the tokens each step
+                        scheduled (each prefill chunk at its own step, a prompt's first token
+                        not again), so a run's sum is lower by one token per request
     batch_tokens_mean   num_batched_tokens / num_steps (NaN when no step ran)
     missing             comma-separated canonical signals absent from this scrape
     scrape_error        why the scrape failed (then every signal is null), else null

@@ -93,7 +93,9 @@ class PrometheusMetrics(EngineObserver):
         self.success_length = success.labels(**labels, finished_reason="length")
         self.success_abort = success.labels(**labels, finished_reason="abort")
         self.iteration_tokens = Histogram(
-            "vllm:iteration_tokens_total", "Tokens scheduled per engine step.", names,
+            "vllm:iteration_tokens_total",
+            "Tokens scheduled per engine step (vLLM counts a prompt at the step that finishes "
+            "it, plus the tokens generated).", names,
             buckets=ITERATION_TOKEN_BUCKETS, registry=r).labels(**labels)
         self.ttft = Histogram(
             "vllm:time_to_first_token_seconds", "Receipt to first token, engine clock.", names,
