@@ -78,7 +78,8 @@ class LogCheck:
 # (harness/telemetry.py) reads them. A signal an engine does not export is left out, and is then
 # reported as missing (None), never as zero.
 
-CANONICAL_SIGNALS = ("num_running", "num_waiting", "kv_usage", "num_preemptions", "batch_tokens")
+CANONICAL_SIGNALS = ("num_running", "num_waiting", "kv_usage", "num_preemptions", "batch_tokens",
+                     "prefix_cache_queries", "prefix_cache_hits")
 
 
 @dataclass(frozen=True, slots=True)

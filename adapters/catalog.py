@@ -406,10 +406,11 @@ def mapping_markdown() -> str:
         "`replay --target URL` scrapes nothing: it does not know which metrics to read): `t_s`, "
         "`num_running`, `num_waiting`, `kv_usage` (0..1), `num_preemptions` (increase since "
         "the previous scrape), `num_steps`, `num_batched_tokens`, `batch_tokens_mean`, "
-        "`missing` and `scrape_error`. A signal the engine does not export is null and named "
-        "in `missing`, never 0. Metric names renamed between engine versions are read "
-        "through aliases, newest first (vLLM `kv_cache_usage_perc`, then "
-        "`gpu_cache_usage_perc`).",
+        "`prefix_cache_queries`, `prefix_cache_hits` (prompt tokens looked up in the prefix "
+        "cache and found, increases), `missing` and `scrape_error`. A signal the engine "
+        "does not export is null and named in `missing`, never 0. Metric names renamed "
+        "between engine versions are read through aliases, newest first (vLLM "
+        "`kv_cache_usage_perc`, then `gpu_cache_usage_perc`).",
         "",
         "## Lifecycle",
         "",

@@ -39,7 +39,8 @@ METRIC_PRESETS: dict[str, TelemetrySpec] = {
     "none": NO_METRICS,
 }
 
-_KINDS = {"num_preemptions": "counter", "batch_tokens": "histogram"}
+_KINDS = {"num_preemptions": "counter", "batch_tokens": "histogram",
+          "prefix_cache_queries": "counter", "prefix_cache_hits": "counter"}
 
 # Any server: priorities go in vLLM's convention, as the trace has them; what it does with them
 # under a policy other than priority is not known.

@@ -284,6 +284,10 @@ TELEMETRY = TelemetrySpec(
         ("batch_tokens", "trtllm_total_context_tokens is a gauge of the last iteration's "
                          "context tokens, without decode tokens; the JSON /metrics sums "
                          "numCtxTokens + numGenRequests over every iteration"),
+        ("prefix_cache_queries", "trtllm_kv_cache_hit_rate is a ratio of blocks, not a count "
+                                 "of prompt tokens looked up"),
+        ("prefix_cache_hits", "trtllm_kv_cache_hit_rate is a ratio of blocks, not a count of "
+                              "prompt tokens found"),
     ),
 )
 JSON_TELEMETRY = TelemetrySpec(path="/metrics", format="trtllm_json")

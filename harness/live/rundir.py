@@ -27,7 +27,12 @@ from harness.live.recorder import (
     load_records,
     records_run_id,
 )
-from harness.live.telemetry import TELEMETRY_FILE, engine_preemptions, unanswered_tail
+from harness.live.telemetry import (
+    TELEMETRY_FILE,
+    engine_preemptions,
+    engine_prefix_cache,
+    unanswered_tail,
+)
 from harness.manifest import read_manifest, run_fields, trace_manifest, update_manifest
 from harness.metrics import DEFAULT_CLIENT_LAG_THRESHOLD_S, Slo, summarize
 from harness.prediction import summary_prediction
@@ -103,7 +108,8 @@ PREEMPTIONS_UNSCRAPED = ("not known: a client cannot see preemptions, and no eng
 def with_engine_counters(summary: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """A live run's summary with what only the engine counts: ``num_preemptions`` from its
     telemetry (``engine_preemptions``), None when not known, never the requests' zero; and
-    ``preemptions_from`` saying which. Against the reference engine served over HTTP, also
+    ``preemptions_from`` saying which; ``prefix_cache`` when the engine counted lookups in
+    its prefix cache (``engine_prefix_cache``). Against the reference engine served over HTTP, also
     ``prediction`` (``harness.prediction.summary_prediction``): its figures are predictions."""
     prediction = summary_prediction(read_manifest(out_dir).get("engine"))
     if prediction is not None:
@@ -116,6 +122,9 @@ def with_engine_counters(summary: dict[str, Any], out_dir: Path) -> dict[str, An
     summary["preemptions_from"] = (
         PREEMPTIONS_FROM_ENGINE if n is not None else PREEMPTIONS_UNKNOWN
         if (out_dir / TELEMETRY_FILE).exists() else PREEMPTIONS_UNSCRAPED)
+    cache = engine_prefix_cache(out_dir)
+    if cache is not None and cache["queries_tokens"] > 0:  # none looked up: caching was off
+        summary["prefix_cache"] = cache
     unanswered, last_s = unanswered_tail(out_dir)
     if n is not None and unanswered and last_s is not None:
         # an engine that died or hung: what it counted after its last answer is not known

@@ -21,6 +21,9 @@ Columns of ``telemetry.parquet`` (one row per scrape):
                         scheduled (each prefill chunk at its own step, a prompt's first token
                         not again), so a run's sum is lower by one token per request
     batch_tokens_mean   num_batched_tokens / num_steps (NaN when no step ran)
+    prefix_cache_queries  prompt tokens looked up in the prefix cache at admission since the
+                        previous scrape (counter increase; vLLM's, re-admissions not counted)
+    prefix_cache_hits   of those, the tokens found (counter increase)
     missing             comma-separated canonical signals absent from this scrape
     scrape_error        why the scrape failed (then every signal is null), else null
 
@@ -71,9 +74,12 @@ COLUMNS = (
     "num_steps",
     "num_batched_tokens",
     "batch_tokens_mean",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
 )
 # Columns that are counters' increases since the last scrape.
-_COUNTED = ("num_preemptions", "num_steps", "num_batched_tokens")
+_COUNTED = ("num_preemptions", "num_steps", "num_batched_tokens", "prefix_cache_queries",
+            "prefix_cache_hits")
 # Output columns each canonical signal fills.
 _SIGNAL_COLUMNS = {
     "num_running": ("num_running",),
@@ -81,6 +87,8 @@ _SIGNAL_COLUMNS = {
     "kv_usage": ("kv_usage",),
     "num_preemptions": ("num_preemptions",),
     "batch_tokens": ("num_steps", "num_batched_tokens", "batch_tokens_mean"),
+    "prefix_cache_queries": ("prefix_cache_queries",),
+    "prefix_cache_hits": ("prefix_cache_hits",),
 }
 
 
@@ -98,6 +106,34 @@ def engine_preemptions(out_dir: Path) -> int | None:
     values = values[np.isfinite(values)]
     return round(float(values.sum())) if values.size else None
 
+
+def engine_prefix_cache(out_dir: Path) -> dict[str, Any] | None:
+    """The prefix-cache lookups and hits the engine counted over a live run, in prompt tokens
+    (the increases of its counters in ``telemetry.parquet``, summed), as a simulated run's
+    ``prefix_cache`` has them; None when there is no telemetry or the engine exported no such
+    counters. Re-admissions after a preemption are not in them (vLLM counts them apart and
+    exports them not), nor is which requests carried prefix identities."""
+    names = ["prefix_cache_queries", "prefix_cache_hits"]
+    try:
+        with pq.ParquetFile(out_dir / TELEMETRY_FILE) as file:
+            if not set(names) <= set(file.schema_arrow.names):
+                return None  # written before these columns existed
+            table = file.read(columns=names)
+    except (OSError, KeyError, ValueError, pa.ArrowInvalid):
+        return None
+    sums = []
+    for name in names:
+        values = np.asarray(numbers(table.column(name)), dtype=float)
+        values = values[np.isfinite(values)]
+        if not values.size:
+            return None
+        sums.append(round(float(values.sum())))
+    queries, hits = sums
+    return {"queries_tokens": queries, "hits_tokens": hits,
+            "hit_rate": hits / queries if queries else None,
+            "preempted_queries_tokens": None, "preempted_hits_tokens": None,
+            "preempted_hit_rate": None, "num_requests_with_prefix_ids": None,
+            "from": "the engine's telemetry (its prefix-cache counters)"}
 
 def unanswered_tail(out_dir: Path) -> tuple[int, float | None]:
     """The scrapes of ``telemetry.parquet`` that failed after its last answered one (an
@@ -409,8 +445,7 @@ def trtllm_iterations_reading(entries: Sequence[Mapping[str, Any]]) -> Reading:
     """
     values: dict[str, float | None] = dict.fromkeys(COLUMNS[1:])
     if not entries:
-        return Reading(values, ("num_running", "num_waiting", "kv_usage", "num_preemptions",
-                                "batch_tokens"))
+        return Reading(values, CANONICAL_SIGNALS)
     last = entries[-1]
     missing: list[str] = []
     for column, key in (("num_running", "numActiveRequests"), ("num_waiting", "numQueuedRequests")):
@@ -438,6 +473,8 @@ def trtllm_iterations_reading(entries: Sequence[Mapping[str, Any]]) -> Reading:
         )
     else:
         missing.append("batch_tokens")
+    # its kvCacheStats give block reuse, not prompt tokens looked up and found
+    missing += ["prefix_cache_queries", "prefix_cache_hits"]
     return Reading(values, tuple(missing))
 
 

@@ -1050,8 +1050,10 @@ def _prefix_cache_finding(ok: Sequence[CellResult]) -> list[str]:
     for c in ok:
         pc = get(c.summary, "prefix_cache")
         if (not isinstance(pc, Mapping) or not pc.get("queries_tokens")
-                or not pc.get("num_requests_with_prefix_ids")):
-            continue  # nothing looked up, or a trace without prefixes (the section says so)
+                or pc.get("num_requests_with_prefix_ids") == 0):
+            # nothing looked up, or a trace without prefixes (the section says so); a live
+            # engine's counters do not say which requests carried prefixes (None)
+            continue
         text = (f"{code(c.name)} {fmt_int(pc.get('hits_tokens'))} prompt tokens at admission "
                 f"({fmt_pct(pc.get('hit_rate'))} of those looked up)")
         again = pc.get("preempted_hits_tokens")

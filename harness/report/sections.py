@@ -523,8 +523,8 @@ def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
                      fmt_int(pc.get("hits_tokens")),
                      fmt_pct(rate) if rate is not None else "–",
                      fmt_pct(again) if again is not None else "–"])
-    # live cells that cached prefixes: their engines count hits, but batchlab reads no such
-    # counter from a live engine, so their hit rates are not known (not 0)
+    # live cells that cached prefixes, with no prefix-cache counter read from their engine
+    # (it exports none, or was not scraped): their hit rates are not known (not 0)
     unread = [code(c.name) for c in ok if c.mode != "simulated"
               and c.knobs.get("prefix_caching") is True
               and not isinstance(get(c.summary, "prefix_cache"), Mapping)]
@@ -544,9 +544,11 @@ def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
                   "prefix and no lookup hits. Only Mooncake traces (`hash_ids`) exercise the "
                   "cache.", ""]
     if unread:
-        lines += [f"{', '.join(unread)} ran with prefix caching on a live engine, whose hits "
-                  "batchlab does not read (it scrapes no prefix-cache counter, such as vLLM's "
-                  "`vllm:prefix_cache_hits`): their hit rates are not known.", ""]
+        lines += [f"{', '.join(unread)} ran with prefix caching on a live engine from which "
+                  "no prefix-cache counter was read (only vLLM's `vllm:prefix_cache_queries` "
+                  "and `_hits` are: TGI, TensorRT-LLM and llama.cpp export none in prompt "
+                  "tokens, and `replay --target` scrapes nothing): their hit rates are not "
+                  "known.", ""]
     if cached:
         lines += unmeasured_note(cached, "Prefix-cache hits", report_cells=ok)
     return lines

@@ -15,7 +15,7 @@ def test_llamacpp_does_not_claim_kv_usage_its_pinned_build_does_not_export() -> 
     line = ("/metrics: num_running <- llamacpp:requests_processing; num_waiting <- "
             "llamacpp:requests_deferred; missing: kv_usage (not exported by the pinned build; "
             "llamacpp:kv_cache_usage_ratio is read if an older build exports it), "
-            "num_preemptions, batch_tokens")
+            "num_preemptions, batch_tokens, prefix_cache_queries, prefix_cache_hits")
     assert catalog._telemetry_line(llamacpp.TELEMETRY) == line
     text = catalog.mapping_text()
     assert f"telemetry: {line}" in text
@@ -46,7 +46,9 @@ def test_trtllm_says_what_its_paused_and_context_token_gauges_are() -> None:
         "/metrics sums numPausedRequests over every iteration), batch_tokens "
         "(trtllm_total_context_tokens is a gauge of the last iteration's context tokens, "
         "without decode tokens; the JSON /metrics sums numCtxTokens + numGenRequests over "
-        "every iteration)")
+        "every iteration), prefix_cache_queries (trtllm_kv_cache_hit_rate is a ratio of "
+        "blocks, not a count of prompt tokens looked up), prefix_cache_hits "
+        "(trtllm_kv_cache_hit_rate is a ratio of blocks, not a count of prompt tokens found)")
 
 
 @pytest.mark.parametrize("paused", ["0", "3"])

@@ -154,7 +154,9 @@ def test_launch_replay_and_teardown_with_a_stand_in_vllm(tmp_path: Path) -> None
     assert telemetry and max(r["num_running"] for r in telemetry) <= 2
     # the stand-in exports the old KV name: read through the alias
     assert all(r["kv_usage"] is not None for r in telemetry)
-    assert manifest["telemetry"]["missing"] == ["num_preemptions"]
+    # nor a preemption counter, nor prefix-cache counters
+    assert manifest["telemetry"]["missing"] == ["num_preemptions", "prefix_cache_queries",
+                                                "prefix_cache_hits"]
     requests = pq.read_table(out / "requests.parquet").to_pylist()
     assert len(requests) == 6 and all(r["error_kind"] is None for r in requests)
     assert "fake vllm argv" in (out / "vllm-server.stdout.log").read_text()

@@ -1,6 +1,6 @@
-"""A live engine that ran with prefix caching on counts its hits, but batchlab scrapes no
-prefix-cache counter: the report's prefix-cache section lists such cells with hit rates not
-known, rather than leaving them out (or the section, when every cell is live)."""
+"""A live engine that ran with prefix caching on, from which no prefix-cache counter was read
+(it exports none, or was not scraped): the report's prefix-cache section lists such cells with
+hit rates not known, rather than leaving them out (or the section, when every cell is live)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def test_a_live_cell_with_caching_on_is_listed_as_not_read() -> None:
     assert "| `sim` | 1,000 | 250 | 25.0% | – |" in text
     assert "| `vllm` | not read | not read | – | – |" in text
     assert "`off`" not in text  # no caching: nothing to know
-    assert ("`vllm` ran with prefix caching on a live engine, whose hits batchlab does not "
-            "read") in text
+    assert ("`vllm` ran with prefix caching on a live engine from which no prefix-cache "
+            "counter was read") in text
 
 
 def test_only_live_cells_with_caching_still_get_the_section() -> None:

@@ -28,7 +28,8 @@ from harness.live.telemetry import (
 
 def vllm_text(*, running: float = 0, waiting: float = 0, kv: float = 0.0,
               preemptions: float = 0, steps: float = 0, tokens: float = 0,
-              kv_name: str = "vllm:kv_cache_usage_perc", engines: int = 1) -> str:
+              kv_name: str = "vllm:kv_cache_usage_perc", engines: int = 1,
+              queries: float = 0, hits: float = 0) -> str:
     lines = [
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
         "# TYPE vllm:num_requests_running gauge",
@@ -46,6 +47,10 @@ def vllm_text(*, running: float = 0, waiting: float = 0, kv: float = 0.0,
         f'vllm:iteration_tokens_total_bucket{{engine="0",le="+Inf",model_name="tiny"}} {steps}',
         f'vllm:iteration_tokens_total_count{{engine="0",model_name="tiny"}} {steps}',
         f'vllm:iteration_tokens_total_sum{{engine="0",model_name="tiny"}} {tokens}',
+        "# TYPE vllm:prefix_cache_queries counter",
+        f'vllm:prefix_cache_queries_total{{engine="0",model_name="tiny"}} {queries}',
+        "# TYPE vllm:prefix_cache_hits counter",
+        f'vllm:prefix_cache_hits_total{{engine="0",model_name="tiny"}} {hits}',
         "",
     ]
     return "\n".join(lines)
@@ -80,6 +85,15 @@ def test_vllm_reading_and_counter_increases() -> None:
     assert third.values["num_preemptions"] == 1 and third.values["num_steps"] == 2
 
 
+def test_vllm_prefix_cache_counters_are_read_as_increases() -> None:
+    reader = CanonicalReader(vllm.TELEMETRY)
+    first = reader.reading(parse_exposition(vllm_text(queries=1000, hits=200)))
+    assert first.values["prefix_cache_queries"] == 0 and first.values["prefix_cache_hits"] == 0
+    second = reader.reading(parse_exposition(vllm_text(queries=1600, hits=500)))
+    assert second.values["prefix_cache_queries"] == 600
+    assert second.values["prefix_cache_hits"] == 300
+
+
 def test_renamed_metric_is_read_through_its_alias() -> None:
     reader = CanonicalReader(vllm.TELEMETRY)
     old = reader.reading(parse_exposition(vllm_text(kv=0.5, kv_name="vllm:gpu_cache_usage_perc")))
@@ -111,7 +125,8 @@ def test_tgi_kv_usage_is_a_ratio_and_unexported_signals_are_missing() -> None:
     assert reading.values["num_running"] == 3 and reading.values["num_waiting"] == 4
     assert reading.values["kv_usage"] == 0.25
     assert reading.values["num_preemptions"] is None and reading.values["num_steps"] is None
-    assert reading.missing == ("num_preemptions", "batch_tokens")
+    assert reading.missing == ("num_preemptions", "batch_tokens", "prefix_cache_queries",
+                               "prefix_cache_hits")
 
 
 def test_ratio_with_zero_capacity_is_missing() -> None:
@@ -233,9 +248,10 @@ def test_scraper_writes_its_file_when_cancelled(tmp_path: Path) -> None:
     asyncio.run(go())
     rows = pq.read_table(out).to_pylist()
     assert rows and all(r["num_running"] is None for r in rows)
-    assert rows[0]["missing"] == "num_running,num_waiting,kv_usage,num_preemptions,batch_tokens"
+    assert rows[0]["missing"] == ",".join(CANONICAL_SIGNALS)
     assert scraper.missing_signals() == [
-        "num_running", "num_waiting", "kv_usage", "num_preemptions", "batch_tokens"]
+        "num_running", "num_waiting", "kv_usage", "num_preemptions", "batch_tokens",
+        "prefix_cache_queries", "prefix_cache_hits"]
 
 
 def test_scrape_times_come_from_the_clock() -> None:

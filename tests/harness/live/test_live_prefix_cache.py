@@ -1,0 +1,50 @@
+"""A live run reads the engine's prefix-cache counters (vLLM's ``vllm:prefix_cache_queries`` and
+``_hits``) into its summary's ``prefix_cache``, and the report shows the hit rate. Against the
+reference engine served over HTTP, which exports them as vLLM does: what the run counted is
+what the server counted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness.cli import main
+from harness.live.telemetry import parse_exposition
+from harness.serve.process import launch_server_process
+
+pytestmark = pytest.mark.timeout(300)
+
+REPO = Path(__file__).resolve().parents[3]
+MOONCAKE = REPO / "harness" / "data" / "mooncake_conversation_excerpt.jsonl"
+
+
+def _counter(url: str, name: str) -> float:
+    samples = parse_exposition(httpx.get(url + "/metrics", trust_env=False).text)
+    return sum(samples[name])
+
+
+def test_a_live_run_counts_the_prefix_cache_hits_its_engine_counted(tmp_path: Path) -> None:
+    with launch_server_process(["--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+                                "--prefix-caching", "--served-model-name", "llama-3.1-8b"],
+                               log_path=tmp_path / "serve.log") as server:
+        before = (_counter(server.url, "vllm:prefix_cache_queries_total"),
+                  _counter(server.url, "vllm:prefix_cache_hits_total"))
+        run = tmp_path / "live"
+        assert main(["replay", "--trace", str(MOONCAKE), "--limit", "12", "--engine",
+                     "reference", "--model", "llama-3.1-8b", "--url", server.url,
+                     "--out", str(run)]) == 0
+        after = (_counter(server.url, "vllm:prefix_cache_queries_total"),
+                 _counter(server.url, "vllm:prefix_cache_hits_total"))
+    cache = json.loads((run / "summary.json").read_text())["prefix_cache"]
+    queries, hits = after[0] - before[0], after[1] - before[1]
+    assert hits > 0  # the excerpt's conversations share prefixes
+    assert cache["queries_tokens"] == queries and cache["hits_tokens"] == hits
+    assert cache["hit_rate"] == pytest.approx(hits / queries)
+    assert cache["preempted_hit_rate"] is None  # vLLM exports no such counter
+    assert main(["report", str(run)]) == 0
+    report = (run / "report.md").read_text()
+    assert "## Prefix cache" in report
+    assert f"| `live` | {int(queries):,} | {int(hits):,} |" in report
