@@ -14,6 +14,7 @@ from adapters.knobs import Knobs
 from adapters.reference.blocks import NO_HIT, BlockManager, InvariantError
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.request import Request
+from harness.report.format import fmt_int, fmt_pct
 from harness.serve.app import start_server_in_thread
 from harness.sim.driver import simulate
 from harness.target import RunOptions, TargetSpec
@@ -39,11 +40,31 @@ def _run(tmp_path: Path, prefix_caching: bool, path: Path = MOONCAKE, *,
     return summary
 
 
+def _assert_hit_rates_are_the_counts_ratios(cache: dict[str, object]) -> None:
+    """summary.json's hit rates are its own counts' ratios (None with no lookup)."""
+    for prefix in ("", "preempted_"):
+        queries, hits = cache[f"{prefix}queries_tokens"], cache[f"{prefix}hits_tokens"]
+        assert isinstance(queries, int) and isinstance(hits, int) and 0 <= hits <= queries
+        rate = cache.get(f"{prefix}hit_rate")
+        assert rate == (hits / queries if queries else None), (prefix, rate, hits, queries)
+
+
+def _report_row(summary: dict[str, object], cell: str) -> str:
+    """The prefix-cache table row the report must show for ``cell``, from its summary.json,
+    with the report's own number formats."""
+    cache = summary["prefix_cache"]
+    assert isinstance(cache, dict)
+    again = cache.get("preempted_hit_rate")
+    return (f"| `{cell}` | {fmt_int(cache['queries_tokens'])} | {fmt_int(cache['hits_tokens'])}"
+            f" | {fmt_pct(cache['hit_rate'])} | {fmt_pct(again) if again is not None else '–'} |")
+
+
 def test_mooncake_excerpt_has_a_nonzero_hit_rate_and_faster_ttft(tmp_path: Path) -> None:
     on, off = _run(tmp_path, True), _run(tmp_path, False)
     cache = on["prefix_cache"]
     assert isinstance(cache, dict)
     assert cache["hits_tokens"] > 0 and 0 < cache["hit_rate"] < 1
+    _assert_hit_rates_are_the_counts_ratios(cache)
     # every row of the excerpt names its prefix blocks (the 29 clipped from the left with
     # ids of their own)
     assert cache["num_requests_with_prefix_ids"] == on["num_requests"] > 0
@@ -53,13 +74,13 @@ def test_mooncake_excerpt_has_a_nonzero_hit_rate_and_faster_ttft(tmp_path: Path)
     assert ttft_on["mean"] < ttft_off["mean"]
 
 
-def _trace_prefix_reuse_tokens(path: Path, block_size: int) -> int:
+def _trace_prefix_reuse_tokens(path: Path, block_size: int, limit: int | None = None) -> int:
     """The prompt tokens of a Mooncake file that an unbounded prefix cache would hold when
     each request arrives, counted from the file alone: the leading ``hash_ids`` (512-token
     blocks) seen on an earlier request, in whole ``block_size`` blocks, and never the whole
-    prompt (its last token is computed)."""
+    prompt (its last token is computed). ``limit``: of the first requests only."""
     rows = sorted((json.loads(line) for line in path.read_text().splitlines() if line),
-                  key=lambda r: r["timestamp"])
+                  key=lambda r: r["timestamp"])[:limit]
     seen: set[int] = set()
     total = 0
     for r in rows:
@@ -90,6 +111,48 @@ def test_with_a_cache_that_never_evicts_the_hits_are_the_traces_own_prefix_reuse
         model="llama-3.1-8b", gpu="h100-sxm", prefix_caching=True, max_model_len=131072))
     assert bounded.prefix_cache is not None
     assert 0 < bounded.prefix_cache["hits_tokens"] < expected
+    _assert_hit_rates_are_the_counts_ratios(bounded.prefix_cache)
+
+
+def test_the_prefix_cache_keeps_its_invariants_through_hits_evictions_and_preemptions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The excerpt's first 50 requests with the scheduler's and the block manager's
+    invariants checked after every step (the whole excerpt takes half a minute so): on a KV
+    cache that holds every block, then on one short enough to evict cached blocks and preempt
+    requests, whose re-admissions hit."""
+    limit = 50
+    trace = load_trace(str(MOONCAKE), TraceOptions(max_model_len=131072, limit=limit))
+    assert len(trace.requests) == limit
+    evicted: list[int] = []
+    take = BlockManager._take_cached
+
+    def counting_take(self: BlockManager, num_blocks: int) -> list[int]:
+        queue = iter(self._free_queue)
+        evicted.extend(b for b in (next(queue) for _ in range(num_blocks))
+                       if self._block_hash[b] is not None)
+        return take(self, num_blocks)
+
+    monkeypatch.setattr(BlockManager, "_take_cached", counting_take)
+    expected = _trace_prefix_reuse_tokens(MOONCAKE, 16, limit)
+    assert expected > 0
+    results = {}
+    for num_gpu_blocks in (60_000, 6_000):
+        evicted.clear()
+        config = ReferenceConfig(model="llama-3.1-8b", gpu="h100-sxm", prefix_caching=True,
+                                 max_model_len=131072, num_gpu_blocks=num_gpu_blocks)
+        assert config.block_size == 16
+        result = simulate(trace.requests, config, check_invariants=True)
+        cache = result.prefix_cache
+        assert cache is not None
+        _assert_hit_rates_are_the_counts_ratios(cache)
+        assert cache["hits_tokens"] == expected  # first admissions: the trace's own reuse
+        assert all(tl.error_kind is None for tl in result.timelines)
+        results[num_gpu_blocks] = (len(evicted), sum(tl.num_preemptions
+                                                     for tl in result.timelines),
+                                   cache["preempted_hits_tokens"])
+    assert results[60_000] == (0, 0, 0)
+    num_evicted, num_preemptions, preempted_hits = results[6_000]
+    assert num_evicted > 0 and num_preemptions > 0 and preempted_hits > 0
 
 
 def test_the_report_says_why_a_trace_without_prefix_identities_never_hits(
@@ -101,12 +164,21 @@ def test_the_report_says_why_a_trace_without_prefix_identities_never_hits(
     assert isinstance(cache, dict)
     assert cache["num_requests_with_prefix_ids"] == 0 and cache["hits_tokens"] == 0
     assert cache["queries_tokens"] > 0
+    _assert_hit_rates_are_the_counts_ratios(cache)
     text = (tmp_path / "azure_conv_excerpt-on" / "report.md").read_text()
     assert "## Prefix cache" in text
     assert "carried prefix identities: the trace records lengths, not prompts" in text
-    _run(tmp_path, True, MOONCAKE, report=True, limit=200)
+    # the table shows summary.json's counts and hit rate: a rate of 0%, not "–"
+    row = _report_row(azure, "azure_conv_excerpt-on")
+    assert row == "| `azure_conv_excerpt-on` | 180,695 | 0 | 0% | – |"
+    assert row in text.splitlines()
+    mooncake = _run(tmp_path, True, MOONCAKE, report=True, limit=200)
+    cache = mooncake["prefix_cache"]
+    assert isinstance(cache, dict) and 0 < cache["hit_rate"] < 1
+    _assert_hit_rates_are_the_counts_ratios(cache)
     text = (tmp_path / "mooncake_conversation_excerpt-on" / "report.md").read_text()
     assert "## Prefix cache" in text and "prefix identities" not in text
+    assert _report_row(mooncake, "mooncake_conversation_excerpt-on") in text.splitlines()
 
 
 def _scrape(url: str) -> dict[str, float]:
