@@ -651,6 +651,7 @@ def priorities_from_trace(manifest: Mapping[str, Any]) -> bool:
     notes = (manifest.get("trace") or {}).get("notes") or ()
     return any(str(n).startswith(PRIORITIES_FROM_TRACE) for n in notes)
 
+
 def first_arrival_s(run_dir: Path) -> float:
     """The run's first arrival on its clock (``requests.parquet``), where the time axes of its
     figures start and ``duration_s`` is counted from (docs/metrics.md); 0, the clock's own

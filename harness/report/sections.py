@@ -512,12 +512,15 @@ def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
     """Prefix-cache hit rates, when any cell cached prefixes (simulated: summary.json)."""
     rows = []
     blind: list[str] = []  # cells whose trace says nothing of shared prefixes
+    counted: list[str] = []  # live cells: the engine's counters, without re-admissions
     for c in ok:
         pc = get(c.summary, "prefix_cache")
         if not isinstance(pc, Mapping):
             continue
         if pc.get("num_requests_with_prefix_ids") == 0:
             blind.append(code(c.name))
+        if c.mode != "simulated" and pc.get("preempted_queries_tokens") is None:
+            counted.append(code(c.name))
         rate, again = pc.get("hit_rate"), pc.get("preempted_hit_rate")
         rows.append([code(c.name), fmt_int(pc.get("queries_tokens")),
                      fmt_int(pc.get("hits_tokens")),
@@ -543,6 +546,9 @@ def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
                   "records lengths, not prompts, so no two prompts can be known to share a "
                   "prefix and no lookup hits. Only Mooncake traces (`hash_ids`) exercise the "
                   "cache.", ""]
+    if counted:
+        lines += [f"{', '.join(counted)}: the live engine's own counters; it exports none for "
+                  "re-admissions after a preemption (–).", ""]
     if unread:
         lines += [f"{', '.join(unread)} ran with prefix caching on a live engine from which "
                   "no prefix-cache counter was read (only vLLM's `vllm:prefix_cache_queries` "

@@ -48,3 +48,5 @@ def test_a_live_run_counts_the_prefix_cache_hits_its_engine_counted(tmp_path: Pa
     report = (run / "report.md").read_text()
     assert "## Prefix cache" in report
     assert f"| `live` | {int(queries):,} | {int(hits):,} |" in report
+    assert ("`live`: the live engine's own counters; it exports none for re-admissions after "
+            "a preemption (–).") in report
