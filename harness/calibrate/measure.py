@@ -46,8 +46,10 @@ def probe_kv_cache(base_url: str, path: str = "/metrics") -> KvCacheInfo | None:
 
 def kv_cache_from_metrics(text: str) -> KvCacheInfo | None:
     """vLLM's ``vllm:cache_config_info`` gauge carries the cache configuration as labels."""
+    # only the gauge's own lines: a malformed line of another family cannot hide it
+    wanted = "\n".join(line for line in text.splitlines() if "cache_config_info" in line)
     try:
-        families = list(text_string_to_metric_families(text))
+        families = list(text_string_to_metric_families(wanted + "\n"))
     except ValueError:
         return None
     for family in families:

@@ -111,7 +111,8 @@ def with_engine_counters(summary: dict[str, Any], out_dir: Path) -> dict[str, An
     ``preemptions_from`` saying which; ``prefix_cache`` when the engine counted lookups in
     its prefix cache (``engine_prefix_cache``). Against the reference engine served over HTTP, also
     ``prediction`` (``harness.prediction.summary_prediction``): its figures are predictions."""
-    prediction = summary_prediction(read_manifest(out_dir).get("engine"))
+    manifest = read_manifest(out_dir)
+    prediction = summary_prediction(manifest.get("engine"))
     if prediction is not None:
         summary["prediction"] = prediction
     n = engine_preemptions(out_dir)
@@ -124,6 +125,11 @@ def with_engine_counters(summary: dict[str, Any], out_dir: Path) -> dict[str, An
         if (out_dir / TELEMETRY_FILE).exists() else PREEMPTIONS_UNSCRAPED)
     cache = engine_prefix_cache(out_dir)
     if cache is not None and cache["queries_tokens"] > 0:  # none looked up: caching was off
+        # which requests' prompts share prefixes is the trace's (Mooncake hash_ids), not the
+        # engine's to say
+        with_ids = ((manifest.get("trace") or {}).get("stats") or {}).get(
+            "num_with_prefix_hashes")
+        cache["num_requests_with_prefix_ids"] = with_ids if isinstance(with_ids, int) else None
         summary["prefix_cache"] = cache
     unanswered, last_s = unanswered_tail(out_dir)
     if n is not None and unanswered and last_s is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.report.format import REPO_ROOT, code, display_path, slo_text
-from harness.report.runs import CellResult, get, priorities_from_trace
+from harness.report.runs import CellResult, classes_not_drawn, get
 
 METRICS_DOC = REPO_ROOT / "docs" / "metrics.md"
 
@@ -128,8 +128,8 @@ def scenario_context(meta: Mapping[str, Any], cells: Sequence[CellResult], scena
     """The context of a scenario sweep's report, from its ``scenario.json``."""
     classes = {int(p["priority"]): str(p["name"]) for p in meta.get("priority_classes") or []}
     labels = {int(k): str(v) for k, v in (meta.get("class_names") or {}).items()}
-    if any(priorities_from_trace(c.manifest) for c in cells):
-        # the trace's own priorities were kept: the classes' names would be put on them (a
+    if any(classes_not_drawn(c.manifest) is not None for c in cells):
+        # the requests' own priorities were kept: the classes' names would be put on them (a
         # mix's labels name the priority they gave their own trace, and stay)
         labels = {p: name for p, name in labels.items() if classes.get(p) != name}
         classes = {}

@@ -1049,10 +1049,11 @@ def _prefix_cache_finding(ok: Sequence[CellResult]) -> list[str]:
     parts = []
     for c in ok:
         pc = get(c.summary, "prefix_cache")
-        if (not isinstance(pc, Mapping) or not pc.get("queries_tokens")
-                or pc.get("num_requests_with_prefix_ids") == 0):
-            # nothing looked up, or a trace without prefixes (the section says so); a live
-            # engine's counters do not say which requests carried prefixes (None)
+        with_ids = pc.get("num_requests_with_prefix_ids") if isinstance(pc, Mapping) else 0
+        if (not isinstance(pc, Mapping) or not pc.get("queries_tokens") or with_ids == 0
+                or (with_ids is None and not pc.get("hits_tokens"))):
+            # nothing looked up, or a trace without prefixes (the section says so); not
+            # recorded (a summary from before the count was): only hits are worth a word
             continue
         text = (f"{code(c.name)} {fmt_int(pc.get('hits_tokens'))} prompt tokens at admission "
                 f"({fmt_pct(pc.get('hit_rate'))} of those looked up)")

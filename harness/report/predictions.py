@@ -314,8 +314,8 @@ def unmeasured_note(cells: Sequence[CellResult], what: str, *,
     """Under a table of a kind of figure no published measurement gives (preemptions, the
     prefix cache's hits, per-class latencies, batch sizes): that the predicted cells' are
     predictions whose error is not known. ``cells``: the table's; ``report_cells``: the
-    report's, when the table shows only some of them (a live cell has no prefix-cache
-    figures): "every cell" only when each of those is predicted, else the predicted cells
+    report's, when the table shows only some of them (a live cell whose engine counted no
+    prefix-cache hits): "every cell" only when each of those is predicted, else the predicted cells
     by name. [] without a predicted cell."""
     names = _predicted_names(cells)
     if not names:

@@ -26,7 +26,7 @@ from harness.results import (
     read_summary,
     run_pace,
 )
-from harness.traces import PRIORITIES_FROM_TRACE
+from harness.traces import CLASSES_NOT_DRAWN
 
 TELEMETRY_FILE = "telemetry.parquet"
 CELL_FILE = "cell.json"
@@ -645,11 +645,14 @@ def read_columns(path: Path, columns: Sequence[str]) -> dict[str, np.ndarray] | 
     return out
 
 
-def priorities_from_trace(manifest: Mapping[str, Any]) -> bool:
-    """Whether the run's trace kept its own priorities over a scenario's priority classes or
-    ``--priority-fraction`` (a note of the trace loader)."""
+def classes_not_drawn(manifest: Mapping[str, Any]) -> str | None:
+    """Where the requests' priorities came from when a scenario's priority classes were not
+    drawn (they had priorities already: a note of the scenario's trace loader); else None."""
     notes = (manifest.get("trace") or {}).get("notes") or ()
-    return any(str(n).startswith(PRIORITIES_FROM_TRACE) for n in notes)
+    for note in map(str, notes):
+        if note.startswith(CLASSES_NOT_DRAWN):
+            return note[len(CLASSES_NOT_DRAWN):].lstrip(": ")
+    return None
 
 
 def first_arrival_s(run_dir: Path) -> float:

@@ -63,10 +63,10 @@ from harness.report.predictions import (
 from harness.report.runs import (
     CellResult,
     approximations,
+    classes_not_drawn,
     client_limited,
     get,
     preemptions,
-    priorities_from_trace,
     varying_knobs,
 )
 
@@ -551,10 +551,12 @@ def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
                   "re-admissions after a preemption (–).", ""]
     if unread:
         lines += [f"{', '.join(unread)} ran with prefix caching on a live engine from which "
-                  "no prefix-cache counter was read (only vLLM's `vllm:prefix_cache_queries` "
-                  "and `_hits` are: TGI, TensorRT-LLM and llama.cpp export none in prompt "
-                  "tokens, and `replay --target` scrapes nothing): their hit rates are not "
-                  "known.", ""]
+                  "no prefix-cache counter was read, so their hit rates are not known: batchlab "
+                  "reads vLLM's `vllm:prefix_cache_queries` and `_hits` only (not the "
+                  "`vllm:gpu_prefix_cache_*` of vLLM builds before their rename; TGI, "
+                  "TensorRT-LLM and llama.cpp export no count in prompt tokens), from an "
+                  "engine whose telemetry was scraped (not `replay --target`), in runs made "
+                  "since batchlab reads them.", ""]
     if cached:
         lines += unmeasured_note(cached, "Prefix-cache hits", report_cells=ok)
     return lines
@@ -624,10 +626,10 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
              + (" SLO attainment is each cell's under its own SLO (the SLO column): these "
                 "cells' goodput was computed under different SLOs, so it is not compared "
                 "between them." if several else ""), ""]
-    if ctx.scenario and ctx.scenario.get("priority_classes") and any(
-            priorities_from_trace(c.manifest) for c in ok):
-        lines += ["The trace carries its own priorities: the scenario's `priority_classes` "
-                  "were not drawn, and their names are not given to the trace's classes.", ""]
+    origins = sorted({o for c in ok if (o := classes_not_drawn(c.manifest)) is not None})
+    if ctx.scenario and ctx.scenario.get("priority_classes") and origins:
+        lines += [f"The scenario's `priority_classes` were not drawn: {'; '.join(origins)}; "
+                  "the classes' names are not given to them.", ""]
     labels = row_labels(ok)
     for key in keys:
         rows = []

@@ -77,7 +77,18 @@ def load_cell_trace(scenario: Scenario, load: LoadPoint) -> Any:
             raise ScenarioError(scenario.source, spec.line, key, as_keys(str(exc))) from None
         parts.append(traces.MixPart(trace, spec.priority))
     trace = with_priority(parts[0]) if len(parts) == 1 else merge_traces(parts)
-    return assign_priorities(trace, scenario.priority_classes, seed=scenario.seed)
+    components = scenario.trace.components()
+    # where priorities come from, before the classes could be drawn: a trace's `priority:`
+    # gives its every request one; a priority column wins over priority_fraction (a note)
+    column = any(str(n).endswith(f"{traces.PRIORITIES_FROM_TRACE}; --priority-fraction ignored")
+                 for n in trace.notes)
+    origin = ("given by the trace's `priority:`" if any(
+        spec.priority is not None for spec in components)
+        else "drawn by its `priority_fraction`" if not column and any(
+        spec.options.get("priority_fraction") is not None for spec in components)
+        else "the trace's own (its priority column)")
+    return assign_priorities(trace, scenario.priority_classes, seed=scenario.seed,
+                             origin=origin)
 
 
 def with_priority(part: MixPart) -> Trace:
@@ -147,16 +158,18 @@ def renumber_prefix_ids(requests: Sequence[TraceRequest], first_id: int
     return out, first_id + len(renamed)
 
 
-def assign_priorities(trace: Any, classes: Sequence[PriorityClass], *, seed: int) -> Any:
-    """Give each request the priority of a class drawn by share (seeded). A trace that carries
-    its own priorities keeps them: recorded traffic wins over the scenario's mix, and a note
-    says so (the report then gives the classes no scenario names)."""
+def assign_priorities(trace: Any, classes: Sequence[PriorityClass], *, seed: int,
+                      origin: str = "the trace's own (its priority column)") -> Any:
+    """Give each request the priority of a class drawn by share (seeded). A trace whose
+    requests have priorities already keeps them: recorded traffic wins over the scenario's
+    mix, and a note says so and where they came from (``origin``); the report then gives the
+    classes no scenario names."""
     if not classes:
         return trace
     if any(r.priority is not None for r in trace.requests):
-        from harness.traces import PRIORITIES_FROM_TRACE
+        from harness.traces import CLASSES_NOT_DRAWN
 
-        note = f"{PRIORITIES_FROM_TRACE}; the scenario's priority_classes were not drawn"
+        note = f"{CLASSES_NOT_DRAWN}: the requests' priorities are {origin}"
         return dataclasses.replace(trace, notes=(*trace.notes, note))
     import numpy as np
 

@@ -47,6 +47,7 @@ from harness.traces.info import arrivals_text, describe
 from harness.traces.load import load_trace
 from harness.traces.options import (
     ARRIVALS,
+    CLASSES_NOT_DRAWN,
     FORMATS,
     ON_TOO_LONG,
     PRIORITIES_FROM_TRACE,
@@ -57,6 +58,7 @@ from harness.traces.synthetic import synthetic_arrivals_s
 
 __all__ = [
     "ARRIVALS",
+    "CLASSES_NOT_DRAWN",
     "DATA_DIR",
     "DIGEST_SCHEME",
     "FORMATS",

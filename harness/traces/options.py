@@ -389,9 +389,11 @@ def apply_arrivals(
     return [r._replace(arrival_s=float(t)) for r, t in zip(rows, times, strict=True)]
 
 
-# How a trace note that keeps the trace's own priorities (over --priority-fraction, or over a
-# scenario's priority_classes) begins; the report reads it from the run's manifest.
+# How a trace note that keeps the trace's own priorities over --priority-fraction begins.
 PRIORITIES_FROM_TRACE = "priorities taken from the trace"
+# How the note of a scenario whose requests had priorities before its priority_classes could
+# be drawn begins (then where they came from); the report reads it from the run's manifest.
+CLASSES_NOT_DRAWN = "the scenario's priority_classes were not drawn"
 
 def apply_priorities(
     rows: list[Row], options: TraceOptions, report: Report

@@ -74,7 +74,8 @@ def test_transformers_serve_through_the_openai_adapter(tmp_path: Path) -> None:
     assert manifest["engine"]["name"] == "openai" and manifest["engine"]["mode"] == "attach"
     assert {m["status"] for m in manifest["mapping"]} == {"not_applied"}
     assert manifest["telemetry"]["missing"] == [
-        "num_running", "num_waiting", "kv_usage", "num_preemptions", "batch_tokens"]
+        "num_running", "num_waiting", "kv_usage", "num_preemptions", "batch_tokens",
+        "prefix_cache_queries", "prefix_cache_hits"]
     telemetry = pq.read_table(out / "telemetry.parquet").to_pylist()
     assert telemetry and all(r["num_running"] is None for r in telemetry)
     # transformers serve rejects ignore_eos/min_tokens (HTTP 422); generation_config forces

@@ -35,3 +35,16 @@ def test_only_live_cells_with_caching_still_get_the_section() -> None:
     text = "\n".join(prefix_cache_section([_cell("vllm", "live", caching=True)]))
     assert text.startswith("## Prefix cache") and "their hit rates are not known" in text
     assert prefix_cache_section([_cell("vllm", "live", caching=False)]) == []
+
+
+def test_no_finding_of_zero_tokens_skipped_when_the_trace_names_no_prefix() -> None:
+    from harness.report.findings import _prefix_cache_finding
+
+    blind = {**SIMULATED_CACHE, "hits_tokens": 0, "hit_rate": 0.0}
+    unknown = {**blind, "num_requests_with_prefix_ids": None}  # a summary from before the count
+    for cache in ({**blind, "num_requests_with_prefix_ids": 0}, unknown):
+        assert _prefix_cache_finding(
+            [_cell("c", "live", caching=True, summary={"prefix_cache": cache})]) == []
+    hit = _prefix_cache_finding([_cell("c", "live", caching=True, summary={
+        "prefix_cache": {**SIMULATED_CACHE, "num_requests_with_prefix_ids": None}})])
+    assert hit and hit[0].startswith("Prefill the prefix cache skipped: `c` 250 prompt tokens")

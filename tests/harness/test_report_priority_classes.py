@@ -106,13 +106,14 @@ def test_a_trace_with_its_own_priorities_gets_no_scenario_class_names(tmp_path: 
     scenario = load_scenario(_scenario(tmp_path, trace))
     loaded = load_cell_trace(scenario, LoadPoint())
     assert [r.priority for r in loaded.requests][:3] == [1, 1, 3]  # the trace's, not drawn
-    assert ("priorities taken from the trace; the scenario's priority_classes were not drawn"
-            in loaded.notes)
+    assert ("the scenario's priority_classes were not drawn: the requests' priorities are "
+            "the trace's own (its priority column)" in loaded.notes)
     out = tmp_path / "out"
     assert main(["run", str(_scenario(tmp_path, trace)), "--out", str(out)]) == 0
     [folder] = [p for p in out.iterdir() if p.is_dir()]
     section = _section(folder / "report.md")
-    assert "`priority_classes` were not drawn" in section
+    assert ("The scenario's `priority_classes` were not drawn: the requests' priorities are "
+            "the trace's own (its priority column)") in section
     assert "interactive" not in section and "batch" not in section.replace("batches", "")
     assert "### Class priority 1" in section and "### Class priority 3" in section
 
@@ -128,3 +129,18 @@ def test_drawn_classes_keep_their_names(tmp_path: Path) -> None:
     assert "were not drawn" not in section
     assert "### Class interactive (priority 1)" in section
     assert "### Class batch (priority 3)" in section
+
+
+def test_priorities_drawn_by_a_fraction_are_said_to_be_so(tmp_path: Path) -> None:
+    """Not "taken from the trace": a trace without a priority column given priority_fraction
+    has priorities before the scenario's classes could be drawn."""
+    plain = tmp_path / "plain.csv"
+    plain.write_text("".join(line.rsplit(",", 1)[0] + "\n"
+                             for line in _priority_trace(tmp_path).read_text().splitlines()))
+    text = _scenario(tmp_path, plain).read_text().replace(
+        f"trace: {{path: {plain}}}", f"trace: {{path: {plain}, priority_fraction: 0.3}}")
+    (tmp_path / "s.yaml").write_text(text)
+    loaded = load_cell_trace(load_scenario(tmp_path / "s.yaml"), LoadPoint())
+    assert ("the scenario's priority_classes were not drawn: the requests' priorities are "
+            "drawn by its `priority_fraction`") in loaded.notes
+    assert not any("priority column" in n for n in loaded.notes)

@@ -296,8 +296,8 @@ def test_priority_classes_assigned_by_share() -> None:
     again = assign_priorities(trace, scenario.priority_classes, seed=99)
     # a trace that carries priorities keeps them, and says the classes were not drawn
     assert again.requests == trace.requests and again.digest == trace.digest
-    assert again.notes == (*trace.notes, "priorities taken from the trace; the "
-                           "scenario's priority_classes were not drawn")
+    assert again.notes == (*trace.notes, "the scenario's priority_classes were not drawn: "
+                           "the requests' priorities are the trace's own (its priority column)")
     # the digest covers the priorities drawn: another seed, other requests, another digest
     plain = dataclasses.replace(trace, requests=tuple(
         dataclasses.replace(r, priority=None) for r in trace.requests))

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(300)
 
 REPO = Path(__file__).resolve().parents[3]
 MOONCAKE = REPO / "harness" / "data" / "mooncake_conversation_excerpt.jsonl"
+AZURE = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
 
 
 def _counter(url: str, name: str) -> float:
@@ -38,12 +39,26 @@ def test_a_live_run_counts_the_prefix_cache_hits_its_engine_counted(tmp_path: Pa
                      "--out", str(run)]) == 0
         after = (_counter(server.url, "vllm:prefix_cache_queries_total"),
                  _counter(server.url, "vllm:prefix_cache_hits_total"))
+        # a trace of lengths only: its prompts share no prefix the trace names
+        blind = tmp_path / "azure"
+        assert main(["replay", "--trace", str(AZURE), "--limit", "6", "--engine",
+                     "reference", "--model", "llama-3.1-8b", "--url", server.url,
+                     "--out", str(blind)]) == 0
     cache = json.loads((run / "summary.json").read_text())["prefix_cache"]
     queries, hits = after[0] - before[0], after[1] - before[1]
     assert hits > 0  # the excerpt's conversations share prefixes
     assert cache["queries_tokens"] == queries and cache["hits_tokens"] == hits
     assert cache["hit_rate"] == pytest.approx(hits / queries)
     assert cache["preempted_hit_rate"] is None  # vLLM exports no such counter
+    assert cache["num_requests_with_prefix_ids"] == 12  # the trace's, from the manifest
+    azure = json.loads((blind / "summary.json").read_text())["prefix_cache"]
+    assert azure["queries_tokens"] > 0 and azure["hits_tokens"] == 0
+    assert azure["num_requests_with_prefix_ids"] == 0
+    both = tmp_path / "both.md"
+    assert main(["report", str(run), str(blind), "-o", str(both)]) == 0
+    text = both.read_text()
+    assert "No request of `azure` carried prefix identities" in text
+    assert "Prefill the prefix cache skipped: `live` " in text and "`azure` 0 prompt" not in text
     assert main(["report", str(run)]) == 0
     report = (run / "report.md").read_text()
     assert "## Prefix cache" in report

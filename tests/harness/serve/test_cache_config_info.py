@@ -27,3 +27,6 @@ def test_cache_config_info_carries_the_kv_cache_as_vllm_does() -> None:
     assert labels["enable_prefix_caching"] == "False"
     assert labels["gpu_memory_utilization"] == "0.9"
     assert kv_cache_from_metrics(text) == KvCacheInfo(block_size=16, num_blocks=160)
+    # a malformed line of another exporter's family does not hide the cache's size
+    broken = text + 'some_exporter_metric{bad-label="x"} 1\n'
+    assert kv_cache_from_metrics(broken) == KvCacheInfo(block_size=16, num_blocks=160)
