@@ -22,28 +22,29 @@ MOONCAKE = REPO / "harness" / "data" / "mooncake_conversation_excerpt.jsonl"
 AZURE = REPO / "harness" / "data" / "azure_conv_excerpt.csv"
 
 
-def _counter(url: str, name: str) -> float:
+def _counters(url: str) -> tuple[float, float]:
+    """The server's prefix-cache (queries, hits) counters now."""
     samples = parse_exposition(httpx.get(url + "/metrics", trust_env=False).text)
-    return sum(samples[name])
+    return (sum(samples["vllm:prefix_cache_queries_total"]),
+            sum(samples["vllm:prefix_cache_hits_total"]))
+
+
+def _replay(url: str, trace: Path, limit: int, out: Path) -> None:
+    assert main(["replay", "--trace", str(trace), "--limit", str(limit), "--engine",
+                 "reference", "--model", "llama-3.1-8b", "--url", url, "--out", str(out)]) == 0
 
 
 def test_a_live_run_counts_the_prefix_cache_hits_its_engine_counted(tmp_path: Path) -> None:
     with launch_server_process(["--model", "llama-3.1-8b", "--gpu", "h100-sxm",
                                 "--prefix-caching", "--served-model-name", "llama-3.1-8b"],
                                log_path=tmp_path / "serve.log") as server:
-        before = (_counter(server.url, "vllm:prefix_cache_queries_total"),
-                  _counter(server.url, "vllm:prefix_cache_hits_total"))
+        before = _counters(server.url)
         run = tmp_path / "live"
-        assert main(["replay", "--trace", str(MOONCAKE), "--limit", "12", "--engine",
-                     "reference", "--model", "llama-3.1-8b", "--url", server.url,
-                     "--out", str(run)]) == 0
-        after = (_counter(server.url, "vllm:prefix_cache_queries_total"),
-                 _counter(server.url, "vllm:prefix_cache_hits_total"))
+        _replay(server.url, MOONCAKE, 12, run)
+        after = _counters(server.url)
         # a trace of lengths only: its prompts share no prefix the trace names
         blind = tmp_path / "azure"
-        assert main(["replay", "--trace", str(AZURE), "--limit", "6", "--engine",
-                     "reference", "--model", "llama-3.1-8b", "--url", server.url,
-                     "--out", str(blind)]) == 0
+        _replay(server.url, AZURE, 6, blind)
     cache = json.loads((run / "summary.json").read_text())["prefix_cache"]
     queries, hits = after[0] - before[0], after[1] - before[1]
     assert hits > 0  # the excerpt's conversations share prefixes
