@@ -294,6 +294,20 @@ def unreadable_sources(ok: Sequence[CellResult]) -> list[str]:
             except (OSError, ValueError) as exc:
                 out.append(f"{code(c.name)} is left out of `{figure.png}`: its "
                            f"`{figure.source}` is unreadable ({short(str(exc))})")
+    # the time axes start at each run's first arrival, read from requests.parquet: a run
+    # whose file is unreadable keeps its lines, on its own clock
+    for c in ok:
+        timed = [f.png for f in RUN_FIGURES if f.source != REQUESTS_FILE
+                 and (c.run_dir / f.source).exists()]
+        requests = c.run_dir / REQUESTS_FILE
+        if not timed or not requests.exists():
+            continue
+        try:
+            pq.ParquetFile(requests).close()
+        except (OSError, ValueError):
+            out.append(f"{code(c.name)}'s lines in {' and '.join(f'`{p}`' for p in timed)} "
+                       f"count time from its clock's start, not its first arrival: its "
+                       f"`{REQUESTS_FILE}` is unreadable")
     return out
 
 

@@ -93,6 +93,8 @@ def test_a_plot_that_leaves_a_cell_out_says_why(tmp_path: Path) -> None:
     requests.write_bytes(requests.read_bytes()[:200])  # a truncated file
     assert main(["report", str(out)]) == 0
     plots = (out / "report.md").read_text().split("## Plots", 1)[1]
+    assert ("`cut`'s lines in `engine_state.png` and `throughput.png` count time from its "
+            "clock's start, not its first arrival: its `requests.parquet` is unreadable") in plots
     assert "`cut` is left out of `latency_cdf.png`: its `requests.parquet` is unreadable" \
         in plots
 
