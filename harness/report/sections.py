@@ -920,7 +920,10 @@ def batch_size_section(series: Mapping[str, Sequence[BatchRow]],
              "prefills only so fast) or load (nothing waited). *gain*: how output tokens/s "
              "grew against the running batch "
              "since the previous cap (1: in proportion, memory-bound; near 0: flat); the turn "
-             "is the first cap under 0.5.", ""]
+             "is the first cap under 0.5; – where it cannot be told (the first cap, a batch "
+             "that grew under 10% since the previous cap, or either cap's batch bound by the "
+             "load).",
+             ""]
     cells = [r.cell for rows in series.values() for r in rows]
     labels = row_labels(report_cells if report_cells is not None else cells)
     predicted = predicted_text(cells)
@@ -994,7 +997,8 @@ def _roofline_text(series: Mapping[str, Sequence[BatchRow]]) -> str:
     in_kv, seqs = roof.get("max_batch_in_kv"), roof.get("max_num_seqs")
     limit = (f"the largest batch it runs, {fmt_int(seqs)} (its max_num_seqs; the KV cache "
              f"holds {fmt_int(in_kv)})" if isinstance(seqs, int) and isinstance(in_kv, int)
-             and seqs < in_kv else f"the KV cache's limit of {fmt_int(in_kv)} requests")
+             and seqs < in_kv else f"the KV cache's limit of {fmt_int(in_kv)} requests of "
+             "that context")
     return head + (f"decode stays memory-bound up to {limit} (intensity "
                    f"{fmt_number(roof.get('intensity_at_max_batch'))} FLOP/byte there). No "
                    "batch it runs is compute-bound: past the turn, reading each "

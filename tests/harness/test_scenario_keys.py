@@ -373,5 +373,5 @@ def test_trace_synthetic_on_a_file_scenario_says_where_synthetic_came_from(
     assert main(["run", str(repo / "scenarios" / "engines-h100.yaml"), "--trace", "synthetic",
                  "--list"]) == 2
     err = capsys.readouterr().err
-    assert "engines-h100.yaml:24: trace.num_requests: is required" in err
+    assert "engines-h100.yaml:25: trace.num_requests: is required" in err
     assert "--trace synthetic replaced the scenario's trace file" in err
