@@ -92,19 +92,26 @@ _SIGNAL_COLUMNS = {
 }
 
 
+def _counted(out_dir: Path, column: str) -> int | None:
+    """A counter's increases over a live run (``telemetry.parquet``'s ``column``), summed; None
+    when there is no telemetry, no such column (written before it existed), or the engine
+    exported no such counter (every scrape's value null)."""
+    try:
+        with pq.ParquetFile(out_dir / TELEMETRY_FILE) as file:
+            if column not in file.schema_arrow.names:
+                return None
+            values = np.asarray(numbers(file.read(columns=[column]).column(0)), dtype=float)
+    except (OSError, KeyError, ValueError, pa.ArrowInvalid):
+        return None
+    values = values[np.isfinite(values)]
+    return round(float(values.sum())) if values.size else None
+
+
 def engine_preemptions(out_dir: Path) -> int | None:
     """The preemptions the engine counted over a live run: the increases of its counter in
     ``telemetry.parquet``, summed. None when there is no telemetry, or the engine exported no
     preemption counter (then how many there were is not known: a client cannot see them)."""
-    path = out_dir / TELEMETRY_FILE
-    try:
-        with pq.ParquetFile(path) as file:
-            column = file.read(columns=["num_preemptions"]).column(0)
-    except (OSError, KeyError, ValueError, pa.ArrowInvalid):
-        return None
-    values = np.asarray(numbers(column), dtype=float)
-    values = values[np.isfinite(values)]
-    return round(float(values.sum())) if values.size else None
+    return _counted(out_dir, "num_preemptions")
 
 
 def engine_prefix_cache(out_dir: Path) -> dict[str, Any] | None:
@@ -113,27 +120,15 @@ def engine_prefix_cache(out_dir: Path) -> dict[str, Any] | None:
     ``prefix_cache`` has them; None when there is no telemetry or the engine exported no such
     counters. Re-admissions after a preemption are not in them (vLLM counts them apart and
     exports them not), nor is which requests carried prefix identities."""
-    names = ["prefix_cache_queries", "prefix_cache_hits"]
-    try:
-        with pq.ParquetFile(out_dir / TELEMETRY_FILE) as file:
-            if not set(names) <= set(file.schema_arrow.names):
-                return None  # written before these columns existed
-            table = file.read(columns=names)
-    except (OSError, KeyError, ValueError, pa.ArrowInvalid):
+    queries, hits = (_counted(out_dir, c) for c in ("prefix_cache_queries", "prefix_cache_hits"))
+    if queries is None or hits is None:
         return None
-    sums = []
-    for name in names:
-        values = np.asarray(numbers(table.column(name)), dtype=float)
-        values = values[np.isfinite(values)]
-        if not values.size:
-            return None
-        sums.append(round(float(values.sum())))
-    queries, hits = sums
     return {"queries_tokens": queries, "hits_tokens": hits,
             "hit_rate": hits / queries if queries else None,
             "preempted_queries_tokens": None, "preempted_hits_tokens": None,
             "preempted_hit_rate": None, "num_requests_with_prefix_ids": None,
             "from": "the engine's telemetry (its prefix-cache counters)"}
+
 
 def unanswered_tail(out_dir: Path) -> tuple[int, float | None]:
     """The scrapes of ``telemetry.parquet`` that failed after its last answered one (an

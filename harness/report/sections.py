@@ -468,14 +468,19 @@ def goodput_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportConte
                           get(b.summary, "goodput.requests_per_s") if b else None, c is b),
                att_text]
         if several:
-            slo = get(c.summary, "slo")
-            row.append(slo_text(slo) if slo else "none")
+            row.append(_slo_cell(c))
         rows.append(row)
     headers = ["cell", "good requests", "requests", "goodput req/s", "SLO attainment"]
     lines += [table(headers + (["SLO"] if several else []), rows), ""]
     lines += _stopped_note(ok, "{its} goodput and SLO attainment count only the requests "
                                "{it} sent before the stop (docs/metrics.md)")
     return lines + derived_note(ok, "Goodput and SLO attainment", slo=ctx.slo)
+
+
+def _slo_cell(c: CellResult) -> str:
+    """A cell's own SLO, for tables of cells summarised under different SLOs."""
+    slo = get(c.summary, "slo")
+    return slo_text(slo) if slo else "none"
 
 
 def preemption_section(ok: Sequence[CellResult], preempted: Mapping[str, int | None]
@@ -511,12 +516,14 @@ def preemption_section(ok: Sequence[CellResult], preempted: Mapping[str, int | N
 def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
     """Prefix-cache hit rates, when any cell cached prefixes (simulated: summary.json)."""
     rows = []
+    cached: list[CellResult] = []  # cells with hit counts
     blind: list[str] = []  # cells whose trace says nothing of shared prefixes
     counted: list[str] = []  # live cells: the engine's counters, without re-admissions
     for c in ok:
         pc = get(c.summary, "prefix_cache")
         if not isinstance(pc, Mapping):
             continue
+        cached.append(c)
         if pc.get("num_requests_with_prefix_ids") == 0:
             blind.append(code(c.name))
         if c.mode != "simulated" and pc.get("preempted_queries_tokens") is None:
@@ -534,7 +541,6 @@ def prefix_cache_section(ok: Sequence[CellResult]) -> list[str]:
     if not rows and not unread:
         return []
     rows += [[name, "not read", "not read", "–", "–"] for name in unread]
-    cached = [c for c in ok if isinstance(get(c.summary, "prefix_cache"), Mapping)]
     lines = ["## Prefix cache", "",
              "Prompt tokens looked up in the prefix cache when a request was admitted, and how "
              "many were found (their prefill is skipped); re-admissions after a preemption are "
@@ -650,8 +656,7 @@ def priority_section(ok: Sequence[CellResult], bases: Baselines, ctx: ReportCont
             if has_slo:
                 row.append(fmt_attainment(get(cls, "goodput.slo_attainment")))
             if several:
-                slo = get(c.summary, "slo")
-                row.append(slo_text(slo) if slo else "none")
+                row.append(_slo_cell(c))
             rows.append(row)
         headers = ["cell", "requests", "failed", "TTFT p50", "TTFT p90", "TPOT p90",
                    "ITL p99", "ITL max", "E2E p90"]
