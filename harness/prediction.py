@@ -267,6 +267,25 @@ def kind_coverage_note(prediction: object, kind: str) -> str | None:
     return kind_note if isinstance(kind_note, str) and kind_note else None
 
 
+def coverage_notes(prediction: object, kind: str | None = None) -> list[str]:
+    """``coverage_note`` (``kind``: ``kind_coverage_note``) split into one note for each thing
+    the figures are not of ("none of the ... is of this GPU h100-sxm (...): its error here was
+    never measured", then "... has fp8 weights ..."), any of which alone leaves the error
+    unmeasured: a report says once the one that several cells share. [the whole note] for a
+    record written before the notes were kept one by one; [] when the figures cover the run."""
+    whole = coverage_note(prediction) if kind is None else kind_coverage_note(prediction, kind)
+    if whole is None or not isinstance(prediction, Mapping):
+        return []
+    each: object = prediction.get("coverage_each")
+    if kind is not None and coverage_note(prediction) is None:
+        by_kind = prediction.get("coverage_by_kind")
+        entry = by_kind.get(kind) if isinstance(by_kind, Mapping) else None
+        each = entry.get("each") if isinstance(entry, Mapping) else None
+    if isinstance(each, list) and each and all(isinstance(n, str) and n for n in each):
+        return list(each)
+    return [whole]
+
+
 def recorded_prediction(engine: object) -> tuple[Mapping[str, Any] | None, str] | None:
     """A run's prediction record from its manifest's ``engine`` (None: a simulated run that
     recorded none) and by what it was made (``SIMULATED``, or ``SERVED``: a live run whose

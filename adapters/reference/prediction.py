@@ -151,20 +151,23 @@ _WEIGHTS, _KV = "weights_dtypes", "kv_cache_dtypes"
 def _with_coverage(record: dict[str, Any], config: ReferenceConfig,
                    covers: object) -> dict[str, Any]:
     """``covers`` (the models, GPUs, weights and KV-cache data types of the figures) and
-    ``coverage_note`` (module doc); and ``coverage_by_kind``: {kind: {"note", "outside"}} for
-    each kind of figure (throughput, TTFT, ...) whose own figures are none of this model,
-    GPU or data type while the others' are (each kind's error is quoted on its own);
+    ``coverage_note`` (module doc); and ``coverage_by_kind``: {kind: {"note", "each",
+    "outside"}} for each kind of figure (throughput, TTFT, ...) whose own figures are none of
+    this model, GPU or data type while the others' are (each kind's error is quoted on its own);
     ``outside`` says what none of them is or has ("is of this GPU a100-80gb", "has fp8
-    weights"). A coverage file that lists no data types (written before they were) says
+    weights"). ``coverage_each`` (and each kind's ``each``): the note once for each thing the
+    figures are not of, alone, so that a report can say once what several runs share. A
+    coverage file that lists no data types (written before they were) says
     nothing of them."""
     if not isinstance(covers, dict):
         return record
     record["covers"] = {key: _names(covers, key) for key in (_MODELS, _GPUS, _WEIGHTS, _KV)
                         if key in covers or key in (_MODELS, _GPUS)}
     found = _outside(config, covers)
+    figures = "published figures its accuracy was measured on"
     if found:
-        record["coverage_note"] = _note("published figures its accuracy was measured on",
-                                        found)
+        record["coverage_note"] = _note(figures, found)
+        record["coverage_each"] = [_note(figures, [part]) for part in found]
         return record  # every kind's figures are of others too: said once
     by_kind = covers.get("by_kind")
     notes = {}
@@ -173,8 +176,9 @@ def _with_coverage(record: dict[str, Any], config: ReferenceConfig,
             continue
         found = _outside(config, of)
         if found:
-            notes[str(kind)] = {"note": _note(f"published {kind} figures its accuracy was "
-                                              "measured on", found),
+            of_kind = f"published {kind} figures its accuracy was measured on"
+            notes[str(kind)] = {"note": _note(of_kind, found),
+                                "each": [_note(of_kind, [part]) for part in found],
                                 "outside": _predicate([(verb, what) for verb, what, _ in found])}
     if notes:
         record["coverage_by_kind"] = notes

@@ -18,6 +18,7 @@ from harness.prediction import (
     Accuracy,
     accuracy,
     coverage_note,
+    coverage_notes,
     kind_coverage_note,
     prediction_text,
     predictor_text,
@@ -130,6 +131,10 @@ def _published_text(acc: Accuracy) -> str:
     return f"{acc.published.text()} of {acc.published.num_rows}"
 
 
+# a cell's coverage note: the record's whole words, and one note for each reason alone
+_Coverage = tuple[str, list[str]]
+
+
 @dataclass(frozen=True)
 class _Group:
     """Cells predicted the same way, with the same recorded accuracy."""
@@ -139,12 +144,13 @@ class _Group:
     accuracy: Accuracy | None
     note: str | None  # why no accuracy is quoted, from the record (a profile edited since)
     names: list[str]  # the cells, as code spans
-    # cells whose model or GPU is none of those the accuracy was measured on, by the record's
-    # words for it (``harness.prediction.coverage_note``): their error was never measured
-    uncovered: dict[str, list[str]] = field(default_factory=dict)
-    # {kind: {the record's words: cells}}: the cells whose figures of that kind alone are of
-    # other models or GPUs (``harness.prediction.kind_coverage_note``), or all of them are
-    uncovered_by_kind: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    # cells whose model, GPU or data types are none of those the accuracy was measured on:
+    # {cell: its record's words for it, and those words one reason each}
+    # (``harness.prediction.coverage_note``, ``coverage_notes``): their error was never measured
+    uncovered: dict[str, _Coverage] = field(default_factory=dict)
+    # {kind: {cell: ...}}: the cells whose figures of that kind alone are of other models,
+    # GPUs or data types (``harness.prediction.kind_coverage_note``), or all of them are
+    uncovered_by_kind: dict[str, dict[str, _Coverage]] = field(default_factory=dict)
 
 
 def _groups(cells: Sequence[CellResult]) -> list[_Group]:
@@ -170,28 +176,47 @@ def _groups(cells: Sequence[CellResult]) -> list[_Group]:
         group.names.append(code(c.name))
         uncovered = coverage_note(record) if acc is not None else None
         if uncovered:
-            group.uncovered.setdefault(uncovered, []).append(code(c.name))
+            group.uncovered[code(c.name)] = (uncovered, coverage_notes(record))
         for kind in KINDS if acc is not None else ():
             note = kind_coverage_note(record, kind)
             if note:
-                group.uncovered_by_kind.setdefault(kind, {}).setdefault(note, []).append(
-                    code(c.name))
+                group.uncovered_by_kind.setdefault(kind, {})[code(c.name)] = (
+                    note, coverage_notes(record, kind))
     return list(groups.values())
 
 
 def _uncovered(groups: Sequence[_Group], cells: Sequence[CellResult], kind: str | None = None
                ) -> list[tuple[str, str]]:
-    """(whose, the record's words) for the cells among ``cells`` whose model or GPU is none of
-    those their prediction's accuracy was measured on: ("`a`, `b`", "none of the published
-    figures its accuracy was measured on is of this model ..."), one per record's words.
-    ``kind``: of that kind's figures (throughput, TTFT, ...) instead."""
-    by_note: dict[str, list[str]] = {}
+    """(whose, the record's words) for the cells among ``cells`` whose model, GPU or data types
+    are none of those their prediction's accuracy was measured on: ("`a`, `b`", "none of the
+    published figures its accuracy was measured on is of this model ..."), in the cells'
+    order. ``kind``: of that kind's figures (throughput, TTFT, ...) instead.
+
+    Any one reason leaves a cell's error unmeasured, so a reason several cells share is said
+    once for all of them ("every cell": "... is of this GPU h100-sxm ...") and the others
+    they have go unsaid; a cell that shares none keeps its record's whole words, all of its
+    reasons, as do cells whose whole words are the same."""
+    found: dict[str, _Coverage] = {}
     for g in groups:
-        notes = g.uncovered if kind is None else g.uncovered_by_kind.get(kind, {})
-        for note, names in notes.items():
-            by_note.setdefault(note, []).extend(names)
+        found.update(g.uncovered if kind is None else g.uncovered_by_kind.get(kind, {}))
+    said: dict[str, list[str]] = {}
+    left = dict(found)
+    while left:  # the reason most of the cells left share, while one is shared
+        counts: dict[str, int] = {}
+        for _, each in left.values():
+            for note in dict.fromkeys(each):
+                counts[note] = counts.get(note, 0) + 1
+        note, count = max(counts.items(), key=lambda item: item[1])  # the first, on a tie
+        if count < 2:
+            break
+        said[note] = [name for name, (_, each) in left.items() if note in each]
+        for name in said[note]:
+            del left[name]
+    for name, (whole, _) in left.items():
+        said.setdefault(whole, []).append(name)
+    order = {name: i for i, name in enumerate(found)}
     return [("every cell" if len(names) == len(cells) > 1 else ", ".join(names), note)
-            for note, names in by_note.items()]
+            for note, names in sorted(said.items(), key=lambda item: order[item[1][0]])]
 
 
 def _accuracy_note(record: Mapping[str, Any] | None) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any
 from adapters.reference.config import ReferenceConfig
 from adapters.reference.prediction import prediction_record
 from harness.cli import main
-from harness.prediction import coverage_note, kind_coverage_note
+from harness.prediction import coverage_note, coverage_notes, kind_coverage_note
 from harness.report.predictions import predicted_text, prediction_accuracy_lines
 from harness.report.runs import CellResult
 
@@ -121,3 +121,53 @@ def test_the_note_under_each_table_says_it_too() -> None:
     # of one kind only: trtllm-h100-sxm's held-out TTFT figures are all of the 70B model
     [ttft, _] = kind_note([_cell("reference", SXM), _cell("trt", TRT)], "TTFT", "TTFT")
     assert f"; but for `trt`, {_kind_note(TRT, 'TTFT')} ([how accurate" in ttft
+
+
+# Llama-3.1-70B on two H100s in bf16 and fp8 (scenarios/fp8.yaml): the catalog's E2E figures
+# are all on the H200 and all bf16, so every cell's E2E error is unmeasured for its GPU alone
+BF16 = ReferenceConfig(model="llama-3.1-70b", gpu="h100-sxm", tp=2)
+FP8 = ReferenceConfig(model="llama-3.1-70b", gpu="h100-sxm", tp=2,
+                      weights_dtype="fp8", kv_cache_dtype="fp8")
+
+
+def test_a_reason_every_cell_shares_is_said_once() -> None:
+    """Four cells on the H100 used to get four notes, each repeating the GPU's words and adding
+    its data types: one reason is enough to leave an error unmeasured."""
+    fp8_notes = coverage_notes(prediction_record(FP8), "E2E")
+    gpu = coverage_notes(prediction_record(BF16), "E2E")
+    assert len(gpu) == 1 and "this GPU h100-sxm" in gpu[0]
+    assert len(fp8_notes) == 3 and fp8_notes[0] == gpu[0]  # GPU, weights, KV cache
+    assert "fp8 weights" in fp8_notes[1] and "fp8 KV cache" in fp8_notes[2]
+    cells = [_cell("bf16", BF16), _cell("fp8", FP8), _cell("fp8-again", FP8)]
+    lines = prediction_accuracy_lines(cells)
+    assert [line for line in lines if "never measured" in line] == [f"For every cell: {gpu[0]}."]
+    from harness.report.predictions import kind_note
+
+    [e2e, _] = kind_note(cells, "E2E", "E2E latency")
+    assert e2e.count("never measured") == 1 and f"; but {gpu[0]} ([how accurate" in e2e
+
+
+def test_a_cell_that_shares_no_reason_keeps_all_of_its_own() -> None:
+    """Alone, a cell's note names everything its figures are not of; two cells that share a
+    reason are named together by it, the third by its whole note."""
+    fp8_whole = _kind_note(FP8, "E2E")
+    assert "this GPU h100-sxm" in fp8_whole and "fp8 weights" in fp8_whole
+    [alone] = [line for line in prediction_accuracy_lines([_cell("fp8", FP8)])
+               if "never measured" in line]
+    assert alone == f"For `fp8`: {fp8_whole}."
+    cells = [_cell("a", PCIE), _cell("fp8", FP8), _cell("b", PCIE)]
+    assert [line for line in prediction_accuracy_lines(cells) if "never measured" in line] == [
+        f"For `a`, `b`: {_note(PCIE)}.", f"For `fp8`: {fp8_whole}."]
+
+
+def test_a_record_without_the_notes_one_by_one_reads_as_before() -> None:
+    """A run recorded before the notes were kept reason by reason: its whole note, as it was."""
+    record = prediction_record(FP8)
+    for entry in record["coverage_by_kind"].values():
+        del entry["each"]
+    assert coverage_notes(record, "E2E") == [_kind_note(FP8, "E2E")]
+    old = _cell("old", FP8)
+    old.manifest["engine"]["prediction"] = record
+    lines = prediction_accuracy_lines([old, _cell("bf16", BF16)])
+    assert [line for line in lines if "never measured" in line] == [
+        f"For `old`: {_kind_note(FP8, 'E2E')}.", f"For `bf16`: {_kind_note(BF16, 'E2E')}."]
