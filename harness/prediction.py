@@ -267,6 +267,21 @@ def kind_coverage_note(prediction: object, kind: str) -> str | None:
     return kind_note if isinstance(kind_note, str) and kind_note else None
 
 
+def coverage_outside(prediction: object, kind: str) -> str | None:
+    """What none of the published figures of ``kind`` a prediction's accuracy was measured on
+    is or has, when that leaves its error unmeasured (``kind_coverage_note``): "is of this
+    model llama-3.1-8b nor has fp8 weights", to say after "none of them"; None when the figures
+    cover the run, or the record (an older batchlab's) does not say it apart from its note."""
+    if not isinstance(prediction, Mapping) or kind_coverage_note(prediction, kind) is None:
+        return None
+    outside: object = prediction.get("coverage_outside")
+    if coverage_note(prediction) is None:
+        by_kind = prediction.get("coverage_by_kind")
+        entry = by_kind.get(kind) if isinstance(by_kind, Mapping) else None
+        outside = entry.get("outside") if isinstance(entry, Mapping) else None
+    return _predicate(outside) if isinstance(outside, str) and outside else None
+
+
 def coverage_notes(prediction: object, kind: str | None = None) -> list[str]:
     """``coverage_note`` (``kind``: ``kind_coverage_note``) split into one note for each thing
     the figures are not of ("none of the ... is of this GPU h100-sxm (...): its error here was

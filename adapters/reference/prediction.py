@@ -155,7 +155,8 @@ def _with_coverage(record: dict[str, Any], config: ReferenceConfig,
     "outside"}} for each kind of figure (throughput, TTFT, ...) whose own figures are none of
     this model, GPU or data type while the others' are (each kind's error is quoted on its own);
     ``outside`` says what none of them is or has ("is of this GPU a100-80gb", "has fp8
-    weights"). ``coverage_each`` (and each kind's ``each``): the note once for each thing the
+    weights"), as ``coverage_outside`` does of the whole record's. ``coverage_each`` (and each
+    kind's ``each``): the note once for each thing the
     figures are not of, alone, so that a report can say once what several runs share. A
     coverage file that lists no data types (written before they were) says
     nothing of them."""
@@ -168,6 +169,7 @@ def _with_coverage(record: dict[str, Any], config: ReferenceConfig,
     if found:
         record["coverage_note"] = _note(figures, found)
         record["coverage_each"] = [_note(figures, [part]) for part in found]
+        record["coverage_outside"] = _predicate([(verb, what) for verb, what, _ in found])
         return record  # every kind's figures are of others too: said once
     by_kind = covers.get("by_kind")
     notes = {}

@@ -23,7 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.metrics import PACE_TOLERANCE, Pace, flatten
-from harness.prediction import accuracy, kind_coverage_note, recorded_prediction
+from harness.prediction import (
+    accuracy,
+    coverage_outside,
+    kind_coverage_note,
+    recorded_prediction,
+)
 from harness.report.context import (
     ReportContext,
     class_name,
@@ -511,6 +516,8 @@ class _Margin:
     unknown: tuple[str, ...] = ()
     unrecorded: tuple[str, ...] = ()
     uncovered: tuple[str, ...] = ()
+    # of each ``uncovered`` cell, what none of its figures is or has (``coverage_outside``)
+    outside: tuple[str | None, ...] = ()
 
     @classmethod
     def of(cls, cells: Iterable[CellResult], kind: str) -> _Margin:
@@ -521,6 +528,7 @@ class _Margin:
         unknown: list[str] = []
         unrecorded: list[str] = []
         uncovered: list[str] = []
+        outside: list[str | None] = []
         for c in cells:
             found = recorded_prediction(c.manifest.get("engine"))
             if found is None or c.name in errors or c.name in unknown + unrecorded + uncovered:
@@ -535,11 +543,13 @@ class _Margin:
                 unknown.append(c.name)
             elif kind_coverage_note(record, kind):  # measured, but never on figures like its
                 uncovered.append(c.name)
+                outside.append(coverage_outside(record, kind))
             else:
                 errors[c.name] = float(median)
         within = max([SAME_WITHIN, *errors.values()])
         quoted = tuple(n for n, v in errors.items() if v == within > SAME_WITHIN)
-        return cls(kind, within, quoted, tuple(unknown), tuple(unrecorded), tuple(uncovered))
+        return cls(kind, within, quoted, tuple(unknown), tuple(unrecorded), tuple(uncovered),
+                   tuple(outside))
 
     @property
     def known(self) -> bool:
@@ -576,18 +586,31 @@ class _Margin:
                          f"no error is recorded in the run"
                          f"{'s' if len(self.unrecorded) > 1 else ''} of "
                          f"{and_codes(self.unrecorded)}")
-        if self.uncovered:
-            its = "their" if len(self.uncovered) > 1 else "its"
-            if self.unknown:  # "the TTFT error of `a` was never measured, nor that of `b` ..."
-                parts[0] += (f", nor that of {and_codes(self.uncovered)} for {its} model, GPU and "
-                             "data types")
+        for i, (names, like) in enumerate(self._uncovered_groups()):
+            if i == 0 and self.unknown:  # "the TTFT error of `a` was never measured, nor ..."
+                parts[0] += f", nor that of {and_codes(names)} {like}"
             else:
-                parts.append(f"the {self.kind} error of {and_codes(self.uncovered)} was never "
-                             f"measured for {its} model, GPU and data types")
+                parts.append(f"the {self.kind} error of {and_codes(names)} was never measured "
+                             f"{like}")
         if self.known and self.quoted:
             parts.append(f"predicted {self.kind} of {and_codes(self.quoted)} misses by a median "
                          f"{fmt_pct(self.within)}")
         return "; ".join(parts)
+
+    def _uncovered_groups(self) -> list[tuple[list[str], str]]:
+        """The ``uncovered`` cells by what their figures are not of: (cells, "on figures like
+        its own (none of them is of this model llama-3.1-8b)"), in their order."""
+        groups: dict[str | None, list[str]] = {}
+        for name, outside in zip(self.uncovered, self.outside or [None] * len(self.uncovered),
+                                 strict=True):
+            groups.setdefault(outside, []).append(name)
+        out = []
+        for outside, names in groups.items():
+            its = "their" if len(names) > 1 else "its"
+            why = (f"none of them {outside}" if outside
+                   else "none of them is of its model, GPU and data types all at once")
+            out.append((names, f"on figures like {its} own ({why})"))
+        return out
 
 
 MAX_ONE_KNOB_PAIRS = 3  # pairs of non-baseline cells a knob or two apart, compared directly

@@ -19,6 +19,7 @@ from harness.prediction import (
     accuracy,
     coverage_note,
     coverage_notes,
+    coverage_outside,
     kind_coverage_note,
     prediction_text,
     predictor_text,
@@ -430,8 +431,10 @@ def margin_caveat(c: CellResult, value: float, limit: float, kind: str) -> str:
     error = acc.by_kind.get(kind) if acc is not None else None
     margin = 1 - value / limit
     if error is not None and error.median is not None and kind_coverage_note(record, kind):
+        outside = coverage_outside(record, kind)
         return (f"; predicted, {fmt_pct(margin)} within the limit, with an error never "
-                f"measured for predicted {kind} of its model, GPU and data types")
+                f"measured on predicted {kind} figures like its own (none of them "
+                f"{outside or 'is of its model, GPU and data types all at once'})")
     if error is None or error.median is None:
         return (f"; predicted, {fmt_pct(margin)} within the limit, with an error "
                 f"{_unknown_error_text(record, acc, kind)}")

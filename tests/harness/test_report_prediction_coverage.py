@@ -171,3 +171,25 @@ def test_a_record_without_the_notes_one_by_one_reads_as_before() -> None:
     lines = prediction_accuracy_lines([old, _cell("bf16", BF16)])
     assert [line for line in lines if "never measured" in line] == [
         f"For `old`: {_kind_note(FP8, 'E2E')}.", f"For `bf16`: {_kind_note(BF16, 'E2E')}."]
+
+
+def test_what_the_figures_are_not_of_is_said_by_itself() -> None:
+    """A finding names what a cell's figures are not of, rather than claiming all of model,
+    GPU and data types; a record written before it was kept says so in general words."""
+    from harness.prediction import coverage_outside
+    from harness.report.predictions import margin_caveat
+
+    record = prediction_record(FP8)
+    assert coverage_outside(record, "E2E") == (
+        "is of this GPU h100-sxm nor has fp8 weights nor an fp8 KV cache")
+    pcie = prediction_record(PCIE)
+    assert coverage_outside(pcie, "TTFT") == "is of this GPU h100-pcie"
+    assert coverage_outside(prediction_record(SXM), "TTFT") is None  # covered
+    cell = _cell("pcie", PCIE)
+    assert margin_caveat(cell, 0.010, 0.020, "TPOT/ITL").endswith(
+        "figures like its own (none of them is of this GPU h100-pcie)")
+    del pcie["coverage_outside"]
+    assert coverage_outside(pcie, "TTFT") is None
+    cell.manifest["engine"]["prediction"] = pcie
+    assert margin_caveat(cell, 0.010, 0.020, "TPOT/ITL").endswith(
+        "(none of them is of its model, GPU and data types all at once)")
