@@ -202,8 +202,8 @@ def test_curves_report_content(fixture_curves: Path, tmp_path: Path) -> None:
     findings = text.split("## Key findings")[1].split("## Cells")[0]
     assert "Throughput-first (fcfs, 8 req/s): from max_num_seqs 128 " \
            "(`fcfs__max_num_seqs-128__rate-8`) KV memory, not the cap, is the limit" in findings
-    assert ("Latency-sensitive (fcfs, 8 req/s): the largest max_num_seqs whose TPOT p90 meets "
-            "the 50 ms TPOT SLO is 32") in findings
+    assert ("Latency-sensitive (fcfs, 8 req/s): the largest max_num_seqs whose predicted TPOT "
+            "p90 meets the 50 ms TPOT SLO is 32") in findings
 
 
 def test_interpolated_capacity_between_load_points() -> None:

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -308,6 +309,31 @@ def test_the_largest_cap_meeting_the_slo_is_of_those_tried_naming_the_next() -> 
     assert "is 64 of those tried (" in latency
     assert latency.endswith("; 256, the next tried (`fcfs__max_num_seqs-256`), misses it (TPOT "
                             "p90 50 ms): a cap between them, never tried, may meet it.")
+
+
+def test_a_predicted_cap_within_its_error_of_the_slo_names_the_one_clear_of_it() -> None:
+    """64 meets 20 ms by 10%, less than the catalog's 18.5% TPOT error: the verdict is said of
+    the prediction ("whose predicted TPOT p90 meets"), and the largest cap that meets it by
+    more than that error is named, so that the finding does not contradict its own caveat."""
+    record = _record(None, {"TPOT/ITL": 0.185})
+    sweep = [dataclasses.replace(c, manifest={**c.manifest, "engine": {
+        "mode": "simulated", "prediction": record}}) for c in _sweep(BATCH_TPOTS)]
+    text = _batch_size_findings(sweep, {"tpot_s": 0.020})[1]
+    assert text.startswith("The largest max_num_seqs whose predicted TPOT p90 meets the 20 ms "
+                           "TPOT SLO is 64 of those tried (`fcfs__max_num_seqs-64`: TPOT p90 "
+                           "18 ms, 6,400 tok/s; predicted, and only 10.0% within the limit")
+    assert text.endswith("may meet it; `fcfs__max_num_seqs-16` (max_num_seqs 16: TPOT p90 "
+                         "9.02 ms, 1,600 tok/s) is the largest that meets it by more than the "
+                         "18.5% median error.")
+    latency = _latency_sensitive(sweep, 0.020, "")
+    assert "whose predicted TPOT p90 meets" in latency
+    assert latency.endswith("is the largest that meets it by more than the 18.5% median error.")
+    # none clear of it: said; one clear of it already: nothing to add
+    tight = {n: t for n, t in BATCH_TPOTS.items() if n >= 64}
+    tight_sweep = [c for c in sweep if int(c.manifest["knobs"]["max_num_seqs"]) in tight]
+    assert _batch_size_findings(tight_sweep, {"tpot_s": 0.020})[1].endswith(
+        "; no max_num_seqs tried meets it by more than the 18.5% median error.")
+    assert "median error." not in _batch_size_findings(sweep, {"tpot_s": 0.030})[1]
 
 
 def test_the_largest_cap_tried_meeting_the_slo_says_so() -> None:
