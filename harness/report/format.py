@@ -210,7 +210,9 @@ def load_text(load: Mapping[str, Any]) -> str:
     if kind in (None, "trace") or value is None:
         return "trace timing"
     if kind == "rate":
-        return f"{sig(value)} req/s"
+        # as probed, to 4 significant digits (a capacity search's probe 10.37 is not "10.4",
+        # above the capacity it found: ``curves.capacity_text``)
+        return f"{sig(float(value), 4)} req/s"
     if kind == "time_scale":  # a larger scale is a lighter load: say which way it goes
         return f"time × {sig(value)} (rate × {sig(1 / float(value))})"
     think = load.get("think_time_s")

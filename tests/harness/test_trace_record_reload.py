@@ -155,3 +155,11 @@ def test_arrivals_text_says_what_a_trace_without_a_span_has() -> None:
         assert "n/a" not in text
     timed = arrivals_text(load_trace(AZURE_CONV, TraceOptions(limit=10)))
     assert timed == "over 8.5 s; mean rate 1.06 req/s; inter-arrival CV 1.36"
+
+
+def test_a_probed_rate_is_written_as_probed() -> None:
+    """A capacity search's probe at 10.37 req/s, the capacity it found, must not read "10.4"
+    in the report's tables, above that capacity."""
+    assert load_text({"kind": "rate", "value": 10.37}) == "10.37 req/s"
+    assert load_text({"kind": "rate", "value": 8.354}) == "8.354 req/s"
+    assert load_text({"kind": "rate", "value": 1250.0}) == "1,250 req/s"
