@@ -1002,10 +1002,11 @@ def _roofline_text(series: Mapping[str, Sequence[BatchRow]]) -> str:
     in_kv, seqs = roof.get("max_batch_in_kv"), roof.get("max_num_seqs")
     limit = (f"the largest batch it runs, {fmt_int(seqs)} (its max_num_seqs; the KV cache "
              f"holds {fmt_int(in_kv)})" if isinstance(seqs, int) and isinstance(in_kv, int)
-             and seqs < in_kv else f"the KV cache's limit of {fmt_int(in_kv)} requests of "
-             "that context")
+             and seqs < in_kv else f"the KV cache's limit of about {fmt_int(in_kv)} requests "
+             "of that mean context (a batch of shorter ones runs larger)")
     return head + (f"decode stays memory-bound up to {limit} (intensity "
                    f"{fmt_number(roof.get('intensity_at_max_batch'))} FLOP/byte there). No "
                    "batch it runs is compute-bound: past the turn, reading each "
                    "request's KV and the per-request overheads grow with the batch, and "
-                   "tokens/s flatten while every step is still memory-bound.")
+                   "tokens/s flatten while every step is still memory-bound. The *roofline* "
+                   "column says where each cap's mean running batch is: memory-bound for all.")

@@ -198,7 +198,8 @@ def test_curves_report_content(fixture_curves: Path, tmp_path: Path) -> None:
     assert "| `fcfs, max_num_seqs=8` |" in capacity and "| baseline | interpolated |" in capacity
     batch = text.split("## Batch size")[1].split("## Preemptions")[0]
     assert "**← turn**" in batch
-    assert "decode stays memory-bound up to the KV cache's limit of 60 requests" in batch
+    assert "decode stays memory-bound up to the KV cache's limit of about 60 requests" in batch
+    assert "The *roofline* column says where each cap's mean running batch is" in batch
     findings = text.split("## Key findings")[1].split("## Cells")[0]
     assert "Throughput-first (fcfs, 8 req/s): from max_num_seqs 128 " \
            "(`fcfs__max_num_seqs-128__rate-8`) KV memory, not the cap, is the limit" in findings
