@@ -475,22 +475,29 @@ def _offered_load_finding(ok: Sequence[CellResult]) -> list[str]:
         return ["Every cell kept pace with its arrivals: each served the load offered to it, "
                 "so their output throughputs are the offered load's, not what each could "
                 "serve, and do not tell them apart; " + capacity]
+    tolerance = fmt_pct(PACE_TOLERANCE)
     if len(kept) + len(near) == len(ok):
-        short = "; ".join(f"{code(c.name)} {fmt_pct(1 - p.completed_per_s / p.due_per_s)}"
-                          for c, p in near)
-        which = "every one" if len(near) == len(ok) else "some"
-        return [f"No cell fell behind its arrivals, though {which} fell short of them by more "
-                f"than {fmt_pct(PACE_TOLERANCE)}, by no more than chance explains ({short}): "
-                "each served about the load offered to it, so their output throughputs are "
-                "close to the offered load's, not what each could serve, and do not tell them "
-                "apart; " + capacity]
-    if kept and behind:
+        every = len(near) == len(ok)
+        who = "every one" if every else _near_text(near)
+        return [f"No cell fell behind its arrivals, though {who} fell short of them by more "
+                f"than {tolerance}, by no more than chance explains"
+                f"{f' ({_near_text(near)})' if every else ''}: each served about the load "
+                "offered to it, so their output throughputs are close to the offered load's, not "
+                "what each could serve, and do not tell them apart; " + capacity]
+    if kept and behind:  # those short within chance are named beside them (_behind_finding)
         names = ", ".join(code(c.name) for c in kept)
         return [f"{names} kept pace with {'its' if len(kept) == 1 else 'their'} arrivals, "
                 "serving all the load offered: a throughput ratio between "
                 f"{'it' if len(kept) == 1 else 'them'} and a cell that fell behind is a lower "
                 "bound on the difference in what they can serve; " + capacity]
     return []
+
+
+def _near_text(near: Sequence[tuple[CellResult, Pace]]) -> str:
+    """The cells that fell short of their arrivals within chance, with how far: "`a` (5.6%)",
+    "`a` (5.6%), `b` (6.1%)"."""
+    return ", ".join(f"{code(c.name)} ({fmt_pct(1 - p.completed_per_s / p.due_per_s)})"
+                     for c, p in near)
 
 
 # the kind of figure (``harness.prediction.KINDS``) whose measured error a compared metric has
