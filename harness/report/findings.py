@@ -102,6 +102,8 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
     (``bases``: what each cell is compared with; ``Baselines.of(ok, base)`` when not given)."""
     ok = [c for c in cells if c.ok]
     out: list[str] = []
+    # cells not compared with their baseline, their results another's (_same_results_finding)
+    compared: dict[str, tuple[str, str] | None] = {}
     answer = _capacity_finding(capacity, base, ctx.slo, target,
                                predicted=predicted_settings(capacity, ok))
     if answer:
@@ -137,23 +139,34 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
             out += priority
             priority = []
         scored = []
+        # a cell whose results are another's (``_same_results_finding``) is not compared with
+        # the same baseline a second time, word for word: that finding says the first's holds
+        twins = _same_results_groups(ok)
         for c in ok:
             b = bases.of_cell(c)
             # a run stopped or ended early has partial figures: said apart, never compared
             if b is None or b is c or b.partial or c.partial:
                 continue
+            first = next((g[0] for g in twins if c in g[1:]), None)
+            if first is not None and (b is first or bases.of_cell(first) is b):
+                compared[c.name] = (first.name, b.name) if b is not first else None
+                continue
             score, text = _comparison(c, b)
             if text:
-                scored.append((score, text))
+                scored.append((score, text, c.name))
         scored.sort(key=lambda s: -s[0])  # stable: equal scores keep cell order
-        out += [text for _, text in scored[:MAX_COMPARISONS]]
+        out += [text for _, text, _ in scored[:MAX_COMPARISONS]]
+        shown = {name for _, _, name in scored[:MAX_COMPARISONS]}
+        for name, said in compared.items():  # "above" only of a comparison that is
+            if said is not None and said[0] not in shown:
+                compared[name] = None
         if len(scored) > MAX_COMPARISONS:
             out.append(f"{len(scored) - MAX_COMPARISONS} more cells compare with "
                        f"{bases.phrase(code)} in the tables below.")
         out += _one_knob_findings(whole, base)
         out += _leaders_by_load(whole)
         out += priority
-    out += _same_results_finding(ok)
+    out += _same_results_finding(ok, compared)
     preemption = _preemption_finding(ok, preempted) if len(ok) > 1 else ""
     if preemption:
         out.append(preemption)
@@ -1043,22 +1056,38 @@ def _headline(c: CellResult) -> tuple[Any, ...]:
     return tuple(get(c.summary, m) for m in _HEADLINE)
 
 
-def _same_results_finding(ok: Sequence[CellResult]) -> list[str]:
-    """Cells whose every headline figure is the same: their differences in settings made no
-    difference on this trace (say so, rather than let two columns look like two answers).
-    Cells predicted under two profiles with the same coefficients (one borrowing the other's)
-    are said to share them: their latencies come from one cost model, so only their scheduler
-    settings could have told them apart."""
+def _same_results_groups(ok: Sequence[CellResult]) -> list[list[CellResult]]:
+    """The cells whose every headline figure is the same as another's, by load, in their
+    order; two or more a group."""
     groups: dict[tuple[Any, ...], list[CellResult]] = {}
     for c in ok:
         key = _headline(c)
         if all(v is not None for v in key):
             groups.setdefault((c.load, *key), []).append(c)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _same_results_finding(ok: Sequence[CellResult],
+                          compared: Mapping[str, tuple[str, str] | None] | None = None
+                          ) -> list[str]:
+    """Cells whose every headline figure is the same: their differences in settings made no
+    difference on this trace (say so, rather than let two columns look like two answers).
+    Cells predicted under two profiles with the same coefficients (one borrowing the other's)
+    are said to share them: their latencies come from one cost model, so only their scheduler
+    settings could have told them apart. ``compared``: the cells whose comparison with their
+    baseline was left out as the first one's of their group ({cell: (first, baseline)}; None
+    when the first is that baseline): said to hold for them."""
     out = []
-    for cells in (g for g in groups.values() if len(g) > 1):
+    for cells in _same_results_groups(ok):
         names = [code(c.name) for c in cells]
         head = (f"{', '.join(names[:-1])} and {names[-1]} gave the same results (completions, "
                 "throughput, TTFT, TPOT, E2E and preemptions)")
+        held = [(c.name, said) for c in cells
+                if (said := (compared or {}).get(c.name)) is not None]
+        if held:
+            first, base = held[0][1]
+            head += (f", so the comparison of {code(first)} with {code(base)} above holds for "
+                     f"{and_codes([name for name, _ in held])} too")
         coefficients = [_coefficients(c) for c in cells]
         known = [x for x in coefficients if x is not None]
         if (len(known) == len(cells) and len({x.profile for x in known}) == 1

@@ -200,6 +200,31 @@ def test_cells_with_the_same_results_say_when_they_share_coefficients() -> None:
         "preemptions): on this trace, the settings in which they differ made no difference."]
 
 
+def test_a_cell_with_anothers_results_is_not_compared_with_the_baseline_again() -> None:
+    """engines-h100: `predicted-tgi`'s comparison with `reference` repeated `predicted-vllm`'s
+    word for word. It is left out, and the same-results finding says the first one holds."""
+    from harness.report.context import ReportContext
+    from harness.report.findings import key_findings
+
+    summary = _summary(2569.0, 1.05, 0.0152)
+    reference = _cell("reference", _summary(2620.0, 0.683, 0.0143), _simulated(None))
+    vllm = _cell("predicted-vllm", summary, _simulated("vllm-h100-sxm"))
+    tgi = _cell("predicted-tgi", summary, _simulated("tgi-h100-sxm", donor="vllm-h100-sxm"))
+    lines = key_findings([reference, vllm, tgi], reference, ReportContext(title="t"), {})
+    assert [line for line in lines if line.startswith("`predicted-vllm` served")]
+    assert not [line for line in lines if line.startswith("`predicted-tgi` served")]
+    [same] = [line for line in lines if "gave the same results" in line]
+    assert same.startswith(
+        "`predicted-vllm` and `predicted-tgi` gave the same results (completions, throughput, "
+        "TTFT, TPOT, E2E and preemptions), so the comparison of `predicted-vllm` with "
+        "`reference` above holds for `predicted-tgi` too: their latencies come from the same")
+    # the first of them the baseline: nothing to compare, nothing said to hold
+    lines = key_findings([vllm, tgi, reference], vllm, ReportContext(title="t"), {})
+    assert not [line for line in lines if line.startswith("`predicted-tgi` served")]
+    [same] = [line for line in lines if "gave the same results" in line]
+    assert "above holds" not in same
+
+
 def test_a_comparison_of_two_profiles_on_shared_coefficients_says_only_settings_differ() -> None:
     """`predicted-tgi` borrows `predicted-vllm`'s coefficients: what tells them apart is their
     settings, not the engines' own step costs. Cells with the same results say it once, in
