@@ -335,6 +335,32 @@ def kind_note(cells: Sequence[CellResult], kind: str, label: str) -> list[str]:
             + "; ".join(parts) + f" ({ACCURACY_LINK}).", ""]
 
 
+def kind_note_again(cells: Sequence[CellResult], kind: str, label: str, first: str
+                    ) -> list[str]:
+    """Under a second table of one kind of figure (ITL after TPOT: both are checked against
+    the same TPOT/ITL figures): that ``kind_note`` under the ``first`` table holds, rather than
+    its words again. [] without a predicted cell."""
+    if not _predicted_names(cells):
+        return []
+    return [f"How far predicted {label} was measured to miss published {kind} figures: as said "
+            f"under the {first} table above, the same figures ({ACCURACY_LINK}).", ""]
+
+
+def noted_elsewhere(cells: Sequence[CellResult], what: str, where: str, *,
+                    report_cells: Sequence[CellResult] | None = None) -> list[str]:
+    """Under a table that repeats figures other tables show with their accuracy notes (the
+    batch-size table's TPOT and output tokens/s): that they are predicted, and where their
+    measured error is said, rather than those notes again. ``report_cells`` as for
+    ``unmeasured_note``. [] without a predicted cell."""
+    names = _predicted_names(cells)
+    if not names:
+        return []
+    every = len(report_cells if report_cells is not None else cells)
+    whose = "every cell" if len(names) == every else ", ".join(names)
+    return [f"The {what} of {whose} are predicted, as in {where}, under which their measured "
+            f"error is said ({ACCURACY_LINK}).", ""]
+
+
 def unmeasured_note(cells: Sequence[CellResult], what: str, *,
                     report_cells: Sequence[CellResult] | None = None) -> list[str]:
     """Under a table of a kind of figure no published measurement gives (preemptions, the

@@ -52,8 +52,9 @@ from harness.report.format import (
 from harness.report.predictions import (
     derived_note,
     kind_note,
+    kind_note_again,
+    noted_elsewhere,
     predicted_settings,
-    predicted_text,
     prediction_accuracy_lines,
     prediction_row,
     row_labels,
@@ -356,6 +357,7 @@ def latency_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
                   + ": each marked ≥, here and in the tables below.", ""]
     lines += _withheld_note(ok, bases)
     labels = row_labels(ok)
+    noted: dict[str, str] = {}  # kind of figure -> the table under which its error was said
     for metric, label in LATENCIES:
         if not any(get(c.summary, f"{metric}.count") for c in ok):
             continue
@@ -371,7 +373,10 @@ def latency_section(ok: Sequence[CellResult], bases: Baselines) -> list[str]:
             row.append(at_least(fmt_seconds(get(c.summary, f"{metric}.mean")), bound))
             rows.append(row)
         lines += [f"### {label}", "", table(["cell", *PERCENTILES, "mean"], rows), ""]
-        lines += kind_note(ok, _KIND_OF[metric], label)
+        kind = _KIND_OF[metric]
+        lines += (kind_note_again(ok, kind, label, noted[kind]) if kind in noted
+                  else kind_note(ok, kind, label))
+        noted.setdefault(kind, label)
     return lines
 
 
@@ -931,11 +936,12 @@ def batch_size_section(series: Mapping[str, Sequence[BatchRow]],
              ""]
     cells = [r.cell for rows in series.values() for r in rows]
     labels = row_labels(report_cells if report_cells is not None else cells)
-    predicted = predicted_text(cells)
-    if predicted:
-        lines += [predicted, ""]
-    lines += unmeasured_note(cells, "Running batches, KV use, what bound them and the turn")
-    lines += tails_note(cells)
+    # its TPOT and output tokens/s are those the Latency and Throughput tables show, with
+    # their accuracy notes: said to be predicted, and where, not in those notes' words again
+    lines += noted_elsewhere(cells, "TPOT and output tokens/s",
+                             "the TPOT and Throughput tables", report_cells=report_cells)
+    lines += unmeasured_note(cells, "Running batches, KV use, what bound them and the turn",
+                             report_cells=report_cells)
     roof_line = _roofline_text(series)
     if roof_line:
         lines += [roof_line, ""]
@@ -970,8 +976,6 @@ def batch_size_section(series: Mapping[str, Sequence[BatchRow]],
                   + ", ".join(f"{stopped_cut_off(c.summary):,} of {code(c.name)}" for c in cut)
                   + " it cut off: a lower bound (docs/metrics.md). No gain is given to or "
                   "from a run stopped early: its tokens/s is of part of its trace.", ""]
-    lines += kind_note(cells, "TPOT/ITL", "TPOT")
-    lines += kind_note(cells, "throughput", "output tokens/s")
     return lines
 
 
