@@ -334,17 +334,21 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
                 + (f", {_shortfall(pace.completed_per_s / pace.due_per_s)} short"
                    if short else ""))
 
-    consequence = ("TTFT and E2E are those of this trace's length (a longer trace would wait "
-                   "longer), not of a steady state; `batchlab capacity` finds the highest "
-                   "load the engine keeps pace with.")
+    # the verdict first: what falling behind does to the figures, then the evidence
+    def verdict(head: str, *, one: bool) -> str:
+        its, it = ("its", "it") if one else ("their", "each")
+        return (f"{head}, so {its} TTFT and E2E are those of this trace's length (a longer trace "
+                f"would wait longer), not of a steady state; `batchlab capacity` finds the "
+                f"highest load {it} keeps pace with.")
+
     if len(behind) == 1:
         c, pace = behind[0]
         who = "The engine" if len(ok) == 1 else code(c.name)
-        how = (f"over the second half of them it {rates(pace)}" if pace.counted
-               else waited_text(pace))
-        window = f"{_pace_window([pace], plural=False)} " if pace.counted else ""
-        text = (f"{who} fell behind its arrivals: {how}, so its queue grew for the whole run. "
-                f"{window}Its " + consequence)
+        evidence = (f"over the second half of its arrivals it {rates(pace)}" if pace.counted
+                    else waited_text(pace))
+        how = f"{evidence[0].upper()}{evidence[1:]}, its queue growing for the whole run."
+        window = f" {_pace_window([pace], plural=False)}" if pace.counted else ""
+        text = f"{verdict(f'{who} fell behind its arrivals', one=True)} {how}{window}"
     elif (len({fmt_number(p.due_per_s, "req/s") for _, p in behind}) == 1
           and len({p.swamped for _, p in behind}) == 1
           and all(p.counted for _, p in behind)):
@@ -354,23 +358,37 @@ def _behind_finding(ok: Sequence[CellResult]) -> list[str]:
         grew = sorted(p.queue_growth_s or 0.0 for _, p in behind)
         waited = fmt_seconds(grew[0]) + (f" to {fmt_seconds(grew[-1])}" if len(grew) > 1
                                          else "")
-        text = (f"{len(behind)} of {len(ok)} cells fell behind their arrivals, their queues "
-                "growing for the whole run: over the second half of the arrivals, "
+        text = (verdict(f"{len(behind)} of {len(ok)} cells fell behind their arrivals",
+                        one=False)
+                + " Over the second half of the arrivals, "
                 f"{fmt_number(behind[0][1].due_per_s, 'req/s')} were due while they "
                 f"completed (req/s) {done}"
                 + (f"; each too short to show a steady state, yet those arriving last waited "
                    f"{waited} longer for a first token than the first"
                    if behind[0][1].swamped else "")
-                + f". {_pace_window([p for _, p in behind], plural=True)} Their "
-                + consequence)
+                + ", their queues growing for the whole run. "
+                + _pace_window([p for _, p in behind], plural=True))
+    elif all(p.counted and p.swamped for _, p in behind):
+        # every run too short to show a steady state, each with its own due rate: one figure
+        # pair and one wait a cell, what they are said once
+        each = "; ".join(f"{code(c.name)} {fmt_number(p.completed_per_s)} of "
+                         f"{fmt_number(p.due_per_s)}, {fmt_seconds(p.queue_growth_s)}"
+                         for c, p in behind)
+        text = (verdict(f"{len(behind)} of {len(ok)} cells fell behind their arrivals",
+                        one=False)
+                + " Over the second half of the arrivals (requests/s completed of those due; "
+                "how much longer those arriving last waited for a first token than the first, "
+                f"each run too short to show a steady state): {each}. "
+                + _pace_window([p for _, p in behind], plural=True))
     else:
         names = "; ".join(f"{code(c.name)} ({rates(p)})" for c, p in behind)
         # the rates' window, said for the cells whose rates were counted only
         rated = [p for _, p in behind if p.counted]
         over = " (over the second half of the arrivals)" if len(rated) == len(behind) else ""
-        window = (f"{_pace_window(rated, plural=len(rated) > 1)} " if rated else "")
-        text = (f"{len(behind)} of {len(ok)} cells fell behind their arrivals, their queues "
-                f"growing for the whole run{over}: {names}. {window}Their " + consequence)
+        window = (f" {_pace_window(rated, plural=len(rated) > 1)}" if rated else "")
+        text = (verdict(f"{len(behind)} of {len(ok)} cells fell behind their arrivals",
+                        one=False)
+                + f" Their queues grew for the whole run{over}: {names}.{window}")
     if near:
         names = "; ".join(f"{code(c.name)} ({rates(p, short=True)})" for c, p in near)
         text += (f" Short of its arrivals too, by more than {fmt_pct(PACE_TOLERANCE)} but by no "
@@ -454,14 +472,11 @@ def _pace_window(paces: Sequence[Pace], *, plural: bool) -> str:
     length = next(iter(lengths)) if len(lengths) == 1 else None
     window = "from the arrivals' midpoint to the last arrival" + (f" ({length})" if length
                                                                   else "")
-    these, rate, are = (("These", "rates", "are") if plural else ("That", "rate", "is"))
-    return (f"{these} completion {rate} count{'' if plural else 's'} only the requests that "
-            f"finished {window}, while requests still arrived: not the Throughput table's "
-            f"requests/s, which {are} over the whole run (first arrival to last event), the "
-            "queue's drain after the last arrival included. A request is due at its arrival "
-            "plus the quickest wait any request had for a first token plus its own decode "
-            "time: when it would have finished had it not queued (docs/metrics.md), so the "
-            "due rate is not the arrival rate.")
+    these, rate = ("These", "rates") if plural else ("That", "rate")
+    return (f"{these} completion {rate} count{'' if plural else 's'} the requests finished "
+            f"{window}, not the Throughput table's whole-run requests/s; a request is due when "
+            "it would have finished had it not queued (its arrival, plus the quickest wait any "
+            "request had for a first token, plus its own decode time: docs/metrics.md).")
 
 
 def _short_within_chance(pace: Pace) -> bool:

@@ -75,7 +75,9 @@ def test_a_comparison_names_each_cell_that_fell_behind(tmp_path: Path) -> None:
     assert cli_main(["report", str(tmp_path / "r2"), str(tmp_path / "r10"),
                      "-o", str(out)]) == 0
     findings = out.read_text().split("## Key findings")[1].split("\n## ")[0]
-    assert "`r10` fell behind its arrivals: over the second half of them it completed" in findings
+    assert ("`r10` fell behind its arrivals, so its TTFT and E2E are those of this trace's "
+            "length") in findings
+    assert "Over the second half of its arrivals it completed" in findings
     assert "`r2`" not in findings.split("fell behind")[0].splitlines()[-1]
     # the one that kept pace served all it was offered: its throughput ratio is a lower bound
     assert ("- `r2` kept pace with its arrivals, serving all the load offered: a throughput "
@@ -196,13 +198,14 @@ def test_cells_behind_one_arrival_rate_are_said_in_one_short_sentence() -> None:
              for n, done, grew in ((1, 1.5, 556.0), (4, 4.14, 144.0), (16, 12.0, 40.1))]
     text = _behind_finding(cells)[0]
     assert text.startswith(
-        "3 of 3 cells fell behind their arrivals, their queues growing for the whole run: over "
-        "the second half of the arrivals, 87.3 req/s were due while they completed (req/s) "
-        "`c1` 1.5, `c4` 4.14, `c16` 12; each too short to show a steady state, yet those "
-        "arriving last waited 40.1 s to 556 s longer for a first token than the first. These "
-        "completion rates count only the requests that finished from the arrivals' midpoint to "
-        "the last arrival (2.3 s), while requests still arrived: not the Throughput table's "
-        "requests/s, which are over the whole run")
+        "3 of 3 cells fell behind their arrivals, so their TTFT and E2E are those of this "
+        "trace's length (a longer trace would wait longer), not of a steady state; `batchlab "
+        "capacity` finds the highest load each keeps pace with. Over the second half of the "
+        "arrivals, 87.3 req/s were due while they completed (req/s) `c1` 1.5, `c4` 4.14, `c16` "
+        "12; each too short to show a steady state, yet those arriving last waited 40.1 s to "
+        "556 s longer for a first token than the first, their queues growing for the whole "
+        "run. These completion rates count the requests finished from the arrivals' midpoint "
+        "to the last arrival (2.3 s), not the Throughput table's whole-run requests/s")
     assert text.count("87.3") == 1
 
 
@@ -210,9 +213,9 @@ def test_cells_behind_one_arrival_rate_over_a_long_enough_run_say_no_queue_growt
     cells = [_cell(f"c{n}", Pace(20.0, done, False, "fell behind: ...", fell_behind=True,
                                  settled=True)) for n, done in ((1, 5.0), (2, 9.0))]
     text = _behind_finding(cells)[0]
-    assert ("20 req/s were due while they completed (req/s) `c1` 5, `c2` 9. These completion "
-            "rates count only the requests that finished from the arrivals' midpoint to the "
-            "last arrival, while") in text
+    assert ("20 req/s were due while they completed (req/s) `c1` 5, `c2` 9, their queues "
+            "growing for the whole run. These completion rates count the requests finished "
+            "from the arrivals' midpoint to the last arrival, not") in text
 
 
 def test_cells_behind_one_rate_some_too_short_are_said_each_on_its_own() -> None:
@@ -251,13 +254,34 @@ def test_a_finding_on_arrivals_too_short_to_count_gives_the_wait_not_0_against_0
                    queue_growth_s=62.52, span_s=1.06)
     (one,) = _behind_finding([_cell("live-4w", swamped)])
     assert "0 req/s" not in one
-    assert one.startswith("The engine fell behind its arrivals: those arriving last waited "
-                          "62.5 s longer for a first token than the first, over arrivals "
-                          "lasting 1.06 s, too short to count a rate over their second half, "
-                          "so its queue grew")
+    assert one.startswith("The engine fell behind its arrivals, so its TTFT and E2E are those "
+                          "of this trace's length")
+    assert ("Those arriving last waited 62.5 s longer for a first token than the first, over "
+            "arrivals lasting 1.06 s, too short to count a rate over their second half, its "
+            "queue growing for the whole run.") in one
     # no rate was given: nothing explains a rate's window
     assert "completion rate" not in one and "second half of them" not in one
     (two,) = _behind_finding([_cell("a", swamped), _cell("b", swamped)])
     assert "0 req/s" not in two and "were due while they completed" not in two
     assert "`a` (those arriving last waited 62.5 s longer" in two
     assert "completion rate" not in two and "(over the second half" not in two
+
+
+def test_cells_behind_each_its_own_due_rate_give_one_figure_pair_and_one_wait_each() -> None:
+    """The batch-size sweep's six cells, each with its own due rate and each too short to show
+    a steady state: the finding repeated "too short to show a steady state, yet those arriving
+    last waited ... longer for a first token than the first" six times, 240 words before the
+    verdict. The verdict comes first, then a figure pair and a wait a cell."""
+    cells = [_cell(f"c{n}", Pace(due, done, False, "fell behind: ...", fell_behind=True,
+                                 settled=False, queue_growth_s=grew, span_s=5.32))
+             for n, due, done, grew in ((1, 63.2, 1.5, 556.0), (4, 58.7, 4.14, 144.0),
+                                        (64, 42.5, 21.1, 13.4))]
+    (text,) = _behind_finding(cells)
+    assert text.startswith("3 of 3 cells fell behind their arrivals, so their TTFT and E2E are "
+                           "those of this trace's length")
+    assert ("(requests/s completed of those due; how much longer those arriving last waited "
+            "for a first token than the first, each run too short to show a steady state): "
+            "`c1` 1.5 of 63.2, 556 s; `c4` 4.14 of 58.7, 144 s; `c64` 21.1 of 42.5, 13.4 s. "
+            "These completion rates count the requests finished from the arrivals' midpoint to "
+            "the last arrival (2.66 s)") in text
+    assert text.count("steady state") == 2  # the verdict's, and once for every cell

@@ -252,11 +252,9 @@ def _paced(name: str, pace: Pace) -> CellResult:
     return cell
 
 
-WHOLE_RUN = ("not the Throughput table's requests/s, which {} over the whole run (first "
-             "arrival to last event), the queue's drain after the last arrival included. A "
-             "request is due at its arrival plus the quickest wait any request had for a first "
-             "token plus its own decode time: when it would have finished had it not queued "
-             "(docs/metrics.md), so the due rate is not the arrival rate.")
+WHOLE_RUN = ("not the Throughput table's whole-run requests/s; a request is due when it would "
+             "have finished had it not queued (its arrival, plus the quickest wait any request "
+             "had for a first token, plus its own decode time: docs/metrics.md).")
 
 
 def test_completion_rates_of_cells_behind_say_their_window() -> None:
@@ -267,20 +265,19 @@ def test_completion_rates_of_cells_behind_say_their_window() -> None:
                                settled=False, queue_growth_s=grew, span_s=4.6))
              for name, done, grew in (("c64", 21.1, 13.4), ("c256", 7.52, 4.5))]
     (text,) = _behind_finding(cells)
-    assert ("These completion rates count only the requests that finished from the arrivals' "
-            "midpoint to the last arrival (2.3 s), while requests still arrived: "
-            + WHOLE_RUN.format("are")) in text
-    assert text.index("`c256` 7.52") < text.index("These completion rates") \
-        < text.index("Their TTFT")
+    assert ("These completion rates count the requests finished from the arrivals' "
+            "midpoint to the last arrival (2.3 s), " + WHOLE_RUN) in text
+    # the verdict first, then the evidence, then what the evidence's rates are
+    assert text.index("their TTFT") < text.index("`c256` 7.52") \
+        < text.index("These completion rates")
 
 
 def test_the_completion_rate_of_one_cell_behind_says_its_window() -> None:
     behind = Pace(12.5, 11.2, False, "fell behind: ...", fell_behind=True, settled=True)
     (text,) = _behind_finding([_paced("fcfs", behind)])
-    assert ("it completed 11.2 req/s while 12.5 req/s were due, so its queue grew for the whole "
-            "run. That completion rate counts only the requests that finished from the "
-            "arrivals' midpoint to the last arrival, while requests still arrived: "
-            + WHOLE_RUN.format("is")) in text
+    assert ("it completed 11.2 req/s while 12.5 req/s were due, its queue growing for the whole "
+            "run. That completion rate counts the requests finished from the arrivals' midpoint "
+            "to the last arrival, " + WHOLE_RUN) in text
 
 
 def test_a_cell_short_within_chance_writes_rates_that_give_its_shortfall() -> None:
