@@ -80,6 +80,9 @@ class Pace:
     # long the arrivals lasted
     queue_growth_s: float | None = None
     span_s: float | None = None
+    # the requests due over the second half of the arrivals, the count the shortfall that
+    # chance explains is worked out from (max(PACE_TOLERANCE, PACE_SIGMAS / sqrt(n)) of it)
+    num_due: int | None = None
 
     @property
     def swamped(self) -> bool:
@@ -196,11 +199,12 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
                     f"too short to show a steady state: its arrivals last {end - start:.3g} s, "
                     f"under {SHORTEST_STEADY_E2ES} times its {what} p90 ({p90:.3g} s)",
                     fell_behind=behind or grew, settled=False, queue_growth_s=growth,
-                    span_s=end - start)
+                    span_s=end - start, num_due=num_due)
     if behind:
         return Pace(due_rate, completed, False,
                     f"fell behind: completed {completed:.3g} req/s of {due_rate:.3g} due "
-                    "over the second half of its arrivals", fell_behind=True, settled=True)
+                    "over the second half of its arrivals", fell_behind=True, settled=True,
+                    num_due=num_due)
     # within chance by the counts, yet the wait plainly grew (Pace.swamped's rule): a backlog
     # the counts' slack hides, as the waiting queue shows
     growth = _queue_growth(arrival, first_token_s, ok, start, end)
@@ -210,8 +214,8 @@ def pace(arrival_s: np.ndarray, finished_s: np.ndarray, e2e_s: np.ndarray,
                     f"first token than the first, over arrivals lasting {end - start:.3g} s "
                     f"(completed {completed:.3g} req/s of {due_rate:.3g} due over the "
                     "second half of them)", fell_behind=True, settled=True,
-                    queue_growth_s=growth, span_s=end - start)
-    return Pace(due_rate, completed, True, settled=True)
+                    queue_growth_s=growth, span_s=end - start, num_due=num_due)
+    return Pace(due_rate, completed, True, settled=True, num_due=num_due)
 
 
 def _queue_growth(arrival: np.ndarray, first_token_s: np.ndarray | None, ok: np.ndarray,

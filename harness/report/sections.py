@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.metrics import PACE_TOLERANCE, SHORTEST_STEADY_E2ES
+from harness.metrics import PACE_SIGMAS, PACE_TOLERANCE, SHORTEST_STEADY_E2ES
 from harness.redact import redact_argv
 from harness.report.context import (
     ReportContext,
@@ -896,7 +897,7 @@ def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
     table_rows = []
     for r in rows:
         ratio = "baseline" if r is base else capacity_ratio(r, base) or "–"
-        evidence = r.evidence
+        evidence = r.evidence + _pace_slack(r, cells)
         if r.cells:
             evidence += "; " + ", ".join(code(c) for c in r.cells[:4])
         setting = code(r.key) + (" (predicted)" if r.key in predicted else "")
@@ -904,6 +905,28 @@ def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
     lines += [table(["setting", "capacity", "vs baseline", "from", "evidence"], table_rows,
                     align=("l", "r", "r", "l", "l")), ""]
     return lines
+
+
+def _pace_slack(row: CapacityRow, cells: Sequence[CellResult]) -> str:
+    """A rate capacity a search found: how far short of its arrivals the pace check let the
+    probe at it fall, worked out for its own count of requests due (the paragraph above gives
+    the rule), and the rate it may then sustain: "; its pace check allowed a shortfall of up
+    to 19.6% (104 requests due): it may sustain as little as 8.34 req/s". '' when the probe or
+    its pace is not at hand."""
+    if row.kind != "rate" or row.source != "search" or row.bound != "=" or not row.capacity:
+        return ""
+    probe = next((c for c in cells if c.name in row.cells
+                  and c.load_point.get("kind") == "rate"
+                  and isinstance(c.load_point.get("value"), (int, float))
+                  and math.isclose(float(c.load_point["value"]), row.capacity, rel_tol=1e-6)),
+                 None)
+    pace = probe.pace if probe is not None else None
+    if pace is None or not pace.kept or not pace.num_due:
+        return ""
+    share = max(PACE_TOLERANCE, PACE_SIGMAS / math.sqrt(pace.num_due))
+    return (f"; its pace check allowed a shortfall of up to {fmt_pct(share)} ({pace.num_due:,} "
+            f"requests due): it may sustain as little as "
+            f"{fmt_number(row.capacity * (1 - share), 'req/s')}")
 
 
 def _preemptions_text(c: CellResult) -> str:

@@ -285,3 +285,30 @@ def test_cells_behind_each_its_own_due_rate_give_one_figure_pair_and_one_wait_ea
             "These completion rates count the requests finished from the arrivals' midpoint to "
             "the last arrival (2.66 s)") in text
     assert text.count("steady state") == 2  # the verdict's, and once for every cell
+
+
+def test_a_searched_capacity_says_how_short_its_pace_check_let_the_probe_fall() -> None:
+    """The capacity section gave the rule (a shortfall up to max(5%, 2/sqrt(n))) and left the
+    reader to work it out for the probe: 181 requests due allow 14.9%, so a capacity of 10.37
+    req/s may be a sustained rate of 8.83."""
+    from harness.report.curves import CapacityRow
+    from harness.report.sections import capacity_section
+
+    probe = CellResult(name="reference/rate-10.37", run_dir=Path("p"), state="done",
+                       summary={}, manifest={"load": {"kind": "rate", "value": 10.37}})
+    probe.__dict__["pace"] = Pace(12.1, 11.9, True, settled=True, num_due=181)
+    row = CapacityRow("reference", "rate", 10.37, "=", "search",
+                      "search (found): 10.37 passed, 10.83 failed (within 5%)",
+                      cells=("reference/rate-10.37", "reference/rate-10.83"))
+    text = "\n".join(capacity_section([row], "reference", {"ttft_s": 0.5}, 0.99, [probe]))
+    assert ("10.83 failed (within 5%); its pace check allowed a shortfall of up to 14.9% (181 "
+            "requests due): it may sustain as little as 8.83 req/s; `reference/rate-10.37`"
+            ) in text
+    # 2,000 requests due: the 5% floor
+    probe.__dict__["pace"] = Pace(12.1, 11.9, True, settled=True, num_due=2000)
+    text = "\n".join(capacity_section([row], "reference", {"ttft_s": 0.5}, 0.99, [probe]))
+    assert "up to 5.0% (2,000 requests due): it may sustain as little as 9.85 req/s" in text
+    # a pace recorded without its count (or no probe at hand): nothing made up
+    probe.__dict__["pace"] = Pace(12.1, 11.9, True, settled=True)
+    text = "\n".join(capacity_section([row], "reference", {"ttft_s": 0.5}, 0.99, [probe]))
+    assert "pace check allowed" not in text
