@@ -260,8 +260,11 @@ def prediction_accuracy_lines(cells: Sequence[CellResult]) -> list[str]:
             row.append(f"{e.text()} of {e.basis()}{e.bias()}" if e is not None
                        else "no held-out figure" if kind in acc.unmeasured_kinds else "–")
         rows.append(row)
-    headers = ["cells", "predicted with", "measured on", "median error",
-               "workload fully published", *KINDS]
+    # each column of errors says that it holds them: "median error" alone read as the row's
+    # one figure, and "workload fully published" as a yes or no
+    headers = ["cells", "predicted with", "measured on", "median error (worst), all figures",
+               "median error (worst), workload fully published",
+               *(f"{kind}: median error (worst)" for kind in KINDS)]
     return [f"### {ACCURACY_HEADING}", "",
             "Every number of a predicted cell is a prediction. Its error (predicted / "
             "published − 1; a run's duration as the throughput it implies) was measured on "
