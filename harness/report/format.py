@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -92,9 +93,31 @@ def fmt_pair(a: float, b: float, write: Callable[[float, int], str] | None = Non
     digits = 3
     while digits < MAX_PAIR_DIGITS and not _pair_agrees(a, b, digits, change):
         digits += 1
-    if write is None:
-        return fmt_number(a, digits=digits), fmt_number(b, digits=digits)
-    return write(a, digits), write(b, digits)
+    pair = ((fmt_number(a, digits=digits), fmt_number(b, digits=digits)) if write is None
+            else (write(a, digits), write(b, digits)))
+    # digits added to tell them apart: both to as many decimals ("2,515.0 vs 2,516.4")
+    return _same_decimals(*pair) if digits > 3 else pair
+
+
+_FIGURE = re.compile(r"^(-?[\d,]+)(?:\.(\d+))?(.*)$")
+
+
+def _same_decimals(x: str, y: str) -> tuple[str, str]:
+    """Two figures of one unit written with more digits than 3 to tell them apart, with as many
+    decimals each ("2,003.60 vs 2,003.58", not "2,003.6 vs 2,003.58": the trailing zero
+    ``sig`` drops reads as a coarser figure); figures of two units ("1.2 s", "900 ms") or
+    that are not numbers are left as written."""
+    mx, my = _FIGURE.match(x), _FIGURE.match(y)
+    if mx is None or my is None or mx.group(3) != my.group(3):
+        return x, y
+    places = max(len(mx.group(2) or ""), len(my.group(2) or ""))
+    if not places:
+        return x, y
+
+    def padded(m: re.Match[str]) -> str:
+        return f"{m.group(1)}.{(m.group(2) or '').ljust(places, '0')}{m.group(3)}"
+
+    return padded(mx), padded(my)
 
 
 def _pair_agrees(a: float, b: float, digits: int,

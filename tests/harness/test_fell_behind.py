@@ -99,7 +99,7 @@ def test_a_cell_just_as_short_as_one_that_fell_behind_is_named_beside_it() -> No
     text = _behind_finding([_cell("fcfs", near), _cell("priority", behind),
                             _cell("light", kept)])[0]
     assert text.startswith("`priority` fell behind its arrivals")
-    assert "by no more than chance explains: `fcfs` (completed 11.24 req/s while 12.4 req/s " \
+    assert "by no more than chance explains: `fcfs` (completed 11.24 req/s while 12.40 req/s " \
            "were due, 9.4% short)" in text
     assert "`light`" not in text
     # nothing fell behind: nothing is said, however short a cell was

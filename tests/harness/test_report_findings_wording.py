@@ -65,7 +65,7 @@ def test_nearly_equal_throughputs_are_written_to_the_change_stated_beside_them()
     """2,514.98 against 2,516.39 tok/s is -0.1%; written "2,510 vs 2,520" they read -0.4%."""
     phrase, _ = _throughput_phrase(_cell("priority", _summary(2514.98)),
                                    _cell("fcfs", _summary(2516.39)))
-    assert "(2,515 vs 2,516.4 tok/s, -0.1%, within 5%)" in phrase
+    assert "(2,515.0 vs 2,516.4 tok/s, -0.1%, within 5%)" in phrase
 
 
 def test_a_whole_percentage_fewer_is_what_the_written_throughputs_give() -> None:
@@ -86,7 +86,7 @@ def test_throughputs_far_apart_keep_three_significant_digits() -> None:
 def test_latencies_about_the_same_are_written_to_their_stated_change() -> None:
     """11.07 ms against 11.2 ms is -1.2%; "11.1 ms vs 11.2 ms" reads -0.9%."""
     phrase, _ = _latency_phrase("TPOT p90", 0.01107, 0.0112)
-    assert phrase == "TPOT p90 about the same (11.07 ms vs 11.2 ms, -1.2%, within 5%)"
+    assert phrase == "TPOT p90 about the same (11.07 ms vs 11.20 ms, -1.2%, within 5%)"
 
 
 def test_the_written_pair_gives_the_stated_change_over_many_pairs() -> None:
@@ -109,7 +109,7 @@ def test_about_the_same_in_every_cell_reads_as_two_figures() -> None:
     cells = [_cell(f"c{n}", _summary(v, ttft_s=0.1 * (n + 1)))
              for n, v in enumerate((528.04, 528.2, 528.4))]
     (text,) = _leaders_by_load(cells)
-    assert "about the same output throughput in every cell (528 tok/s to 528.4 tok/s)" in text
+    assert "about the same output throughput in every cell (528.0 tok/s to 528.4 tok/s)" in text
 
 
 def test_fmt_pair_adds_digits_only_as_the_change_needs_them() -> None:
@@ -118,11 +118,17 @@ def test_fmt_pair_adds_digits_only_as_the_change_needs_them() -> None:
     def change(r: float) -> str:
         return f"{(r - 1) * 100:+.1f}%"
 
-    assert fmt_pair(2514.98, 2516.39, change=change) == ("2,515", "2,516.4")
+    assert fmt_pair(2514.98, 2516.39, change=change) == ("2,515.0", "2,516.4")
     assert fmt_pair(280.0, 100.0, change=change) == ("280", "100")
-    assert fmt_pair(528.04, 528.4) == ("528", "528.4")  # no change stated: told apart
+    # no change stated: told apart, both to as many decimals (a dropped trailing zero read as
+    # a coarser figure: "2,003.6 vs 2,003.58")
+    assert fmt_pair(528.04, 528.4) == ("528.0", "528.4")
+    assert fmt_pair(2003.6, 2003.58) == ("2,003.60", "2,003.58")
     assert fmt_pair(5.0, 5.0) == ("5", "5")
-    assert fmt_pair(0.01107, 0.0112, fmt_seconds, change) == ("11.07 ms", "11.2 ms")
+    assert fmt_pair(0.01107, 0.0112, fmt_seconds, change) == ("11.07 ms", "11.20 ms")
+    # at 3 digits, as any figure: no zero added; nor between two units
+    assert fmt_pair(0.00943, 0.0107, fmt_seconds) == ("9.43 ms", "10.7 ms")
+    assert fmt_pair(1.2, 0.9, fmt_seconds) == ("1.2 s", "900 ms")
     # at most six significant digits, however close
     assert fmt_pair(1.0, 1.0000001) == ("1", "1")
 
@@ -285,4 +291,4 @@ def test_a_cell_short_within_chance_writes_rates_that_give_its_shortfall() -> No
     behind = Pace(12.45, 11.24, False, "fell behind: ...", fell_behind=True, settled=True)
     near = Pace(12.40, 11.24, True, settled=True)
     (text,) = _behind_finding([_paced("fcfs", near), _paced("priority", behind)])
-    assert "`fcfs` (completed 11.24 req/s while 12.4 req/s were due, 9.4% short)" in text
+    assert "`fcfs` (completed 11.24 req/s while 12.40 req/s were due, 9.4% short)" in text
