@@ -23,7 +23,12 @@ from harness.cli.common import (
     trace_options,
 )
 from harness.cli.live import add_engine_options, live_target_spec
-from harness.cli.offline import add_profile_option, reference_config, reference_spec
+from harness.cli.offline import (
+    add_profile_option,
+    print_trace_notes,
+    reference_config,
+    reference_spec,
+)
 
 if TYPE_CHECKING:
     from harness.capacity import SearchResult, SearchSpec, Setting, SettingResult
@@ -122,9 +127,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if not args.scenario:  # (a scenario refuses every trace flag but --trace)
         _refuse_arrival_options(args, spec)
     settings, name, out, baseline, every = _settings(args, spec)
+    notes: dict[str, tuple[str, ...]] = {}  # each setting's trace notes, for the headline
     for setting in settings:  # trace errors before any probe runs
         try:
-            setting.plan.trace_at(spec.kind, spec.start)
+            notes[setting.name] = setting.plan.trace_at(spec.kind, spec.start).notes
         except ValueError as exc:
             raise UserError(str(exc)) from None
     if getattr(args, "dry_run", False):
@@ -161,7 +167,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     try:  # one search at a time in --out, its report included (a second is refused at once)
         with holding_dir(out):
-            return _search_and_report(args, settings, spec, out, name, baseline, every)
+            return _search_and_report(args, settings, spec, out, name, baseline, every,
+                                      notes)
     except RunDirError as exc:
         raise UserError(str(exc)) from None
 
@@ -189,8 +196,9 @@ def _dry_run(args: argparse.Namespace, settings: list[Setting], spec: SearchSpec
 
 def _search_and_report(args: argparse.Namespace, settings: list[Setting], spec: SearchSpec,
                        out: Path, name: str, baseline: str | None,
-                       every: list[Setting]) -> int:
-    """The search of every setting, its table and its report; the exit status."""
+                       every: list[Setting], notes: dict[str, tuple[str, ...]]) -> int:
+    """The search of every setting, its table and its report; the exit status. ``notes``:
+    each setting's trace notes (``Trace.notes``), printed under the headline."""
     from harness.capacity import run_capacity
 
     slo_text = ", ".join(f"{k.removesuffix('_s').upper()} <= {v:g} s"
@@ -198,6 +206,7 @@ def _search_and_report(args: argparse.Namespace, settings: list[Setting], spec: 
     print(f"capacity search ({spec.kind}, SLO attainment >= {args.target:.1%} of requests "
           f"within {slo_text}, {spec.precision_text()}): {len(settings)} setting(s) into "
           f"{out}/", flush=True)
+    _print_trace_notes(notes)
     try:
         results = run_capacity(settings, spec, out, name=name, resume=args.resume,
                                baseline=baseline, command=command_line(), log=_log,
@@ -245,6 +254,21 @@ def _print_predicted(results: list[SettingResult], out: Path) -> None:
         print_predicted(config, names=names)
     if by_text or by_config:
         print(CAPACITY_CAVEAT)
+
+
+def _print_trace_notes(notes: dict[str, tuple[str, ...]]) -> None:
+    """What loading did to each setting's trace (requests dropped, clipped, rows skipped), as
+    ``simulate`` prints it; once when every setting's trace has the same notes, else under
+    the names of the settings whose trace has them. Notes on arrival times are left out:
+    each probe sets the arrivals itself, at its load."""
+    by_notes: dict[tuple[str, ...], list[str]] = {}
+    for setting, its_notes in notes.items():
+        by_notes.setdefault(its_notes, []).append(setting)
+    if len(by_notes) == 1:
+        print_trace_notes(next(iter(by_notes)), arrivals=False)
+        return
+    for its_notes, names in by_notes.items():
+        print_trace_notes(its_notes, arrivals=False, of=f"{', '.join(names)}: ")
 
 
 def _log(text: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,6 +73,21 @@ def reference_config(args: argparse.Namespace) -> ReferenceConfig:
         return SimulatedTarget(reference_spec(args)).config()
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+# How the notes that describe a trace's arrivals begin (``harness.traces.options``): where a
+# run sets the arrivals itself (a closed loop, a capacity probe's load), they do not apply.
+ARRIVAL_NOTES = ("arrival times multiplied by", "arrivals synthesized:", "rate inf:")
+
+
+def print_trace_notes(notes: Sequence[str], *, arrivals: bool = True, of: str = "") -> None:
+    """What loading did to the trace (``Trace.notes``: requests dropped, clipped, rows skipped),
+    one ``note:`` line each on stdout, next to the figures they qualify, as ``trace info``
+    prints them. ``arrivals=False``: without the notes on arrival times (``ARRIVAL_NOTES``).
+    ``of``: what each line names before its note (the settings whose trace it is)."""
+    for note in notes:
+        if arrivals or not note.startswith(ARRIVAL_NOTES):
+            print(f"note: {of}{note}", flush=True)
 
 
 # ---------------------------------------------------------------- trace info
@@ -227,6 +243,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     print_headline(summary)
+    # what loading changed: the figures above are of these requests only
+    print_trace_notes(trace.notes, arrivals=closed_loop is None)
     print_failures(summary, str(out))
     print_behind(str(out))
     print_predicted(config, headline=True)
@@ -269,7 +287,8 @@ def add_costmodel(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    "else h100-sxm)")
     add_profile_option(p)
     p.add_argument("--context-len", type=int, default=1024,
-                   help="tokens each request holds during the decode step (default 1024)")
+                   help="tokens each request holds during the decode step (default 1024; at "
+                   "most the max model length - 2, the most a request of simulate holds)")
     add_knob_flags(p, only=COSTMODEL_KNOBS)
 
 
@@ -280,12 +299,28 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
         raise UserError(f"--context-len: must be a positive integer, got {args.context_len}")
     try:
         config = reference_config(args)  # the configuration simulate would use
+        _check_context_len(config, args.context_len)
         print(costmodel_report(config, args.context_len))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     print()
     print_predicted(config)
     return 0
+
+
+def _check_context_len(config: ReferenceConfig, context_len: int) -> None:
+    """Refuse a context no request of ``simulate`` reaches. A request of prompt + output <=
+    max_model_len tokens (what the engine accepts) holds KV for at most max_model_len - 1 of
+    them (the last token sampled is never fed back), and a decode step adds the KV of one
+    token to the ``context_len`` held: ``context_len + 1 <= max_model_len - 1``."""
+    max_len = config.resolved_max_model_len
+    if context_len > max_len - 2:
+        raise UserError(
+            f"--context-len: expected at most {max_len - 2}, got {context_len}: "
+            f"{config.model}'s max_model_len is {max_len} tokens (prompt + output), the "
+            f"longest request `batchlab simulate` runs, and its last decode step holds "
+            f"{max_len - 2} of them (the step adds one; the last token sampled is never fed "
+            "back)")
 
 
 # ---------------------------------------------------------------- serve

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -47,13 +48,29 @@ def compose(text: str, file: str) -> Node | None:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         problem = exc.problem or exc.context or "invalid YAML"
-        raise ScenarioError(file, line, "", f"invalid YAML: {problem}") from None
+        raise ScenarioError(file, line, "", f"invalid YAML: {problem}{_started(exc, line)}"
+                            ) from None
     except yaml.YAMLError as exc:
         raise ScenarioError(file, None, "", f"invalid YAML: {exc}") from None
     except RecursionError:
         raise ScenarioError(file, None, "", "invalid YAML: nested too deeply") from None
     finally:
         loader.dispose()
+
+
+def _started(exc: yaml.MarkedYAMLError, line: int | None) -> str:
+    """Where the construct that the error broke began, when on another line than the error:
+    an unclosed ``[`` is noticed only at the next line's ``:``. PyYAML's context says what it
+    was reading ("while parsing a flow sequence"), its context mark where that began."""
+    if not (exc.problem and exc.context and exc.context_mark is not None):
+        return ""  # the context is the message already, or there is none
+    started = exc.context_mark.line + 1
+    if started == line:
+        return ""
+    what = re.fullmatch(r"while (?:parsing|scanning) an? (.+)", exc.context)
+    if what is None:
+        return f" ({exc.context}, from line {started})"
+    return f" (in the {what.group(1)} that starts on line {started})"
 
 
 def check_expanded_size(root: yaml.Node, file: str, limit: int = MAX_EXPANDED_NODES) -> int:
