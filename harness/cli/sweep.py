@@ -5,18 +5,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.cli.common import (
     EXIT_FAILURE,
     UserError,
     add_subparser,
+    fmt_s,
     fraction,
     holding_folder,
     refuse_in_writing,
     too_many_failed,
 )
 from harness.results import SUMMARY_FILE, read_summary
+
+if TYPE_CHECKING:
+    from harness.scenario.status import CellOutcome
 
 
 def add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -75,6 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "them, and the same command with --resume runs the others") from None
     except (ScenarioError, RunDirError) as exc:
         raise UserError(str(exc)) from None
+    _print_cells(result.outcomes)
     too_many = []
     for outcome in result.outcomes:
         if outcome.state == "failed":
@@ -87,6 +94,47 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"cell {outcome.name}: {why}", file=sys.stderr)
     print(f"report: {result.report}")
     return EXIT_FAILURE if result.num_failed or too_many else 0
+
+
+def _print_cells(outcomes: Sequence[CellOutcome]) -> None:
+    """Each cell's answer in a few figures, on stdout before the report's path, so that a
+    terminal or a nightly job's log shows them: output tok/s, TTFT and TPOT p90, SLO
+    attainment, and whether the engine kept pace with its arrivals; the cells whose figures
+    are predicted are named once under the table. The report says the rest."""
+    from harness.manifest import read_manifest
+    from harness.metrics import attainment_text
+    from harness.results import run_pace
+
+    rows, predicted = [], []
+    for o in outcomes:
+        if o.state not in ("done", "skipped") or o.run_dir is None:
+            rows.append([o.name, o.state.replace("_", " "), "", "", "", "", ""])
+            continue
+        summary = read_summary(o.run_dir / SUMMARY_FILE)
+        manifest = read_manifest(o.run_dir)
+        good = (summary.get("goodput") or {}).get("slo_attainment")
+        pace = run_pace(o.run_dir, summary, manifest)
+        kept = ("–" if pace is None else "yes" if pace.kept
+                else "fell behind" if pace.fell_behind else "not known")
+        tp = (summary.get("throughput") or {}).get("output_tokens_per_s")
+        rows.append([o.name, "done" if o.state == "done" else "earlier run",
+                     f"{tp:,.0f}" if isinstance(tp, (int, float)) else "–",
+                     fmt_s((summary.get("ttft_s") or {}).get("p90")),
+                     fmt_s((summary.get("tpot_s") or {}).get("p90")),
+                     attainment_text(good) if good is not None else "–", kept])
+        if summary.get("prediction"):
+            predicted.append(o.name)
+    if not rows:
+        return
+    head = ["cell", "state", "output tok/s", "TTFT p90", "TPOT p90", "SLO met", "kept pace"]
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
+        print("  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w)
+                        for i, (v, w) in enumerate(zip(r, widths, strict=True))).rstrip())
+    if predicted:
+        whose = "every cell" if len(predicted) == len(rows) else ", ".join(predicted)
+        print(f"predicted: {whose} (by the reference engine; how accurate such predictions "
+              "were measured to be: the report's \"How accurate the predictions are\")")
 
 
 def add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,0 +1,42 @@
+"""`batchlab run` prints each cell's answer before the report's path: a terminal or a nightly
+job's log used to show nothing but that path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_run_prints_each_cells_figures_and_that_they_are_predicted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(REPO / "scenarios" / "quickstart.yaml"), "--out",
+                 str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == ["cell", "state", "output", "tok/s", "TTFT", "p90", "TPOT",
+                                "p90", "SLO", "met", "kept", "pace"]
+    rows = {line.split()[0]: line for line in lines[1:4]}
+    assert set(rows) == {"static", "continuous", "continuous-chunked"}
+    for name, line in rows.items():  # the figures are those of the cell's summary.json
+        summary = json.loads((tmp_path / "quickstart" / name / "summary.json").read_text())
+        tok_s = summary["throughput"]["output_tokens_per_s"]
+        assert f" {tok_s:,.0f} " in line, line
+    assert rows["static"].endswith("fell behind")  # static batching cannot keep up here
+    assert rows["continuous"].endswith("yes")
+    assert lines[4].startswith("predicted: every cell (by the reference engine")
+    assert lines[-1] == f"report: {tmp_path / 'quickstart' / 'report.md'}"
+
+
+def test_a_cell_that_did_not_run_is_a_row_without_figures(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(REPO / "scenarios" / "quickstart.yaml"), "--out", str(tmp_path),
+                 "--only", "static"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:4]}
+    assert rows["continuous"] == ["not", "run"] and rows["continuous-chunked"] == ["not", "run"]
+    assert lines[4].startswith("predicted: static (by the reference engine")
