@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import dataclasses
 import math
+import os
 import re
 import sys
 import textwrap
@@ -99,12 +100,19 @@ def _without_values(message: str) -> str:
         extras = message.split(":", 1)[1].split()
         names = [a.split("=", 1)[0] for a in extras if a.startswith("-")]
         # a word right after an unknown flag is that flag's value; others stand alone
-        values = sum(1 for i, a in enumerate(extras) if not a.startswith("-")
-                     and not (i and extras[i - 1].startswith("-") and "=" not in extras[i - 1]))
+        alone = [a for i, a in enumerate(extras) if not a.startswith("-")
+                 and not (i and extras[i - 1].startswith("-") and "=" not in extras[i - 1])]
+        # a path to a file or folder is shown (no secret is one): a trace given without
+        # --trace is the usual slip
+        paths = [a for a in alone if os.path.exists(a)]
+        values = len(alone) - len(paths)
         hidden = (f"{values} value{'s' if values != 1 else ''} not shown: a word where none "
                   "was expected (a flag that takes no value, such as --chunked-prefill or "
                   "--no-report, given one?)") if values else ""
-        return "unrecognized arguments: " + "; ".join(p for p in (" ".join(names), hidden) if p)
+        files = (f"{' '.join(paths)}: a path where none was expected (a trace is given as "
+                 "--trace FILE)") if paths else ""
+        return "unrecognized arguments: " + "; ".join(
+            p for p in (" ".join(names), files, hidden) if p)
     message = re.sub(r"invalid (\S+) value: .*", r"invalid \1 value", message)
     return re.sub(r"invalid choice: .*? \(choose", "invalid choice (choose", message)
 

@@ -4,6 +4,7 @@ unset knobs never refused, and errors that never echo a value."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -88,6 +89,21 @@ def test_a_stray_value_is_counted_not_shown(capsys: pytest.CaptureFixture[str]) 
     err = capsys.readouterr().err
     assert "unrecognized arguments: 1 value not shown: a word where none was expected" in err
     assert "s3cret" not in err
+
+
+def test_a_stray_path_is_named_with_where_a_trace_goes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`batchlab trace info FILE` (no --trace) was told "1 value not shown: a flag that takes
+    no value given one?", which hid the path and guessed the wrong slip."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["trace", "info", str(trace), "s3cret"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert (f"unrecognized arguments: {trace}: a path where none was expected (a trace is "
+            "given as --trace FILE); 1 value not shown") in err
+    assert "s3cret" not in err  # a word that is no path is still not shown
 
 
 def test_gpu_is_never_read_as_gpu_memory_utilization() -> None:
