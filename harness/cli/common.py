@@ -433,9 +433,13 @@ def fmt_s(value: float | None) -> str:
 
 
 def print_headline(summary: dict[str, Any]) -> None:
+    """The run's figures in one line, marked "predicted:" when they are (its summary's
+    ``prediction``: a simulated run, or the reference engine served), so that the first line
+    alone says so; then the SLO attainment."""
     tp = summary["throughput"]
     print(
-        f"{summary['num_completed']}/{summary['num_requests']} requests completed in "
+        ("predicted: " if summary.get("prediction") else "")
+        + f"{summary['num_completed']}/{summary['num_requests']} requests completed in "
         f"{summary['duration_s']:.1f} s; {tp['output_tokens_per_s']:.0f} output tok/s; "
         f"TTFT p50 {fmt_s(summary['ttft_s']['p50'])} p99 {fmt_s(summary['ttft_s']['p99'])}; "
         f"TPOT p50 {fmt_s(summary['tpot_s']['p50'])} p99 {fmt_s(summary['tpot_s']['p99'])}; "

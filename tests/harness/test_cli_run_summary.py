@@ -40,3 +40,13 @@ def test_a_cell_that_did_not_run_is_a_row_without_figures(
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:4]}
     assert rows["continuous"] == ["not", "run"] and rows["continuous-chunked"] == ["not", "run"]
     assert lines[4].startswith("predicted: static (by the reference engine")
+
+
+def test_simulates_first_line_says_its_figures_are_predicted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`batchlab simulate | head -1` showed figures with nothing to say they are predictions
+    (the line saying so came two lines later)."""
+    assert main(["simulate", "--trace", str(REPO / "harness" / "data" / "azure_conv_excerpt.csv"),
+                 "--limit", "20", "--no-report", "--out", str(tmp_path / "sim")]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("predicted: 20/20 requests completed in ")
