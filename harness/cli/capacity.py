@@ -7,6 +7,7 @@ import contextlib
 import math
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,8 @@ def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = add_subparser(
         sub, "capacity",
         help="find the highest request rate (or concurrency) each setting serves within SLO",
-        description="For each engine × knob setting, find the highest request rate (or number "
+        description=textwrap.fill(  # the raw formatter keeps the examples' lines; not this
+        "For each engine × knob setting, find the highest request rate (or number "
         "of closed-loop users) at which SLO attainment (requests meeting every SLO / requests "
         "sent) stays at or above --target. The search brackets the answer (doubling or halving "
         "the load), then bisects to --precision. Every probe is a recorded run folder; a probe "
@@ -56,7 +58,8 @@ def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "search.json lists the probes, bracket, result and precision; OUT/report.md draws the "
         "throughput-latency curves and the capacity table. With a scenario file its engines × "
         "grid are searched (its load points are replaced by the search); without one, the "
-        "simulated reference engine of the knob flags, or --engine NAME live.",
+        "simulated reference engine of the knob flags, or --engine NAME live.", width=79,
+        break_on_hyphens=False),
         epilog="examples:\n"
         "  batchlab capacity scenarios/batch-size.yaml --search rate --slo tpot_s=0.02,"
         "ttft_s=1\n"
@@ -64,7 +67,11 @@ def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "      --max-num-seqs 64 --slo ttft_s=0.5,tpot_s=0.03 --out reports/capacity\n"
         "  batchlab capacity --trace synthetic --num-requests 400 --prompt-tokens 512 \\\n"
         "      --output-tokens 128 --search concurrency --start 8 --slo ttft_s=1,tpot_s=0.05\n"
-        "  batchlab capacity scenarios/batch-size.yaml --resume     # after an interruption",
+        "  batchlab capacity scenarios/batch-size.yaml --resume     # after an interruption\n"
+        "\n"
+        "exit status: 0 when every setting's search ran to an answer: a capacity, or a bound\n"
+        "  (the status column: at_least_max, max_probes, ... say why no load failed); 1 when\n"
+        "  a setting's search could not run (its engine did not start, ...); 2 for bad input",
         formatter_class=RawDescriptionFormatter,
     )
     p.add_argument("scenario", nargs="?", metavar="SCENARIO.yaml",
@@ -450,20 +457,23 @@ def _print_table(results: list[SettingResult], spec: SearchSpec) -> None:
 
     unit = LOAD_UNITS[spec.kind]
     width = max([len(r.setting.name) for r in results] + [7])
-    print(f"{'setting':<{width}}  {'capacity':>10}  bracket (pass .. fail)     probes  status")
+    head = f"capacity ({unit})"
+    col = max(10, len(head))
+    print(f"{'setting':<{width}}  {head:>{col}}  bracket (pass .. fail)     probes  status")
     for r in results:
         earlier = " (earlier search, not run now)" if r.earlier else ""
         if r.result is None:
-            print(f"{r.setting.name:<{width}}  {'–':>10}  {'':<25} {'':>6}  failed: "
+            print(f"{r.setting.name:<{width}}  {'–':>{col}}  {'':<25} {'':>6}  failed: "
                   f"{r.error}{earlier}")
             continue
         res = r.result
         bound = status_bound(res.status)
         value = res.failing if bound == "<" else res.capacity
         cap = "–" if value is None else ("" if bound == "=" else f"{bound} ") + f"{value:g}"
+        cap = f"{cap:>{col}}"
         bracket = (f"{'–' if res.passing is None else f'{res.passing:g}'} .. "
                    f"{'–' if res.failing is None else f'{res.failing:g}'} {unit}")
-        print(f"{r.setting.name:<{width}}  {cap:>10}  {bracket:<25} {len(res.probes):>6}  "
+        print(f"{r.setting.name:<{width}}  {cap}  {bracket:<25} {len(res.probes):>6}  "
               f"{res.status}{_stopped_by(res)}{earlier}")
 
 

@@ -50,3 +50,18 @@ def test_simulates_first_line_says_its_figures_are_predicted(
                  "--limit", "20", "--no-report", "--out", str(tmp_path / "sim")]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("predicted: 20/20 requests completed in ")
+
+
+def test_capacitys_table_names_its_unit_and_its_help_the_exit_statuses(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["capacity", "--help"])
+    assert "exit status: 0 when every setting's search ran to an answer" in \
+        capsys.readouterr().out
+    assert main(["capacity", "--trace", str(REPO / "harness" / "data" / "azure_conv_excerpt.csv"),
+                 "--limit", "100", "--max-probes", "2", "--slo", "ttft_s=1",
+                 "--out", str(tmp_path / "cap")]) == 0
+    out = capsys.readouterr().out
+    [head] = [line for line in out.splitlines() if line.startswith("setting ")]
+    assert head.split() == ["setting", "capacity", "(req/s)", "bracket", "(pass", "..",
+                            "fail)", "probes", "status"]
