@@ -663,6 +663,12 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
     # gives fewer keys than a simulated run's configuration)
     config = {k: v for k, v in _changed(b_config, a_config).items()
               if k not in knobs and k in b_config and k in a_config}
+    # a setting derived from one said to differ above (a knob, or another key here) is not
+    # said again: it is that change's consequence, not a second one
+    listed = {CONFIG_NAMES.get(k, k) for k in knobs} | set(config)
+    config = {k: v for k, v in config.items()
+              if not (listed & DERIVED_CONFIG.get(k, set())
+                      and not any(_given(c, k) for c in (before, after)))}
     if config:
         out.append(Difference(cell, "engine_config", {k: b for k, (b, _) in config.items()},
                               {k: a for k, (_, a) in config.items()},
@@ -689,6 +695,31 @@ def differences(cell: str, before: CellResult, after: CellResult) -> list[Differ
                 f"{fmt_seconds(get(c.summary, 'send_lag_s.p99'))}): its latencies include the "
                 "client's own delay"))
     return out
+
+
+# The reference engine's configuration keys (``ReferenceConfig.as_dict``) that the settings
+# named derive, unless given (``_given``): num_gpu_blocks is what the GPU's memory
+# x gpu_memory_utilization leaves after the weights and the activations of the largest step
+# (``CostModel.kv_budget``: max_num_batched_tokens tokens, fp32 logits for max_num_seqs
+# sequences, a fixed reserve from the cost model), in blocks of block_size tokens.
+DERIVED_CONFIG: dict[str, set[str]] = {
+    "num_gpu_blocks": {"model", "gpu", "tp", "weights_dtype", "kv_cache_dtype", "block_size",
+                       "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs",
+                       "cost_model_digest"},
+}
+CONFIG_NAMES = {"tensor_parallel_size": "tp"}  # a knob's name where the configuration's differs
+
+
+def _given(c: CellResult, key: str) -> bool:
+    """Whether the run was given ``key`` rather than deriving it: its scenario engine's
+    setting (``cell.json``), or the option on ``simulate``'s command line."""
+    engine = c.cell.get("engine")
+    if isinstance(engine, Mapping) and engine.get(key) is not None:
+        return True
+    command = c.manifest.get("command")
+    flag = "--" + key.replace("_", "-")
+    return isinstance(command, list) and any(
+        isinstance(arg, str) and (arg == flag or arg.startswith(flag + "=")) for arg in command)
 
 
 # A live run's replay settings that change the load an engine sees or what is measured: a
@@ -755,10 +786,20 @@ def _short(value: Any) -> str:
 
 
 def render_text(comparison: Comparison) -> str:
-    """The comparison as CI logs show it: one line per cell and metric, then what was added,
-    removed or not compared, and the checks' outcome. Warnings are ``warning_lines``."""
-    lines = [f"before: {comparison.before}", f"after:  {comparison.after}",
-             f"a change within {comparison.same_within_pct:g}% is \"same\"", ""]
+    """The comparison as CI logs show it: ``header_lines``, then ``render_body``. Warnings are
+    ``warning_lines``: ``batchlab compare`` prints them between the two."""
+    return "\n".join([*header_lines(comparison), render_body(comparison)])
+
+
+def header_lines(comparison: Comparison) -> list[str]:
+    """The two folders compared."""
+    return [f"before: {comparison.before}", f"after:  {comparison.after}"]
+
+
+def render_body(comparison: Comparison) -> str:
+    """One line per cell and metric, then what was added, removed or not compared, and the
+    checks' outcome."""
+    lines = [f"a change within {comparison.same_within_pct:g}% is \"same\"", ""]
     limits: dict[str, list[float]] = {}  # each metric's, --fail-if given more than once
     for c in comparison.checks:
         limits.setdefault(c.metric.name, []).append(c.max_worse_pct)

@@ -92,8 +92,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         Check,
         CompareError,
         compare,
+        header_lines,
         metric_named,
-        render_text,
+        render_body,
         warning_lines,
     )
     from harness.results import write_json_atomic
@@ -111,9 +112,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          same_within_pct=same, only=only)
     except CompareError as exc:
         raise UserError(str(exc)) from None
-    print(render_text(result))
+    # why a regression may not be one comes before the table and the verdict it qualifies;
+    # flushed, so that a log of both streams (CI) keeps this order
+    print("\n".join(header_lines(result)), flush=True)
     for line in warning_lines(result):
-        print(f"warning: {line}", file=sys.stderr)
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+    print(render_body(result))
     if args.json:
         out = Path(args.json)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,6 +43,8 @@ from harness.targets import LiveTarget
 
 if TYPE_CHECKING:
     from harness.traces import Trace
+
+MAX_CELLS_SHOWN = 4  # cell folders a refusal to summarize a scenario's folder names
 
 
 def add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -384,12 +387,14 @@ def add_summarize(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def cmd_summarize(args: argparse.Namespace) -> int:
     from harness.live.rundir import rebuild_summary
     from harness.results import CHUNKS_FILE, REQUESTS_FILE, SUMMARY_FILE
+    from harness.scenario.schema import SCENARIO_FILE
     from harness.scenario.status import record_rewritten
 
     run_dir = Path(args.run_dir)
     slo = parse_slo(args.slo)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such folder")
+    _refuse_scenario_folder(run_dir)
     # a run, sweep or report writing the folder now: refused; held while it is rewritten
     with holding_folder(run_dir, "a summary"):
         try:
@@ -406,7 +411,37 @@ def cmd_summarize(args: argparse.Namespace) -> int:
             from harness.report import render_run_report
 
             print(f"report: {render_run_report(run_dir)}")
+    scenario_dir = run_dir.parent
+    if (scenario_dir / SCENARIO_FILE).is_file():  # its report quotes every cell's summary
+        print(f"the scenario's report ({scenario_dir / 'report.md'}) was not updated: "
+              f"`batchlab report {shlex.quote(str(scenario_dir))}` renders it again from its "
+              "cells' summaries")
     return 0
+
+
+def _refuse_scenario_folder(folder: Path) -> None:
+    """A scenario sweep's or capacity search's folder holds its cells' runs, not one of its
+    own: UserError naming what it is, with a few of its cell folders to summarize instead."""
+    from harness.runfolder import results_folder
+
+    found = results_folder(folder)
+    if found is None or found.kind not in ("scenario", "capacity", "search"):
+        return
+    cells = sorted(p.name for p in folder.iterdir() if _run_or_cell(p))
+    said = f"{folder}: {found.describe()}, not a run folder: summarize one of its cells"
+    if cells:
+        shown = ", ".join(shlex.quote(str(folder / name)) for name in cells[:MAX_CELLS_SHOWN])
+        more = (f" (and {len(cells) - MAX_CELLS_SHOWN} more)"
+                if len(cells) > MAX_CELLS_SHOWN else "")
+        said += f" instead, e.g. {shown}{more}"
+    raise UserError(said)
+
+
+def _run_or_cell(folder: Path) -> bool:
+    from harness.runfolder import results_folder
+
+    found = results_folder(folder)
+    return found is not None and found.kind in ("run", "cell")
 
 
 def _say_if_unfinished(run_dir: Path, summary: dict[str, Any]) -> None:
