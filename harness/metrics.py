@@ -113,21 +113,21 @@ class Pace:
         and each scenario cell ('' when it kept pace): one wording for all of them."""
         if not self.overloaded:
             return ""
-        waited = (f"those arriving last waited {_seconds(self.queue_growth_s or 0.0)} longer "
-                  "for a first token than the first")
-        after = ("so its queue grew for the whole run: TTFT and E2E are those of this trace's "
-                 "length, not of a steady state (`batchlab capacity` finds the load it keeps "
-                 "pace with)")
+        # the verdict first, then the evidence; what "due" means is in docs/metrics.md
+        head = ("the engine fell behind its arrivals, so TTFT and E2E are those of this "
+                "trace's length, not of a steady state (`batchlab capacity` finds the load it "
+                "keeps pace with): ")
+        waited = f"{_seconds(self.queue_growth_s or 0.0)} longer for a first token than the first"
         if not self.counted:  # requests that decode for longer than half of the arrivals
             # are counted on neither side: the wait is the evidence
-            return (f"the engine fell behind its arrivals: {waited}, over arrivals lasting "
-                    f"{_seconds(self.span_s or 0.0)} (too short to show a steady state, or to "
-                    f"count a rate over their second half), {after}")
-        grew = (f" (too short to show a steady state, yet {waited})" if self.swamped else "")
-        return (f"the engine fell behind its arrivals: over the second half of them it "
-                f"completed {self.completed_per_s:.3g} req/s while {self.due_per_s:.3g} "
-                f"req/s were due{grew} (due: arrival, plus the quickest wait for a first "
-                f"token, plus its own decode time; docs/metrics.md), {after}")
+            return (f"{head}those arriving last waited {waited}, over arrivals lasting "
+                    f"{_seconds(self.span_s or 0.0)} (too short to count a rate over their "
+                    "second half)")
+        grew = (f", those arriving last waiting {waited} (too short to show a steady state)"
+                if self.swamped else "")
+        return (f"{head}over the second half of them it completed {self.completed_per_s:.3g} "
+                f"req/s while {self.due_per_s:.3g} req/s were due{grew} (docs/metrics.md, "
+                "\"keeping pace\")")
 
 
 def _seconds(value_s: float) -> str:
