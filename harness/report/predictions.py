@@ -349,17 +349,26 @@ def kind_note_again(cells: Sequence[CellResult], kind: str, label: str, first: s
             f"under the {first} table above, the same figures ({ACCURACY_LINK}).", ""]
 
 
+def _predicted_whose(cells: Sequence[CellResult],
+                     report_cells: Sequence[CellResult] | None) -> str | None:
+    """The predicted cells among ``cells``: "every cell" when each of the report's
+    (``report_cells``, else ``cells``) is one, else their names; None when none is."""
+    names = _predicted_names(cells)
+    if not names:
+        return None
+    every = len(report_cells if report_cells is not None else cells)
+    return "every cell" if len(names) == every else ", ".join(names)
+
+
 def noted_elsewhere(cells: Sequence[CellResult], what: str, where: str, *,
                     report_cells: Sequence[CellResult] | None = None) -> list[str]:
     """Under a table that repeats figures other tables show with their accuracy notes (the
     batch-size table's TPOT and output tokens/s): that they are predicted, and where their
     measured error is said, rather than those notes again. ``report_cells`` as for
     ``unmeasured_note``. [] without a predicted cell."""
-    names = _predicted_names(cells)
-    if not names:
+    whose = _predicted_whose(cells, report_cells)
+    if whose is None:
         return []
-    every = len(report_cells if report_cells is not None else cells)
-    whose = "every cell" if len(names) == every else ", ".join(names)
     return [f"The {what} of {whose} are predicted, as in {where}, under which their measured "
             f"error is said ({ACCURACY_LINK}).", ""]
 
@@ -372,11 +381,9 @@ def unmeasured_note(cells: Sequence[CellResult], what: str, *,
     report's, when the table shows only some of them (a live cell whose engine counted no
     prefix-cache hits): "every cell" only when each of those is predicted, else the predicted cells
     by name. [] without a predicted cell."""
-    names = _predicted_names(cells)
-    if not names:
+    whose = _predicted_whose(cells, report_cells)
+    if whose is None:
         return []
-    every = len(report_cells if report_cells is not None else cells)
-    whose = "every cell" if len(names) == every else ", ".join(names)
     return [f"{what} of {whose} are predicted, and no published real-hardware figure of "
             f"their kind was ever compared with them: their error is not known "
             f"({ACCURACY_LINK}).", ""]
