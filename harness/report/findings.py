@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,7 +133,9 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
         out += tuning_findings(whole, ctx.slo, latency_stated=bool(batch))
         # cells that differ in scheduling policy, priority among them: what each class got is
         # the answer, and comes before the all-traffic comparisons it would otherwise follow
-        priority = _priority_findings(whole, bases, ctx)
+        # a capacity search's answer is its capacity load: what each class got there first
+        at_capacity = {r.cells[0] for r in capacity if r.source == "search" and r.cells}
+        priority = _priority_findings(whole, bases, ctx, first=at_capacity)
         policies = {knob(c, "policy") for c in whole}
         if priority and len(policies) > 1 and "priority" in policies:
             out += priority
@@ -1276,8 +1278,11 @@ def _batch_size_findings(cells: Sequence[CellResult], slo: Mapping[str, float] |
     return out
 
 
-def _priority_findings(cells: Sequence[CellResult], bases: Baselines, ctx: ReportContext
-                       ) -> list[str]:
+def _priority_findings(cells: Sequence[CellResult], bases: Baselines, ctx: ReportContext,
+                       *, first: Collection[str] = ()) -> list[str]:
+    """What each priority class got in a cell against its baseline, the largest differences
+    first; comparisons of a cell of another scheduling policy before others, and of the cells
+    named ``first`` (a capacity search's probes at its capacity) before all."""
     scored = []
     for c in cells:
         base = bases.of_cell(c)
@@ -1312,9 +1317,11 @@ def _priority_findings(cells: Sequence[CellResult], bases: Baselines, ctx: Repor
         if phrases:
             # A cell with another scheduling policy is what a per-class comparison is for.
             other_policy = knob(c, "policy") != knob(base, "policy")
-            scored.append((other_policy, _log_score(*ratios), f"Under {code(c.name)} rather "
-                           f"than {code(base.name)}: " + "; ".join(phrases) + "."))
-    scored.sort(key=lambda s: (not s[0], -s[1]))
+            at_first = c.name in first or base.name in first
+            scored.append(((at_first, other_policy), _log_score(*ratios), f"Under "
+                           f"{code(c.name)} rather than {code(base.name)}: "
+                           + "; ".join(phrases) + "."))
+    scored.sort(key=lambda s: (not s[0][0], not s[0][1], -s[1]))
     return [text for _, score, text in scored[:MAX_PRIORITY_FINDINGS] if score > 0]
 
 

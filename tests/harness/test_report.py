@@ -536,3 +536,30 @@ def test_a_class_worst_gap_is_named_when_it_moved_against_its_itl_p99(tmp_path: 
                                 ReportContext(title="t"))
     assert "ITL p99 rose from 58 ms to 226 ms, its worst token gap fell from 1.23 s to 377 ms" \
         in text
+
+
+def test_a_capacity_searchs_class_findings_start_at_its_capacity(tmp_path: Path) -> None:
+    """fcfs against priority, searched: the per-class findings compared the failing probes
+    (their gaps are larger) and never the capacity load, the search's answer."""
+    from harness.report.context import ReportContext
+    from harness.report.findings import _priority_findings
+    from harness.report.runs import CellResult
+
+    def cell(name: str, ttft0: float, ttft1: float) -> CellResult:
+        return CellResult(name, tmp_path / name, "done", summary={"by_priority": {
+            "0": {"ttft_s": {"p90": ttft0}}, "1": {"ttft_s": {"p90": ttft1}}}})
+
+    cells = [cell("fcfs/rate-8", 0.31, 0.29), cell("fcfs/rate-9.5", 1.38, 1.46),
+             cell("fcfs/rate-8.7", 0.68, 0.85), cell("fcfs/rate-8.4", 0.48, 0.54),
+             cell("priority/rate-8", 0.13, 0.36), cell("priority/rate-9.5", 0.2, 1.67),
+             cell("priority/rate-8.7", 0.17, 1.08), cell("priority/rate-8.4", 0.14, 0.66)]
+    by_name = {c.name: c for c in cells}
+    bases = Baselines(cells[0], {c.name: by_name[c.name.replace("priority", "fcfs")]
+                                 for c in cells}, per_load=True)
+    texts = _priority_findings(cells, bases, ReportContext(title="t"))
+    assert not any(t.startswith("Under `priority/rate-8` ") for t in texts)  # gaps largest
+    texts = _priority_findings(cells, bases, ReportContext(title="t"),
+                               first={"priority/rate-8", "fcfs/rate-8"})
+    assert texts[0] == ("Under `priority/rate-8` rather than `fcfs/rate-8`: class priority 0 "
+                        "TTFT p90 fell from 310 ms to 130 ms; class priority 1 TTFT p90 rose "
+                        "from 290 ms to 360 ms.")
