@@ -220,11 +220,9 @@ def _kinds_uncovered(prediction: Mapping[str, Any], kinds: list[str]) -> str:
     this GPU a100-80gb: their errors here were never measured", for the kinds among ``kinds``
     whose own figures are none of the run's model, GPU, weights dtype or KV-cache dtype ('' when
     there is none)."""
-    by_kind = prediction.get("coverage_by_kind")
     by_outside: dict[str, list[str]] = {}
     for kind in kinds:
-        entry = by_kind.get(kind) if isinstance(by_kind, Mapping) else None
-        outside = entry.get("outside") if isinstance(entry, Mapping) else None
+        outside = _kind_entry(prediction, kind).get("outside")
         if isinstance(outside, str) and outside:
             by_outside.setdefault(_predicate(outside), []).append(kind)
     text = ""
@@ -261,10 +259,20 @@ def kind_coverage_note(prediction: object, kind: str) -> str | None:
     note = coverage_note(prediction)
     if note is not None or not isinstance(prediction, Mapping):
         return note
+    kind_note = _kind_entry(prediction, kind).get("note")
+    return kind_note if isinstance(kind_note, str) and kind_note else None
+
+
+def _kind_entry(prediction: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    """A record's ``coverage_by_kind`` entry of ``kind`` ({} when it has none)."""
     by_kind = prediction.get("coverage_by_kind")
     entry = by_kind.get(kind) if isinstance(by_kind, Mapping) else None
-    kind_note = entry.get("note") if isinstance(entry, Mapping) else None
-    return kind_note if isinstance(kind_note, str) and kind_note else None
+    return entry if isinstance(entry, Mapping) else {}
+
+
+# said after "none of them" of a record that does not say what its figures are not of apart
+# from its note (an older batchlab's)
+OUTSIDE_NOT_SAID = "is of its model, GPU and data types all at once"
 
 
 def coverage_outside(prediction: object, kind: str) -> str | None:
@@ -274,11 +282,8 @@ def coverage_outside(prediction: object, kind: str) -> str | None:
     cover the run, or the record (an older batchlab's) does not say it apart from its note."""
     if not isinstance(prediction, Mapping) or kind_coverage_note(prediction, kind) is None:
         return None
-    outside: object = prediction.get("coverage_outside")
-    if coverage_note(prediction) is None:
-        by_kind = prediction.get("coverage_by_kind")
-        entry = by_kind.get(kind) if isinstance(by_kind, Mapping) else None
-        outside = entry.get("outside") if isinstance(entry, Mapping) else None
+    outside = (prediction.get("coverage_outside") if coverage_note(prediction) is not None
+               else _kind_entry(prediction, kind).get("outside"))
     return _predicate(outside) if isinstance(outside, str) and outside else None
 
 
@@ -291,11 +296,8 @@ def coverage_notes(prediction: object, kind: str | None = None) -> list[str]:
     whole = coverage_note(prediction) if kind is None else kind_coverage_note(prediction, kind)
     if whole is None or not isinstance(prediction, Mapping):
         return []
-    each: object = prediction.get("coverage_each")
-    if kind is not None and coverage_note(prediction) is None:
-        by_kind = prediction.get("coverage_by_kind")
-        entry = by_kind.get(kind) if isinstance(by_kind, Mapping) else None
-        each = entry.get("each") if isinstance(entry, Mapping) else None
+    each = (prediction.get("coverage_each") if kind is None or coverage_note(prediction)
+            is not None else _kind_entry(prediction, kind).get("each"))
     if isinstance(each, list) and each and all(isinstance(n, str) and n for n in each):
         return list(each)
     return [whole]

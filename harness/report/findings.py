@@ -24,6 +24,7 @@ from typing import Any
 
 from harness.metrics import PACE_TOLERANCE, Pace, flatten
 from harness.prediction import (
+    OUTSIDE_NOT_SAID,
     accuracy,
     coverage_outside,
     kind_coverage_note,
@@ -69,6 +70,7 @@ from harness.report.predictions import (
     margin_caveat,
     predicted_settings,
     predictor,
+    short_of_error,
 )
 from harness.report.runs import (
     CellResult,
@@ -644,9 +646,8 @@ class _Margin:
         out = []
         for outside, names in groups.items():
             its = "their" if len(names) > 1 else "its"
-            why = (f"none of them {outside}" if outside
-                   else "none of them is of its model, GPU and data types all at once")
-            out.append((names, f"on figures like {its} own ({why})"))
+            out.append((names, f"on figures like {its} own (none of them "
+                                f"{outside or OUTSIDE_NOT_SAID})"))
         return out
 
 
@@ -1430,13 +1431,10 @@ def _clear_of_error(meeting: Sequence[CellResult], best: CellResult, tpot_slo: f
     """When ``best`` meets a TPOT SLO by less than its prediction's measured error, the largest
     cap that meets it by more ("; `x` (max_num_seqs 16: TPOT p90 9.02 ms, 1,850 tok/s) is the
     largest within it by more than that error"), or that none is; '' otherwise."""
-    tpot = get(best.summary, "tpot_s.p90")
-    if not margin_caveat(best, tpot, tpot_slo, "TPOT/ITL").startswith("; predicted, and only"):
+    error = short_of_error(best, get(best.summary, "tpot_s.p90"), tpot_slo, "TPOT/ITL")
+    if error is None:
         return ""  # measured, clear of the error, or an error not known: nothing to weigh
-    found = recorded_prediction(best.manifest.get("engine"))
-    acc = accuracy(found[0]) if found is not None and found[0] is not None else None
-    error = acc.by_kind.get("TPOT/ITL") if acc is not None else None
-    by = f"the {fmt_pct(error.median)} median error" if error and error.median else "that error"
+    by = f"the {fmt_pct(error.median)} median error"
     clear = [c for c in meeting if c is not best and not margin_caveat(
         c, get(c.summary, "tpot_s.p90"), tpot_slo, "TPOT/ITL")]
     if not clear:

@@ -13,9 +13,11 @@ from typing import Any
 from harness.prediction import (
     KINDS,
     MEASURED_STATISTICS,
+    OUTSIDE_NOT_SAID,
     SERVED,
     UNMEASURED_KINDS,
     Accuracy,
+    Errors,
     accuracy,
     coverage_note,
     coverage_notes,
@@ -453,6 +455,21 @@ def _slo_latencies(slo: Mapping[str, Any] | None, cells: Sequence[CellResult]) -
     return named or list(_SLO_LATENCIES.values())
 
 
+def short_of_error(c: CellResult, value: float, limit: float, kind: str) -> Errors | None:
+    """The measured error of ``kind`` that a predicted cell's ``value``, within ``limit``, is
+    within it by less than (its median): the case ``margin_caveat`` says "and only ... within
+    the limit" of. None for a measured cell, an error not known or not measured on figures
+    like the cell's, or a margin at least that error."""
+    found = recorded_prediction(c.manifest.get("engine"))
+    if found is None or limit <= 0 or kind_coverage_note(found[0], kind):
+        return None
+    acc = accuracy(found[0])
+    error = acc.by_kind.get(kind) if acc is not None else None
+    if error is None or error.median is None or 1 - value / limit >= error.median:
+        return None
+    return error
+
+
 def margin_caveat(c: CellResult, value: float, limit: float, kind: str) -> str:
     """A phrase for a finding that a predicted figure of ``kind`` (one of ``KINDS``) is within
     ``limit``: when the margin is smaller than that kind's measured median error, the finding
@@ -470,7 +487,7 @@ def margin_caveat(c: CellResult, value: float, limit: float, kind: str) -> str:
         outside = coverage_outside(record, kind)
         return (f"; predicted, {fmt_pct(margin)} within the limit, with an error never "
                 f"measured on predicted {kind} figures like its own (none of them "
-                f"{outside or 'is of its model, GPU and data types all at once'})")
+                f"{outside or OUTSIDE_NOT_SAID})")
     if error is None or error.median is None:
         return (f"; predicted, {fmt_pct(margin)} within the limit, with an error "
                 f"{_unknown_error_text(record, acc, kind)}")
