@@ -474,10 +474,57 @@ def print_predicted(config: ReferenceConfig, *, names: Sequence[str] = (),
 def _print_prediction(whose: str, record: object, by: str, *, headline: bool) -> None:
     from harness.prediction import headline_caveat, prediction_text
 
-    print(whose + prediction_text(record, by=by), flush=True)
     caveat = headline_caveat(record) if headline else None
-    if caveat is not None:
-        print(caveat, flush=True)
+    lines = prediction_lines(whose + prediction_text(record, by=by))
+    print("\n".join([*lines, *([f"  {caveat}"] if caveat is not None else [])]), flush=True)
+
+
+BY_KIND = "by kind of figure: "
+
+
+def prediction_lines(text: str) -> list[str]:
+    """``prediction_text`` laid out for a terminal: the report's one sentence, a clause per
+    line. The first line says what predicted the figures; each clause after a top-level "; "
+    is indented under it, and the errors by kind of figure one per line::
+
+        figures above: predicted by the reference engine with profile vllm-h100-sxm
+          on 8 published figures its fit never saw, it missed by a median 23.4% (...)
+          by kind of figure:
+            throughput 16.4% (worst 404.6%) of 133 from 8 sources (116 of 133 predicted high)
+            TTFT 31.9% (worst 58.0%) of 29 from 3 sources (28 of 29 predicted low)
+
+    Nothing is reworded: joined back with "; " (and ", "), the lines are the sentence."""
+    first, *rest = _top_level_split(text, "; ")
+    lines = [first]
+    for clause in rest:
+        if clause.startswith(BY_KIND):
+            lines.append("  " + BY_KIND.rstrip())
+            lines.extend("    " + part
+                         for part in _top_level_split(clause[len(BY_KIND):], ", "))
+        else:
+            lines.append("  " + clause)
+    return lines
+
+
+def _top_level_split(text: str, sep: str) -> list[str]:
+    """``text`` split at each ``sep`` outside parentheses."""
+    parts: list[str] = []
+    depth = start = 0
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth = max(depth - 1, 0)
+        elif depth == 0 and text.startswith(sep, i):
+            parts.append(text[start:i])
+            start = i + len(sep)
+            i = start
+            continue
+        i += 1
+    parts.append(text[start:])
+    return parts
 
 
 def print_failures(summary: dict[str, Any], run_dir: str | None = None) -> None:

@@ -17,6 +17,7 @@ from adapters.reference.cost_model import (
 )
 from adapters.reference.prediction import catalog_accuracy, prediction_record
 from harness.cli import main
+from harness.cli.common import prediction_lines
 from harness.prediction import KINDS, MEASURED_STATISTICS, SERVED, prediction_text
 from harness.published.profiles import read_profile, write_profile
 from harness.published.rows import METRIC_KINDS, METRICS
@@ -269,19 +270,23 @@ def test_a_live_cell_of_a_real_engine_is_not_a_prediction() -> None:
 def test_the_command_line_says_its_figures_are_predicted(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = _with_profile(model="llama-3.1-8b", gpu="h100-sxm", profile="vllm-h100-sxm")
-    expected = "figures above: " + prediction_text(prediction_record(config))
+    expected = prediction_lines("figures above: " + prediction_text(prediction_record(config)))
+    assert expected[0] == ("figures above: predicted by the reference engine with profile "
+                           "vllm-h100-sxm")
     assert main(["costmodel", "--profile", "vllm-h100-sxm"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == expected
+    assert capsys.readouterr().out.splitlines()[-len(expected):] == expected
     assert main(["simulate", "--trace", str(EXCERPT), "--limit", "5", "--profile",
                  "vllm-h100-sxm", "--out", str(tmp_path / "run"), "--no-report"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    caveat = (f"that accuracy was measured on {MEASURED_STATISTICS}: no predicted p99, "
+    caveat = (f"  that accuracy was measured on {MEASURED_STATISTICS}: no predicted p99, "
               "preemption count or SLO attainment was ever compared with a published figure")
-    assert lines[lines.index(expected) + 1] == caveat
+    start = lines.index(expected[0])
+    assert lines[start:start + len(expected) + 1] == [*expected, caveat]
     # summarize printed a simulated run's figures again with no word of prediction
     assert main(["summarize", str(tmp_path / "run"), "--slo", "ttft_s=0.05"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[lines.index(expected) + 1] == caveat
+    start = lines.index(expected[0])
+    assert lines[start:start + len(expected) + 1] == [*expected, caveat]
 
 
 def test_a_profile_states_its_error_for_each_kind_of_figure() -> None:

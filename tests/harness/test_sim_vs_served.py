@@ -94,7 +94,7 @@ def test_a_replay_against_the_served_reference_is_labelled_predicted(
     out = capsys.readouterr().out
     assert ("figures above: predicted by the reference engine served over HTTP (step times "
             "from its cost model; HTTP and client time measured) with the catalog's datasheet "
-            "coefficients; on ") in out
+            "coefficients\n  on ") in out
     assert main(["simulate", *small, "--no-report", "--out", str(tmp_path / "sim")]) == 0
     engine = json.loads((tmp_path / "served" / "manifest.json").read_text())["engine"]
     assert engine["mode"] == "attach" and engine["version_probe"]["body"]["prediction"]
