@@ -161,3 +161,19 @@ def test_the_headline_does_not_round_an_attainment_up(capsys: pytest.CaptureFixt
                     "tpot_s": latency, "num_preemptions": 0, "slo": {"ttft_s": 0.5},
                     "goodput": {"slo_attainment": 2999 / 3000, "requests_per_s": 299.9}})
     assert "99.96% of requests met it" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("rate", "said"), [(1.889, "1.89"), (6.4, "6.4"), (1243.4, "1,240")])
+def test_the_headline_writes_throughput_as_the_report_does(
+        capsys: pytest.CaptureFixture[str], rate: float, said: str) -> None:
+    """A low rate printed as a whole number (2 for 1.889) differed from summary.json and the
+    report's throughput table by 6%: the headline writes it with the report's digits."""
+    from harness.cli.common import print_headline
+    from harness.report.format import fmt_number
+
+    latency = {"p50": 0.01, "p99": 0.02}
+    print_headline({"num_requests": 3, "num_completed": 3, "duration_s": 10.0,
+                    "throughput": {"output_tokens_per_s": rate}, "ttft_s": latency,
+                    "tpot_s": latency, "num_preemptions": 0})
+    assert f"; {said} output tok/s;" in capsys.readouterr().out
+    assert fmt_number(rate) == said
