@@ -237,6 +237,19 @@ def _queue_growth(arrival: np.ndarray, first_token_s: np.ndarray | None, ok: np.
 SLO_KEYS = ("ttft_s", "tpot_s", "e2e_s")
 
 
+def sig(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` significant digits, thousands separated, no trailing zeros: a
+    figure as the report and the command line write it (``harness.report.format``)."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    places = digits - 1 - math.floor(math.log10(abs(value)))
+    rounded = round(value, places)
+    if places <= 0:
+        return f"{int(rounded):,}"
+    text = f"{rounded:,.{places}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def attainment_text(fraction: float) -> str:
     """An SLO attainment as a percentage, cut (never rounded up) to what it shows: 98.95%
     reads 98.9%, not 99.0% beside a 99% target it missed; never 100% unless every request

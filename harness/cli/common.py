@@ -436,13 +436,13 @@ def print_headline(summary: dict[str, Any]) -> None:
     """The run's figures in one line, marked "predicted:" when they are (its summary's
     ``prediction``: a simulated run, or the reference engine served), so that the first line
     alone says so; then the SLO attainment."""
-    from harness.report.format import fmt_number  # as the report writes it
+    from harness.metrics import sig  # as the report writes it
 
     tp = summary["throughput"]
     print(
         ("predicted: " if summary.get("prediction") else "")
         + f"{summary['num_completed']}/{summary['num_requests']} requests completed in "
-        f"{summary['duration_s']:.1f} s; {fmt_number(tp['output_tokens_per_s'])} output tok/s; "
+        f"{summary['duration_s']:.1f} s; {sig(tp['output_tokens_per_s'])} output tok/s; "
         f"TTFT p50 {fmt_s(summary['ttft_s']['p50'])} p99 {fmt_s(summary['ttft_s']['p99'])}; "
         f"TPOT p50 {fmt_s(summary['tpot_s']['p50'])} p99 {fmt_s(summary['tpot_s']['p99'])}; "
         + (f"{summary['num_preemptions']} preemptions" if summary.get("num_preemptions")

@@ -8,21 +8,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.metrics import attainment_text
+from harness.metrics import attainment_text, sig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def sig(value: float, digits: int = 3) -> str:
-    """``value`` with ``digits`` significant digits, thousands separated, no trailing zeros."""
-    if value == 0 or not math.isfinite(value):
-        return "0" if value == 0 else str(value)
-    places = digits - 1 - math.floor(math.log10(abs(value)))
-    rounded = round(value, places)
-    if places <= 0:
-        return f"{int(rounded):,}"
-    text = f"{rounded:,.{places}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def missing(value: Any) -> bool:
