@@ -34,7 +34,8 @@ from harness.cli.common import (
     refuse_cell,
     too_many_failed,
 )
-from harness.results import nothing_served
+from harness.results import SUMMARY_FILE, nothing_served, read_summary
+from harness.sim.report_process import ReportError
 from harness.sim.target import SimulatedTarget  # not harness.targets: no live client to load
 from harness.target import ClosedLoop, RunOptions, TargetSpec
 
@@ -232,6 +233,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     refuse_cell(out)
     bar = progress_bar(len(trace.requests), "simulate")
+    unrendered: ReportError | None = None
     try:
         summary = target.run(trace, out, RunOptions(slo=slo, progress=bar.update_to,
                                                      command=command_line(),
@@ -240,6 +242,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                                                      write_report=not args.no_report))
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    except ReportError as exc:  # every result is on disk: its headline, then why no report
+        summary, unrendered = read_summary(out / SUMMARY_FILE), exc
     finally:
         bar.close()
     print_headline(summary)
@@ -248,8 +252,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print_failures(summary, str(out))
     print_behind(str(out))
     print_predicted(config, headline=True)
-    report = (f"no report: `batchlab report {out}` writes it" if args.no_report
-              else f"report: {out / 'report.md'}")
+    report = (f"no report: `batchlab report {out}` writes it"
+              if args.no_report or unrendered else f"report: {out / 'report.md'}")
     print(f"results: {out}/ ({report})")
     served_none = nothing_served(summary, out)
     if served_none is not None:  # its summary and manifest say so (as replay's)
@@ -259,8 +263,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     why = served_none or too_many_failed(summary, args.max_failed)
     if why is not None:  # its files are kept; a script must not take it for a measurement
         print(f"error: {why}", file=sys.stderr)
-        return EXIT_FAILURE
-    return 0
+    if unrendered is not None:
+        if unrendered.detail:  # the child's traceback: what a bug report needs
+            print(unrendered.detail, file=sys.stderr)
+        print(f"error: report.md was not written: {unrendered.reason}; the results are "
+              f"complete: `batchlab report {out}` writes it", file=sys.stderr)
+    return EXIT_FAILURE if why is not None or unrendered is not None else 0
 
 
 # ---------------------------------------------------------------- costmodel

@@ -80,7 +80,15 @@ def signals_deferred() -> Iterator[None]:
 
 
 class ReportError(RuntimeError):
-    """The child process could not render the report; the message carries its traceback."""
+    """The child process could not render the report of ``run_dir``, whose results are on
+    disk: ``reason`` says why in a line, ``detail`` is the child's traceback or error output
+    ("" when it left none); the message carries both."""
+
+    def __init__(self, run_dir: Path, reason: str, detail: str = "") -> None:
+        self.run_dir, self.reason, self.detail = run_dir, reason, detail.rstrip()
+        super().__init__(f"report.md of {run_dir} could not be rendered: {reason} (the "
+                         f"results are on disk; `batchlab report {run_dir}` renders it "
+                         "again)" + (f":\n{self.detail}" if self.detail else ""))
 
 
 class ReportProcess:
@@ -129,9 +137,8 @@ class ReportProcess:
         err = self._stderr.read()
         answer = _parse_answer(out)
         if answer is None:
-            raise ReportError(f"the report renderer for {run_dir} exited with status "
-                              f"{self._proc.returncode} without an answer"
-                              + (f":\n{err.rstrip()}" if err.strip() else ""))
+            raise ReportError(run_dir, "the report renderer exited with status "
+                                       f"{self._proc.returncode} without an answer", err)
         if err.strip():  # warnings (a font cache being built): shown, as they were in-process
             sys.stderr.write(err)
         status = answer.get("status")
@@ -141,9 +148,8 @@ class ReportProcess:
             return False
         if answer.get("errno") is not None:
             raise OSError(answer["errno"], answer.get("strerror"), answer.get("filename"))
-        raise ReportError(f"report.md of {run_dir} could not be rendered (the results are on "
-                          f"disk; `batchlab report {run_dir}` renders it again):\n"
-                          + str(answer.get("traceback", "")).rstrip())
+        raise ReportError(run_dir, "the report renderer raised an error",
+                          str(answer.get("traceback", "")))
 
     def close(self) -> None:
         """Stop the child if it still runs, and release its files. Safe to call twice."""

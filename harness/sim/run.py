@@ -114,10 +114,15 @@ def _run(trace: Trace, config: ReferenceConfig, out_dir: Path, run_id: str,
     """The simulation and every result file, each announced to ``reporter`` as it is on
     disk; the summary. The simulation's records are freed on return, while the reporter
     writes report.md."""
-    wall_start = time.perf_counter()
     with _said_in_manifest(out_dir, command, failed="the simulation failed",
                            interrupted="interrupted before the simulation finished",
                            told="the simulation had not finished: nothing was measured"):
+        # what ran is on record before it runs: a run cut short anywhere after this still
+        # says its engine, profile, model, GPU, knobs and trace (and so that it is predicted)
+        manifest = _run_manifest(trace, config, run_id, identity, slo=slo, command=command,
+                                 knobs=knobs, closed_loop=closed_loop)
+        update_manifest(out_dir, {**manifest, "status": "running"})
+        wall_start = time.perf_counter()
         result = simulate(trace.requests, config, progress=progress, closed_loop=closed_loop,
                           early_stop=early_stop)
     wall_s = time.perf_counter() - wall_start
@@ -126,9 +131,8 @@ def _run(trace: Trace, config: ReferenceConfig, out_dir: Path, run_id: str,
                                        "files may be missing",
                            told="interrupted while the results were written: some files "
                                 "may be missing"):
-        summary = _write_results(result, wall_s, trace, config, out_dir, run_id, identity,
-                                 slo=slo, command=command, knobs=knobs,
-                                 closed_loop=closed_loop, reporter=reporter)
+        summary = _write_results(result, wall_s, trace, config, out_dir, run_id, manifest,
+                                 slo=slo, reporter=reporter)
     return summary
 
 
@@ -153,13 +157,34 @@ def _mark(out_dir: Path, command: Sequence[str] | None, status: str, error: str)
                               "error": error})
 
 
+def _run_manifest(trace: Trace, config: ReferenceConfig, run_id: str, identity: RunIdentity,
+                  *, slo: Slo | None, command: Sequence[str] | None,
+                  knobs: dict[str, Any] | None, closed_loop: ClosedLoop | None
+                  ) -> dict[str, Any]:
+    """The manifest of a simulated run but how it ended: what is known before it runs."""
+    cfg = config.as_dict()
+    return {
+        **run_fields("simulated", command),
+        "run_id": run_id,
+        "identity": identity.as_dict(),
+        "engine": reference_engine_manifest(config, config.resolved_num_gpu_blocks()),
+        "model": cfg.get("model"),
+        "gpu": cfg.get("gpu"),
+        "knobs": knobs,
+        "trace": trace_manifest(trace),
+        "slo": slo.as_dict() if slo else None,
+        "client_limited": None,
+        "load": _load_manifest(closed_loop, trace),
+        "roofline": roofline_turn(config, decode_context_len(trace.requests)),
+    }
+
+
 def _write_results(result: SimulationResult, wall_s: float, trace: Trace,
                    config: ReferenceConfig, out_dir: Path, run_id: str,
-                   identity: RunIdentity, *, slo: Slo | None, command: Sequence[str] | None,
-                   knobs: dict[str, Any] | None, closed_loop: ClosedLoop | None,
+                   manifest: dict[str, Any], *, slo: Slo | None,
                    reporter: ReportProcess | None) -> dict[str, Any]:
     """Every result file of a finished simulation, summary.json after the tables and the
-    manifest last; the summary."""
+    manifest (``_run_manifest``, with how the run ended) last; the summary."""
 
     # parquet writing releases the GIL: each file is written while the next table and the
     # summary are computed, and all are on disk before summary.json. The chunk instants
@@ -196,22 +221,8 @@ def _write_results(result: SimulationResult, wall_s: float, trace: Trace,
     summary["prediction"] = summary_prediction(engine)
     write_json_atomic(summary, out_dir / SUMMARY_FILE)
 
-    cfg = config.as_dict()
-    manifest = {
-        **run_fields("simulated", command),
-        "run_id": run_id,
-        "identity": identity.as_dict(),
-        "engine": engine,
-        "model": cfg.get("model"),
-        "gpu": cfg.get("gpu"),
-        "knobs": knobs,
-        "trace": trace_manifest(trace),
-        "slo": slo.as_dict() if slo else None,
-        "client_limited": None,
-        "load": _load_manifest(closed_loop, trace),
-        "roofline": roofline_turn(config, decode_context_len(trace.requests)),
-        "status": "stopped" if result.stopped_reason else "finished",
-    }
+    manifest = {**manifest, "engine": engine,
+                "status": "stopped" if result.stopped_reason else "finished"}
     if result.stopped_reason:
         manifest["stopped_early"] = result.stopped_reason
     write_manifest(out_dir, manifest)
