@@ -41,10 +41,11 @@ def prediction_row(cells: Sequence[CellResult]) -> str:
     was the reference engine served (its ``/version`` answer, kept in the manifest's
     ``engine.version_probe``, carries the record). How accurate each kind of prediction was
     measured to be is the table ``prediction_accuracy_lines`` draws (linked from here); a
-    record that quotes no accuracy says so here."""
+    record that quotes no accuracy says so here. Only cells with figures are named
+    (``_with_figures``)."""
     groups: dict[str, list[str]] = {}
     linked = False
-    for c in cells:
+    for c in _with_figures(cells):
         found = recorded_prediction(c.manifest.get("engine"))
         if found is None:
             continue
@@ -63,6 +64,12 @@ def prediction_row(cells: Sequence[CellResult]) -> str:
         text += (f"<br>Their measured accuracy: {ACCURACY_LINK}" if len(groups) > 1
                  else f" (measured accuracy: {ACCURACY_LINK})")
     return text
+
+
+def _with_figures(cells: Sequence[CellResult]) -> list[CellResult]:
+    """The cells with figures to call predicted: not a cell not run (whose folder may still
+    hold an earlier run's manifest), nor one that ended before it measured anything."""
+    return [c for c in cells if c.summary is not None and c.state != "not_run"]
 
 
 def is_prediction(manifest: Mapping[str, Any]) -> bool:
@@ -162,7 +169,7 @@ def _groups(cells: Sequence[CellResult]) -> list[_Group]:
     so are those whose accuracy was never measured, not recorded or is not known for a
     reason the record gives."""
     groups: dict[tuple[str, str, str | None], _Group] = {}
-    for c in cells:
+    for c in _with_figures(cells):
         found = recorded_prediction(c.manifest.get("engine"))
         if found is None:
             continue  # a measurement

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +233,21 @@ def test_one_kind_of_prediction_over_every_cell_is_one_row() -> None:
     row = next(ln for ln in _lines(prediction_accuracy_lines(cells))
                if ln.startswith("| every cell"))
     assert " | all of them | " in row  # every held-out trtllm-h200 workload is published
+
+
+def test_a_cell_without_figures_is_not_named_predicted() -> None:
+    """A cell not run whose folder keeps an earlier run's manifest (a sweep cut short, run
+    again with --only), and one interrupted before it measured anything, have no figure."""
+    done = _simulated("done", "trtllm-h200")
+    pending = replace(_simulated("pending", "trtllm-h200"), state="not_run")
+    cut = replace(_simulated("cut", "trtllm-h200"), state="interrupted", summary=None)
+    row = prediction_row([done, pending, cut])
+    assert row.startswith("`done`: **predicted** by the reference engine with profile")
+    assert "pending" not in row and "cut" not in row and "every cell" not in row
+    assert prediction_row([pending, cut]) == ""
+    assert prediction_accuracy_lines([pending, cut]) == []
+    table = "\n".join(prediction_accuracy_lines([done, pending, cut]))
+    assert "`done`" in table and "pending" not in table and "`cut`" not in table
 
 
 def test_the_plain_wording_is_the_reports_without_its_markup() -> None:
