@@ -198,7 +198,8 @@ def server_lost(plan: ProbePlan, load: float, summary: Mapping[str, Any], out_di
     SLOs, they would fail the probe and send the search below the engine's capacity. A
     replay or a sweep's cell is a measurement of what happened, not a verdict about a load:
     it fails only when its server is gone after it (``harness.scenario.attached.
-    gone_mid_run``), and a server restarted under it leaves failures to be counted."""
+    gone_mid_run``) or describes itself differently after it than before
+    (``fail_if_restarted``), and a server restarted as it was leaves failures to be counted."""
     if plan.spec.simulated:
         return None
     sent = int(summary.get("num_requests") or 0)

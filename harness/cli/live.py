@@ -227,12 +227,13 @@ def workers_for(num_workers: int, num_requests: int) -> int:
 
 
 def server_gone(out: Path, summary: dict[str, Any], url: str) -> str | None:
-    """Why an attached server failed the run, said in its summary and manifest
-    (``harness.scenario.attached.fail_if_gone``), with where the results are; None when it
-    did not."""
-    from harness.scenario.attached import fail_if_gone
+    """Why an attached server failed the run, said in its summary and manifest: it stopped
+    answering, or it was restarted under the run with another configuration (``harness.
+    scenario.attached.fail_if_gone``, ``fail_if_restarted``), with where the results are;
+    None when it did not."""
+    from harness.scenario.attached import fail_if_gone, fail_if_restarted
 
-    why = fail_if_gone(out, summary, url)
+    why = fail_if_gone(out, summary, url) or fail_if_restarted(out, summary, url)
     return None if why is None else f"{redact_url(why)} (the results are in {out})"
 
 
@@ -377,7 +378,8 @@ def add_summarize(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="rebuild a run folder's summary (after a crash or with other SLOs)",
         description="Rebuild requests.parquet, chunks.parquet and summary.json of a live run "
         "folder from its records.jsonl (what survives a crash or Ctrl-C), or re-summarise any "
-        "run folder's requests.parquet, e.g. under different SLOs.",
+        "run folder's requests.parquet, e.g. under different SLOs. A report.md in the folder "
+        "is drawn again from the new summary; until then it says it is out of date.",
         epilog="example: batchlab summarize reports/live --slo ttft_s=0.5,tpot_s=0.05",
     )
     p.add_argument("run_dir", metavar="DIR", help="run folder")
@@ -386,7 +388,7 @@ def add_summarize(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def cmd_summarize(args: argparse.Namespace) -> int:
     from harness.live.rundir import rebuild_summary
-    from harness.results import CHUNKS_FILE, REQUESTS_FILE, SUMMARY_FILE
+    from harness.results import CHUNKS_FILE, REPORT_FILE, REQUESTS_FILE, SUMMARY_FILE
     from harness.scenario.schema import SCENARIO_FILE
     from harness.scenario.status import record_rewritten
 
@@ -397,7 +399,16 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     _refuse_scenario_folder(run_dir)
     # a run, sweep or report writing the folder now: refused; held while it is rewritten
     with holding_folder(run_dir, "a summary"):
+        # the report quotes the summary about to be rewritten, and is drawn again from the new
+        # one below: marked out of date first, so that a summarize stopped in between (Ctrl-C,
+        # a closed pipe) leaves a report saying so, never one that disagrees with summary.json
+        drawn_before = (run_dir / REPORT_FILE).exists()
         try:
+            if drawn_before:
+                from harness.report import mark_run_report_stale
+
+                mark_run_report_stale(run_dir, "`batchlab summarize` was rewriting the "
+                                      f"{SUMMARY_FILE} and tables it was drawn from")
             summary = rebuild_summary(run_dir, slo=slo)
             # a scenario cell: what was rewritten here is the cell's result, not damage to it
             record_rewritten(run_dir, (SUMMARY_FILE, REQUESTS_FILE, CHUNKS_FILE))
@@ -405,9 +416,8 @@ def cmd_summarize(args: argparse.Namespace) -> int:
             raise UserError(str(exc)) from None
         print_live_headline(summary, args.run_dir)
         _say_if_unfinished(run_dir, summary)
-        print(f"summary: {run_dir / 'summary.json'}")
-        report = run_dir / "report.md"
-        if report.exists():  # it quoted the old summary: drawn again from the new one
+        print(f"summary: {run_dir / SUMMARY_FILE}")
+        if drawn_before:
             from harness.report import render_run_report
 
             print(f"report: {render_run_report(run_dir)}")

@@ -42,6 +42,7 @@ from harness.report.format import (
     table,
 )
 from harness.report.render import (
+    mark_run_report_stale,
     render_comparison,
     render_markdown,
     render_run_report,
@@ -84,6 +85,7 @@ __all__ = [
     "key_findings",
     "load_run",
     "load_scenario_dir",
+    "mark_run_report_stale",
     "read_engine_state",
     "render_comparison",
     "render_markdown",

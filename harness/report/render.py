@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,11 +170,15 @@ def write_report(cells: Sequence[CellResult], ctx: ReportContext, out_file: Path
     ``render_markdown``)."""
     out_file = Path(out_file)
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    text = render_markdown(cells, ctx, out_file.parent, drawn=drawn)
+    _write_atomic(render_markdown(cells, ctx, out_file.parent, drawn=drawn), out_file)
+    return out_file
+
+
+def _write_atomic(text: str, out_file: Path) -> None:
+    """A reader sees the old file or the new one, never part of one."""
     tmp = out_file.with_name(out_file.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, out_file)
-    return out_file
 
 
 def _predicted_runs(runs: Mapping[str, Path]) -> list[str]:
@@ -438,6 +443,25 @@ def render_run_report(run_dir: Path, *, metrics_doc: str | None = None,
         metrics_doc=metrics_doc,
     )
     return write_report([cell], ctx, run_dir / REPORT_FILE, drawn=drawn)
+
+
+def mark_run_report_stale(run_dir: Path, why: str) -> bool:
+    """Replace ``<run_dir>/report.md`` (atomically, as ``write_report`` writes it) by a note
+    that it is out of date (``why``) and how to draw it again; False when there is none.
+
+    For a command about to rewrite what the report was drawn from (``batchlab summarize``),
+    before it does: interrupted before it draws the report again, it leaves a report that
+    says so, never one that quotes figures the folder no longer holds. The file stays, so
+    the command run again draws it again, as ``batchlab report DIR`` does."""
+    run_dir = Path(run_dir)
+    out_file = run_dir / REPORT_FILE
+    if not out_file.exists():
+        return False
+    rerender = shlex.join(["batchlab", "report", display_path(str(run_dir))])
+    _write_atomic(f"# Run {run_dir.name}\n\n"
+                  f"This report is out of date: {why}. `{rerender}` draws it again from the "
+                  "files beside it.\n", out_file)
+    return True
 
 
 def render_comparison(dirs: Sequence[Path], out_file: Path, *, baseline: str | None = None,

@@ -13,27 +13,43 @@ A server that stops answering mid-run (killed, out of memory, restarted) is told
 that is merely slow: ``not_answering`` asks its health route, as ``batchlab validate`` does
 after its live replay, and ``connection_failures`` counts the requests that could not connect or
 whose stream was cut, which are no answer of the engine's about the load.
+
+A server restarted under a run with another configuration answers again, but the run's figures
+are then of two configurations, and its manifest records only the first: once the last request
+has ended, ``changed_during_run`` asks the route that answered before the first request again
+(``engine.version_probe_at_end``) and says what differs, and ``fail_if_restarted`` fails such
+a run as ``fail_if_gone`` fails one whose server went away.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.manifest import jsonable, read_manifest, record_failed
+from harness.manifest import jsonable, read_manifest, record_failed, update_manifest
 from harness.redact import redact_tree, redact_url
 from harness.target import TargetSpec
 
 # Failed requests that the engine never answered: no connection, or a stream closed under them
 CONNECTION_FAILURES = ("connect_error", "stream_cut")
+# What an attached server reported differently after a run than before it, in its summary
+# and manifest (``fail_if_restarted``)
+CHANGED_DURING_RUN = "server_changed_during_run"
 
 
 class ServerStoppedAnswering(RuntimeError):
     """The live server stopped answering during a run (a capacity probe, a sweep's cell): the
     run failed, its files say so, and it says nothing about the load."""
+
+
+class ServerRestarted(RuntimeError):
+    """The attached server described itself differently after a run (a sweep's cell) than
+    before it: restarted with another configuration under it. The run failed, its files say
+    so, and its figures are of two configurations."""
 
 
 def is_attached(spec: TargetSpec) -> bool:
@@ -114,19 +130,19 @@ def identity_now(spec: TargetSpec) -> dict[str, Any] | None:
     return reported_identity(asyncio.run(probe_version(plan.base_url, plan.version_paths)))
 
 
-def identity_changes(before: Mapping[str, Any] | None, now: Mapping[str, Any] | None
-                     ) -> list[str]:
+def identity_changes(before: Mapping[str, Any] | None, now: Mapping[str, Any] | None,
+                     *, when: tuple[str, str] = ("then", "now")) -> list[str]:
     """What differs between two ``reported_identity`` answers of a server, in words
-    (``max_num_seqs: 8 then, 16 now``); nothing when either is not known. Only what both
-    answers report is compared: a key one of them lacks (a setting a newer batchlab serves,
-    ``cost_model_digest``) is not known to differ."""
+    (``max_num_seqs: 8 then, 16 now``; ``when`` names the two moments); nothing when either
+    is not known. Only what both answers report is compared: a key one of them lacks (a
+    setting a newer batchlab serves, ``cost_model_digest``) is not known to differ."""
     if before is None or now is None:
         return []
     changes = []
     for name in sorted(set(before) & set(now)):
         old, new = before[name], now[name]
         if _text(old) != _text(new):
-            changes.append(f"{name}: {_shown(old)} then, {_shown(new)} now")
+            changes.append(f"{name}: {_shown(old)} {when[0]}, {_shown(new)} {when[1]}")
     return changes
 
 
@@ -182,7 +198,8 @@ def gone_mid_run(url: str, summary: Mapping[str, Any], health_path: str = "/heal
     requests completed" says), and the server does not answer now. Whatever the failures'
     kind: a server killed outright leaves connections refused or cut, one shut down cleanly
     ends its streams with an error event, and one frozen leaves them to time out. A server
-    that answers again (restarted) leaves the failures to be counted as usual."""
+    that answers again (restarted) leaves the failures to be counted as usual, unless it
+    describes itself differently now (``fail_if_restarted``)."""
     failures = {str(k): int(v) for k, v in (summary.get("failures") or {}).items()
                 if isinstance(v, int | float) and v}
     if not failures or not summary.get("num_completed"):
@@ -203,6 +220,50 @@ def fail_if_gone(out_dir: Path, summary: Mapping[str, Any], url: str) -> str | N
     why = gone_mid_run(url, summary)
     if why is not None:
         record_failed(out_dir, summary, why)
+    return why
+
+
+def changed_during_run(out_dir: Path, url: str, summary: Mapping[str, Any]) -> list[str]:
+    """What the attached server of the run in ``out_dir`` (at ``url``: the manifest keeps it
+    without credentials) reports differently now, the run over, than before its first request
+    (``engine.version_probe``), in words (``engine version: 0.6.0 at start, 0.7.0 at end``).
+
+    The route that answered then is asked once more, and its answer is recorded in the
+    manifest as ``engine.version_probe_at_end``. Nothing is asked, and nothing is said, when
+    the server answered nothing then, or the run completed no request (it measured nothing
+    of either configuration, as its own "none of the requests completed" says); nothing is
+    said when it answers nothing now (gone: ``gone_mid_run``)."""
+    from adapters.process import probe_version
+
+    if not summary.get("num_completed"):
+        return []
+    engine = read_manifest(out_dir).get("engine")
+    start = engine.get("version_probe") if isinstance(engine, Mapping) else None
+    if not isinstance(engine, Mapping) or not isinstance(start, Mapping) \
+            or not isinstance(start.get("path"), str):
+        return []
+    end = asyncio.run(probe_version(url, (start["path"],)))
+    with contextlib.suppress(OSError):  # a full disk must not hide what the server says
+        update_manifest(out_dir, {"engine": {**engine, "version_probe_at_end": end}})
+    return identity_changes(reported_identity(start), reported_identity(end),
+                            when=("at start", "at end"))
+
+
+def fail_if_restarted(out_dir: Path, summary: Mapping[str, Any], url: str) -> str | None:
+    """Why the run in ``out_dir`` failed because its attached server was restarted under it
+    with another configuration (``changed_during_run``), in words, or None when it was not.
+    Such a run is recorded as failed (``record_failed``), what changed in its summary and
+    manifest (``server_changed_during_run``): its figures are of two configurations and its
+    manifest names the first, so no report, comparison or resumed sweep may read it as a
+    measurement of either."""
+    changes = changed_during_run(out_dir, url, summary)
+    if not changes:
+        return None
+    why = (f"the server at {redact_url(url)} restarted during the run with another "
+           f"configuration ({'; '.join(changes)}): its figures are of two configurations")
+    with contextlib.suppress(OSError):  # record_failed says the rest, if it can
+        update_manifest(out_dir, {CHANGED_DURING_RUN: changes})
+    record_failed(out_dir, {**summary, CHANGED_DURING_RUN: changes}, why)
     return why
 
 

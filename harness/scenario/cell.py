@@ -12,8 +12,10 @@ from harness.manifest import record_failed
 from harness.metrics import Slo
 from harness.results import NothingServed, nothing_served
 from harness.scenario.attached import (
+    ServerRestarted,
     ServerStoppedAnswering,
     fail_if_gone,
+    fail_if_restarted,
     is_attached,
 )
 from harness.scenario.schema import Cell
@@ -59,9 +61,15 @@ def run_cell(job: CellJob, out_dir: Path, progress: ProgressFn) -> Mapping[str, 
     if why is not None:  # its summary and manifest say so, as `batchlab simulate`'s do
         record_failed(out_dir, summary, why)
         raise NothingServed(why)
-    gone = fail_if_gone(out_dir, summary, spec.url) if is_attached(spec) and spec.url else None
+    if not is_attached(spec) or not spec.url:
+        return summary
+    gone = fail_if_gone(out_dir, summary, spec.url)
     if gone is not None:  # as a launched engine's exit: a failed cell, run again by --resume
         raise ServerStoppedAnswering(gone)
+    # restarted under it with other settings: figures of two configurations, also run again
+    restarted = fail_if_restarted(out_dir, summary, spec.url)
+    if restarted is not None:
+        raise ServerRestarted(restarted)
     return summary
 
 

@@ -4,6 +4,7 @@ that summarize step, and say what SLO the run itself was given."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -93,3 +94,32 @@ def test_compared_run_folders_each_end_with_their_own_summarize_step(
     assert block[4] == f"batchlab summarize {display_path(str(runs[1]))} --slo tpot_s=0.02"
     assert len(block) == 5
     assert "(in the commands above): `b` under TPOT ≤ 20 ms." in _reproduce(out)
+
+
+def test_a_summarize_stopped_before_it_draws_the_report_leaves_no_report_of_the_old_slo(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue case: `batchlab summarize DIR --slo ...` killed (Ctrl-C, a closed pipe) once the
+    new summary.json was written, before report.md was drawn again from it, left report.md
+    quoting the old SLO's goodput beside a summary under the new one, and nothing said so.
+    The report now says it is out of date until it is drawn again; summarize run again (or
+    `batchlab report DIR`) draws it."""
+    run = tmp_path / "sim"
+    assert _batchlab(monkeypatch, "simulate", *SMALL_TRACE, *MODEL, "--slo",
+                     "ttft_s=0.5,tpot_s=0.05", "--out", str(run)) == 0
+    report = run / "report.md"
+    assert "| SLO | TTFT ≤ 500 ms, TPOT ≤ 50 ms |" in report.read_text()
+
+    def interrupted(*_args: object) -> None:  # Ctrl-C once the new summary is on disk
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr("harness.cli.live.print_live_headline", interrupted)
+        assert _batchlab(monkeypatch, "summarize", str(run), "--slo", "ttft_s=1,tpot_s=0.1") == 130
+    assert json.loads((run / "summary.json").read_text())["slo"]["ttft_s"] == 1.0
+    stale = report.read_text()
+    assert "500 ms" not in stale and "## Key findings" not in stale  # no figure of either
+    assert "This report is out of date: `batchlab summarize` was rewriting the summary.json" \
+        in stale
+    assert f"`batchlab report {display_path(str(run))}` draws it again" in stale
+    assert _batchlab(monkeypatch, "summarize", str(run), "--slo", "ttft_s=1,tpot_s=0.1") == 0
+    assert "| SLO | TTFT ≤ 1 s, TPOT ≤ 100 ms |" in report.read_text()
