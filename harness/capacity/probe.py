@@ -17,7 +17,9 @@ how many the stop cut off (``num_cut_off``).
 A probe whose live server stopped answering is no verdict about the load: a launched engine that
 exits ends it (``EngineExited``), and so does an attached server that no longer answers its
 health route after the probe, with requests failed, or a probe that half its requests or more
-could not reach (no connection, a stream cut: ``ServerStoppedAnswering``). Either way the probe
+could not reach (no connection, a stream cut: ``ServerStoppedAnswering``), or an attached server
+that describes itself otherwise after the probe than before it, restarted under it with another
+configuration (``ServerRestarted``: its figures are of two configurations). Either way the probe
 fails, its folder says why (``status.json`` failed, no ``probe.json``), the search stops, and a
 resumed search runs it again.
 """
@@ -46,8 +48,10 @@ from harness.results import (
     write_json_atomic,
 )
 from harness.scenario.attached import (
+    ServerRestarted,
     ServerStoppedAnswering,
     connection_failures,
+    fail_if_restarted,
     is_attached,
     not_answering,
 )
@@ -155,6 +159,11 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
         record_failed(out_dir, summary, lost)
         write_json_atomic({"state": "failed", "reason": lost}, out_dir / STATUS_FILE)
         raise ServerStoppedAnswering(lost)
+    restarted = (fail_if_restarted(out_dir, summary, plan.spec.url)
+                 if is_attached(plan.spec) and plan.spec.url else None)
+    if restarted is not None:  # figures of two configurations: no verdict about either
+        write_json_atomic({"state": "failed", "reason": restarted}, out_dir / STATUS_FILE)
+        raise ServerRestarted(restarted)
     why = nothing_served(summary, out_dir)
     if why is not None:  # its summary and manifest say so, as `batchlab simulate`'s do
         summary = record_failed(out_dir, summary, why)

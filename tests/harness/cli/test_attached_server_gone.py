@@ -244,3 +244,23 @@ def test_a_sweep_cell_whose_server_was_restarted_under_it_fails_and_says_why(
     assert summary["status"] == "failed"
     assert summary["server_changed_during_run"] == ["engine version: 0.6.0 at start, 0.7.0 at end"]
     assert "restarted during the run" in capsys.readouterr().err
+
+
+def test_a_capacity_probe_whose_server_was_restarted_under_it_is_no_verdict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same in a capacity search's probe: its figures are of two configurations, so it
+    neither passes nor fails the load; the search stops, and --resume runs the probe again."""
+    out = tmp_path / "search"
+    with serving_until(None, Reconfigured, versions=("0.6.0", "0.7.0"), after=3) as url:
+        code = main(["capacity", "--engine", "openai", "--url", url, "--trace", TRACE,
+                     "--limit", "12", "--output-tokens", "20", "--slo", "ttft_s=5",
+                     "--start", "8", "--max-probes", "2", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    changed = "engine version: 0.6.0 at start, 0.7.0 at end"
+    assert f"restarted during the run with another configuration ({changed})" in err
+    probes = [p for p in out.rglob("status.json") if p.parent != out]
+    states = [json.loads(p.read_text()) for p in probes]
+    assert [s["state"] for s in states] == ["failed"]
+    assert states[0]["reason"].startswith(f"the server at {url} restarted during the run")
+    assert not list(out.rglob("probe.json"))  # no verdict about the load
