@@ -153,9 +153,10 @@ def add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="the cell the others are compared with (default: the scenario's, "
                    "else the first)")
     p.add_argument("-o", "--output", metavar="FILE",
-                   help="report file, not in a run's folder (the report's figures would "
-                   "replace the run's own) (default: DIR/report.md for one folder, "
-                   "reports/comparison/report.md for several)")
+                   help="report file, not in a run's, a scenario's or a capacity search's "
+                   "folder (the report and its figures would replace that folder's own), "
+                   "except the one folder's own report (default: DIR/report.md for one "
+                   "folder, reports/comparison/report.md for several)")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -200,9 +201,12 @@ def _render_report(args: argparse.Namespace, dirs: list[Path]) -> int:
 def _check_report_output(args: argparse.Namespace, dirs: list[Path]) -> None:
     """The report's file must be writable, and not land in a run's folder, or under one: its
     figures (latency_cdf.png, ...) would replace that run's own, and a later run into the
-    folder would refuse the report as a file batchlab did not write there. The one exception
-    is a run folder's own report (``batchlab report RUN_DIR -o RUN_DIR/report.md``), written
-    as ``batchlab report RUN_DIR`` writes it."""
+    folder would refuse the report as a file batchlab did not write there. Nor in a
+    scenario's or a capacity search's folder, whose report.md and figures ``batchlab run`` or
+    ``batchlab capacity`` wrote, nor in or under a cell's or a setting's search folder. The
+    exceptions are a run folder's own report (``batchlab report RUN_DIR -o
+    RUN_DIR/report.md``), written as ``batchlab report RUN_DIR`` writes it, and a report of
+    the one scenario or capacity folder given, written in it."""
     from harness.runfolder import RunDirError, ensure_writable_dir, ensure_writable_file
 
     try:
@@ -210,6 +214,7 @@ def _check_report_output(args: argparse.Namespace, dirs: list[Path]) -> None:
             out = Path(args.output)
             if not _own_run_report(args, dirs):
                 _refuse_run_folder(out, dirs)  # before anything is made under it
+                _refuse_sweep_folder(out, dirs)
             ensure_writable_file(out)
         elif len(dirs) == 1:
             ensure_writable_dir(dirs[0], what="report folder")
@@ -251,4 +256,35 @@ def _refuse_run_folder(out: Path, dirs: list[Path]) -> None:
                 "report would leave files batchlab did not write in that run's folder, which "
                 "a later run into it refuses")
     raise RunDirError(f"-o {out}: {what}; write the report to a folder of its own, e.g. "
+                      "-o reports/comparison/report.md")
+
+
+# The command that writes a sweep's or search's own report.md and figures
+_FOLDER_REPORT_BY = {"scenario": "batchlab run", "capacity": "batchlab capacity"}
+
+
+def _refuse_sweep_folder(out: Path, dirs: list[Path]) -> None:
+    """RunDirError when ``out`` is in a scenario's or a capacity search's folder (its
+    report.md and figures would be replaced), other than the one such folder this report is
+    of, or in or under a cell's or a setting's search folder (the sweep or search that runs
+    it again refuses files batchlab did not write there): what the folder is, as
+    ``runfolder.results_folder`` tells. Run folders: ``_refuse_run_folder``."""
+    from harness.runfolder import RunDirError, folder_above, results_folder, shown
+
+    found = folder_above(out, results_folder)
+    if found is None:
+        return
+    folder, made_for = found
+    parent = out.resolve().parent
+    writer = _FOLDER_REPORT_BY.get(made_for.kind)
+    if writer is not None and folder != parent:
+        return  # a folder of its own inside it: nothing of the sweep's is replaced
+    if writer is not None and len(dirs) == 1 and folder == dirs[0].resolve():
+        return  # its own report, as ``batchlab report DIR`` writes it
+    where = (f"{out.parent} is {made_for.describe()}" if folder == parent
+             else f"{out.parent} is inside {shown(folder)}, {made_for.describe()}")
+    why = (f"its report.md and figures are written by `{writer}`" if writer is not None
+           else "the report would leave files batchlab did not write in it, which the sweep "
+           "or search that runs it again refuses")
+    raise RunDirError(f"-o {out}: {where}: {why}; choose another -o, e.g. "
                       "-o reports/comparison/report.md")

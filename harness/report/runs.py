@@ -446,6 +446,22 @@ def _manifest_engine(manifest: Mapping[str, Any]) -> tuple[str | None, str | Non
 
 # What a sweep's cell that did not finish is told, wherever its state is said
 RESUME_HINT = "--resume runs it again"
+_COMMAND_OF_KIND = {"simulated": "batchlab simulate", "live": "batchlab replay"}
+
+
+def _again_hint(run_dir: Path, manifest: Mapping[str, Any]) -> str:
+    """How a run that did not finish is run again: a sweep's cell or a capacity probe (its
+    ``status.json`` or ``cell.json``) by its sweep's or search's ``--resume``; a single
+    ``simulate`` or ``replay`` run, which has none, by the command its manifest recorded (the
+    report's Reproduce section shows it): the same run again replaces its folder
+    (``harness.runfolder.claim_run_dir``). Short: a reason is cut to one line of a table."""
+    if (run_dir / STATUS_FILE).exists() or (run_dir / CELL_FILE).exists():
+        return RESUME_HINT
+    kind = manifest.get("kind")
+    made_by = _COMMAND_OF_KIND.get(kind) if isinstance(kind, str) else None
+    command = f"the `{made_by}` command" if made_by else "the command"
+    recorded = f"its {MANIFEST_FILE} records" if manifest.get("command") else "that made it"
+    return f"{command} {recorded} runs it again"
 
 
 
@@ -521,7 +537,7 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
         reason = reason or ("still running, or killed before it could say so"
                             + (f" ({RESUME_HINT})" if status else ""))  # a sweep's cell
     elif state == "interrupted":
-        reason = f"{reason or 'stopped by Ctrl-C or SIGTERM'} ({RESUME_HINT})"
+        reason = f"{reason or 'stopped by Ctrl-C or SIGTERM'} ({_again_hint(run_dir, manifest)})"
     return CellResult(
         name=name or run_dir.name, run_dir=run_dir, state=state, reason=reason,
         summary=summary if state == "done" else None,

@@ -2,15 +2,24 @@
 exited) is shown with its figures, as having ended early, and never compared as a whole run.
 
 It used to be dropped from the report: a sweep interrupted in its only cell reported "No cell
-produced results" while that cell's summary of the requests it served was on disk."""
+produced results" while that cell's summary of the requests it served was on disk.
+
+A cell is run again by its sweep's --resume; a ``simulate`` or ``replay`` run interrupted has
+no --resume, and is told the command its manifest recorded instead."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
+import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from harness.cli import main
+from harness.sim import run as sim_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,3 +89,43 @@ def test_an_interrupted_baseline_is_no_baseline(tmp_path: Path) -> None:
     latency = text.split("### TTFT", 1)[1].split("\n### ", 1)[0]
     row = next(line for line in latency.splitlines() if line.startswith(f"| `{cells[0]}`"))
     assert "(" not in row  # no delta: compared with nothing
+
+
+def test_an_interrupted_simulate_run_is_told_its_command_not_resume(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``report`` and ``compare`` said "--resume runs it again" of any interrupted folder;
+    ``simulate`` and ``replay`` have no --resume."""
+    trace = str(REPO / "harness" / "data" / "azure_conv_excerpt.csv")
+    done, cut = tmp_path / "done", tmp_path / "cut"
+    assert main(["simulate", "--trace", trace, "--limit", "20", "--no-report", "--out",
+                 str(done)]) == 0
+
+    def interrupt_summary(*_args: Any, **_kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sim_run, "summarize", interrupt_summary)  # before summary.json
+    argv = ["simulate", "--trace", trace, "--limit", "20", "--no-report", "--out", str(cut)]
+    monkeypatch.setattr(sys, "argv", ["batchlab", *argv])  # the manifest's command
+    assert main(argv) == 130
+    monkeypatch.undo()
+    assert json.loads((cut / "manifest.json").read_text())["status"] == "interrupted"
+    again = "(the `batchlab simulate` command its manifest.json records runs it again)"
+    out = tmp_path / "cmp" / "report.md"
+    assert main(["report", str(done), str(cut), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "--resume" not in text
+    assert "`cut` did not finish: interrupted while its results were written" in text
+    assert again in text
+    assert shlex.join(["batchlab", *argv]) in text  # under Reproduce
+    capsys.readouterr()
+    assert main(["compare", str(done), str(cut)]) == 0
+    said = capsys.readouterr().out
+    assert "--resume" not in said and again in said
+    # a manifest without the command: the command that made it, by name
+    manifest = json.loads((cut / "manifest.json").read_text())
+    (cut / "manifest.json").write_text(json.dumps({**manifest, "command": None}))
+    assert main(["compare", str(done), str(cut)]) == 0
+    said = capsys.readouterr().out
+    assert "--resume" not in said
+    assert "(the `batchlab simulate` command that made it runs it again)" in said

@@ -1,7 +1,9 @@
 """``batchlab report ... -o FILE`` never writes into a run's folder: the report's figures
 (latency_cdf.png, engine_state.png, throughput.png) would replace the run's own, and a later
-run into that folder would refuse it as holding files batchlab did not write. A scenario
-folder's own report.md and a run folder's own report.md are still written where they belong."""
+run into that folder would refuse it as holding files batchlab did not write. Nor into a
+scenario's or a capacity search's folder, whose report.md and figures `batchlab run` or
+`batchlab capacity` wrote. A scenario folder's own report.md and a run folder's own report.md
+are still written where they belong."""
 
 from __future__ import annotations
 
@@ -110,14 +112,19 @@ def test_a_run_folders_own_report_is_still_written(
     refused(capsys, f"{a} is a run folder this report compares")
 
 
-def test_a_scenario_folders_own_report_is_still_written(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "place.yaml"
+def sweep(root: Path) -> Path:
+    """The folder of scenario ``place``, run into ``root/out``, without its report."""
+    path = root / "place.yaml"
     path.write_text(SCENARIO)
-    result = sc.run_scenario(sc.load_scenario(path), tmp_path / "out", write_report=False,
+    result = sc.run_scenario(sc.load_scenario(path), root / "out", write_report=False,
                              progress=sc.SweepProgress(1, stream=io.StringIO(), tty=False))
     assert [o.state for o in result.outcomes] == ["done"]
-    folder = tmp_path / "out" / "place"
+    return root / "out" / "place"
+
+
+def test_a_scenario_folders_own_report_is_still_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = sweep(tmp_path)
     assert main(["report", str(folder)]) == 0
     assert (folder / "report.md").read_text().startswith("# Scenario place\n")
     assert main(["report", str(folder), "-o", str(folder / "report.md")]) == 0
@@ -127,3 +134,48 @@ def test_a_scenario_folders_own_report_is_still_written(
     capsys.readouterr()
     assert main(["report", str(folder), "-o", str(folder / "fcfs" / "cmp.md")]) == 2
     refused(capsys, f"{folder / 'fcfs'} is another run's folder (its manifest.json)")
+
+
+def test_a_comparison_into_a_scenario_or_capacity_folder_is_refused(
+        runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It replaced the report.md and figures `batchlab run` (or `batchlab capacity`) wrote
+    there: only a run's own folder was refused."""
+    a, b = runs
+    folder = sweep(tmp_path)
+    assert main(["report", str(folder)]) == 0
+    capacity = shutil.copytree(folder, tmp_path / "capacity")  # a search's folder, as written
+    (capacity / "capacity.json").write_text('{"settings": []}')
+    for place, by in ((folder, "scenario place (scenario.json)"),
+                      (capacity, "a capacity search (capacity.json)")):
+        before = {p.name: p.read_bytes() for p in place.iterdir() if p.is_file()}
+        assert "report.md" in before and all(f in before for f in FIGURES)
+        capsys.readouterr()
+        for name in ("report.md", "compare.md"):
+            assert main(["report", str(a), str(b), "-o", str(place / name)]) == 2
+            refused(capsys, f"-o {place / name}: {place} is the folder of {by}",
+                    "its report.md and figures are written by `batchlab "
+                    + ("run`" if place == folder else "capacity`"), "choose another -o")
+        # nor as the report of another such folder
+        other = capacity if place == folder else folder
+        assert main(["report", str(other), "-o", str(place / "report.md")]) == 2
+        refused(capsys, f"{place} is the folder of {by}")
+        assert {p.name: p.read_bytes() for p in place.iterdir() if p.is_file()} == before
+    # a folder of its own in one is the report's, and its own report.md is still its own
+    assert main(["report", str(a), str(b), "-o", str(folder / "cmp" / "report.md")]) == 0
+    assert main(["report", str(folder), "-o", str(folder / "report.md")]) == 0
+
+
+def test_a_comparison_into_a_cell_or_a_settings_search_is_refused(
+        runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cell not run yet (its cell.json only) and one setting's search (search.json): the
+    sweep or search that runs them again refuses files batchlab did not write there."""
+    a, b = runs
+    cell, search = tmp_path / "cell", tmp_path / "search"
+    for place, marker in ((cell, "cell.json"), (search, "search.json")):
+        place.mkdir()
+        (place / marker).write_text("{}")
+        capsys.readouterr()
+        assert main(["report", str(a), str(b), "-o", str(place / "sub" / "cmp.md")]) == 2
+        refused(capsys, f"{place / 'sub'} is inside {place}, ", f"({marker})",
+                "files batchlab did not write")
+        assert sorted(p.name for p in place.iterdir()) == [marker]
