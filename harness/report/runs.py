@@ -26,6 +26,7 @@ from harness.results import (
     read_summary,
     run_pace,
 )
+from harness.runfolder import writer_of
 from harness.traces import CLASSES_NOT_DRAWN
 
 TELEMETRY_FILE = "telemetry.parquet"
@@ -449,6 +450,16 @@ RESUME_HINT = "--resume runs it again"
 _COMMAND_OF_KIND = {"simulated": "batchlab simulate", "live": "batchlab replay"}
 
 
+def _running_text(run_dir: Path) -> str:
+    """A run whose files say it is running: still running when a process holds its folder's
+    lock, or its sweep's or search's (``harness.runfolder.writer_of``), else killed before it
+    could say how it ended (SIGKILL, a power cut)."""
+    who = writer_of(run_dir) or writer_of(run_dir.parent)
+    if who is not None:
+        return f"still running ({who} writes it)"
+    return "killed before it could say so (no process writes it now)"
+
+
 def _again_hint(run_dir: Path, manifest: Mapping[str, Any]) -> str:
     """How a run that did not finish is run again: a sweep's cell or a capacity probe (its
     ``status.json`` or ``cell.json``) by its sweep's or search's ``--resume``; a single
@@ -534,7 +545,7 @@ def load_run(run_dir: Path, name: str | None = None) -> CellResult:
                       f"`batchlab summarize {run_dir}` rebuilds its summary from the requests "
                       f"{RECORDS_FILE} recorded")
     if state == "running":  # nothing said how it ended
-        reason = reason or ("still running, or killed before it could say so"
+        reason = reason or (_running_text(run_dir)
                             + (f" ({RESUME_HINT})" if status else ""))  # a sweep's cell
     elif state == "interrupted":
         reason = f"{reason or 'stopped by Ctrl-C or SIGTERM'} ({_again_hint(run_dir, manifest)})"

@@ -65,4 +65,29 @@ def test_a_run_killed_before_its_summary_is_reported_as_such(tmp_path: Path) -> 
                                                     "run_id": "a" * 32}))
     assert main(["report", str(run)]) == 0
     text = (run / "report.md").read_text()
-    assert "`killed` did not finish: still running, or killed before it could say so" in text
+    assert ("`killed` did not finish: killed before it could say so (no process writes it "
+            "now)") in text
+
+
+def test_a_run_another_process_writes_is_said_to_be_still_running(tmp_path: Path) -> None:
+    """Its manifest says running and another process holds its folder: not called killed."""
+    import subprocess
+    import sys
+
+    from harness.report.runs import load_run
+
+    run = tmp_path / "running"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"kind": "live", "status": "running",
+                                                    "run_id": "a" * 32}))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from harness.runfolder import hold_dir; "
+         f"hold_dir({str(run)!r}); print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        reason = load_run(run).reason
+        assert reason == f"still running (another batchlab process (pid {holder.pid}) writes it)"
+    finally:
+        holder.communicate("")
+    assert load_run(run).reason == "killed before it could say so (no process writes it now)"

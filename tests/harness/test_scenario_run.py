@@ -119,8 +119,8 @@ def test_resume_after_a_kill_mid_cell(tmp_path: Path) -> None:
     status = sc.read_status(sdir / killed)
     del status["reason"], status["finished_at"]  # what the cell's start wrote
     (sdir / killed / "status.json").write_text(json.dumps({**status, "state": "running"}))
-    assert (f"`{killed}` did not finish: still running, or killed before it could say so "
-            "(--resume runs it again).") in render_scenario_report(sdir).read_text()
+    assert (f"`{killed}` did not finish: killed before it could say so (no process writes "
+            "it now) (--resume runs it again).") in render_scenario_report(sdir).read_text()
     before = {n: mtimes(sdir, n) for n in names[:2]}
 
     second = Recorder()
