@@ -66,8 +66,8 @@ def test_simulate_stopped_by_sigterm_says_interrupted(tmp_path: Path, bl: type) 
     proc = bl.start("simulate", "--trace", "synthetic", "--num-requests", "50000", "--rate",
                     "50", "--prompt-tokens", "64", "--output-tokens", "64", "--out", str(out))
     try:
-        bl.wait_for(lambda: bl.read_json(out / "manifest.json").get("status") == "starting",
-                    "the run folder to be claimed")
+        bl.wait_for(lambda: bl.read_json(out / "manifest.json").get("status")
+                    in ("starting", "running"), "the run folder to be claimed")
         children = bl.wait_for(lambda: bl.children_of(proc.pid), "the report renderer")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
