@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 OVERWRITE_HELP = ("replace the search in --out when it is another search's (another scenario, "
                   "or other engine, knobs, trace, SLO or target); without it such a folder is "
-                  "refused")
+                  "refused; not with --resume, which goes on with the same search")
 
 
 def add_capacity(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -130,6 +130,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         holding_dir,
     )
 
+    if args.resume and args.overwrite:
+        raise UserError("--resume and --overwrite contradict each other: --resume goes on with "
+                        "the search in --out, --overwrite replaces another search there and "
+                        "starts over; give one")
     spec = _search_spec(args)
     if not args.scenario:  # (a scenario refuses every trace flag but --trace)
         _refuse_arrival_options(args, spec)
@@ -222,26 +226,41 @@ def _search_and_report(args: argparse.Namespace, settings: list[Setting], spec: 
         raise KeyboardInterrupt(f"the finished probes are listed in {out / 'capacity.json'}; "
                                 f"`batchlab report {out}` renders them, and the same command "
                                 "with --resume goes on") from None
-    _print_table(results, spec)
-    _print_predicted(results, out)
+    try:  # every search is on disk: Ctrl-C from here on costs the report only
+        _print_table(results, spec)
+        _print_predicted(results, out)
+        written = _render_report(out)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"the searches are complete and listed in "
+                                f"{out / 'capacity.json'}, but report.md was not written; "
+                                f"`batchlab report {out}` renders it") from None
+    if not written:
+        return 1
+    print(f"report: {out / 'report.md'}")
+    return 1 if any(r.result is None for r in results if not r.earlier) else 0
+
+
+def _render_report(out: Path) -> bool:
+    """``out``'s report.md; False, said, when it could not be written (a report that fails
+    costs no result: every search is on disk)."""
     from harness.report import render_scenario_report
 
-    try:  # every search is on disk: a report that fails costs no result
+    try:
         render_scenario_report(out)
     except Exception as exc:
         print(f"batchlab capacity: error: the searches are recorded in "
               f"{out / 'capacity.json'}, but report.md could not be written: "
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(f"report: {out / 'report.md'}")
-    return 1 if any(r.result is None for r in results if not r.earlier) else 0
+        return False
+    return True
 
 
 def _print_predicted(results: list[SettingResult], out: Path) -> None:
     """The capacities that are predictions, of which model, how accurate: as the probes
     recorded it (simulated, or the reference engine served over HTTP, launched or attached:
     ``capacity.json``'s ``prediction``, the words ``replay`` prints under its figures); a
-    simulated setting whose probes say nothing (none ran), from its configuration."""
+    simulated setting whose probes say nothing (none ran), from its configuration. A setting
+    whose search has no answer (it failed) predicts nothing: left out."""
     from harness.capacity.run import setting_prediction
     from harness.prediction import CAPACITY_CAVEAT
     from harness.sim.target import SimulatedTarget
@@ -249,6 +268,8 @@ def _print_predicted(results: list[SettingResult], out: Path) -> None:
     by_text: dict[str, list[str]] = {}
     by_config: dict[Any, list[str]] = {}
     for r in results:
+        if r.result is None:
+            continue
         found = setting_prediction(r, out)
         if found is not None:
             by_text.setdefault(str(found["text"]), []).append(r.setting.name)
@@ -315,6 +336,7 @@ def _search_spec(args: argparse.Namespace) -> SearchSpec:
     if (args.min_load is not None and args.max_load is not None
             and args.min_load > args.max_load):
         raise UserError(f"--min-load {args.min_load:g} is above --max-load {args.max_load:g}")
+    _check_load_range(args)
     if start is None:  # the default start, within the range asked for
         default = SearchSpec(kind=args.search, min_load=args.min_load, max_load=args.max_load)
         start = min(max(1.0 if rate else 4.0, default.lowest), default.highest)
@@ -335,6 +357,37 @@ def _search_spec(args: argparse.Namespace) -> SearchSpec:
     if not (math.isfinite(args.think_time_s) and args.think_time_s >= 0):
         raise UserError(f"--think-time-s: expected seconds >= 0, got {args.think_time_s:g}")
     return spec
+
+
+def _check_load_range(args: argparse.Namespace) -> None:
+    """--start within --min-load .. --max-load, each bound the flag's or its default: refused
+    naming only the flags given, and saying which value is a default (``SearchSpec.lowest``,
+    ``highest``)."""
+    from harness.capacity import SearchSpec
+
+    for flag, value in (("--start", args.start), ("--min-load", args.min_load),
+                        ("--max-load", args.max_load)):
+        if value is not None and not value > 0:  # (a default start would take its place)
+            raise UserError(f"{flag}: expected a positive load, got {value:g}")
+    defaults = SearchSpec(kind=args.search)
+
+    def bound(flag: str, given: float | None, default: float, edge: str) -> str:
+        if given is not None:
+            return f"{flag} {given:g}"
+        return f"the {edge} load ({flag}, default {default:g})"
+
+    lowest = bound("--min-load", args.min_load, defaults.lowest, "lowest")
+    highest = bound("--max-load", args.max_load, defaults.highest, "highest")
+    low = args.min_load if args.min_load is not None else defaults.lowest
+    high = args.max_load if args.max_load is not None else defaults.highest
+    if args.max_load is not None and args.max_load < low:  # --min-load given: checked
+        raise UserError(f"--max-load {args.max_load:g} is below {lowest}")
+    if args.min_load is not None and args.min_load > high:
+        raise UserError(f"--min-load {args.min_load:g} is above {highest}")
+    if args.start is not None and args.start < low:
+        raise UserError(f"--start {args.start:g} is below {lowest}")
+    if args.start is not None and args.start > high:
+        raise UserError(f"--start {args.start:g} is above {highest}")
 
 
 def _settings(args: argparse.Namespace, spec: SearchSpec
@@ -464,17 +517,34 @@ def _print_table(results: list[SettingResult], spec: SearchSpec) -> None:
         earlier = " (earlier search, not run now)" if r.earlier else ""
         if r.result is None:
             print(f"{r.setting.name:<{width}}  {'–':>{col}}  {'':<25} {'':>6}  failed: "
-                  f"{r.error}{earlier}")
+                  f"{_reason(r.error)}{earlier}")
             continue
         res = r.result
         bound = status_bound(res.status)
         value = res.failing if bound == "<" else res.capacity
         cap = "–" if value is None else ("" if bound == "=" else f"{bound} ") + f"{value:g}"
         cap = f"{cap:>{col}}"
+        shown = [load for load in (res.passing, res.failing) if load is not None]
         bracket = (f"{'–' if res.passing is None else f'{res.passing:g}'} .. "
-                   f"{'–' if res.failing is None else f'{res.failing:g}'} {unit}")
+                   f"{'–' if res.failing is None else f'{res.failing:g}'} "
+                   f"{'user' if spec.kind == 'concurrency' and shown == [1] else unit}")
         print(f"{r.setting.name:<{width}}  {cap}  {bracket:<25} {len(res.probes):>6}  "
               f"{res.status}{_stopped_by(res)}{earlier}")
+
+
+def _reason(error: str | None) -> str:
+    """Why a setting's search failed, in words: ``SettingResult.error`` is "Class: reason",
+    and for the failures that are conditions of the engine or the trace, not faults of
+    batchlab (requests refused at any load, an engine that exited or stopped answering), the
+    reason alone says it; any other keeps its class, what a bug report needs."""
+    from adapters.process import EngineExited
+    from harness.results import NothingServed
+    from harness.scenario.attached import ServerRestarted, ServerStoppedAnswering
+
+    kind, sep, reason = (error or "").partition(": ")
+    expected = {c.__name__ for c in (NothingServed, EngineExited, ServerStoppedAnswering,
+                                     ServerRestarted)}
+    return reason if sep and kind in expected else (error or "")
 
 
 def _stopped_by(result: SearchResult) -> str:
