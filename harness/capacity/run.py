@@ -45,6 +45,7 @@ from harness.capacity.probe import (
 from harness.capacity.search import (
     LOAD_UNITS,
     LoadCap,
+    LoadKind,
     ProbeOutcome,
     SearchResult,
     SearchSpec,
@@ -100,6 +101,10 @@ class SettingResult:
     interrupted: tuple[ProbeOutcome, ...] | None = None  # probes done before Ctrl-C
     earlier: bool = False  # read back from an earlier search (not searched this time)
     running: bool = False  # being searched, or waiting its turn (``interrupted``: done so far)
+
+
+# a setting's ``error`` in capacity.json when the search was interrupted before it began
+NOT_STARTED = "not searched: interrupted before it started"
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -287,6 +292,9 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
         raise
     result = replace(_trace_bound(result, plan.target), load_cap=load_cap)
     write(result.status, result)
+    answer = result_answer(result, plan, spec.kind, out_dir)
+    if answer is not None and log is not None:
+        log(f"{setting.name}: {answer}")
     return result
 
 
@@ -298,8 +306,9 @@ def probe_verdict(outcome: ProbeOutcome, target: float, search_dir: Path) -> str
     its latencies to be of the requests that finished only: a lower bound."""
     att = "–" if outcome.attainment is None else attainment_text(outcome.attainment)
     if outcome.num_warm_up:
-        att += (f" once its users were under way (their first {outcome.num_warm_up} requests, "
-                "sent together at the start, not counted)")
+        first = ("the first request, sent at the start" if outcome.num_warm_up == 1 else
+                 f"their first {outcome.num_warm_up} requests, sent together at the start")
+        att += f" once its users were under way ({first}, not counted)"
     failed, sent = outcome.num_failed or 0, outcome.num_requests or 0
     cut = _num_cut_off(outcome, search_dir) if outcome.stopped else 0
     if failed and sent:  # refused, errors, or cut off by the early stop: say which
@@ -362,18 +371,62 @@ def _clear_earlier_probes(out_dir: Path, name: str, log: Log | None, *,
                "(made with other settings or another batchlab: --resume would not reuse them)"))
 
 
+def _deciding_failure(result: SearchResult) -> ProbeOutcome | None:
+    """The run that decided the bracket's failing load: its confirming run, else its probe."""
+    at = [p for p in result.probes if p.load == result.failing]
+    return next((p for p in at if p.full), at[-1] if at else None)
+
+
 def _trace_bound(result: SearchResult, target: float) -> SearchResult:
     """A search whose lowest failing load met the SLO and failed only because the trace was
     too short to show a steady state there found what the trace can show, not the engine's
-    capacity: status ``trace_too_short`` (a lower bound)."""
-    if result.status != "found" or result.failing is None:
+    capacity: status ``trace_too_short``. A lower bound when a load passed below it; not
+    known when that load was the lowest (a ``below_min`` the trace, not the engine, set)."""
+    if result.status not in ("found", "below_min") or result.failing is None:
         return result
-    at = [p for p in result.probes if p.load == result.failing]
-    failing = next((p for p in at if p.full), at[-1] if at else None)  # the deciding run
+    failing = _deciding_failure(result)
     if (failing is not None and failing.attainment is not None and failing.attainment >= target
             and not failing.stopped and (failing.behind or "").startswith("too short")):
         return replace(result, status="trace_too_short")
     return result
+
+
+def result_answer(result: SearchResult, plan: ProbePlan, kind: LoadKind,
+                  search_dir: Path) -> str | None:
+    """The answer in words where a capacity and its bound would mislead (``answer`` in
+    search.json and capacity.json; the report and the console say it): every load tried
+    failed, down to the lowest, on SLO attainment (no load meets the SLO: "< 0.01 req/s"
+    would suggest a lower one does), or only as too short a trace there (not known). None
+    otherwise."""
+    if result.capacity is not None or result.failing is None:
+        return None
+    failing = _deciding_failure(result)
+    if failing is None or failing.attainment is None:
+        return None
+    lowest = ("by a single user" if kind == "concurrency" and failing.load == 1
+              else f"at the lowest load tried, {load_text(kind, failing.load)}")
+    if result.status == "trace_too_short":
+        return (f"not known: the engine met the SLO {lowest} (SLO attainment "
+                f"{attainment_text(failing.attainment)}), but the trace was too short to show "
+                "a steady state; a trace with more requests may show the capacity")
+    if (result.status != "below_min" or failing.stopped
+            or failing.attainment >= plan.target):
+        return None  # failed as over-saturated, or by falling behind: "<" is the answer
+    from harness.report.format import fmt_seconds
+
+    summary = (read_json_object(search_dir / failing.run_dir / SUMMARY_FILE)
+               if failing.run_dir else {})
+    names = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
+    medians = []
+    for key, limit in plan.slo.as_dict().items():
+        p50 = (summary.get(key) or {}).get("p50") if isinstance(summary, dict) else None
+        if isinstance(p50, int | float):
+            medians.append(f"{names.get(key, key)} p50 {fmt_seconds(p50)} against "
+                           f"{fmt_seconds(limit)}")
+    return (f"the SLO is not met even {lowest}: SLO attainment "
+            f"{attainment_text(failing.attainment)}, under the "
+            f"{attainment_text(plan.target)} target"
+            + (f" ({'; '.join(medians)})" if medians else ""))
 
 
 def _search_record(setting: Setting, spec: SearchSpec, status: str,
@@ -401,6 +454,9 @@ def _search_record(setting: Setting, spec: SearchSpec, status: str,
         "status": status,
         "error": error,
         "capacity": result.capacity if result is not None else None,
+        # the answer in words, where the capacity and its bound would mislead
+        "answer": (result_answer(result, plan, spec.kind, search_dir)
+                   if result is not None else None),
         "bracket": ({"passing": result.passing, "failing": result.failing}
                     if result is not None else _bracket_so_far(probes)),
         "probes": [{**p.as_dict(), **cut_off_fields(
@@ -747,6 +803,10 @@ def _search_settings(settings: Sequence[Setting], spec: SearchSpec, out_dir: Pat
         except KeyboardInterrupt as exc:  # what was measured stays listed, and reportable
             done = exc.probes if isinstance(exc, SearchInterrupted) else ()
             results.append(SettingResult(setting, None, "interrupted", interrupted=done))
+            # those not started yet stay listed, as while the search ran: not searched
+            searched = {r.setting.name for r in results}
+            results += [SettingResult(s, None, NOT_STARTED, interrupted=())
+                        for s in settings if s.name not in searched]
             results.sort(key=lambda r: order[r.setting.name])
             _write_summary(results, spec, out_dir, name=name, baseline=baseline,
                            command=command, left_out=left_out, status="interrupted")
@@ -766,15 +826,31 @@ def _search_settings(settings: Sequence[Setting], spec: SearchSpec, out_dir: Pat
     return results
 
 
-def _what_answers(setting: Setting, prediction: Mapping[str, Any] | None) -> dict[str, Any]:
+def _what_answers(r: SettingResult, prediction: Mapping[str, Any] | None,
+                  out_dir: Path) -> dict[str, Any]:
     """Whose capacity a row gives: the engine, simulated or live, and whether its capacity is
     a prediction: simulated, or what its probes recorded says so (``prediction``: the
-    reference engine served over HTTP, launched or attached, whatever ``--engine`` named)."""
-    spec = setting.plan.spec
+    reference engine served over HTTP, launched or attached, whatever ``--engine`` named).
+    The GPU is the one that took effect, as the probes' manifests record it (a default when
+    --gpu was not given), else the one asked for."""
+    spec = r.setting.plan.spec
     return {"engine": spec.engine, "mode": "simulated" if spec.simulated else "live",
             "predicted": spec.simulated or prediction is not None,
-            "model": spec.model, "gpu": spec.gpu,
+            "model": spec.model, "gpu": _probed_gpu(r, out_dir) or spec.gpu,
             "profile": spec.profile}
+
+
+def _probed_gpu(r: SettingResult, out_dir: Path) -> str | None:
+    """The GPU the first probe folder that records one ran on (its engine's config)."""
+    for probe in setting_probes(r):
+        if probe.run_dir is None:
+            continue
+        engine = read_manifest(out_dir / r.setting.name / probe.run_dir).get("engine")
+        config = engine.get("config") if isinstance(engine, Mapping) else None
+        gpu = config.get("gpu") if isinstance(config, Mapping) else None
+        if isinstance(gpu, str) and gpu:
+            return gpu
+    return None
 
 
 def setting_probes(r: SettingResult) -> tuple[ProbeOutcome, ...]:
@@ -821,10 +897,12 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
         prediction = setting_prediction(r, out_dir)
         row: dict[str, Any] = {"setting": r.setting.name, "search": f"{r.setting.name}/"
                                f"{SEARCH_FILE}", "error": r.error,
-                               **_what_answers(r.setting, prediction),
+                               **_what_answers(r, prediction, out_dir),
                                "precision_text": _precision_text(r, spec, out_dir)}
         if r.result is not None:
             row.update(status=r.result.status, capacity=r.result.capacity,
+                       answer=result_answer(r.result, r.setting.plan, spec.kind,
+                                            out_dir / r.setting.name),
                        bracket={"passing": r.result.passing, "failing": r.result.failing},
                        num_probes=len(r.result.probes))
             if r.result.load_cap is not None:  # the highest load tried, and why not --max-load

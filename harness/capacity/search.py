@@ -31,7 +31,8 @@ from typing import Any, Literal
 
 LoadKind = Literal["rate", "concurrency"]
 # trace_too_short: found, but the lowest failing load failed only as too short a trace to show
-# a steady state (``harness.capacity.run``): the capacity is a lower bound set by the trace
+# a steady state (``harness.capacity.run``): the capacity is a lower bound set by the trace;
+# none and not known when that load was the lowest (a below_min the trace set)
 Status = Literal["found", "below_min", "at_least_max", "max_probes", "trace_too_short"]
 LOAD_UNITS = {"rate": "req/s", "concurrency": "users"}
 DEFAULT_TARGET = 0.99

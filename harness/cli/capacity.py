@@ -227,7 +227,7 @@ def _search_and_report(args: argparse.Namespace, settings: list[Setting], spec: 
                                 f"`batchlab report {out}` renders them, and the same command "
                                 "with --resume goes on") from None
     try:  # every search is on disk: Ctrl-C from here on costs the report only
-        _print_table(results, spec)
+        _print_table(results, spec, out)
         _print_predicted(results, out)
         written = _render_report(out)
     except KeyboardInterrupt:
@@ -368,7 +368,7 @@ def _check_load_range(args: argparse.Namespace) -> None:
     for flag, value in (("--start", args.start), ("--min-load", args.min_load),
                         ("--max-load", args.max_load)):
         if value is not None and not value > 0:  # (a default start would take its place)
-            raise UserError(f"{flag}: expected a positive load, got {value:g}")
+            raise UserError(f"{flag}: must be a positive load, got {value:g}")
     defaults = SearchSpec(kind=args.search)
 
     def bound(flag: str, given: float | None, default: float, edge: str) -> str:
@@ -504,7 +504,11 @@ def _single_setting(args: argparse.Namespace, spec: SearchSpec, slo: Any) -> Set
                           early_stop=not args.no_early_stop)
 
 
-def _print_table(results: list[SettingResult], spec: SearchSpec) -> None:
+def _print_table(results: list[SettingResult], spec: SearchSpec, out: Path) -> None:
+    """A row per setting; one whose bound would mislead (no load meets the SLO, or the trace
+    too short to tell) shows no capacity and says why, as its log line did
+    (``result_answer``)."""
+    from harness.capacity.run import result_answer
     from harness.capacity.search import LOAD_UNITS
     from harness.report.curves import status_bound
 
@@ -520,8 +524,9 @@ def _print_table(results: list[SettingResult], spec: SearchSpec) -> None:
                   f"{_reason(r.error)}{earlier}")
             continue
         res = r.result
+        answer = result_answer(res, r.setting.plan, spec.kind, out / r.setting.name)
         bound = status_bound(res.status)
-        value = res.failing if bound == "<" else res.capacity
+        value = None if answer else res.failing if bound == "<" else res.capacity
         cap = "–" if value is None else ("" if bound == "=" else f"{bound} ") + f"{value:g}"
         cap = f"{cap:>{col}}"
         shown = [load for load in (res.passing, res.failing) if load is not None]
@@ -529,7 +534,7 @@ def _print_table(results: list[SettingResult], spec: SearchSpec) -> None:
                    f"{'–' if res.failing is None else f'{res.failing:g}'} "
                    f"{'user' if spec.kind == 'concurrency' and shown == [1] else unit}")
         print(f"{r.setting.name:<{width}}  {cap}  {bracket:<25} {len(res.probes):>6}  "
-              f"{res.status}{_stopped_by(res)}{earlier}")
+              f"{res.status}{_stopped_by(res)}{earlier}" + (f": {answer}" if answer else ""))
 
 
 def _reason(error: str | None) -> str:

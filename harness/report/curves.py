@@ -259,6 +259,9 @@ class SearchRecord:
     # each listed probe's pace verdict (``_pace_failure``), by its resolved run folder: the
     # curve table marks the same probes failed that the capacity table counts
     probe_behind: Mapping[Path, str | None] = field(default_factory=dict)
+    # the answer in words where a capacity and its bound would mislead (search.json's
+    # ``answer``): no load meets the SLO, or the trace too short to tell at the lowest load
+    answer: str | None = None
 
 
 def find_searches(cells: Sequence[CellResult], slo: Mapping[str, float] | None
@@ -342,7 +345,8 @@ def _read_search(path: Path) -> SearchRecord | None:
             probe_dirs=tuple(path.parent / str(p["run_dir"]) for p in probes
                              if p.get("run_dir")),
             probe_behind={(path.parent / str(p["run_dir"])).resolve(): _pace_failure(p)
-                          for p in probes if p.get("run_dir")})
+                          for p in probes if p.get("run_dir")},
+            answer=str(d["answer"]) if d.get("answer") else None)
     except (OSError, ValueError, TypeError, AttributeError):
         return None
 
@@ -376,6 +380,9 @@ class CapacityRow:
     note: str = ""  # why a capacity is only a bound, in a few words (for the key finding)
     precision: float | None = None  # a search's (rate: relative; concurrency: users)
     slo: Mapping[str, float] | None = None  # the SLO the capacity was judged under
+    # instead of a number, when a bound would mislead (search.json's ``answer``): "the SLO is
+    # not met even at the lowest load tried, ...", "not known: ... the trace was too short"
+    answer: str = ""
 
 
 LOAD_UNITS = {"rate": "req/s", "concurrency": "users", "time_scale": "× time"}
@@ -437,7 +444,8 @@ def capacity_rows(series: Sequence[Series], searches: Sequence[SearchRecord],
 def status_bound(status: str) -> str:
     """What a search's status says of its capacity: "=" found, "≥" a lower bound (no load
     tried failed; cut short by --max-probes, Ctrl-C or a kill; the trace too short to test
-    more), "<" every load tried failed (the lowest failing load is the bound)."""
+    more: no number when no load passed), "<" every load tried failed (the lowest failing
+    load is the bound; none when it failed on SLO attainment: search.json's ``answer``)."""
     return {"at_least_max": "≥", "below_min": "<", "max_probes": "≥", "interrupted": "≥",
             "running": "≥", "trace_too_short": "≥"}.get(status, "=")
 
@@ -447,6 +455,8 @@ def _search_row(r: SearchRecord) -> CapacityRow:
     value = r.capacity if bound != "<" else r.failing
     if value is None and bound == "≥":
         value = r.passing
+    if r.answer:  # no load meets the SLO, or not known: no number to give
+        value = None
     passing = "–" if r.passing is None else f"{r.passing:g}"
     failing = "–" if r.failing is None else f"{r.failing:g}"
     stopped = f", {r.num_stopped} stopped early" if r.num_stopped else ""
@@ -460,11 +470,14 @@ def _search_row(r: SearchRecord) -> CapacityRow:
         "below_min": f"every load tried failed, down to the lowest ({failing})",
         "at_least_max": f"no load tried failed, up to the highest ({passing}"
                         + (f": {r.load_cap}" if r.load_cap else "") + ")",
-        "trace_too_short": f"a lower bound: at {failing} the trace was too short to show a "
-                           "steady state; a trace with more requests may show more",
+        "trace_too_short": (f"a lower bound: at {failing} the trace was too short to show a "
+                            "steady state; a trace with more requests may show more")
+        if r.passing is not None else r.answer or "not known: the trace too short",
     }.get(r.status, r.precision_text)
+    if r.status == "below_min" and r.answer:
+        precision = r.answer
     evidence = (f"search ({r.status}): {passing} passed, {failing} failed ({precision}); "
-                f"{r.num_probes} probes{stopped}{behind}")
+                f"{r.num_probes} probe{'' if r.num_probes == 1 else 's'}{stopped}{behind}")
     if r.behind:
         evidence += f"; {failing} {_failed_text(r, r.behind)}"
     bracket = tuple(f"{r.path.parent.name}/{r.probe_labels[load]}"
@@ -477,7 +490,7 @@ def _search_row(r: SearchRecord) -> CapacityRow:
     if r.status == "at_least_max" and r.load_cap:
         note = f"no load tried failed, up to {r.load_cap}"
     return CapacityRow(r.key, r.kind, value, bound, "search", evidence, bracket, note,
-                       r.precision, dict(r.slo) or None)
+                       r.precision, dict(r.slo) or None, r.answer or "")
 
 
 def _failed_text(r: SearchRecord, behind: str) -> str:

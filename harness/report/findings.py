@@ -894,7 +894,7 @@ def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
         notes = []
         if r.source != "search" and r.capacity is not None:
             notes.append("interpolated")
-        if r.note:
+        if r.note and not r.answer:
             notes.append(r.note)
         if r.key in predicted:
             notes.append("predicted")
@@ -906,7 +906,9 @@ def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
                 notes.append("the same as the baseline within the searches' precision")
             elif ratio:
                 notes.append(ratio if r is b else f"{ratio} the baseline")
-        text = f"{code(r.key)} " + (capacity_text(r) if r.capacity is not None else "not known")
+        # no number: what the row says instead (no load meets the SLO, or the trace too short)
+        text = code(r.key) + (f": {r.answer}" if r.answer else f" {capacity_text(r)}"
+                              if r.capacity is not None else " not known")
         parts.append(text + (f" ({'; '.join(notes)})" if notes else ""))
     return (f"Capacity at SLO (the highest load with at least {fmt_pct(target)} of requests "
             f"within {slo_text(slo)}, the engine keeping up): "

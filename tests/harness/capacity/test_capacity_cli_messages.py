@@ -61,7 +61,7 @@ def test_ctrl_c_while_the_report_is_drawn_says_the_searches_are_complete(
     (["--start", "8", "--max-load", "5"], "--start 8 is above --max-load 5"),
     (["--start", "0.001", "--max-load", "0.005"],
      "--max-load 0.005 is below the lowest load (--min-load, default 0.01)"),
-    (["--max-load", "-1"], "--max-load: expected a positive load, got -1"),
+    (["--max-load", "-1"], "--max-load: must be a positive load, got -1"),
     (["--search", "concurrency", "--max-load", "0.5"],
      "--max-load 0.5 is below the lowest load (--min-load, default 1)"),
     (["--search", "concurrency", "--start", "5000"],
