@@ -105,6 +105,9 @@ class SettingResult:
 
 # a setting's ``error`` in capacity.json when the search was interrupted before it began
 NOT_STARTED = "not searched: interrupted before it started"
+# search.json of a failed search: the folder of the probe it failed in, whose status.json
+# says why; the report lists that probe as a failed cell of the setting
+FAILED_PROBE = "failed_probe"
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -252,24 +255,32 @@ def run_search(setting: Setting, spec: SearchSpec, out_dir: Path, *, resume: boo
     else:
         _clear_earlier_probes(out_dir, setting.name, log, plan=plan)
     done: list[ProbeOutcome] = []
+    running: list[str] = []  # the probe under way: the one that failed, if the search does
 
     def write(status: str, result: SearchResult | None = None, error: str | None = None) -> None:
         probes = result.probes if result is not None else tuple(done)
-        write_json_atomic(redact_tree(_search_record(setting, spec, status, probes, result,
-                                                     error, load_cap, out_dir)),
-                          out_dir / SEARCH_FILE)
+        record = _search_record(setting, spec, status, probes, result, error, load_cap,
+                                out_dir)
+        if status == "failed" and running:  # its folder says why (status.json)
+            record[FAILED_PROBE] = running[0]
+        write_json_atomic(redact_tree(record), out_dir / SEARCH_FILE)
 
     def probe(load: float) -> ProbeOutcome:
         if log is not None:
             log(f"{setting.name}: probe {load_text(spec.kind, load)}")
-        return run_probe(plan, load, out_dir / probe_label(spec.kind, load))
+        running[:] = [probe_label(spec.kind, load)]
+        outcome = run_probe(plan, load, out_dir / running[0])
+        running.clear()
+        return outcome
 
     def confirm(load: float) -> ProbeOutcome:
         if log is not None:
             log(f"{setting.name}: probe {load_text(spec.kind, load)} again, to its end: it "
                 "was stopped early as over-saturated, and the answer must not rest on that")
-        return run_probe(plan, load, out_dir / probe_label(spec.kind, load, full=True),
-                         full=True)
+        running[:] = [probe_label(spec.kind, load, full=True)]
+        outcome = run_probe(plan, load, out_dir / running[0], full=True)
+        running.clear()
+        return outcome
 
     def recorded(outcome: ProbeOutcome) -> None:
         done.append(outcome)
@@ -860,6 +871,17 @@ def setting_probes(r: SettingResult) -> tuple[ProbeOutcome, ...]:
     return r.interrupted or ()
 
 
+def _failed_probe(r: SettingResult, out_dir: Path) -> str | None:
+    """The folder of the probe a failed search failed in (``FAILED_PROBE`` of its
+    search.json), when it is there; None for any other search."""
+    if r.result is not None or r.interrupted is not None or r.earlier:
+        return None
+    label = read_json_object(out_dir / r.setting.name / SEARCH_FILE).get(FAILED_PROBE)
+    if not isinstance(label, str) or not (out_dir / r.setting.name / label).is_dir():
+        return None
+    return label
+
+
 def setting_prediction(r: SettingResult, out_dir: Path) -> dict[str, Any] | None:
     """What predicted a setting's capacity, as its probes recorded it (the first probe folder
     that did: ``harness.prediction.summary_prediction`` of its manifest, as a replay's summary
@@ -893,6 +915,7 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
     probe), interrupted or finished."""
     rows = []
     cells: list[str] = []
+    failed_cells: list[str] = []  # never the baseline unless asked for: it has no figures
     for r in results:
         prediction = setting_prediction(r, out_dir)
         row: dict[str, Any] = {"setting": r.setting.name, "search": f"{r.setting.name}/"
@@ -921,6 +944,10 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
             row["prediction"] = prediction
         cells += [f"{r.setting.name}/{probe_label(spec.kind, load, full=deciding[load].full)}"
                   for load in sorted(deciding)]
+        failed_in = _failed_probe(r, out_dir)
+        if failed_in is not None:  # a failed search is in the report, with why, as its probe
+            failed_cells.append(f"{r.setting.name}/{failed_in}")
+            cells.append(failed_cells[-1])
         rows.append(row)
     slo = results[0].setting.plan.slo.as_dict() if results else None
     target = results[0].setting.plan.target if results else spec.target
@@ -931,8 +958,9 @@ def _write_summary(results: Sequence[SettingResult], spec: SearchSpec, out_dir: 
                        "left_out": [{"setting": k, "why": v}
                                     for k, v in (left_out or {}).items()]},
                       out_dir / CAPACITY_FILE)
+    measured = [c for c in cells if c not in failed_cells]
     base = next((c for c in cells if baseline and c.startswith(baseline + "/")),
-                cells[0] if cells else None)
+                measured[0] if measured else None)
     what = "request rate" if spec.kind == "rate" else "number of concurrent users"
     write_json_atomic({
         "name": name,

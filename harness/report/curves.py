@@ -262,6 +262,7 @@ class SearchRecord:
     # the answer in words where a capacity and its bound would mislead (search.json's
     # ``answer``): no load meets the SLO, or the trace too short to tell at the lowest load
     answer: str | None = None
+    error: str | None = None  # a failed search: why (search.json's ``error``)
 
 
 def find_searches(cells: Sequence[CellResult], slo: Mapping[str, float] | None
@@ -346,7 +347,8 @@ def _read_search(path: Path) -> SearchRecord | None:
                              if p.get("run_dir")),
             probe_behind={(path.parent / str(p["run_dir"])).resolve(): _pace_failure(p)
                           for p in probes if p.get("run_dir")},
-            answer=str(d["answer"]) if d.get("answer") else None)
+            answer=str(d["answer"]) if d.get("answer") else None,
+            error=str(d["error"]) if d.get("error") else None)
     except (OSError, ValueError, TypeError, AttributeError):
         return None
 
@@ -478,6 +480,8 @@ def _search_row(r: SearchRecord) -> CapacityRow:
         precision = r.answer
     evidence = (f"search ({r.status}): {passing} passed, {failing} failed ({precision}); "
                 f"{r.num_probes} probe{'' if r.num_probes == 1 else 's'}{stopped}{behind}")
+    if r.status == "failed" and r.error:  # no verdict about any load: why is all there is
+        evidence = f"search failed: {_error_text(r.error)}"
     if r.behind:
         evidence += f"; {failing} {_failed_text(r, r.behind)}"
     bracket = tuple(f"{r.path.parent.name}/{r.probe_labels[load]}"
@@ -491,6 +495,15 @@ def _search_row(r: SearchRecord) -> CapacityRow:
         note = f"no load tried failed, up to {r.load_cap}"
     return CapacityRow(r.key, r.kind, value, bound, "search", evidence, bracket, note,
                        r.precision, dict(r.slo) or None, r.answer or "")
+
+
+def _error_text(error: str) -> str:
+    """A failed search's ``error`` ("Class: reason") as the report says it: the reason alone
+    for a condition of the engine or the trace (requests refused at any load, an engine that
+    exited or stopped answering or was restarted), the class kept for anything else."""
+    kind, sep, reason = error.partition(": ")
+    expected = ("NothingServed", "EngineExited", "ServerStoppedAnswering", "ServerRestarted")
+    return reason if sep and kind in expected else error
 
 
 def _failed_text(r: SearchRecord, behind: str) -> str:

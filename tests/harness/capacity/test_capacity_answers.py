@@ -129,3 +129,28 @@ def test_settings_not_started_stay_listed_after_ctrl_c(
     assert (first["status"], first["num_probes"]) == ("interrupted", 1)
     assert (second["status"], second["num_probes"]) == ("interrupted", 0)
     assert second["error"] == "not searched: interrupted before it started"
+
+
+def test_a_failed_setting_stays_in_the_report_with_why(tmp_path: Path) -> None:
+    """A setting whose search failed (requests refused at any load: its KV cache too small)
+    is in the report, as its failed probe with the reason and as a capacity row saying the
+    search failed; it does not become the baseline, which stays the first setting that
+    measured something."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(
+        "name: mixed\nquestion: does a failed setting stay in the report?\n"
+        f"trace: {{path: {TRACE}, limit: 100}}\n"
+        "model: llama-3.1-8b\ngpu: h100-sxm\nslo: {ttft_s: 0.5, tpot_s: 0.03}\n"
+        "engines:\n"
+        "  - {name: tiny, engine: reference, knobs: {max_num_seqs: 64}, num_gpu_blocks: 60}\n"
+        "  - {name: big, engine: reference, knobs: {max_num_seqs: 64}}\n")
+    out = tmp_path / "out"
+    assert cli_main(["capacity", str(scenario), "--max-load", "2", "--out", str(out)]) == 1
+    search = json.loads((out / "tiny" / SEARCH_FILE).read_text())
+    assert search["status"] == "failed" and search["failed_probe"] == "rate-1"
+    report = (out / "report.md").read_text()
+    why = "requests are refused at any load (they can never fit the KV cache)"
+    assert f"- `tiny/rate-1` did not finish: 36 of 100 {why}" in report
+    row = next(line for line in report.splitlines() if line.startswith("| `tiny` |"))
+    assert f"search failed: 36 of 100 {why}" in row and "NothingServed" not in row
+    assert "| Baseline | `big` at each load |" in report
