@@ -85,6 +85,18 @@ def replay(url: str, out: Path) -> list[str]:
             "--output-tokens", "20", "--out", str(out)]
 
 
+def attached_scenario(folder: Path, name: str, question: str, url: str) -> Path:
+    """A scenario of one cell attached to the server at ``url`` (``url:``), replaying the
+    replay's 12 requests."""
+    scenario = folder / "s.yaml"
+    scenario.write_text(
+        f"name: {name}\nquestion: {question}\n"
+        f"trace:\n  path: {TRACE}\n  limit: 12\n  rate: 8\n  output_tokens: 20\n"
+        "model: llama-3.1-8b\ngpu: h100-sxm\nengines:\n"
+        f"  - name: attached\n    engine: openai\n    url: {url}\n")
+    return scenario
+
+
 def test_a_server_gone_mid_replay_fails_the_run(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
@@ -119,12 +131,8 @@ def test_a_sweep_cell_whose_server_went_away_fails_and_says_why(
     out = tmp_path / "out"
     cell = out / "gone" / "attached"
     with serving_until(cell) as url:
-        scenario = tmp_path / "s.yaml"
-        scenario.write_text(
-            "name: gone\nquestion: Does a server that dies fail its cell?\n"
-            f"trace:\n  path: {TRACE}\n  limit: 12\n  rate: 8\n  output_tokens: 20\n"
-            "model: llama-3.1-8b\ngpu: h100-sxm\nengines:\n"
-            f"  - name: attached\n    engine: openai\n    url: {url}\n")
+        scenario = attached_scenario(tmp_path, "gone", "Does a server that dies fail its cell?",
+                                     url)
         assert main(["run", str(scenario), "--out", str(out)]) == 1
     status = json.loads((cell / "status.json").read_text())
     assert status["state"] == "failed"
@@ -227,12 +235,8 @@ def test_a_sweep_cell_whose_server_was_restarted_under_it_fails_and_says_why(
     out = tmp_path / "out"
     cell = out / "restarted" / "attached"
     with serving_until(None, Reconfigured, versions=("0.6.0", "0.7.0"), after=3) as url:
-        scenario = tmp_path / "s.yaml"
-        scenario.write_text(
-            "name: restarted\nquestion: Does a server restarted under a cell fail it?\n"
-            f"trace:\n  path: {TRACE}\n  limit: 12\n  rate: 8\n  output_tokens: 20\n"
-            "model: llama-3.1-8b\ngpu: h100-sxm\nengines:\n"
-            f"  - name: attached\n    engine: openai\n    url: {url}\n")
+        scenario = attached_scenario(tmp_path, "restarted",
+                                     "Does a server restarted under a cell fail it?", url)
         assert main(["run", str(scenario), "--out", str(out)]) == 1
     status = json.loads((cell / "status.json").read_text())
     assert status["state"] == "failed"
