@@ -154,10 +154,30 @@ def _what_changed(before: Any, now: Mapping[str, Any] | None) -> str:
             what = "; ".join(said) if said else what
         if k == "engine" and isinstance(old, Mapping) and isinstance(new, Mapping):
             what += ": " + "; ".join(_engine_changes(old, new))
+        if k in ("options", "cell") and isinstance(old, Mapping) and isinstance(new, Mapping):
+            fields = _field_changes(old, new)
+            what = f"{what}: {'; '.join(fields)}" if fields else what
         if k in ("target", "kind", "slo", "early_stop", "think_time_s", "trace"):
             what += f": {before.get(k)!r} then, {now.get(k)!r} now"
         parts.append(what)
     return "changed: " + "; ".join(parts) if parts else "an older batchlab judged its probes"
+
+
+def _field_changes(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = ""
+                   ) -> list[str]:
+    """Each field that differs between two records (nested ones by their dotted path), in
+    words: ``limit: 600 then, 500 now``; a field one of them lacks is "unset" there."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += _field_changes(a, b, f"{prefix}{key}.")
+        elif (json.dumps(jsonable(a), sort_keys=True, default=str)
+              != json.dumps(jsonable(b), sort_keys=True, default=str)):
+            then = "unset" if key not in old else json.dumps(jsonable(a), default=str)
+            now = "unset" if key not in new else json.dumps(jsonable(b), default=str)
+            out.append(f"{prefix}{key}: {then} then, {now} now")
+    return out
 
 
 # The flags of the engine settings ``settings.engine_settings`` records that are not knobs

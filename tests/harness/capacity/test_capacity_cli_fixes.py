@@ -214,6 +214,11 @@ def test_resume_judges_the_settings_that_take_effect_and_names_a_knob_that_chang
     err = capsys.readouterr().err
     assert "made with other settings (changed: engine or knobs: --max-num-seqs 256 then, 64 now" \
         in err
+    # a trace option is named with its two values, not as "trace options" alone
+    assert cli_main(["capacity", "--limit", "50", *base[3:], "--trace", "t3.csv",
+                     "--resume"]) == 2
+    assert ("made with other settings (changed: trace options: limit: 60 then, 50 now)"
+            in capsys.readouterr().err)
 
 
 # ---------------------------------------------------------------- F: wording
