@@ -908,12 +908,15 @@ def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
 
 
 def _pace_slack(row: CapacityRow, cells: Sequence[CellResult]) -> str:
-    """A rate capacity a search found: how far short of its arrivals the pace check let the
-    probe at it fall, worked out for its own count of requests due (the paragraph above gives
-    the rule), and the rate it may then sustain: "; its pace check allowed a shortfall of up
-    to 19.6% (104 requests due): it may sustain as little as 8.34 req/s". '' when the probe or
+    """A rate capacity a search found, or its lower bound (``≥``: no load tried failed, the
+    trace too short to test more, a search cut short): how far short of its arrivals the pace
+    check let the probe at it fall, worked out for its own count of requests due (the
+    paragraph above gives the rule), and the rate it may then sustain: "; its pace check
+    allowed a shortfall of up to 19.6% (104 requests due): it may sustain as little as 8.34
+    req/s". A lower bound on few requests is where this matters most. '' when the probe or
     its pace is not at hand."""
-    if row.kind != "rate" or row.source != "search" or row.bound != "=" or not row.capacity:
+    if (row.kind != "rate" or row.source != "search" or row.bound not in ("=", "≥")
+            or not row.capacity):
         return ""
     probe = next((c for c in cells if c.name in row.cells
                   and c.load_point.get("kind") == "rate"

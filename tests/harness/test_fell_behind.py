@@ -312,3 +312,11 @@ def test_a_searched_capacity_says_how_short_its_pace_check_let_the_probe_fall() 
     probe.__dict__["pace"] = Pace(12.1, 11.9, True, settled=True)
     text = "\n".join(capacity_section([row], "reference", {"ttft_s": 0.5}, 0.99, [probe]))
     assert "pace check allowed" not in text
+    # a lower bound (no load tried failed but for a trace too short): the same check, and it
+    # matters more there, where the probe counted few requests
+    probe.__dict__["pace"] = Pace(7.9, 7.5, True, settled=True, num_due=20)
+    low = CapacityRow("reference", "rate", 10.37, "≥", "search",
+                      "search (trace_too_short): 10.37 passed, 10.83 failed",
+                      cells=("reference/rate-10.37", "reference/rate-10.83"))
+    text = "\n".join(capacity_section([low], "reference", {"ttft_s": 0.5}, 0.99, [probe]))
+    assert "up to 44.7% (20 requests due): it may sustain as little as 5.73 req/s" in text
