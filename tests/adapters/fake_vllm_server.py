@@ -21,9 +21,12 @@ from harness.live.testing import ScheduledStreamServer, _respond, serve_until_si
 
 
 class FakeVllm(ScheduledStreamServer):
-    def __init__(self, *, max_num_seqs: int, **kw: Any) -> None:
+    def __init__(self, *, max_num_seqs: int, crash_after_requests: int | None = None,
+                 **kw: Any) -> None:
         super().__init__(**kw)
         self.slots = asyncio.Semaphore(max_num_seqs)
+        self.crash_after_requests = crash_after_requests
+        self.num_finished = 0
         self.num_running = 0
         self.num_waiting = 0
         self.num_steps = 0
@@ -55,6 +58,11 @@ class FakeVllm(ScheduledStreamServer):
                     return await super()._dispatch(method, path, headers, body, recv_ns, writer)
                 finally:
                     self.num_running -= 1
+                    self.num_finished += 1
+                    if self.num_finished == self.crash_after_requests:
+                        # dies a moment after the response's last bytes left: the client has it
+                        asyncio.get_running_loop().call_later(
+                            0.2, os.kill, os.getpid(), signal.SIGKILL)
         return await super()._dispatch(method, path, headers, body, recv_ns, writer)
 
 
@@ -67,8 +75,8 @@ def main() -> int:
     p.add_argument("--fail", help="exit at once with this message (a bad flag)")
     p.add_argument("--no-enable-chunked-prefill", action="store_true")
     p.add_argument("--ignore-no-chunking", action="store_true")
-    p.add_argument("--crash-after-s", type=float,
-                   help="die (SIGKILL itself) this long after it starts serving")
+    p.add_argument("--crash-after-requests", type=int,
+                   help="die (SIGKILL itself) just after it finished this many requests")
     args, _unknown = p.parse_known_args()
     print(f"fake vllm argv: {sys.argv[1:]}", flush=True)
     if args.fail:
@@ -80,10 +88,8 @@ def main() -> int:
 
     async def serve() -> None:
         server = FakeVllm(max_num_seqs=args.max_num_seqs, host=args.host, port=args.port,
-                          ttft_s=0.01, itl_s=0.01)
-        if args.crash_after_s is not None:
-            asyncio.get_running_loop().call_later(
-                args.crash_after_s, os.kill, os.getpid(), signal.SIGKILL)
+                          ttft_s=0.01, itl_s=0.01,
+                          crash_after_requests=args.crash_after_requests)
         await serve_until_signal(server)
 
     asyncio.run(serve())
