@@ -497,6 +497,40 @@ def _search_row(r: SearchRecord) -> CapacityRow:
                        r.precision, dict(r.slo) or None, r.answer or "")
 
 
+def unsearched_settings(scenario_dir: Path, meta: Mapping[str, Any],
+                        rows: Sequence[CapacityRow]) -> list[str]:
+    """The settings of a capacity search that have no row in the capacity table, each with
+    why, as its ``capacity.json`` says (``meta``: the folder's scenario.json, which names it):
+    a setting not searched because the search was interrupted before it started, or one
+    interrupted before a probe finished, and those ``left_out`` (an earlier search here of a
+    setting whose definition has changed). Without them a reader of the report would not
+    know the search had more settings than its table shows."""
+    name = meta.get("capacity")
+    if not isinstance(name, str):
+        return []
+    data = read_json_object(scenario_dir / name)
+    shown = {cell.split("/", 1)[0] for r in rows for cell in r.cells}
+    out: list[str] = []
+    for row in data.get("settings") or []:
+        setting = row.get("setting") if isinstance(row, Mapping) else None
+        if not isinstance(setting, str) or setting in shown:
+            continue
+        status, error = row.get("status"), row.get("error")
+        if status == "running":
+            why = "still being searched"
+        elif error:
+            why = _error_text(str(error))
+        elif status == "interrupted":
+            why = "interrupted before a probe finished"
+        else:
+            continue  # measured (its row is in the table under its engine and knobs)
+        out.append(f"`{setting}/`: {why}")
+    for item in data.get("left_out") or []:
+        if isinstance(item, Mapping) and isinstance(item.get("setting"), str):
+            out.append(f"`{item['setting']}/`: not listed: {item.get('why') or 'left out'}")
+    return out
+
+
 def _error_text(error: str) -> str:
     """A failed search's ``error`` ("Class: reason") as the report says it: the reason alone
     for a condition of the engine or the trace (requests refused at any load, an engine that

@@ -98,16 +98,18 @@ def key_findings(cells: Sequence[CellResult], base: CellResult | None, ctx: Repo
                  preempted: Mapping[str, int | None], *,
                  capacity: Sequence[CapacityRow] = (),
                  target: float = DEFAULT_TARGET,
-                 bases: Baselines | None = None) -> list[str]:
+                 bases: Baselines | None = None, num_unsearched: int = 0) -> list[str]:
     """Generated sentences: the capacity at the SLO first (``capacity``: the report's capacity
-    rows, at SLO attainment ``target``), then the largest differences against the baseline
+    rows, at SLO attainment ``target``; ``num_unsearched``: the search's settings without a
+    row, which the answer counts), then the largest differences against the baseline
     (``bases``: what each cell is compared with; ``Baselines.of(ok, base)`` when not given)."""
     ok = [c for c in cells if c.ok]
     out: list[str] = []
     # cells not compared with their baseline, their results another's (_same_results_finding)
     compared: dict[str, tuple[str, str] | None] = {}
     answer = _capacity_finding(capacity, base, ctx.slo, target,
-                               predicted=predicted_settings(capacity, ok))
+                               predicted=predicted_settings(capacity, ok),
+                               num_unsearched=num_unsearched)
     if answer:
         out.append(answer)
     out += [*ctx.notes, *slo_notes(ok)]
@@ -880,9 +882,10 @@ def _attainments_differ(c: CellResult, b: CellResult) -> bool:
 
 def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
                       slo: Mapping[str, float] | None, target: float, *,
-                      predicted: Set[str] = frozenset()) -> str:
+                      predicted: Set[str] = frozenset(), num_unsearched: int = 0) -> str:
     """The answer to "how much load fits my SLO": each setting's capacity, with its ratio to
-    the baseline setting's (the Capacity at SLO table says where each comes from).
+    the baseline setting's (the Capacity at SLO table says where each comes from), and how
+    many of the search's settings have none (``num_unsearched``: not searched, or left out).
     ``predicted``: the settings whose capacity is a prediction, said of each (in a report that
     mixes predicted and measured cells, ``predicted_settings``)."""
     if not rows or not slo:
@@ -910,9 +913,12 @@ def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
         text = code(r.key) + (f": {r.answer}" if r.answer else f" {capacity_text(r)}"
                               if r.capacity is not None else " not known")
         parts.append(text + (f" ({'; '.join(notes)})" if notes else ""))
+    more = (f" {num_unsearched} more setting{'s' if num_unsearched > 1 else ''} of the search "
+            f"{'have' if num_unsearched > 1 else 'has'} no capacity here (not searched, or "
+            "left out: the Capacity at SLO section says why)." if num_unsearched else "")
     return (f"Capacity at SLO (the highest load with at least {fmt_pct(target)} of requests "
             f"within {slo_text(slo)}, the engine keeping up): "
-            + "; ".join(parts) + ".")
+            + "; ".join(parts) + "." + more)
 
 
 def _comparison(c: CellResult, b: CellResult) -> tuple[float, str]:

@@ -29,6 +29,7 @@ from harness.report.curves import (
     cell_setting,
     find_searches,
     load_series,
+    unsearched_settings,
 )
 from harness.report.fidelity import prediction_section
 from harness.report.findings import key_findings
@@ -93,6 +94,7 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
     searches = find_searches(cells, ctx.slo)
     target = searches[0].target if searches else DEFAULT_TARGET
     capacity = capacity_rows(series, searches, target)
+    unsearched = unsearched_settings(out_dir, ctx.scenario or {}, capacity)
     lines = header(cells, base, ctx)
     lines += ["## Key findings", ""]
     predicted = predicted_text(ok)
@@ -101,7 +103,8 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
     bases = Baselines.of(ok, base)
     lines += [f"- {text}" for text in key_findings(cells, base, ctx, preempted,
                                                    capacity=capacity, target=target,
-                                                   bases=bases)]
+                                                   bases=bases,
+                                                   num_unsearched=len(unsearched))]
     if ctx.baseline and (base is None or base.name != ctx.baseline):
         early = any(c.name == ctx.baseline for c in ok)  # results, of part of its trace
         lines.append(f"- The requested baseline {code(ctx.baseline)} "
@@ -115,7 +118,7 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
         lines += throughput_section(ok, bases)
         lines += goodput_section(ok, bases, ctx)
         lines += _load_sections(whole, base, ctx, draw, series, capacity, target,
-                                report_cells=ok)
+                                report_cells=ok, unsearched=unsearched)
         lines += preemption_section(ok, preempted)
         lines += prefix_cache_section(ok)
         lines += output_length_section(ok)
@@ -138,15 +141,17 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
 
 def _load_sections(ok: Sequence[CellResult], base: CellResult | None, ctx: ReportContext,
                    draw: bool, series: Sequence[Series], capacity: Sequence[CapacityRow],
-                   target: float, *, report_cells: Sequence[CellResult]) -> list[str]:
+                   target: float, *, report_cells: Sequence[CellResult],
+                   unsearched: Sequence[str] = ()) -> list[str]:
     """Throughput–latency curves, capacity at SLO and the batch-size table, where the cells
     (or capacity searches beside them) give them. ``ok``: the cells that ran to their end;
     ``report_cells``: every cell with results (whether they mix predicted and measured ones
     decides whether a row is marked predicted)."""
     lines = curves_section(series, has_plot=draw, cells=report_cells, target=target)
     base_key = cell_setting(base) if base is not None else None
-    capacity_lines = capacity_section(capacity, base_key, ctx.slo, target, cells=report_cells)
-    if capacity_lines and ctx.slo:
+    capacity_lines = capacity_section(capacity, base_key, ctx.slo, target, cells=report_cells,
+                                      unsearched=unsearched)
+    if capacity and ctx.slo:
         capacity_lines += derived_note(ok, "Capacities at SLO", pace=True, slo=ctx.slo)
     lines += capacity_lines
     lines += batch_size_section(_batch_series(ok), report_cells=report_cells)

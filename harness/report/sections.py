@@ -860,13 +860,20 @@ def _point_mark(p: CurvePoint, target: float | None, judged: bool) -> str:
 
 def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
                      slo: Mapping[str, float] | None, target: float,
-                     cells: Sequence[CellResult] = ()) -> list[str]:
+                     cells: Sequence[CellResult] = (), unsearched: Sequence[str] = ()
+                     ) -> list[str]:
     """Capacity at SLO per setting, with its ratio to the baseline setting's. ``cells``: the
     report's; a setting whose capacity is predicted is marked so when they mix predicted and
-    measured cells (``predicted_settings``)."""
-    if not rows:
+    measured cells (``predicted_settings``). ``unsearched``: the search's settings with no
+    row, each with why (``unsearched_settings``), said under the table."""
+    if not rows and not unsearched:
         return []
     lines = ["## Capacity at SLO", ""]
+    missing = ([f"{len(unsearched)} of the search's settings "
+                f"{'is' if len(unsearched) == 1 else 'are'} not in this table (named by "
+                "folder): " + "; ".join(unsearched) + ".", ""] if unsearched else [])
+    if not rows:
+        return [*lines, *missing]
     if not slo:
         return [*lines, "No SLO was set, so there is no capacity at SLO.", ""]
     waits = "ttft_s" in slo or "e2e_s" in slo
@@ -903,7 +910,7 @@ def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
         setting = code(r.key) + (" (predicted)" if r.key in predicted else "")
         table_rows.append([setting, capacity_text(r), ratio, r.source, evidence])
     lines += [table(["setting", "capacity", "vs baseline", "from", "evidence"], table_rows,
-                    align=("l", "r", "r", "l", "l")), ""]
+                    align=("l", "r", "r", "l", "l")), "", *missing]
     return lines
 
 

@@ -129,6 +129,41 @@ def test_settings_not_started_stay_listed_after_ctrl_c(
     assert (first["status"], first["num_probes"]) == ("interrupted", 1)
     assert (second["status"], second["num_probes"]) == ("interrupted", 0)
     assert second["error"] == "not searched: interrupted before it started"
+    # the report says so: without it, a reader would take the first setting for the search
+    assert cli_main(["report", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert ("1 of the search's settings is not in this table (named by folder): "
+            "`fcfs__max_num_seqs-8/`: not searched: interrupted before it started.") in report
+    assert _key_finding(report).endswith(
+        "1 more setting of the search has no capacity here (not searched, or left out: the "
+        "Capacity at SLO section says why).")
+
+
+def test_a_setting_left_out_as_changed_is_named_in_the_report(tmp_path: Path) -> None:
+    """The scenario's engine changed, and only one setting was searched again (--only): the
+    other's earlier search answers another question and is not listed; capacity.json said so,
+    the report now does too (it showed one setting without a word on the other)."""
+    scenario = tmp_path / "s.yaml"
+    text = ("name: tiny\nquestion: which cap serves more?\n"
+            f"trace: {{path: {TRACE}, limit: 40}}\n"
+            "model: llama-3.1-8b\ngpu: h100-sxm\nslo: {ttft_s: 1.0}\n"
+            "engines:\n  - {name: fcfs, engine: reference, knobs: {policy: fcfs}}\n"
+            "grid:\n  max_num_seqs: [4, 8]\n")
+    scenario.write_text(text)
+    out = tmp_path / "out"
+    search = ["capacity", str(scenario), "--start", "1", "--max-load", "2", "--out", str(out)]
+    assert cli_main(search) == 0
+    scenario.write_text(text.replace("policy: fcfs}",
+                                     "policy: fcfs, max_num_batched_tokens: 4096}"))
+    assert cli_main([*search, "--only", "*seqs-4", "--overwrite"]) == 0
+    report = (out / "report.md").read_text()
+    assert ("`fcfs__max_num_seqs-8/`: not listed: its definition changed since its search in "
+            "this folder") in report
+    assert "1 more setting of the search has no capacity here" in _key_finding(report)
+    # a search whose every setting has its row says nothing of the kind
+    assert cli_main([*search[:-2], "--out", str(tmp_path / "whole")]) == 0
+    whole = (tmp_path / "whole" / "report.md").read_text()
+    assert "not in this table" not in whole and "no capacity here" not in whole
 
 
 def test_a_failed_setting_stays_in_the_report_with_why(tmp_path: Path) -> None:
