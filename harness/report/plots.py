@@ -248,11 +248,13 @@ def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path, *,
                        for name, per_cell in series.items()})
     for ax, (metric, title) in zip(axes, LATENCY_PANELS, strict=True):
         drawn = False
+        span = [math.inf, 0.0]  # the panel's smallest and largest value
         for name, per_cell in series.items():
             values = np.asarray(per_cell.get(metric, np.empty(0)), dtype=np.float64)
             values = np.sort(values[np.isfinite(values) & (values > 0)])
             if values.size == 0:
                 continue
+            span = [min(span[0], float(values[0])), max(span[1], float(values[-1]))]
             y = np.arange(1, values.size + 1) / values.size
             if values.size > CDF_POINTS:  # the same picture from evenly spaced quantiles
                 keep = np.unique(np.linspace(0, values.size - 1, CDF_POINTS).round().astype(int))
@@ -265,6 +267,10 @@ def latency_cdfs(series: Mapping[str, Mapping[str, np.ndarray]], path: Path, *,
         ax.grid(True, alpha=0.3)
         if drawn:
             ax.set_xscale("log")
+            if span[1] <= span[0] * (1 + 1e-9):
+                # every request alike (a synthetic trace, one user): limits a rounding error
+                # apart are no width on a log axis; a factor of 2 either side shows the step
+                ax.set_xlim(span[0] / 2, span[1] * 2)
             _log_labels(ax.xaxis, seconds_label)
     axes[0].set_ylabel("fraction of requests")
     bottom = _legend_below(fig, *axes[0].get_legend_handles_labels())

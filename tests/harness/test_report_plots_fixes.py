@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -194,3 +195,21 @@ def _series(kind: str = "rate") -> Series:
 def test_which_capacity_the_figure_marks(row: CapacityRow | None,
                                          expected: plots.CapacityMark | None) -> None:
     assert capacity_mark(row, _series(), 0.99) == expected
+
+
+def test_every_request_alike_draws_its_step_without_a_warning(saved: list[Figure],
+                                                               tmp_path: Path) -> None:
+    """A synthetic trace at one user: every request's TTFT the same but for a rounding error
+    (0.012961744741189935 and ...005). Those limits gave a log axis no width, and drawing it
+    divided by zero (a RuntimeWarning, an error where warnings are). The axis now spans a
+    factor of 2 either side, with labels."""
+    ttft = np.full(16, 0.012961744741189935)
+    ttft[-1] = 0.01296174474119005
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plots.latency_cdfs({"a": {m: ttft for m, _ in plots.LATENCY_PANELS}},
+                                  tmp_path / "latency.png") is not None
+    for ax in saved[0].axes:
+        low, high = ax.get_xlim()
+        assert low == pytest.approx(ttft[0] / 2) and high == pytest.approx(ttft[-1] * 2)
+        assert "10 ms" in [text for text, _, _ in _drawn_labels(saved[0], ax.xaxis)]
