@@ -801,12 +801,16 @@ def _search_settings(settings: Sequence[Setting], spec: SearchSpec, out_dir: Pat
     kept_names = {r.setting.name for r in kept}
     # an earlier search of a setting whose definition has changed since answers another
     # question: not listed as this one's, and said so rather than dropped without a word
-    left_out = {s.name: "its definition changed since its search in this folder (run it "
-                "with --only, or without, to search it again)"
+    # each says what changed (the SLO or target of this search, or the setting itself)
+    left_out = {s.name: "its search in this folder was made with other settings ("
+                + _what_changed(read_json_object(out_dir / s.name / SEARCH_FILE)
+                                .get("made_from"), s.plan.made_from)
+                + "; run it with --only, or without, to search it again)"
                 for s in others if s.name not in kept_names
                 and (out_dir / s.name / SEARCH_FILE).exists()}
     if left_out and log is not None:
-        log(f"not listed: {', '.join(left_out)}: {next(iter(left_out.values()))}")
+        for setting_name, why in left_out.items():
+            log(f"not listed: {setting_name}: {why}")
     order: dict[str, int] = {}
     for s in (*every, *settings):
         order.setdefault(s.name, len(order))

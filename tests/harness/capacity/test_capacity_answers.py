@@ -157,8 +157,8 @@ def test_a_setting_left_out_as_changed_is_named_in_the_report(tmp_path: Path) ->
                                      "policy: fcfs, max_num_batched_tokens: 4096}"))
     assert cli_main([*search, "--only", "*seqs-4", "--overwrite"]) == 0
     report = (out / "report.md").read_text()
-    assert ("`fcfs__max_num_seqs-8/`: not listed: its definition changed since its search in "
-            "this folder") in report
+    assert ("`fcfs__max_num_seqs-8/`: not listed: its search in this folder was made with "
+            "other settings (changed: the scenario cell") in report
     assert "1 more setting of the search has no capacity here" in _key_finding(report)
     # a search whose every setting has its row says nothing of the kind
     assert cli_main([*search[:-2], "--out", str(tmp_path / "whole")]) == 0

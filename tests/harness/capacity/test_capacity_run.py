@@ -337,8 +337,11 @@ def test_a_search_of_some_settings_keeps_the_others_earlier_results(
     assert [r["setting"] for r in summary["settings"]] == ["fcfs__max_num_seqs-8"]
     # ... and said so, not dropped without a word
     assert [r["setting"] for r in summary["left_out"]] == ["fcfs__max_num_seqs-4"]
-    assert "its definition changed since its search" in summary["left_out"][0]["why"]
-    assert "not listed: fcfs__max_num_seqs-4: its definition changed" in capsys.readouterr().err
+    why = summary["left_out"][0]["why"]
+    # what changed, not "its definition changed": here the SLO
+    assert why.startswith("its search in this folder was made with other settings (changed: ")
+    assert "SLO: {'ttft_s': 0.1, 'tpot_s': 0.02} then, {'ttft_s': 0.2, 'tpot_s': 0.02} now" in why
+    assert f"not listed: fcfs__max_num_seqs-4: {why}" in capsys.readouterr().err
 
 
 def test_an_interrupted_capacity_run_keeps_its_probes_listed_and_reportable(
