@@ -323,6 +323,22 @@ class NothingServed(RuntimeError):
     are on disk, but it measured nothing (``nothing_served`` says why)."""
 
 
+# The failures of a search or run that are conditions of the engine or the trace, not faults
+# of batchlab: requests refused at any load (NothingServed), an engine that exited
+# (adapters.process.EngineExited), stopped answering or was restarted under a run
+# (harness.scenario.attached.ServerStoppedAnswering, ServerRestarted).
+CONDITION_ERRORS = ("NothingServed", "EngineExited", "ServerStoppedAnswering",
+                    "ServerRestarted")
+
+
+def failure_reason(error: str) -> str:
+    """A recorded failure ("Class: reason") as the console and the report say it: the reason
+    alone for a condition of the engine or the trace (``CONDITION_ERRORS``), the class kept
+    for anything else, what a bug report needs."""
+    kind, sep, reason = error.partition(": ")
+    return reason if sep and kind in CONDITION_ERRORS else error
+
+
 def nothing_served(summary: Mapping[str, Any], run_dir: Path) -> str | None:
     """Why a run that sent requests served none of them, in words (how many failed, of which
     kinds, and the first one's error); None when any request completed."""

@@ -62,6 +62,7 @@ from harness.results import (
     REPORT_PLOTS,
     SEARCH_FILE,
     SUMMARY_FILE,
+    failure_reason,
     read_json_object,
     write_json_atomic,
 )
@@ -849,7 +850,7 @@ def _search_settings(settings: Sequence[Setting], spec: SearchSpec, out_dir: Pat
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
             if log is not None:
-                log(f"{setting.name}: search failed: {reason}")
+                log(f"{setting.name}: search failed: {failure_reason(reason)}")
             results.append(SettingResult(setting, None, reason))
     results.sort(key=lambda r: order[r.setting.name])
     _write_summary(results, spec, out_dir, name=name, baseline=baseline, command=command,

@@ -511,6 +511,7 @@ def _print_table(results: list[SettingResult], spec: SearchSpec, out: Path) -> N
     from harness.capacity.run import result_answer
     from harness.capacity.search import LOAD_UNITS
     from harness.report.curves import status_bound
+    from harness.results import failure_reason
 
     unit = LOAD_UNITS[spec.kind]
     width = max([len(r.setting.name) for r in results] + [7])
@@ -521,7 +522,7 @@ def _print_table(results: list[SettingResult], spec: SearchSpec, out: Path) -> N
         earlier = " (earlier search, not run now)" if r.earlier else ""
         if r.result is None:
             print(f"{r.setting.name:<{width}}  {'–':>{col}}  {'':<25} {'':>6}  failed: "
-                  f"{_reason(r.error)}{earlier}")
+                  f"{failure_reason(r.error or '')}{earlier}")
             continue
         res = r.result
         answer = result_answer(res, r.setting.plan, spec.kind, out / r.setting.name)
@@ -535,21 +536,6 @@ def _print_table(results: list[SettingResult], spec: SearchSpec, out: Path) -> N
                    f"{'user' if spec.kind == 'concurrency' and shown == [1] else unit}")
         print(f"{r.setting.name:<{width}}  {cap}  {bracket:<25} {len(res.probes):>6}  "
               f"{res.status}{_stopped_by(res)}{earlier}" + (f": {answer}" if answer else ""))
-
-
-def _reason(error: str | None) -> str:
-    """Why a setting's search failed, in words: ``SettingResult.error`` is "Class: reason",
-    and for the failures that are conditions of the engine or the trace, not faults of
-    batchlab (requests refused at any load, an engine that exited or stopped answering), the
-    reason alone says it; any other keeps its class, what a bug report needs."""
-    from adapters.process import EngineExited
-    from harness.results import NothingServed
-    from harness.scenario.attached import ServerRestarted, ServerStoppedAnswering
-
-    kind, sep, reason = (error or "").partition(": ")
-    expected = {c.__name__ for c in (NothingServed, EngineExited, ServerStoppedAnswering,
-                                     ServerRestarted)}
-    return reason if sep and kind in expected else (error or "")
 
 
 def _stopped_by(result: SearchResult) -> str:

@@ -28,7 +28,7 @@ from harness.metrics import attainment_text, num_cut_off
 from harness.report.format import sig, slo_text, value_text
 from harness.report.plots import CapacityMark
 from harness.report.runs import CellResult, get, knob, preemptions, read_engine_samples
-from harness.results import PROBE_FILE, SEARCH_FILE, read_json_object
+from harness.results import PROBE_FILE, SEARCH_FILE, failure_reason, read_json_object
 
 DEFAULT_TARGET = 0.99  # SLO attainment a capacity keeps, when no search says otherwise
 FLAT_GAIN = 0.5  # tokens/s growing at under half the batch's growth: past the turn
@@ -481,7 +481,7 @@ def _search_row(r: SearchRecord) -> CapacityRow:
     evidence = (f"search ({r.status}): {passing} passed, {failing} failed ({precision}); "
                 f"{r.num_probes} probe{'' if r.num_probes == 1 else 's'}{stopped}{behind}")
     if r.status == "failed" and r.error:  # no verdict about any load: why is all there is
-        evidence = f"search failed: {_error_text(r.error)}"
+        evidence = f"search failed: {failure_reason(r.error)}"
     if r.behind:
         evidence += f"; {failing} {_failed_text(r, r.behind)}"
     bracket = tuple(f"{r.path.parent.name}/{r.probe_labels[load]}"
@@ -519,7 +519,7 @@ def unsearched_settings(scenario_dir: Path, meta: Mapping[str, Any],
         if status == "running":
             why = "still being searched"
         elif error:
-            why = _error_text(str(error))
+            why = failure_reason(str(error))
         elif status == "interrupted":
             why = "interrupted before a probe finished"
         else:
@@ -529,15 +529,6 @@ def unsearched_settings(scenario_dir: Path, meta: Mapping[str, Any],
         if isinstance(item, Mapping) and isinstance(item.get("setting"), str):
             out.append(f"`{item['setting']}/`: not listed: {item.get('why') or 'left out'}")
     return out
-
-
-def _error_text(error: str) -> str:
-    """A failed search's ``error`` ("Class: reason") as the report says it: the reason alone
-    for a condition of the engine or the trace (requests refused at any load, an engine that
-    exited or stopped answering or was restarted), the class kept for anything else."""
-    kind, sep, reason = error.partition(": ")
-    expected = ("NothingServed", "EngineExited", "ServerStoppedAnswering", "ServerRestarted")
-    return reason if sep and kind in expected else error
 
 
 def _failed_text(r: SearchRecord, behind: str) -> str:

@@ -105,7 +105,10 @@ def test_a_failed_search_says_its_reason_alone_and_predicts_nothing(
     out = tmp_path / "cap"
     assert cli_main(["capacity", "--trace", EXCERPT, "--limit", "60", "--num-gpu-blocks", "10",
                      "--slo", "ttft_s=0.5", "--out", str(out)]) == 1
-    said = capsys.readouterr().out
+    printed = capsys.readouterr()
+    said = printed.out
+    assert "reference: search failed: 54 of 60 requests are refused" in printed.err  # the log
+    assert "NothingServed" not in printed.err
     row = next(line for line in said.splitlines() if line.startswith("reference "))
     assert row.endswith("failed: 54 of 60 requests are refused at any load (they can never "
                         "fit the KV cache): SLO attainment cannot reach 99.0%, whatever the "
@@ -126,3 +129,17 @@ def test_a_bracket_of_one_user_says_user(tmp_path: Path,
     row = next(line for line in capsys.readouterr().out.splitlines()
                if line.startswith("reference "))
     assert "– .. 1 user " in row and "below_min" in row
+
+
+def test_the_conditions_said_without_their_class_are_the_classes_raised() -> None:
+    """The console, the log and the report drop the class of an engine's or a trace's
+    condition by its name: the names must stay those of the classes raised."""
+    from adapters.process import EngineExited
+    from harness.results import CONDITION_ERRORS, NothingServed, failure_reason
+    from harness.scenario.attached import ServerRestarted, ServerStoppedAnswering
+
+    assert set(CONDITION_ERRORS) == {c.__name__ for c in (
+        NothingServed, EngineExited, ServerStoppedAnswering, ServerRestarted)}
+    assert failure_reason("EngineExited: the engine exited (code 1)") == \
+        "the engine exited (code 1)"
+    assert failure_reason("KeyError: 'x'") == "KeyError: 'x'"  # a fault: its class kept

@@ -194,7 +194,7 @@ def test_a_setting_that_refuses_every_request_fails_at_once(
                      "--limit", "20", "--num-gpu-blocks", "1", "--slo", "ttft_s=1",
                      "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert ("search failed: NothingServed: none of the 20 requests completed (rejected 20); "
+    assert ("search failed: none of the 20 requests completed (rejected 20); "
             "the first: request ") in err
     assert err.rstrip().endswith("the engine refuses these requests at any load")
     assert len([d for d in (out / "reference").iterdir() if d.is_dir()]) == 1  # one probe
