@@ -809,6 +809,12 @@ def _search_settings(settings: Sequence[Setting], spec: SearchSpec, out_dir: Pat
                 + "; run it with --only, or without, to search it again)"
                 for s in others if s.name not in kept_names
                 and (out_dir / s.name / SEARCH_FILE).exists()}
+    # a setting folder of an earlier search of this one that is no setting of it now (a
+    # grid shrunk, an engine renamed): kept in the folder, and said to be no answer of it
+    named = {s.name for s in every}
+    left_out.update({sub.name: "not a setting of this search now (an earlier search's, kept "
+                     "in the folder: remove it, or search it again where it is a setting)"
+                     for sub in _search_dirs(out_dir) if sub.name not in named})
     if left_out and log is not None:
         for setting_name, why in left_out.items():
             log(f"not listed: {setting_name}: {why}")

@@ -527,7 +527,7 @@ def unsearched_settings(scenario_dir: Path, meta: Mapping[str, Any],
         out.append(f"`{setting}/`: {why}")
     for item in data.get("left_out") or []:
         if isinstance(item, Mapping) and isinstance(item.get("setting"), str):
-            out.append(f"`{item['setting']}/`: not listed: {item.get('why') or 'left out'}")
+            out.append(f"`{item['setting']}/`: {item.get('why') or 'left out'}")
     return out
 
 

@@ -913,9 +913,10 @@ def _capacity_finding(rows: Sequence[CapacityRow], base: CellResult | None,
         text = code(r.key) + (f": {r.answer}" if r.answer else f" {capacity_text(r)}"
                               if r.capacity is not None else " not known")
         parts.append(text + (f" ({'; '.join(notes)})" if notes else ""))
-    more = (f" {num_unsearched} more setting{'s' if num_unsearched > 1 else ''} of the search "
-            f"{'have' if num_unsearched > 1 else 'has'} no capacity here (not searched, or "
-            "left out: the Capacity at SLO section says why)." if num_unsearched else "")
+    more = (f" {num_unsearched} more setting folder{'s' if num_unsearched > 1 else ''} here "
+            f"{'have' if num_unsearched > 1 else 'has'} no capacity in this report (not "
+            "searched, or left out: the Capacity at SLO section says why)."
+            if num_unsearched else "")
     return (f"Capacity at SLO (the highest load with at least {fmt_pct(target)} of requests "
             f"within {slo_text(slo)}, the engine keeping up): "
             + "; ".join(parts) + "." + more)

@@ -869,9 +869,8 @@ def capacity_section(rows: Sequence[CapacityRow], base_key: str | None,
     if not rows and not unsearched:
         return []
     lines = ["## Capacity at SLO", ""]
-    missing = ([f"{len(unsearched)} of the search's settings "
-                f"{'is' if len(unsearched) == 1 else 'are'} not in this table (named by "
-                "folder): " + "; ".join(unsearched) + ".", ""] if unsearched else [])
+    missing = (["Setting folders here without a row in this table: " + "; ".join(unsearched)
+                + ".", ""] if unsearched else [])
     if not rows:
         return [*lines, *missing]
     if not slo:

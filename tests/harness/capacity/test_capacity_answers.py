@@ -132,11 +132,11 @@ def test_settings_not_started_stay_listed_after_ctrl_c(
     # the report says so: without it, a reader would take the first setting for the search
     assert cli_main(["report", str(out)]) == 0
     report = (out / "report.md").read_text()
-    assert ("1 of the search's settings is not in this table (named by folder): "
-            "`fcfs__max_num_seqs-8/`: not searched: interrupted before it started.") in report
+    assert ("Setting folders here without a row in this table: `fcfs__max_num_seqs-8/`: not "
+            "searched: interrupted before it started.") in report
     assert _key_finding(report).endswith(
-        "1 more setting of the search has no capacity here (not searched, or left out: the "
-        "Capacity at SLO section says why).")
+        "1 more setting folder here has no capacity in this report (not searched, or left "
+        "out: the Capacity at SLO section says why).")
 
 
 def test_a_setting_left_out_as_changed_is_named_in_the_report(tmp_path: Path) -> None:
@@ -157,13 +157,23 @@ def test_a_setting_left_out_as_changed_is_named_in_the_report(tmp_path: Path) ->
                                      "policy: fcfs, max_num_batched_tokens: 4096}"))
     assert cli_main([*search, "--only", "*seqs-4", "--overwrite"]) == 0
     report = (out / "report.md").read_text()
-    assert ("`fcfs__max_num_seqs-8/`: not listed: its search in this folder was made with "
-            "other settings (changed: the scenario cell") in report
-    assert "1 more setting of the search has no capacity here" in _key_finding(report)
+    assert ("`fcfs__max_num_seqs-8/`: its search in this folder was made with other settings "
+            "(changed: the scenario cell") in report
+    assert "1 more setting folder here has no capacity in this report" in _key_finding(report)
     # a search whose every setting has its row says nothing of the kind
     assert cli_main([*search[:-2], "--out", str(tmp_path / "whole")]) == 0
     whole = (tmp_path / "whole" / "report.md").read_text()
-    assert "not in this table" not in whole and "no capacity here" not in whole
+    assert "without a row" not in whole and "no capacity in this report" not in whole
+    # the grid shrunk: the setting folder it no longer has is named, not passed over
+    scenario.write_text(scenario.read_text().replace("[4, 8]", "[4]"))
+    assert cli_main([*search[:-2], "--out", str(tmp_path / "whole"), "--resume"]) == 0
+    shrunk = json.loads((tmp_path / "whole" / "capacity.json").read_text())
+    assert [r["setting"] for r in shrunk["settings"]] == ["fcfs__max_num_seqs-4"]
+    assert shrunk["left_out"] == [{"setting": "fcfs__max_num_seqs-8", "why": (
+        "not a setting of this search now (an earlier search's, kept in the folder: remove "
+        "it, or search it again where it is a setting)")}]
+    assert "`fcfs__max_num_seqs-8/`: not a setting of this search now" in (
+        tmp_path / "whole" / "report.md").read_text()
 
 
 def test_a_failed_setting_stays_in_the_report_with_why(tmp_path: Path) -> None:
