@@ -177,8 +177,8 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
             and refused / sent > 1 - plan.target):  # over the whole trace, not a stopped part
         # the reference refuses only what can never fit, whatever the load: halving the load
         # down to the lowest would find nothing (a live engine's refusals may be the load's)
-        why = (f"{refused} of {sent} requests are refused at any load (they can never fit the "
-               f"KV cache): SLO attainment cannot reach {plan.target:.1%}, whatever the load")
+        why = (f"{refused} of {_requests(sent)} {'is' if refused == 1 else 'are'} refused at "
+               f"any load ({'it' if refused == 1 else 'they'} can never fit the KV cache): SLO attainment cannot reach {plan.target:.1%}, whatever the load")
         write_json_atomic({"state": "failed", "reason": why}, out_dir / STATUS_FILE)
         raise NothingServed(why)
     # a stopped probe failed already; its requests cut off say nothing of the pace
@@ -193,6 +193,11 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
                       out_dir / PROBE_FILE)
     write_json_atomic({"state": "done"}, out_dir / STATUS_FILE)
     return outcome
+
+
+def _requests(n: int) -> str:
+    """``n`` requests, or 1 request."""
+    return f"{n:,} request{'' if n == 1 else 's'}"
 
 
 def server_lost(plan: ProbePlan, load: float, summary: Mapping[str, Any], out_dir: Path
@@ -227,8 +232,9 @@ def server_lost(plan: ProbePlan, load: float, summary: Mapping[str, Any], out_di
            else f"the {plan.spec.engine} engine at {url}")
     at = f"the probe at {load_text(plan.kind, load)}"
     kinds = ", ".join(f"{k} {v}" for k, v in unreached.items())
-    reached = (f"{num_unreached} of {sent} requests could not connect or were cut off "
-               f"({kinds})" if num_unreached else f"{failed} of {sent} requests failed")
+    reached = (f"{num_unreached} of {_requests(sent)} could not connect or "
+               f"{'was' if num_unreached == 1 else 'were'} cut off ({kinds})" if num_unreached
+               else f"{failed} of {_requests(sent)} failed")
     if down is not None:
         what = f"{who} stopped answering during {at} (after it, {down}); {reached}"
     else:  # restarted since (attached), or its connections lost (launched)
