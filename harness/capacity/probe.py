@@ -178,7 +178,8 @@ def run_probe(plan: ProbePlan, load: float, out_dir: Path, *, full: bool = False
         # the reference refuses only what can never fit, whatever the load: halving the load
         # down to the lowest would find nothing (a live engine's refusals may be the load's)
         why = (f"{refused} of {_requests(sent)} {'is' if refused == 1 else 'are'} refused at "
-               f"any load ({'it' if refused == 1 else 'they'} can never fit the KV cache): SLO attainment cannot reach {plan.target:.1%}, whatever the load")
+               f"any load ({'it' if refused == 1 else 'they'} can never fit the KV cache): "
+               f"SLO attainment cannot reach {plan.target:.1%}, whatever the load")
         write_json_atomic({"state": "failed", "reason": why}, out_dir / STATUS_FILE)
         raise NothingServed(why)
     # a stopped probe failed already; its requests cut off say nothing of the pace
