@@ -5,16 +5,23 @@ row records."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import harness.capacity.run as capacity_run
-from harness.capacity import SEARCH_FILE, ProbeOutcome, run_probe
+from harness.capacity import SEARCH_FILE, ProbeOutcome
 from harness.cli import main as cli_main
 
 TRACE = str(Path(__file__).resolve().parents[3] / "harness" / "data" / "azure_conv_excerpt.csv")
+# a scenario of two settings (two batch caps) on 40 requests of the trace
+TWO_CAPS = ("name: tiny\nquestion: which cap serves more?\n"
+            f"trace: {{path: {TRACE}, limit: 40}}\n"
+            "model: llama-3.1-8b\ngpu: h100-sxm\nslo: {ttft_s: 1.0}\n"
+            "engines:\n  - {name: fcfs, engine: reference, knobs: {policy: fcfs}}\n"
+            "grid:\n  max_num_seqs: [4, 8]\n")
 
 
 def _key_finding(report: str) -> str:
@@ -100,25 +107,12 @@ def test_a_lowest_load_that_fell_behind_stays_an_upper_bound() -> None:
 
 
 def test_settings_not_started_stay_listed_after_ctrl_c(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, ctrl_c_on_probe: Callable[[int], list[object]]) -> None:
     """Ctrl-C on the first setting's second probe: the second setting, not started, stays
     in capacity.json as not searched, as it was listed while the search ran."""
     scenario = tmp_path / "s.yaml"
-    scenario.write_text(
-        "name: tiny\nquestion: which cap serves more?\n"
-        f"trace: {{path: {TRACE}, limit: 40}}\n"
-        "model: llama-3.1-8b\ngpu: h100-sxm\nslo: {ttft_s: 1.0}\n"
-        "engines:\n  - {name: fcfs, engine: reference, knobs: {policy: fcfs}}\n"
-        "grid:\n  max_num_seqs: [4, 8]\n")
-    calls = []
-
-    def interrupted_on_the_second(*args: object, **kw: object) -> ProbeOutcome:
-        calls.append(args)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return run_probe(*args, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(capacity_run, "run_probe", interrupted_on_the_second)
+    scenario.write_text(TWO_CAPS)
+    ctrl_c_on_probe(2)
     out = tmp_path / "out"
     assert cli_main(["capacity", str(scenario), "--start", "1", "--out", str(out)]) == 130
     summary = json.loads((out / "capacity.json").read_text())
@@ -144,11 +138,7 @@ def test_a_setting_left_out_as_changed_is_named_in_the_report(tmp_path: Path) ->
     other's earlier search answers another question and is not listed; capacity.json said so,
     the report now does too (it showed one setting without a word on the other)."""
     scenario = tmp_path / "s.yaml"
-    text = ("name: tiny\nquestion: which cap serves more?\n"
-            f"trace: {{path: {TRACE}, limit: 40}}\n"
-            "model: llama-3.1-8b\ngpu: h100-sxm\nslo: {ttft_s: 1.0}\n"
-            "engines:\n  - {name: fcfs, engine: reference, knobs: {policy: fcfs}}\n"
-            "grid:\n  max_num_seqs: [4, 8]\n")
+    text = TWO_CAPS
     scenario.write_text(text)
     out = tmp_path / "out"
     search = ["capacity", str(scenario), "--start", "1", "--max-load", "2", "--out", str(out)]

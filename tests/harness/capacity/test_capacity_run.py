@@ -4,6 +4,7 @@ resume, the command line and the report."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -345,18 +346,10 @@ def test_a_search_of_some_settings_keeps_the_others_earlier_results(
 
 
 def test_an_interrupted_capacity_run_keeps_its_probes_listed_and_reportable(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, ctrl_c_on_probe: Callable[[int], list[object]]) -> None:
     """Ctrl-C on the third probe: the two probes done stay in capacity.json and
     scenario.json, so `batchlab report` renders what was measured."""
-    calls = []
-
-    def interrupted_on_the_third(*args: object, **kw: object) -> ProbeOutcome:
-        calls.append(args)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return run_probe(*args, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(capacity_run, "run_probe", interrupted_on_the_third)
+    ctrl_c_on_probe(3)
     out = tmp_path / "cap"
     code = cli_main(["capacity", "--trace", "synthetic", "--num-requests", "40",
                      "--prompt-tokens", "512", "--output-tokens", "16", "--start", "4",
