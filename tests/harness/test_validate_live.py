@@ -2,20 +2,22 @@
 dies mid-replay, the profile does not describe this engine, the engine's KV cache size.
 
 The served reference (``batchlab serve reference``, in a child process) runs the catalog's
-datasheet coefficients; an empty profile holds the same ones, so the simulation predicts the
-served engine and any large error is the harness's, not the model's.
+datasheet coefficients, or the profile validate is given; an empty profile holds the catalog's,
+so the simulation predicts the served engine and any large error is the harness's, not the
+model's.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from harness.cli import main
-from harness.serve import launch_server_process
+from harness.serve import ReferenceChild, launch_server_process
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,18 +36,46 @@ def _profile(tmp_path: Path, **fields: object) -> Path:
     return path
 
 
+def _completed(url: str) -> float:
+    """The served engine's vllm:request_success_total, summed over its finish reasons."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def _kill_after(server: ReferenceChild, completed: int, stop: threading.Event) -> None:
+    """Kill the server as a crash would once it has completed ``completed`` requests."""
+    while not stop.wait(0.05) and server.process.poll() is None:
+        try:
+            done = _completed(server.url)
+        except OSError:
+            continue
+        if done >= completed:
+            server.process.kill()
+            return
+
+
 def test_validate_exits_1_and_compares_only_what_both_completed_when_the_engine_dies(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "v"
-    profile = _profile(tmp_path, metadata={"reference_model": "llama-3.1-8b"})
-    with launch_server_process(SERVED, log_path=tmp_path / "server.log") as server:
-        killer = threading.Timer(4.0, server.process.kill)  # a crash, 4 s into the replay
+    # 20 ms more per step, on both sides: ~26 ms steps stream a third as many tokens per second
+    # as the catalog's ~6 ms ones, so a loaded machine seldom puts the served engine behind
+    # (behind, it runs its late steps back to back and its TPOT comes out short)
+    profile = _profile(tmp_path, step_overhead_s=0.02,
+                       metadata={"reference_model": "llama-3.1-8b"})
+    with launch_server_process((*SERVED, "--profile", str(profile)),
+                               log_path=tmp_path / "server.log") as server:
+        # a crash once the engine has completed 3 requests: mid-replay however loaded the machine
+        stop = threading.Event()
+        killer = threading.Thread(target=_kill_after, args=(server, 3, stop), daemon=True)
         killer.start()
         try:
             code = main(["validate", "--url", server.url, *TARGET, *TRACE,
                          "--profile", str(profile), "--out", str(out)])
         finally:
-            killer.cancel()
+            stop.set()
+            killer.join()
     captured = capsys.readouterr()
     assert code == 1, captured.err
     assert "stopped answering" in captured.err and str(out) in captured.err
