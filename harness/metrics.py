@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from harness.timeline import RequestTimeline
+from harness.timeline import OneTokenChunks, RequestTimeline
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
@@ -467,8 +467,10 @@ def pooled_gaps_s(timelines: Sequence[RequestTimeline], chunks: ChunkTimes | Non
     offset = 0
     for tl, num in zip(timelines, lengths.tolist(), strict=True):
         counts = tl.chunk_num_tokens
-        # counts[1:] all 1, without copying the tuple: the common case, every timeline
-        if num > 1 and len(counts) == num and counts.count(1) - (counts[0] == 1) != num - 1:
+        # counts[1:] all 1, known from the type (simulation) or counted without copying the
+        # tuple: the common case, every timeline
+        if (num > 1 and type(counts) is not OneTokenChunks and len(counts) == num
+                and counts.count(1) - (counts[0] == 1) != num - 1):
             if weights is None:
                 weights = np.ones(gaps.size, dtype=np.int64)
             weights[offset:offset + num - 1] = np.maximum(
@@ -502,17 +504,26 @@ def distribution(values: Iterable[float] | np.ndarray) -> dict[str, float | None
     return out
 
 
-def run_duration_s(timelines: Sequence[RequestTimeline]) -> float:
-    """From the first scheduled arrival to the last instant anything happened."""
+def run_duration_s(timelines: Sequence[RequestTimeline], chunks: ChunkTimes | None = None
+                   ) -> float:
+    """From the first scheduled arrival to the last instant anything happened: an arrival
+    (a request rejected on it), a chunk or a finish. ``chunks``: ``chunk_times(timelines)``
+    when the caller has it already (each request's last chunk is read from it)."""
     if not timelines:
         return 0.0
-    first = min(tl.arrival_s for tl in timelines)
-    last = first
-    for tl in timelines:  # an arrival is something happening too (a request rejected on it)
-        for t in (tl.finished_s, tl.chunk_times_s[-1] if tl.chunk_times_s else None,
-                  tl.arrival_s):
-            if t is not None and t > last:
-                last = t
+    n = len(timelines)
+    arrival = np.fromiter((tl.arrival_s for tl in timelines), dtype=np.float64, count=n)
+    finished = np.fromiter((tl.finished_s for tl in timelines if tl.finished_s is not None),
+                           dtype=np.float64)
+    if chunks is None:
+        last_chunks = np.fromiter((tl.chunk_times_s[-1] for tl in timelines
+                                   if tl.chunk_times_s), dtype=np.float64)
+    else:
+        lengths = chunks.lengths
+        last_chunks = chunks.times_s[np.cumsum(lengths)[lengths > 0] - 1]
+    first = float(arrival.min())
+    instants = np.concatenate((arrival, finished, last_chunks))
+    last = float(instants[~np.isnan(instants)].max(initial=first))
     return last - first
 
 
@@ -529,7 +540,7 @@ def summarize(
     """The summary written to ``summary.json``; identical for simulated and live runs.
     ``chunks``: ``chunk_times(timelines)``, ``metrics``: ``request_metric_columns(timelines)``,
     when the caller has them already."""
-    duration = run_duration_s(timelines) if duration_s is None else duration_s
+    duration = run_duration_s(timelines, chunks) if duration_s is None else duration_s
     per_req = request_metric_columns(timelines) if metrics is None else metrics
     is_ok = [tl.ok for tl in timelines]
     ok = list(itertools.compress(timelines, is_ok))

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from harness import columns
 from harness.metrics import ChunkTimes, Pace, Slo, chunk_times, pace, request_metric_columns
-from harness.timeline import RequestTimeline
+from harness.timeline import OneTokenChunks, RequestTimeline
 
 REQUESTS_FILE = "requests.parquet"
 CHUNKS_FILE = "chunks.parquet"
@@ -103,14 +103,15 @@ def chunks_table(timelines: Sequence[RequestTimeline], chunks: ChunkTimes | None
 
 def _chunk_tokens(timelines: Sequence[RequestTimeline], lengths: np.ndarray,
                   total: int) -> np.ndarray:
-    """Every chunk's token count; a timeline of one-token chunks (all of simulation) is
-    recognised in C (``tuple.count``) and costs no per-chunk Python work."""
+    """Every chunk's token count; a timeline of one-token chunks is recognised by its type
+    (``OneTokenChunks``: all of simulation) or in C (``tuple.count``), and costs no per-chunk
+    Python work."""
     tokens = np.ones(total, dtype=np.int64)
     end = 0
     for tl, n in zip(timelines, lengths.tolist(), strict=True):
         end += n
         counts = tl.chunk_num_tokens
-        if counts.count(1) != n:
+        if type(counts) is not OneTokenChunks and counts.count(1) != n:
             tokens[end - n:end] = np.asarray(counts, dtype=np.int64)
     return tokens
 

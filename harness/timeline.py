@@ -44,6 +44,21 @@ TOKEN_COUNT_SOURCES = (
 )
 
 
+class OneTokenChunks(tuple[int, ...]):
+    """``chunk_num_tokens`` of a request whose every chunk carried one token (all of
+    simulation): ``(1,) * n``, equal to that tuple, and known to be all ones from its type,
+    without reading its millions of elements on a whole trace (``harness.metrics``,
+    ``harness.results``)."""
+
+    __slots__ = ()
+
+    def __new__(cls, num_chunks: int) -> OneTokenChunks:
+        return super().__new__(cls, (1,) * num_chunks)
+
+    def __getnewargs__(self) -> tuple[int]:
+        return (len(self),)  # pickled and copied as its length, as it is made
+
+
 @dataclass(frozen=True, slots=True)
 class RequestTimeline:
     """What happened to one request, from scheduled arrival to finish (or failure)."""

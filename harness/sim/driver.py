@@ -39,7 +39,7 @@ from adapters.reference.request import (
     block_hashes_from_prefix_ids,
 )
 from harness.target import ClosedLoop, EarlyStop, LoadState
-from harness.timeline import RequestTimeline
+from harness.timeline import OneTokenChunks, RequestTimeline
 from harness.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
 EARLY_STOP_INTERVAL_S = 0.05  # virtual seconds between early-stop checks
@@ -343,7 +343,7 @@ def _timeline(r: Request, tr: TraceRequest, arrival_s: float) -> RequestTimeline
         num_target_output_tokens=r.max_output_tokens,
         priority=tr.priority,
         chunk_times_s=times,
-        chunk_num_tokens=(1,) * len(times),
+        chunk_num_tokens=OneTokenChunks(len(times)),
         finished_s=r.finished_s,
         num_output_tokens=r.num_output_tokens,
         num_preemptions=r.num_preemptions,

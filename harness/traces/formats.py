@@ -31,7 +31,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness.traces.bounds import MAX_TIMESTAMP_S, check_timestamp_s, check_tokens
+from harness.traces.bounds import (
+    MAX_TIMESTAMP_S,
+    MAX_TOKENS_PER_REQUEST,
+    check_timestamp_s,
+    check_tokens,
+)
 from harness.traces.records import MOONCAKE_BLOCK_TOKENS, Parsed, Row, TraceError, is_int
 
 
@@ -72,6 +77,15 @@ class _Fields:
         return TraceError(message, path=self.path, line=line, field=name)
 
     def count(self, value: object, line: int, name: str, minimum: int = 0, what: str = "") -> int:
+        # a plain count of ASCII digits, the common case: of the checks below only the
+        # minimum and the bound can fail it (anything else, or a miss, takes the long way)
+        if type(value) is str and len(value) <= 18 and value.isascii() and value.isdigit():
+            number = int(value)
+            if minimum <= number <= MAX_TOKENS_PER_REQUEST:
+                return number
+        return self._count(value, line, name, minimum, what)
+
+    def _count(self, value: object, line: int, name: str, minimum: int, what: str) -> int:
         number: int | None = None
         if isinstance(value, str):
             try:  # the common case first; int() also accepts surrounding spaces

@@ -4,7 +4,10 @@ summary, the same tables."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
+import pickle
 
 import numpy as np
 
@@ -14,11 +17,12 @@ from harness.metrics import (
     chunk_times,
     pooled_gaps_s,
     request_metric_columns,
+    run_duration_s,
     summarize,
     token_gaps_s,
 )
 from harness.results import chunks_table, requests_table
-from harness.timeline import RequestTimeline
+from harness.timeline import OneTokenChunks, RequestTimeline
 
 
 def _timelines() -> list[RequestTimeline]:
@@ -120,3 +124,39 @@ def test_several_tokens_in_a_chunk_as_docs_metrics_says() -> None:
     assert summary["itl_s"]["count"] == 3
     assert summary["tpot_s"]["count"] == 2 and summary["tpot_s"]["p50"] == 0.05
     assert summary["goodput"]["num_good"] == 1  # the one-chunk request, at TPOT 0
+
+
+def test_one_token_chunks_are_the_tuple_of_ones_wherever_it_goes() -> None:
+    """``OneTokenChunks`` (what simulation writes) equals ``(1,) * n`` and survives a pickle
+    and a copy as itself; the summary and the tables of such timelines are those of the plain
+    tuples, and a plain tuple that is not all ones is still read chunk by chunk."""
+    ones = OneTokenChunks(4)
+    assert ones == (1, 1, 1, 1) and OneTokenChunks(0) == () and len(ones) == 4
+    for again in (pickle.loads(pickle.dumps(ones)), copy.copy(ones), copy.deepcopy(ones)):
+        assert type(again) is OneTokenChunks and again == ones
+    plain = _timelines()
+    typed = [dataclasses.replace(tl, chunk_num_tokens=OneTokenChunks(len(tl.chunk_num_tokens)))
+             if set(tl.chunk_num_tokens) <= {1} else tl for tl in plain]
+    assert sum(type(tl.chunk_num_tokens) is OneTokenChunks for tl in typed) > 10
+    assert typed == plain
+    assert json.dumps(summarize(typed), sort_keys=True) == json.dumps(summarize(plain),
+                                                                      sort_keys=True)
+    assert chunks_table(typed).equals(chunks_table(plain))
+    multi = summarize(plain)["itl_s"]["count"]
+    assert multi > summarize([dataclasses.replace(tl, chunk_num_tokens=(1,) * len(
+        tl.chunk_num_tokens)) for tl in plain])["itl_s"]["count"]  # the 2-token chunks count
+
+
+def test_run_duration_from_the_chunk_instants_is_the_run_duration() -> None:
+    """From the first arrival to the last thing that happened: a finish, a chunk of a request
+    cut off (no finish), or the arrival of a request rejected on arrival, whichever is last."""
+    base = _timelines()
+    cut = RequestTimeline("cut", 1.0, 50, 9, chunk_times_s=(1.5, 9.5), chunk_num_tokens=(1, 1),
+                          error_kind="stream_cut")
+    late = RequestTimeline("late", 12.0, 50, 9, error_kind="rejected")
+    for timelines, expected in ((base, max(tl.finished_s or 0.0 for tl in base)),
+                                ([*base, cut], 9.5), ([*base, cut, late], 12.0)):
+        assert run_duration_s(timelines) == expected
+        assert run_duration_s(timelines, chunk_times(timelines)) == expected
+    assert run_duration_s([]) == 0.0
+    assert run_duration_s([late]) == 0.0  # one instant: no time passed
