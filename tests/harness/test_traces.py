@@ -237,6 +237,12 @@ def test_unknown_header_asks_for_format(tmp_path: Path) -> None:
          "short.csv:2: expected 3 fields, got 2"),
         ("zero.csv", AZURE_HEADER + "2023-11-16 18:15:46.6805900,374,0\n",
          "zero.csv:2: field 'GeneratedTokens': expected at least 1"),
+        # digits that str.isdigit() takes and int() does not, and a count past the bound:
+        # refused as before the plain-count shortcut (harness/traces/formats.py)
+        ("super.csv", AZURE_HEADER + "2023-11-16 18:15:46.6805900,37\u00b2,44\n",
+         "super.csv:2: field 'ContextTokens': expected a non-negative integer, got '37\u00b2'"),
+        ("huge.csv", AZURE_HEADER + "2023-11-16 18:15:46.6805900,374,99999999\n",
+         "huge.csv:2: field 'GeneratedTokens': expected at most 16777216 tokens"),
         ("secs.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,1\nsoon,1,1\n",
          "secs.csv:3: field 'arrived_at': expected a non-negative number, got 'soon'"),
         ("bad.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 2}\n'
