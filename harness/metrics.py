@@ -504,27 +504,19 @@ def distribution(values: Iterable[float] | np.ndarray) -> dict[str, float | None
     return out
 
 
-def run_duration_s(timelines: Sequence[RequestTimeline], chunks: ChunkTimes | None = None
-                   ) -> float:
+def run_duration_s(timelines: Sequence[RequestTimeline]) -> float:
     """From the first scheduled arrival to the last instant anything happened: an arrival
-    (a request rejected on it), a chunk or a finish. ``chunks``: ``chunk_times(timelines)``
-    when the caller has it already (each request's last chunk is read from it)."""
+    (a request rejected on it), a chunk or a finish."""
     if not timelines:
         return 0.0
-    n = len(timelines)
-    arrival = np.fromiter((tl.arrival_s for tl in timelines), dtype=np.float64, count=n)
-    finished = np.fromiter((tl.finished_s for tl in timelines if tl.finished_s is not None),
-                           dtype=np.float64)
-    if chunks is None:
-        last_chunks = np.fromiter((tl.chunk_times_s[-1] for tl in timelines
-                                   if tl.chunk_times_s), dtype=np.float64)
-    else:
-        lengths = chunks.lengths
-        last_chunks = chunks.times_s[np.cumsum(lengths)[lengths > 0] - 1]
+    arrival = np.fromiter((tl.arrival_s for tl in timelines), dtype=np.float64,
+                          count=len(timelines))
+    others = np.fromiter(itertools.chain(
+        (tl.finished_s for tl in timelines if tl.finished_s is not None),
+        (tl.chunk_times_s[-1] for tl in timelines if tl.chunk_times_s)), dtype=np.float64)
     first = float(arrival.min())
-    instants = np.concatenate((arrival, finished, last_chunks))
-    last = float(instants[~np.isnan(instants)].max(initial=first))
-    return last - first
+    instants = np.concatenate((arrival, others))
+    return float(instants[~np.isnan(instants)].max(initial=first)) - first
 
 
 def summarize(
@@ -540,7 +532,7 @@ def summarize(
     """The summary written to ``summary.json``; identical for simulated and live runs.
     ``chunks``: ``chunk_times(timelines)``, ``metrics``: ``request_metric_columns(timelines)``,
     when the caller has them already."""
-    duration = run_duration_s(timelines, chunks) if duration_s is None else duration_s
+    duration = run_duration_s(timelines) if duration_s is None else duration_s
     per_req = request_metric_columns(timelines) if metrics is None else metrics
     is_ok = [tl.ok for tl in timelines]
     ok = list(itertools.compress(timelines, is_ok))
