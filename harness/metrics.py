@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from harness.timeline import OneTokenChunks, RequestTimeline
+from harness.timeline import OneTokenChunks, RequestTimeline, StepInstants
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
@@ -401,20 +401,21 @@ def request_metrics(tl: RequestTimeline) -> RequestMetrics:
     )
 
 
-def request_metric_columns(timelines: Sequence[RequestTimeline]) -> dict[str, np.ndarray]:
+def request_metric_columns(timelines: Sequence[RequestTimeline],
+                           chunks: ChunkTimes | None = None) -> dict[str, np.ndarray]:
     """``request_metrics`` of every request as columns (the ``RequestMetrics`` field names),
-    computed with numpy: the same formulas, the same float operations, the same NaNs."""
+    computed with numpy: the same formulas, the same float operations, the same NaNs.
+    ``chunks``: ``chunk_times(timelines)`` when the caller has it already."""
     n = len(timelines)
     ok = np.fromiter((tl.ok for tl in timelines), dtype=bool, count=n)
     start = np.fromiter((tl.start_s for tl in timelines), dtype=np.float64, count=n)
-    first = np.fromiter((tl.chunk_times_s[0] if tl.chunk_times_s else math.nan
-                         for tl in timelines), dtype=np.float64, count=n)
-    last = np.fromiter((tl.chunk_times_s[-1] if tl.chunk_times_s else math.nan
-                        for tl in timelines), dtype=np.float64, count=n)
+    if chunks is None:
+        chunks = chunk_times(timelines)
+    first, last = chunks.first_last()
     finished = np.fromiter((math.nan if tl.finished_s is None else tl.finished_s
                             for tl in timelines), dtype=np.float64, count=n)
     tokens = np.fromiter((tl.output_tokens for tl in timelines), dtype=np.int64, count=n)
-    has_chunks = np.fromiter((bool(tl.chunk_times_s) for tl in timelines), dtype=bool, count=n)
+    has_chunks = chunks.lengths > 0
     ttft = np.where(ok, first - start, math.nan)
     e2e = np.where(ok, finished - start, math.nan)
     with np.errstate(divide="ignore", invalid="ignore"):  # masked out below
@@ -437,6 +438,16 @@ class ChunkTimes(NamedTuple):
     lengths: np.ndarray  # int64, one per request
     times_s: np.ndarray  # float64, lengths.sum() of them
 
+    def first_last(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each request's first and last chunk instant; NaN for a request without chunks."""
+        has = self.lengths > 0
+        ends = np.cumsum(self.lengths)
+        first = np.full(self.lengths.size, math.nan)
+        last = np.full(self.lengths.size, math.nan)
+        first[has] = self.times_s[(ends - self.lengths)[has]]
+        last[has] = self.times_s[ends[has] - 1]
+        return first, last
+
     def of(self, keep: np.ndarray) -> ChunkTimes:
         """The chunk instants of the requests where ``keep`` (a bool per request) is true."""
         if keep.all():
@@ -445,10 +456,14 @@ class ChunkTimes(NamedTuple):
 
 
 def chunk_times(timelines: Sequence[RequestTimeline]) -> ChunkTimes:
+    """Every request's chunk instants end to end. A simulated run's are gathered from its
+    steps' end instants in numpy (``StepInstants.gather``); others are read one by one."""
     lengths = np.fromiter((len(tl.chunk_times_s) for tl in timelines), dtype=np.int64,
                           count=len(timelines))
-    times = np.fromiter(itertools.chain.from_iterable(tl.chunk_times_s for tl in timelines),
-                        dtype=np.float64, count=int(lengths.sum()))
+    times = StepInstants.gather([tl.chunk_times_s for tl in timelines])
+    if times is None:
+        times = np.fromiter(itertools.chain.from_iterable(tl.chunk_times_s for tl in timelines),
+                            dtype=np.float64, count=int(lengths.sum()))
     return ChunkTimes(lengths, times)
 
 
@@ -504,18 +519,20 @@ def distribution(values: Iterable[float] | np.ndarray) -> dict[str, float | None
     return out
 
 
-def run_duration_s(timelines: Sequence[RequestTimeline]) -> float:
+def run_duration_s(timelines: Sequence[RequestTimeline], chunks: ChunkTimes | None = None
+                   ) -> float:
     """From the first scheduled arrival to the last instant anything happened: an arrival
-    (a request rejected on it), a chunk or a finish."""
+    (a request rejected on it), a chunk or a finish. ``chunks``: ``chunk_times(timelines)``
+    when the caller has it already."""
     if not timelines:
         return 0.0
     arrival = np.fromiter((tl.arrival_s for tl in timelines), dtype=np.float64,
                           count=len(timelines))
-    others = np.fromiter(itertools.chain(
-        (tl.finished_s for tl in timelines if tl.finished_s is not None),
-        (tl.chunk_times_s[-1] for tl in timelines if tl.chunk_times_s)), dtype=np.float64)
+    finished = np.fromiter((tl.finished_s for tl in timelines if tl.finished_s is not None),
+                           dtype=np.float64)
+    _, last_chunk = (chunk_times(timelines) if chunks is None else chunks).first_last()
     first = float(arrival.min())
-    instants = np.concatenate((arrival, others))
+    instants = np.concatenate((arrival, finished, last_chunk))
     return float(instants[~np.isnan(instants)].max(initial=first)) - first
 
 
@@ -532,11 +549,13 @@ def summarize(
     """The summary written to ``summary.json``; identical for simulated and live runs.
     ``chunks``: ``chunk_times(timelines)``, ``metrics``: ``request_metric_columns(timelines)``,
     when the caller has them already."""
-    duration = run_duration_s(timelines) if duration_s is None else duration_s
-    per_req = request_metric_columns(timelines) if metrics is None else metrics
+    if chunks is None:
+        chunks = chunk_times(timelines)
+    duration = run_duration_s(timelines, chunks) if duration_s is None else duration_s
+    per_req = request_metric_columns(timelines, chunks) if metrics is None else metrics
     is_ok = [tl.ok for tl in timelines]
     ok = list(itertools.compress(timelines, is_ok))
-    ok_chunks = None if chunks is None else chunks.of(np.array(is_ok, dtype=bool))
+    ok_chunks = chunks.of(np.array(is_ok, dtype=bool))
     chunk_gaps, token_gaps = pooled_gaps_s(ok, ok_chunks)
     itl = distribution(token_gaps)
     failures: dict[str, int] = {}

@@ -40,11 +40,16 @@ def _nan_if_none(x: float | None) -> float:
 
 
 def requests_table(timelines: Sequence[RequestTimeline], *, live: bool = False,
-                   metrics: Mapping[str, np.ndarray] | None = None) -> pa.Table:
+                   metrics: Mapping[str, np.ndarray] | None = None,
+                   chunks: ChunkTimes | None = None) -> pa.Table:
     """One row per request (the columns ``docs/metrics.md`` lists). ``metrics``:
-    ``request_metric_columns(timelines)`` when the caller has it already."""
+    ``request_metric_columns(timelines)``, ``chunks``: ``chunk_times(timelines)``, when the
+    caller has them already."""
+    if chunks is None:
+        chunks = chunk_times(timelines)
     if metrics is None:
-        metrics = request_metric_columns(timelines)
+        metrics = request_metric_columns(timelines, chunks)
+    first_token_s, _ = chunks.first_last()
     cols: dict[str, pa.Array] = {
         "request_id": columns.strings([tl.request_id for tl in timelines]),
         "arrival_s": columns.floats(tl.arrival_s for tl in timelines),
@@ -53,7 +58,7 @@ def requests_table(timelines: Sequence[RequestTimeline], *, live: bool = False,
         "num_target_output_tokens": columns.ints(
             tl.num_target_output_tokens for tl in timelines),
         "num_output_tokens": columns.ints(tl.output_tokens for tl in timelines),
-        "first_token_s": columns.floats(_nan_if_none(tl.first_token_s) for tl in timelines),
+        "first_token_s": columns.floats(first_token_s),
         "finished_s": columns.floats(_nan_if_none(tl.finished_s) for tl in timelines),
         "ttft_s": columns.floats(metrics["ttft_s"]),
         "tpot_s": columns.floats(metrics["tpot_s"]),
@@ -218,8 +223,9 @@ def write_timelines(out_dir: Path, timelines: Sequence[RequestTimeline], *, live
 
 def timeline_tables(timelines: Sequence[RequestTimeline], *, live: bool) -> dict[str, pa.Table]:
     """``requests.parquet`` and ``chunks.parquet`` of ``timelines``, by file name."""
-    return {REQUESTS_FILE: requests_table(timelines, live=live),
-            CHUNKS_FILE: chunks_table(timelines)}
+    chunks = chunk_times(timelines)
+    return {REQUESTS_FILE: requests_table(timelines, live=live, chunks=chunks),
+            CHUNKS_FILE: chunks_table(timelines, chunks)}
 
 
 def write_tables(out_dir: Path, tables: Mapping[str, pa.Table], *,

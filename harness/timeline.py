@@ -13,9 +13,13 @@ streamed delivery: one token in simulation, one SSE event (possibly several toke
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
+
+import numpy as np
 
 # Stable error kinds. A failed request is a row with one of these, never an exception.
 ERROR_KINDS = (
@@ -59,6 +63,102 @@ class OneTokenChunks(tuple[int, ...]):
         return (len(self),)  # pickled and copied as its length, as it is made
 
 
+class StepInstants(Sequence[float]):
+    """``chunk_times_s`` of a simulated request: the end instants of the steps that sampled its
+    tokens, read from one array of every step's end (``ends``, shared by all of a run's
+    requests) at the step indices ``runs`` names, ``(first, count, first, count, ...)``: runs
+    of consecutive steps, usually one (a preemption starts another).
+
+    Equal to the tuple of those floats (``==``, ``hash``, iteration and indexing give Python
+    floats; ``numpy.asarray`` gathers them), and pickled or copied as that tuple. ``gather``
+    reads every request's instants of a run at once, in a few numpy calls, instead of
+    millions of Python floats one by one (``harness.metrics.chunk_times``)."""
+
+    __slots__ = ("_ends", "_len", "_runs")
+
+    def __init__(self, ends: np.ndarray, runs: tuple[int, ...]) -> None:
+        self._ends = ends
+        self._runs = runs
+        self._len = sum(runs[1::2])
+
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, index: int) -> float: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[float, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> float | tuple[float, ...]:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        position = index + self._len if index < 0 else index
+        if not 0 <= position < self._len:
+            raise IndexError(f"chunk index {index} out of range for {self._len} chunks")
+        runs = self._runs
+        for j in range(0, len(runs), 2):
+            if position < runs[j + 1]:
+                return float(self._ends.item(runs[j] + position))
+            position -= runs[j + 1]
+        raise AssertionError("unreachable: the runs' counts add up to the length")
+
+    def _steps(self) -> np.ndarray:
+        """The step index of each instant."""
+        runs = self._runs
+        if len(runs) == 2:
+            return np.arange(runs[0], runs[0] + runs[1])
+        return np.concatenate([np.arange(runs[j], runs[j] + runs[j + 1])
+                               for j in range(0, len(runs), 2)] or [np.arange(0)])
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        values = self._ends[self._steps()]
+        return values if dtype is None else values.astype(dtype, copy=False)
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self._ends[self._steps()].tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StepInstants) and other._ends is self._ends:
+            return other._runs == self._runs
+        if isinstance(other, StepInstants | tuple):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __reduce__(self) -> tuple[type[tuple[float, ...]], tuple[tuple[float, ...]]]:
+        return tuple, (tuple(self),)
+
+    def __repr__(self) -> str:
+        return f"StepInstants({tuple(self)!r})"
+
+    @staticmethod
+    def gather(sequences: Sequence[Sequence[float]]) -> np.ndarray | None:
+        """Every instant of ``sequences``, end to end, as ``numpy.fromiter`` over them would
+        read them; None unless each is a ``StepInstants`` of one shared array (or empty)."""
+        ends: np.ndarray | None = None
+        runs: list[tuple[int, ...]] = []
+        for seq in sequences:
+            if type(seq) is StepInstants:
+                if ends is None:
+                    ends = seq._ends
+                elif seq._ends is not ends:
+                    return None
+                runs.append(seq._runs)
+            elif len(seq):
+                return None
+        if ends is None:
+            return None
+        flat = np.fromiter(itertools.chain.from_iterable(runs), dtype=np.int64)
+        first, count = flat[0::2], flat[1::2]
+        before = np.cumsum(count) - count  # instants of the earlier runs
+        steps = np.arange(int(count.sum()), dtype=np.int64)
+        steps += np.repeat(first - before, count)
+        return ends[steps]
+
+
 @dataclass(frozen=True, slots=True)
 class RequestTimeline:
     """What happened to one request, from scheduled arrival to finish (or failure)."""
@@ -72,7 +172,8 @@ class RequestTimeline:
     # when the client meant to send it: the arrival, or later when a max-concurrency gate held
     # it back (live); None means == arrival_s. send_lag_s is measured from here.
     scheduled_s: float | None = None
-    chunk_times_s: tuple[float, ...] = ()  # instant each chunk arrived
+    # instant each chunk arrived: a tuple, or in simulation a ``StepInstants`` equal to one
+    chunk_times_s: Sequence[float] = ()
     chunk_num_tokens: tuple[int, ...] = ()  # tokens carried by each chunk (same length)
     finished_s: float | None = None  # instant the request completed; None if it did not
     num_output_tokens: int | None = None  # tokens produced; None -> sum(chunk_num_tokens)

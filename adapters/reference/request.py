@@ -108,7 +108,7 @@ class Request:
         "request_id",
         "sort_key",
         "status",
-        "token_times_s",
+        "token_steps",
     )
 
     def __init__(
@@ -138,7 +138,9 @@ class Request:
         self.num_host_blocks = 0  # KV blocks swapped out to host memory
         self.num_preemptions = 0
         self.first_scheduled_s: float | None = None
-        self.token_times_s: list[float] = []  # instant each output token was produced
+        # the steps that sampled its output tokens, as runs of consecutive step indices:
+        # [first, count, first, count, ...] (``Scheduler.token_times_s`` gives the instants)
+        self.token_steps: list[int] = []
         self.finished_s: float | None = None
         self.error_kind: str | None = None
         self.error_message = ""

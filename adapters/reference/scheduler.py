@@ -194,6 +194,9 @@ class Scheduler:
         self.num_static_slots = 0  # static: size of the batch being run
         self.num_preemptions = 0
         self.num_swap_fallbacks = 0  # swap preemptions recomputed: host swap space was full
+        # the end instant of every step applied so far, by step index: a request's token
+        # instants are the ends of the steps its ``token_steps`` name (``token_times_s``)
+        self.step_end_s: list[float] = []
 
     # ---- requests in
 
@@ -436,6 +439,8 @@ class Scheduler:
                            start_s: float) -> StepOutput:
         """Apply a step that started at ``start_s``: progress, sampled tokens, finishes."""
         end_s = start_s + executor_output.duration_s
+        step = len(self.step_end_s)
+        self.step_end_s.append(end_s)
         produced: list[str] = []
         finished: list[Request] = []
         for request, n in zip(out.requests, out.num_new_tokens, strict=True):
@@ -444,7 +449,11 @@ class Scheduler:
             request.num_computed_tokens += n
             if request.num_computed_tokens == request.num_tokens:  # caught up: sample a token
                 request.num_output_tokens += 1
-                request.token_times_s.append(end_s)
+                runs = request.token_steps
+                if runs and runs[-2] + runs[-1] == step:  # the run goes on
+                    runs[-1] += 1
+                else:
+                    runs += (step, 1)
                 produced.append(request.request_id)
                 if request.num_output_tokens >= request.max_output_tokens:
                     finished.append(request)
@@ -453,6 +462,12 @@ class Scheduler:
         if finished:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return StepOutput(start_s, end_s, tuple(produced), tuple(r.request_id for r in finished))
+
+    def token_times_s(self, request: Request) -> list[float]:
+        """The instant each of ``request``'s output tokens was sampled: the ends of the steps
+        its ``token_steps`` name."""
+        ends, runs = self.step_end_s, request.token_steps
+        return [t for i in range(0, len(runs), 2) for t in ends[runs[i]:runs[i] + runs[i + 1]]]
 
     def _finish(self, request: Request, end_s: float) -> None:
         request.status = RequestStatus.FINISHED
@@ -531,10 +546,16 @@ class Scheduler:
         if not self.reserve and not self.blocks.allocate_all(self.running, k):
             raise InvariantError("a decode span ran past the free blocks")
         finished: list[Request] = []
+        first = len(self.step_end_s)
+        self.step_end_s.extend(end_times_s)
         for request in self.running:
             request.num_computed_tokens += k
             request.num_output_tokens += k
-            request.token_times_s.extend(end_times_s)
+            runs = request.token_steps
+            if runs[-2] + runs[-1] == first:  # every one sampled a token the step before
+                runs[-1] += k
+            else:
+                runs += (first, k)
             if request.num_output_tokens >= request.max_output_tokens:
                 finished.append(request)
         for request in finished:
@@ -565,6 +586,10 @@ class Scheduler:
                 raise InvariantError(f"running {r!r}: inconsistent progress")
             if r.num_output_tokens >= r.max_output_tokens:
                 raise InvariantError(f"running {r!r}: should have finished")
+            if sum(r.token_steps[1::2]) != r.num_output_tokens or (
+                    r.token_steps and r.token_steps[-2] + r.token_steps[-1] > len(self.step_end_s)):
+                raise InvariantError(f"running {r!r}: its token steps {r.token_steps} do not "
+                                     "name one step per output token")
             if self.blocks.prefix_caching and r.num_cached_blocks != min(
                     r.num_computed_tokens // bs, len(r.block_hashes)):
                 raise InvariantError(f"running {r!r}: offered {r.num_cached_blocks} blocks to "

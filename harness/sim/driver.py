@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from adapters.reference.config import ReferenceConfig
@@ -39,7 +40,7 @@ from adapters.reference.request import (
     block_hashes_from_prefix_ids,
 )
 from harness.target import ClosedLoop, EarlyStop, LoadState
-from harness.timeline import OneTokenChunks, RequestTimeline
+from harness.timeline import OneTokenChunks, RequestTimeline, StepInstants
 from harness.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
 EARLY_STOP_INTERVAL_S = 0.05  # virtual seconds between early-stop checks
@@ -163,8 +164,10 @@ def _simulate(
     if progress is not None:
         progress(core.num_done, total)
     sent = source.sent()
+    # every token instant is the end of a step: one array of them, read by each timeline
+    step_ends = np.array(core.scheduler.step_end_s, dtype=np.float64)
     return SimulationResult(
-        timelines=[_timeline(r, tr, arrival_s) for r, tr, arrival_s in sent],
+        timelines=[_timeline(r, tr, arrival_s, step_ends) for r, tr, arrival_s in sent],
         steps=core.steps.to_table(),
         num_kv_blocks_total=core.num_kv_blocks_total,
         config=config,
@@ -332,8 +335,9 @@ def _request(tr: TraceRequest, index: int, frontend_s: float, block_size: int) -
                    if block_size and tr.prefix_hash_ids else ())
 
 
-def _timeline(r: Request, tr: TraceRequest, arrival_s: float) -> RequestTimeline:
-    times = tuple(r.token_times_s)
+def _timeline(r: Request, tr: TraceRequest, arrival_s: float, step_ends: np.ndarray
+              ) -> RequestTimeline:
+    times = StepInstants(step_ends, tuple(r.token_steps))
     done = r.status is RequestStatus.FINISHED
     error_kind = r.error_kind if r.error_kind else (None if done else "not_finished")
     return RequestTimeline(

@@ -196,11 +196,12 @@ def _write_results(result: SimulationResult, wall_s: float, trace: Trace,
             reporter.file_written(out_dir, name)
 
     with ThreadPoolExecutor(max_workers=1) as pool:
-        metrics = request_metric_columns(result.timelines)
+        chunks = chunk_times(result.timelines)
+        metrics = request_metric_columns(result.timelines, chunks)
         jobs = [pool.submit(write, STEPS_FILE, result.steps),
                 pool.submit(write, REQUESTS_FILE,
-                            requests_table(result.timelines, metrics=metrics))]
-        chunks = chunk_times(result.timelines)
+                            requests_table(result.timelines, metrics=metrics,
+                                           chunks=chunks))]
         jobs.append(pool.submit(write, CHUNKS_FILE, chunks_table(result.timelines, chunks)))
         summary = summarize(result.timelines, slo=slo, chunks=chunks, metrics=metrics)
         for job in jobs:

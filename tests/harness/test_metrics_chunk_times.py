@@ -10,7 +10,10 @@ import json
 import pickle
 
 import numpy as np
+import pyarrow as pa
+import pytest
 
+from adapters.reference import ReferenceConfig
 from harness.metrics import (
     Slo,
     chunk_gaps_s,
@@ -22,7 +25,11 @@ from harness.metrics import (
     token_gaps_s,
 )
 from harness.results import chunks_table, requests_table
-from harness.timeline import OneTokenChunks, RequestTimeline
+from harness.sim import simulate
+from harness.timeline import OneTokenChunks, RequestTimeline, StepInstants
+from harness.traces import TraceOptions, load_trace
+
+TRACE = "harness/data/azure_conv_excerpt.csv"
 
 
 def _timelines() -> list[RequestTimeline]:
@@ -159,3 +166,99 @@ def test_run_duration_is_from_the_first_arrival_to_the_last_event() -> None:
         assert run_duration_s(timelines) == expected
     assert run_duration_s([]) == 0.0
     assert run_duration_s([late]) == 0.0  # one instant: no time passed
+
+
+def test_step_instants_are_the_tuple_of_their_steps_ends() -> None:
+    """``StepInstants`` (a simulated request's chunk instants) reads the shared step ends at
+    its runs of step indices and behaves as the tuple of those floats everywhere: indexing,
+    slices, iteration, numpy, ==, hash; pickled and copied, it is that tuple."""
+    ends = np.array([0.5, 1.0, 1.25, 2.0, 3.5, 4.0, 4.5])
+    times = StepInstants(ends, (1, 2, 4, 3))  # steps 1-2, then (after a preemption) 4-6
+    expected = (1.0, 1.25, 3.5, 4.0, 4.5)
+    assert len(times) == 5 and times == expected and expected == times
+    assert tuple(times) == expected and list(times) == list(expected)
+    assert all(type(t) is float for t in times) and type(times[0]) is float
+    assert (times[0], times[2], times[-1], times[-5]) == (1.0, 3.5, 4.5, 1.0)
+    assert times[1:4] == (1.25, 3.5, 4.0) and times[::-1] == expected[::-1]
+    for bad in (5, -6):
+        with pytest.raises(IndexError):
+            times[bad]
+    assert np.array_equal(np.asarray(times), expected)
+    assert np.asarray(times, dtype=np.float32).dtype == np.float32
+    assert np.array_equal(np.diff(times), np.diff(expected))
+    assert hash(times) == hash(expected) and times != expected[:-1] and times != list(expected)
+    assert times == StepInstants(ends.copy(), (1, 2, 4, 3))  # another array, same values
+    assert times != StepInstants(ends, (1, 3, 5, 2))
+    for again in (pickle.loads(pickle.dumps(times)), copy.copy(times), copy.deepcopy(times)):
+        assert again == expected
+    empty = StepInstants(ends, ())
+    assert not empty and len(empty) == 0 and empty == () and tuple(empty) == ()
+    assert np.asarray(empty).shape == (0,)
+
+
+def test_step_instants_are_gathered_as_they_are_read_one_by_one() -> None:
+    """``chunk_times`` gathers the instants of many ``StepInstants`` sharing one array in
+    numpy; it reads what iterating them gives, and falls back to iterating when the timelines
+    mix arrays or carry plain tuples."""
+    ends = np.cumsum(np.linspace(0.01, 0.05, 40))
+    runs = [(0, 3), (), (2, 5, 20, 4), (39, 1), (5, 1, 7, 1, 9, 30)]
+    shared = [RequestTimeline(f"r{i}", 0.0, 10, 60, chunk_times_s=StepInstants(ends, r),
+                              chunk_num_tokens=OneTokenChunks(sum(r[1::2])))
+              for i, r in enumerate(runs)]
+    plain = [dataclasses.replace(tl, chunk_times_s=tuple(tl.chunk_times_s)) for tl in shared]
+    gathered = StepInstants.gather([tl.chunk_times_s for tl in shared])
+    assert gathered is not None
+    assert np.array_equal(gathered, [t for tl in plain for t in tl.chunk_times_s])
+    fast, slow = chunk_times(shared), chunk_times(plain)
+    assert np.array_equal(fast.lengths, slow.lengths) and np.array_equal(fast.times_s,
+                                                                       slow.times_s)
+    assert StepInstants.gather([tl.chunk_times_s for tl in plain]) is None
+    other = StepInstants(ends.copy(), (0, 2))
+    assert StepInstants.gather([shared[0].chunk_times_s, other]) is None
+    assert StepInstants.gather([shared[0].chunk_times_s, ()]) is not None  # empty: no chunks
+    mixed = [*shared, dataclasses.replace(shared[0], chunk_times_s=other)]
+    assert np.array_equal(chunk_times(mixed).times_s,
+                          np.concatenate([slow.times_s, [ends[0], ends[1]]]))
+    assert json.dumps(summarize(shared), sort_keys=True) == json.dumps(summarize(plain),
+                                                                       sort_keys=True)
+    assert _same_table(requests_table(shared), requests_table(plain))
+    assert chunks_table(shared).equals(chunks_table(plain))
+
+
+def test_a_simulated_run_with_preemptions_gives_what_tuples_give() -> None:
+    """Requests preempted and resumed have several runs of token steps; their instants,
+    summary and tables are those of the same timelines made of plain tuples."""
+    trace = load_trace(TRACE, TraceOptions(limit=80, rate=8, max_model_len=2048,
+                                           on_too_long="drop"))
+    result = simulate(trace.requests, ReferenceConfig(
+        model="llama-3.1-8b", num_gpu_blocks=200, max_num_seqs=16,
+        max_num_batched_tokens=512))
+    timelines = result.timelines
+    assert sum(tl.num_preemptions for tl in timelines) > 0
+    assert any(len(tl.chunk_times_s._runs) > 2 for tl in timelines  # type: ignore[attr-defined]
+               if isinstance(tl.chunk_times_s, StepInstants))
+    plain = [dataclasses.replace(tl, chunk_times_s=tuple(tl.chunk_times_s)) for tl in timelines]
+    assert plain == timelines
+    ends = result.steps["t_s"].to_numpy() + result.steps["duration_s"].to_numpy()
+    for tl in plain:  # each instant is the end of a step, in order
+        assert set(tl.chunk_times_s) <= set(ends.tolist())
+        assert list(tl.chunk_times_s) == sorted(tl.chunk_times_s)
+    assert np.array_equal(chunk_times(timelines).times_s, chunk_times(plain).times_s)
+    assert json.dumps(summarize(timelines), sort_keys=True) == json.dumps(summarize(plain),
+                                                                          sort_keys=True)
+    assert chunks_table(timelines).equals(chunks_table(plain))
+    assert _same_table(requests_table(timelines), requests_table(plain))
+
+
+def _same_table(a: pa.Table, b: pa.Table) -> bool:
+    """Equal schemas and values, NaN equal to NaN (``Table.equals`` has NaN != NaN)."""
+    if a.schema != b.schema:
+        return False
+    for name in a.column_names:
+        x, y = a[name].to_numpy(zero_copy_only=False), b[name].to_numpy(zero_copy_only=False)
+        if x.dtype.kind == "f":
+            if not np.array_equal(x, y, equal_nan=True):
+                return False
+        elif x.tolist() != y.tolist():
+            return False
+    return True

@@ -408,7 +408,7 @@ def test_with_caching_every_request_completes_and_no_block_leaks(case: Case) -> 
     for r in reqs:
         assert r.status in (RequestStatus.FINISHED, RequestStatus.REJECTED)
         if r.status is RequestStatus.FINISHED:
-            assert r.num_output_tokens == r.max_output_tokens == len(r.token_times_s)
+            assert r.num_output_tokens == r.max_output_tokens == len(sched.token_times_s(r))
 
 
 def _drive(config: ReferenceConfig, case: Case, *, decode_spans: bool
@@ -435,7 +435,8 @@ def _drive(config: ReferenceConfig, case: Case, *, decode_spans: bool
         now = core.step(now).end_s if end is None else end
         core.check_invariants()
     stats = (core.blocks.prefix_cache_queries_tokens, core.blocks.prefix_cache_hits_tokens)
-    return [r.token_times_s for r in reqs], core.steps.to_table(), stats, num_spans
+    return ([core.scheduler.token_times_s(r) for r in reqs], core.steps.to_table(), stats,
+            num_spans)
 
 
 # A request holds block 2 of a cached chain but its own copy of block 1 (it computed the

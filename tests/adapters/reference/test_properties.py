@@ -100,12 +100,13 @@ def test_every_request_completes_or_is_rejected_and_no_block_leaks(case: Case) -
             too_long = r.num_prompt_tokens + r.max_output_tokens > case.config.max_model_len
             never_fits = blocks.blocks_for(r.num_max_kv_tokens) > case.num_blocks
             assert too_long or never_fits, r.error_message
-            assert r.error_kind == "rejected" and r.token_times_s == []
+            assert r.error_kind == "rejected" and sched.token_times_s(r) == []
         else:
             assert r.status is RequestStatus.FINISHED
-            assert r.num_output_tokens == r.max_output_tokens == len(r.token_times_s)
-            assert r.token_times_s == sorted(r.token_times_s)
-            assert r.finished_s == r.token_times_s[-1]
+            times = sched.token_times_s(r)
+            assert r.num_output_tokens == r.max_output_tokens == len(times)
+            assert times == sorted(times)
+            assert r.finished_s == times[-1]
 
 
 @st.composite

@@ -66,8 +66,9 @@ def test_block_counts_at_15_16_17_tokens() -> None:
     assert (r.num_computed_tokens, len(r.block_ids)) == (16, 1)
     h.step()  # token 17: a second block
     assert (r.num_computed_tokens, len(r.block_ids)) == (17, 2)
-    assert len(r.token_times_s) == 3
-    assert r.token_times_s == pytest.approx([0.01, 0.02, 0.03])
+    assert len(h.sched.token_times_s(r)) == 3
+    assert h.sched.token_times_s(r) == pytest.approx([0.01, 0.02, 0.03])
+    assert r.token_steps == [0, 3]  # one run: steps 0, 1 and 2
 
 
 def test_decode_counts_and_finish_frees_blocks() -> None:
@@ -171,7 +172,7 @@ def test_recomputed_prefill_covers_prompt_and_generated_tokens() -> None:
     assert h.scheduled(out).get("r2") == 17
     assert out.num_prefill_tokens >= 17
     h.run_to_completion()
-    assert all(len(r.token_times_s) == 4 for r in h.requests.values())
+    assert all(len(h.sched.token_times_s(r)) == 4 for r in h.requests.values())
 
 
 def test_priority_preempts_the_lowest_priority_then_the_latest() -> None:

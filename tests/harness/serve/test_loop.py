@@ -27,7 +27,8 @@ TRACE = "harness/data/azure_conv_excerpt.csv"
 SMALL = ReferenceConfig(model="qwen2.5-0.5b", max_model_len=512)
 
 
-def _run_served(config: ReferenceConfig, requests: list[TraceRequest]) -> list[TokenStream]:
+def _run_served(config: ReferenceConfig, requests: list[TraceRequest]
+                ) -> tuple[ServedEngine, list[TokenStream]]:
     engine = ServedEngine(config, clock=lambda: 0.0)
     streams = []
     for r in requests:  # every arrival known up front: pending holds the future ones
@@ -40,7 +41,7 @@ def _run_served(config: ReferenceConfig, requests: list[TraceRequest]) -> list[T
         if engine.num_steps % 20 == 0:  # (a full check walks every KV block)
             engine.core.check_invariants()
     engine.core.check_invariants()
-    return streams
+    return engine, streams
 
 
 @pytest.mark.parametrize("settings", [
@@ -59,10 +60,10 @@ def test_served_step_loop_gives_the_instants_simulate_gives(settings: dict[str, 
     trace = load_trace(TRACE, TraceOptions(limit=60, rate=4, max_model_len=2048,
                                            on_too_long="drop", priority_fraction=0.3))
     sim = simulate(trace.requests, config)  # with its decode-span shortcut
-    streams = _run_served(config, list(trace.requests))
+    engine, streams = _run_served(config, list(trace.requests))
     for s, tl in zip(streams, sim.timelines, strict=True):
         assert s.done and s.error is None
-        assert tuple(s.request.token_times_s) == tl.chunk_times_s
+        assert tuple(engine.core.scheduler.token_times_s(s.request)) == tl.chunk_times_s
         assert s.request.finished_s == tl.finished_s
         assert s.request.num_preemptions == tl.num_preemptions
         assert s.num_tokens == tl.num_output_tokens
@@ -78,7 +79,7 @@ def test_idle_engine_starts_its_next_step_at_the_arrival() -> None:
     engine.deliver(out)
     assert s.num_tokens == 1 and not s.done
     out = engine.step()
-    assert out is not None and out.start_s == s.request.token_times_s[0]
+    assert out is not None and out.start_s == engine.core.scheduler.token_times_s(s.request)[0]
     engine.deliver(out)
     assert s.done and s.num_tokens == 2
     assert engine.step() is None
