@@ -105,11 +105,7 @@ class StepInstants(Sequence[float]):
 
     def _steps(self) -> np.ndarray:
         """The step index of each instant."""
-        runs = self._runs
-        if len(runs) == 2:
-            return np.arange(runs[0], runs[0] + runs[1])
-        return np.concatenate([np.arange(runs[j], runs[j] + runs[j + 1])
-                               for j in range(0, len(runs), 2)] or [np.arange(0)])
+        return _run_steps(np.array(self._runs, dtype=np.int64))
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         values = self._ends[self._steps()]
@@ -151,12 +147,17 @@ class StepInstants(Sequence[float]):
                 return None
         if ends is None:
             return None
-        flat = np.fromiter(itertools.chain.from_iterable(runs), dtype=np.int64)
-        first, count = flat[0::2], flat[1::2]
-        before = np.cumsum(count) - count  # instants of the earlier runs
-        steps = np.arange(int(count.sum()), dtype=np.int64)
-        steps += np.repeat(first - before, count)
-        return ends[steps]
+        return ends[_run_steps(np.fromiter(itertools.chain.from_iterable(runs),
+                                           dtype=np.int64))]
+
+
+def _run_steps(runs: np.ndarray) -> np.ndarray:
+    """The step indices that flat runs ``(first, count, first, count, ...)`` name, in order."""
+    first, count = runs[0::2], runs[1::2]
+    before = np.cumsum(count) - count  # instants of the earlier runs
+    steps = np.arange(int(count.sum()), dtype=np.int64)
+    steps += np.repeat(first - before, count)
+    return steps
 
 
 @dataclass(frozen=True, slots=True)
