@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,7 +162,14 @@ def _save(fig: Figure, path: Path, note: str | None = None) -> Path:
         fig.subplots_adjust(top=fig.subplotpars.top - NOTE_STRIP_IN / height)
         fig.text(0.995, 1 - 0.03 / height, note, ha="right", va="top", fontsize=7,
                  color="0.35")
-    fig.savefig(path, dpi=DPI, metadata=_METADATA)
+    # a reader (or a run stopped while its figures are drawn) finds the old file or the new
+    # one, never part of one; the name of the part names the process writing it
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        fig.savefig(part, dpi=DPI, metadata=_METADATA, format=path.suffix.lstrip(".") or "png")
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
     return path
 
 

@@ -280,14 +280,24 @@ RUN_FIGURES = (
 )
 
 
+def run_figures_after(written: str) -> tuple[str, ...]:
+    """The run figures (PNG names) that need no file a simulated run writes after
+    ``written``: those ``draw_run_figure`` can draw once it is on disk."""
+    return tuple(f.png for f in RUN_FIGURES if f.drawn_after == written)
+
+
+def draw_run_figure(run_dir: Path, png: str) -> bool:
+    """Draw one figure of the single run in ``run_dir`` (``run_figures_after``), before the
+    rest of the folder is on disk: the figure of ``render_run_report`` exactly (pass what was
+    drawn as its ``drawn``, {PNG name: this answer}). Whether there was anything to draw."""
+    figure = next(f for f in RUN_FIGURES if f.png == png)
+    return figure.draw({Path(run_dir).name: Path(run_dir)}, Path(run_dir) / png)
+
+
 def draw_run_figures(run_dir: Path, written: str) -> dict[str, bool]:
-    """Draw the figures of the single run in ``run_dir`` that need no file a simulated run
-    writes after ``written``, as soon as it is on disk and before the rest of the folder is (the
-    figures of ``render_run_report`` exactly; pass the result as its ``drawn``).
+    """Each of ``run_figures_after(written)``, one after another (``draw_run_figure``):
     {PNG name: whether there was anything to draw}."""
-    runs = {Path(run_dir).name: Path(run_dir)}
-    return {f.png: f.draw(runs, Path(run_dir) / f.png) for f in RUN_FIGURES
-            if f.drawn_after == written}
+    return {png: draw_run_figure(run_dir, png) for png in run_figures_after(written)}
 
 
 def unreadable_sources(ok: Sequence[CellResult]) -> list[str]:

@@ -2,29 +2,38 @@
 
 Loading the report's plotting stack (matplotlib) and drawing a first figure costs about a
 second of one core, and each figure a few tenths more. Started before the simulation, a child
-process loads on another core while the simulation runs; it draws each figure as soon as the
-results files it is drawn from are on disk (``harness.report.render.draw_run_figures``),
-while the parent writes the rest; it writes ``report.md`` once every result is on disk, as
-``batchlab report`` would. The child only reads the folder, so a report that fails never costs
-a result::
+process loads on another core while the simulation runs. As soon as the results files a
+figure is drawn from are on disk, it forks a process that draws that figure
+(``harness.report.render.draw_run_figure``): the forked process starts with the report code
+loaded and warm, and the figures are drawn side by side, beside the parent writing the rest
+of the folder. The child writes ``report.md`` once every result is on disk and every figure
+drawn, as ``batchlab report`` would. The child only reads the folder, so a report that fails
+never costs a result::
 
     parent (the run)                              child process (main below)
     ReportProcess.start()  ── spawn ───────────►  import harness.report, draw a warm-up
     simulate                                      wait for a line on stdin
     write steps.parquet ── {"written": ...} ──►   (engine_state.png needs requests.parquet)
-    write requests.parquet, chunks.parquet ───►   draw latency_cdf.png, engine_state.png,
-                                                  throughput.png
+    write requests.parquet ───────────────────►   fork: latency_cdf.png; fork: engine_state.png
+    write chunks.parquet ─────────────────────►   fork: throughput.png
     write summary.json, manifest.json
-    folder_written() ── {"render": ...} ──────►   write report.md (figures drawn: kept)
+    folder_written() ── {"render": ...} ──────►   wait for the forked figures; write report.md
+                                                  (figures drawn: kept; any that failed is
+                                                  drawn again, and its error reported)
     wait()          ◄── {"status": "ok"} ─────    exit
-    close(): the child is killed if it still runs (Ctrl-C, SIGTERM, an error before render)
+    close(): the child and its forked figures are killed if they still run (Ctrl-C,
+             SIGTERM, an error before render)
 
-Ctrl-C reaches the child too (same process group): it ignores SIGINT and leaves stopping to
-the parent; a parent that dies closes the child's stdin, and the child exits. A run stopped
-after a file was written may keep the figure drawn from it. A child that cannot import the
-report (no matplotlib) answers "unavailable" and the run has no report, as in-process
-rendering had none; any other failure is raised in the parent with the child's traceback (an
-OSError as an OSError, so the command line prints its usual one-line error).
+The child and the processes it forks are a process group of their own, which ``close`` kills
+whole; Ctrl-C at a terminal reaches the parent alone, which stops them (the child ignores
+SIGINT all the same). A parent that dies closes the child's stdin, and the child exits. A run
+stopped after a file was written may keep the figure drawn from it, whole: a figure replaces
+its file in one step (``harness.report.plots``), so one killed while drawn leaves none. Where
+a process cannot be forked (no ``os.fork``), the child draws the figures itself, one after
+another. A child that cannot import the report (no matplotlib) answers "unavailable" and the
+run has no report, as in-process rendering had none; any other failure is raised in the
+parent with the child's traceback (an OSError as an OSError, so the command line prints its
+usual one-line error).
 """
 
 from __future__ import annotations
@@ -39,10 +48,11 @@ import sys
 import tempfile
 import threading
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 # The child's command: `-c` rather than `-m`, which would run this module a second time
 # beside the copy that importing the harness.sim package loads.
@@ -107,8 +117,11 @@ class ReportProcess:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         try:
+            # a process group of its own, with the processes it forks to draw figures:
+            # close() stops them all
             proc = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+                                    stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+                                    process_group=0)
         except OSError:
             stderr.close()
             return None
@@ -132,6 +145,7 @@ class ReportProcess:
         out = ""
         with contextlib.suppress(OSError):  # a child gone already: its exit status says more
             out, _ = self._proc.communicate()
+        self._stop_group()  # a child killed while figures were drawn leaves none drawing
         self._proc.wait()
         self._stderr.seek(0)
         err = self._stderr.read()
@@ -153,14 +167,21 @@ class ReportProcess:
 
     def close(self) -> None:
         """Stop the child if it still runs, and release its files. Safe to call twice."""
-        if self._proc.poll() is None:
-            self._proc.kill()
+        if self._proc.returncode is None:
+            self._stop_group()
             self._proc.wait()
         for stream in (self._proc.stdin, self._proc.stdout):
             if stream is not None:
                 with contextlib.suppress(OSError):
                     stream.close()
         self._stderr.close()
+
+    def _stop_group(self) -> None:
+        """Kill the child and the figure processes it forked (its process group), if any
+        still run. Only before the child is waited for: until then its process ID, the
+        group's, cannot name another process."""
+        with contextlib.suppress(OSError):  # none left (ProcessLookupError)
+            os.killpg(self._proc.pid, signal.SIGKILL)
 
     def _send(self, message: dict[str, Any]) -> None:
         stdin = self._proc.stdin
@@ -189,27 +210,24 @@ def main() -> int:
     answers = sys.stdout
     sys.stdout = sys.stderr  # nothing but the answer goes to the parent's pipe
     try:
-        from harness.report.render import draw_run_figures, warm_up
+        from harness.report.render import warm_up
     except ImportError as exc:  # the report's optional dependencies are missing
         unavailable: str | None = str(exc)
     else:
         unavailable = None
         with tempfile.TemporaryDirectory() as tmp:  # not when results arrive first (short runs)
             warm_up(Path(tmp), stop=lambda: bool(select.select([sys.stdin], [], [], 0)[0]))
-    drawn: dict[str, bool] = {}
+    figures = _Figures()
     for line in sys.stdin:
         message = json.loads(line)
         if "render" not in message:
             if unavailable is None:
-                # a figure that fails here is drawn again by the render, which reports it
-                with contextlib.suppress(Exception):
-                    drawn.update(draw_run_figures(Path(message["run_dir"]),
-                                                  message["written"]))
+                figures.start(Path(message["run_dir"]), message["written"])
             continue
         if unavailable is not None:
             answer: dict[str, Any] = {"status": "unavailable", "reason": unavailable}
         else:
-            answer = _render(Path(message["render"]), drawn)
+            answer = _render(Path(message["render"]), figures.wait())
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
         sys.stderr.flush()
@@ -217,6 +235,72 @@ def main() -> int:
         # pandas), which takes longer than the report itself
         os._exit(0)
     return 0  # stdin closed: the run ended without a report to render
+
+
+# how a figure's process ended (_Figures): drawn, or nothing to draw; anything else (an
+# error, a signal) leaves the figure to the render, which draws it again and reports it
+_DRAWN, _NOTHING_TO_DRAW, _FAILED = 0, 3, 1
+
+
+class _Figures:
+    """The run's figures, each drawn in a process forked from this one as soon as the files
+    it is drawn from are on disk: the report code is loaded and warm in each, and the figures
+    are drawn side by side, on as many cores as the machine has, beside the parent writing
+    the rest of the folder. Where there is no fork, one after another here."""
+
+    def __init__(self) -> None:
+        self._forked: dict[int, str] = {}  # pid -> PNG name
+        self._drawn: dict[str, bool] = {}
+
+    def start(self, run_dir: Path, written: str) -> None:
+        """Draw the figures ``written`` was the last file of."""
+        from harness.report.render import draw_run_figure, run_figures_after
+
+        for png in run_figures_after(written):
+            pid = -1
+            with contextlib.suppress(OSError, AttributeError), warnings.catch_warnings():
+                # Python 3.12+ warns of forking a process with threads (pyarrow's readers),
+                # after the fork: raised as an error (-W error), a forked process would go
+                # on unseen. Each process forked here draws and exits.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()  # no fork (AttributeError), or none now: draw it here
+            if pid == 0:
+                _draw_and_exit(run_dir, png)
+            if pid > 0:
+                self._forked[pid] = png
+                continue
+            # a figure that fails here is drawn again by the render, which reports it
+            with contextlib.suppress(Exception):
+                self._drawn[png] = draw_run_figure(run_dir, png)
+
+    def wait(self) -> dict[str, bool]:
+        """{PNG name: whether there was anything to draw}, once every figure is drawn: the
+        render's ``drawn``."""
+        for pid, png in self._forked.items():
+            _, status = os.waitpid(pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+            if code in (_DRAWN, _NOTHING_TO_DRAW):
+                self._drawn[png] = code == _DRAWN
+        self._forked.clear()
+        return dict(self._drawn)
+
+
+def _draw_and_exit(run_dir: Path, png: str) -> NoReturn:
+    """A forked figure process: draw ``png`` and exit, never returning into the loop it was
+    forked from."""
+    code = _FAILED
+    try:
+        # the answer's pipe is the renderer's alone: the parent reads it to its end
+        os.dup2(sys.stderr.fileno(), 1)
+        from harness.report.render import draw_run_figure
+
+        code = _DRAWN if draw_run_figure(run_dir, png) else _NOTHING_TO_DRAW
+    except BaseException:  # drawn again by the render, which says what failed
+        code = _FAILED
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(code)
 
 
 def _render(run_dir: Path, drawn: dict[str, bool]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from adapters.reference import ReferenceConfig
-from harness.report import render_run_report
+from harness.report import render, render_run_report
 from harness.sim import run_simulation
-from harness.sim.report_process import ReportError, ReportProcess
+from harness.sim.report_process import ReportError, ReportProcess, _Figures
 from harness.traces import Trace, TraceOptions, load_trace
 
 REPO = Path(__file__).resolve().parents[3]
@@ -130,3 +131,124 @@ def test_an_interrupt_while_the_child_starts_waits_until_the_child_is_kept(
     assert json.loads((run / "manifest.json").read_text())["status"] == "interrupted"
     assert started[0]._proc.poll() is not None  # stopped by the run, not left behind
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# ------------------------------------------------------------ figures drawn in forked processes
+
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+
+
+def _recording_draws(monkeypatch: pytest.MonkeyPatch, where: Path, *,
+                     fail: str = "", empty: str = "") -> None:
+    """``draw_run_figure`` as the figure processes call it, recording the process that drew
+    each figure in ``where/<png>.pid``; ``fail`` raises, ``empty`` has nothing to draw."""
+    real = render.draw_run_figure
+
+    def draw(run_dir: Path, png: str) -> bool:
+        (where / f"{png}.pid").write_text(str(os.getpid()))
+        if png == fail:
+            raise RuntimeError("a figure that fails (test)")
+        return False if png == empty else real(run_dir, png)
+
+    monkeypatch.setattr(render, "draw_run_figure", draw)
+
+
+def _start_all(figures: _Figures, run: Path) -> None:
+    for name in ("steps.parquet", "requests.parquet", "chunks.parquet"):
+        figures.start(run, name)
+
+
+@needs_fork
+def test_each_figure_is_drawn_in_a_process_of_its_own_as_a_render_draws_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "run"
+    _simulate(run, write_report=False)
+    _recording_draws(monkeypatch, tmp_path)
+    figures = _Figures()
+    _start_all(figures, run)
+    assert figures.wait() == dict.fromkeys(FIGURES, True)
+    pids = {int((tmp_path / f"{png}.pid").read_text()) for png in FIGURES}
+    assert len(pids) == len(FIGURES) and os.getpid() not in pids
+    drawn = {png: (run / png).read_bytes() for png in FIGURES}
+    monkeypatch.undo()
+    render_run_report(run)
+    assert {png: (run / png).read_bytes() for png in FIGURES} == drawn
+
+
+@needs_fork
+def test_a_figure_that_fails_in_its_process_is_left_to_the_render(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its process's error is not the report's: the render draws it again (and would raise
+    what it raises there); a figure with nothing to draw is answered as such."""
+    run = tmp_path / "run"
+    _simulate(run, write_report=False)
+    _recording_draws(monkeypatch, tmp_path, fail="engine_state.png", empty="throughput.png")
+    figures = _Figures()
+    _start_all(figures, run)
+    drawn = figures.wait()
+    assert drawn == {"latency_cdf.png": True, "throughput.png": False}
+    assert not (run / "engine_state.png").exists()
+    monkeypatch.undo()
+    render_run_report(run, drawn=drawn)
+    assert (run / "engine_state.png").exists()
+    assert b"engine_state.png" in (run / "report.md").read_bytes()
+
+
+def test_without_fork_the_figures_are_drawn_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "run"
+    _simulate(run, write_report=False)
+    _recording_draws(monkeypatch, tmp_path, fail="engine_state.png")
+    monkeypatch.delattr(os, "fork", raising=False)
+    figures = _Figures()
+    _start_all(figures, run)
+    assert figures.wait() == {"latency_cdf.png": True, "throughput.png": True}
+    assert {(tmp_path / f"{png}.pid").read_text() for png in FIGURES} == {str(os.getpid())}
+
+
+@needs_fork
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for the processes")
+def test_close_stops_the_figures_being_drawn(tmp_path: Path) -> None:
+    """A run that ends (an error, Ctrl-C) while figures are drawn leaves no process of its
+    report behind. The figures' file is a FIFO nothing writes: their processes wait on it."""
+    run = tmp_path / "run"
+    _simulate(run, write_report=False)
+    (run / "requests.parquet").unlink()
+    os.mkfifo(run / "requests.parquet")
+    reporter = ReportProcess.start()
+    assert reporter is not None
+    try:
+        reporter.file_written(run, "requests.parquet")
+        deadline = time.monotonic() + 60
+        while len(_children(reporter.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        drawing = _children(reporter.pid)
+        assert len(drawing) == 2, "the two figures drawn from requests.parquet"
+    finally:
+        reporter.close()
+    # gone, or a zombie until whoever adopted it reaps it (a signal lands in its own time)
+    deadline = time.monotonic() + 30
+    while (alive := {p for p in drawing if _state(p) not in ("", "Z")}) and (
+            time.monotonic() < deadline):
+        time.sleep(0.05)
+    assert alive == set()
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (/proc)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
