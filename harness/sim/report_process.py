@@ -180,8 +180,13 @@ class ReportProcess:
         """Kill the child and the figure processes it forked (its process group), if any
         still run. Only before the child is waited for: until then its process ID, the
         group's, cannot name another process."""
-        with contextlib.suppress(OSError):  # none left (ProcessLookupError)
+        try:
             os.killpg(self._proc.pid, signal.SIGKILL)
+        except AttributeError:  # no process groups here (nor forked figures): the child
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+        except OSError:  # none left (ProcessLookupError)
+            pass
 
     def _send(self, message: dict[str, Any]) -> None:
         stdin = self._proc.stdin
