@@ -79,7 +79,7 @@ from harness.results import (
 def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Path,
                     *, draw: bool = True, drawn: Mapping[str, bool] | None = None) -> str:
     """The report's text; draws its plots into ``out_dir`` when ``draw``. ``drawn``: run
-    figures drawn already (``draw_run_figures``), by PNG name; they are not drawn again."""
+    figures drawn already (``draw_run_figure``), by PNG name; they are not drawn again."""
     ok = [c for c in cells if c.ok]
     # a cell that ended early (interrupted, its engine gone) has partial figures: shown, but
     # no baseline, curve point, capacity evidence or sweep point
@@ -294,12 +294,6 @@ def draw_run_figure(run_dir: Path, png: str) -> bool:
     return figure.draw({Path(run_dir).name: Path(run_dir)}, Path(run_dir) / png)
 
 
-def draw_run_figures(run_dir: Path, written: str) -> dict[str, bool]:
-    """Each of ``run_figures_after(written)``, one after another (``draw_run_figure``):
-    {PNG name: whether there was anything to draw}."""
-    return {png: draw_run_figure(run_dir, png) for png in run_figures_after(written)}
-
-
 def unreadable_sources(ok: Sequence[CellResult]) -> list[str]:
     """A run figure leaves out a cell whose file it is drawn from is there but unreadable (a
     truncated parquet file): say which, rather than let a line go missing without a word."""
@@ -447,7 +441,7 @@ def render_scenario_report(scenario_dir: Path, *, out_file: Path | None = None,
 def render_run_report(run_dir: Path, *, metrics_doc: str | None = None,
                       drawn: Mapping[str, bool] | None = None) -> Path:
     """``<run_dir>/report.md`` for one ``simulate`` or ``replay`` run folder (``drawn``: the
-    figures ``draw_run_figures`` drew already)."""
+    figures ``draw_run_figure`` drew already)."""
     run_dir = Path(run_dir)
     cell = load_run(run_dir)
     ctx = ReportContext(

@@ -293,15 +293,13 @@ class _Figures:
 def _draw_and_exit(run_dir: Path, png: str) -> NoReturn:
     """A forked figure process: draw ``png`` and exit, never returning into the loop it was
     forked from."""
-    code = _FAILED
+    code = _FAILED  # until drawn: an error is the render's to raise, where it draws it again
     try:
         # the answer's pipe is the renderer's alone: the parent reads it to its end
         os.dup2(sys.stderr.fileno(), 1)
         from harness.report.render import draw_run_figure
 
         code = _DRAWN if draw_run_figure(run_dir, png) else _NOTHING_TO_DRAW
-    except BaseException:  # drawn again by the render, which says what failed
-        code = _FAILED
     finally:
         with contextlib.suppress(Exception):
             sys.stderr.flush()

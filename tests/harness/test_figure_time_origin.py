@@ -14,7 +14,7 @@ import pytest
 
 from adapters.reference import ReferenceConfig
 from harness.report import plots
-from harness.report.render import draw_run_figures
+from harness.report.render import draw_run_figure, run_figures_after
 from harness.sim import run_simulation
 from harness.traces import TraceOptions, load_trace
 
@@ -41,9 +41,11 @@ def test_time_axes_start_at_the_first_arrival(tmp_path: Path,
     monkeypatch.setattr(plots, "throughput_over_time", capture("throughput"))
     monkeypatch.setattr(plots, "engine_state", capture("state"))
     # the engine-state figure waits for requests.parquet, which says where time starts
-    assert "engine_state.png" not in draw_run_figures(run, "steps.parquet")
-    assert draw_run_figures(run, "requests.parquet")["engine_state.png"]
-    assert draw_run_figures(run, "chunks.parquet")["throughput.png"]
+    assert "engine_state.png" not in run_figures_after("steps.parquet")
+    assert "engine_state.png" in run_figures_after("requests.parquet")
+    assert draw_run_figure(run, "engine_state.png")
+    assert "throughput.png" in run_figures_after("chunks.parquet")
+    assert draw_run_figure(run, "throughput.png")
 
     chunk_t = pq.read_table(run / "chunks.parquet")["t_s"].to_numpy()
     step_t = pq.read_table(run / "steps.parquet")["t_s"].to_numpy()
