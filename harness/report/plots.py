@@ -343,28 +343,53 @@ def envelope(t: np.ndarray, series: Sequence[np.ndarray | None], columns: int) -
     return np.unique(np.concatenate(keep))
 
 
-def throughput_over_time(series: Mapping[str, tuple[np.ndarray, np.ndarray]], path: Path,
-                         *, num_bins: int = 60, note: str | None = None) -> Path | None:
-    """Output tokens per second over time (tokens delivered per bin / bin width)."""
-    ends = [float(np.max(t)) for t, _ in series.values() if np.size(t)]
-    if not ends:
+THROUGHPUT_BINS = 60  # slices of the throughput figure's time axis
+
+
+def token_bin_edges(end_s: float, num_bins: int = THROUGHPUT_BINS) -> np.ndarray:
+    """The throughput figure's equal slices of time, from 0 (each run's first arrival) to
+    ``end_s``, the last token of any of its runs."""
+    return np.linspace(0.0, end_s if end_s > 0 else 1.0, num_bins + 1)
+
+
+def tokens_binned(t_s: np.ndarray, tokens: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The tokens delivered in each slice of ``edges`` (``token_bin_edges``) by the chunks at
+    ``t_s`` (from the first arrival) carrying ``tokens`` each: float sums. Whole numbers of
+    tokens sum exactly, so that adding this over parts of a run's chunks gives what it gives
+    over all of them."""
+    # equal bins given as a count: numpy bins by arithmetic, the same counts as bins=edges
+    # without sorting millions of instants
+    counts, _ = np.histogram(t_s, bins=edges.size - 1, range=(edges[0], edges[-1]),
+                             weights=np.asarray(tokens, dtype=np.float64))
+    return counts
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRate:
+    """One run's line in the throughput figure: ``counts``, its tokens in each slice of the
+    figure's edges (``tokens_binned``), and ``last_s``, when its last token came."""
+
+    counts: np.ndarray
+    last_s: float
+
+
+def throughput_over_time(series: Mapping[str, TokenRate], edges: np.ndarray, path: Path, *,
+                         note: str | None = None) -> Path | None:
+    """Output tokens per second over time (tokens delivered per slice of ``edges`` / slice
+    width), one line per cell."""
+    if not series:
         return None
-    end = max(ends)
-    edges = np.linspace(0.0, end if end > 0 else 1.0, num_bins + 1)
+    num_bins = edges.size - 1
     width = edges[1] - edges[0]
     fig = Figure(figsize=(11, 3.6))
     ax = fig.subplots()
-    shown = _same_as({name: list(arrays) for name, arrays in series.items()})
-    for name, (t, tokens) in series.items():
-        if not np.size(t):
-            continue
-        # equal bins given as a count: numpy bins by arithmetic, the same counts as
-        # bins=edges without sorting millions of instants
-        counts, _ = np.histogram(t, bins=num_bins, range=(edges[0], edges[-1]), weights=tokens)
+    shown = _same_as({name: [rate.counts, np.array([rate.last_s])]
+                      for name, rate in series.items()})
+    for name, rate in series.items():
         # each cell's line ends with its last token: a finished run is not a run at 0 tok/s
-        n = max(1, min(num_bins, int(np.searchsorted(edges, float(np.max(t)), side="right"))))
-        rate = counts[:n] / width
-        ax.step(edges[:n + 1], np.r_[rate, rate[-1]], where="post", label=shown[name],
+        n = max(1, min(num_bins, int(np.searchsorted(edges, rate.last_s, side="right"))))
+        per_s = rate.counts[:n] / width
+        ax.step(edges[:n + 1], np.r_[per_s, per_s[-1]], where="post", label=shown[name],
                 linewidth=1)
     ax.set_xlabel("time since the first arrival (s)")
     ax.set_ylabel("output tokens/s")

@@ -37,10 +37,12 @@ from harness.report.format import code, display_path, short
 from harness.report.predictions import derived_note, is_prediction, predicted_text
 from harness.report.runs import (
     CellResult,
+    chunk_tokens_binned,
     collect,
     first_arrival_s,
     get,
     knob,
+    last_chunk_s,
     load_run,
     load_scenario_dir,
     preempted_requests,
@@ -240,15 +242,24 @@ def _engine_state_figure(runs: Mapping[str, Path], path: Path) -> bool:
 
 
 def _throughput_figure(runs: Mapping[str, Path], path: Path) -> bool:
-    tput = {}
-    labels = _legend_labels(runs)
+    # each run's clock from its first arrival to its last token; the figure's slices of time
+    # end at the latest of them, and each run's chunks are then read a batch at a time
+    spans: dict[str, tuple[float, float]] = {}
     for name, run_dir in runs.items():
-        chunks = read_columns(run_dir / CHUNKS_FILE, ("t_s", "num_tokens"))
-        if chunks and "t_s" in chunks and "num_tokens" in chunks:
-            tput[labels[name]] = (np.asarray(chunks["t_s"], dtype=np.float64)
-                                  - first_arrival_s(run_dir),
-                                  np.asarray(chunks["num_tokens"], dtype=np.float64))
-    return bool(tput) and plots.throughput_over_time(tput, path,
+        last = last_chunk_s(run_dir / CHUNKS_FILE)
+        if last is not None:
+            origin = first_arrival_s(run_dir)
+            spans[name] = (origin, last - origin)
+    if not spans:
+        return False
+    edges = plots.token_bin_edges(max(last for _, last in spans.values()))
+    labels = _legend_labels(runs)
+    tput = {}
+    for name, (origin, last) in spans.items():
+        counts = chunk_tokens_binned(runs[name] / CHUNKS_FILE, origin, edges)
+        if counts is not None:
+            tput[labels[name]] = plots.TokenRate(counts, last)
+    return bool(tput) and plots.throughput_over_time(tput, edges, path,
                                                      note=_figure_note(runs)) is not None
 
 
@@ -415,12 +426,22 @@ def warm_up(tmp_dir: Path, *, stop: Callable[[], bool] = lambda: False) -> None:
                                   for m, _ in plots.LATENCY_PANELS}},
                            tmp_dir / "latency_cdf.png")
 
+    def throughput() -> None:
+        path = tmp_dir / "warm_up_chunks.parquet"
+        write_parquet_atomic(columns.table({"t_s": columns.floats(t_s),
+                                            "num_tokens": columns.ints([1] * t_s.size)}), path)
+        last = last_chunk_s(path)
+        edges = plots.token_bin_edges(last or 1.0)
+        counts = chunk_tokens_binned(path, 0.0, edges)
+        if last is not None and counts is not None:
+            plots.throughput_over_time({"a": plots.TokenRate(counts, last)}, edges,
+                                       tmp_dir / "throughput.png")
+
     for draw in (latency_cdfs,
                  lambda: plots.engine_state({"a": plots.EngineState(t_s, t_s, t_s,
                                                                     t_s / t_s[-1])},
                                             tmp_dir / "engine_state.png"),
-                 lambda: plots.throughput_over_time({"a": (t_s, np.ones_like(t_s))},
-                                                    tmp_dir / "throughput.png")):
+                 throughput):
         if stop():
             return
         draw()

@@ -16,7 +16,7 @@ from harness.columns import numbers
 from harness.manifest import MANIFEST_FILE
 from harness.metrics import Pace
 from harness.report.format import load_text, value_text
-from harness.report.plots import EngineState, envelope
+from harness.report.plots import EngineState, envelope, tokens_binned
 from harness.results import (
     RECORDS_FILE,
     REQUESTS_FILE,
@@ -666,10 +666,83 @@ def read_columns(path: Path, columns: Sequence[str]) -> dict[str, np.ndarray] | 
         try:
             out[c] = numbers(tab.column(c))
         except TypeError as exc:  # damaged, or written by something else: bad input, said so
-            raise ValueError(f"{path}: column {c}: {exc} (not a file batchlab wrote as it "
-                             "is; a live run's `batchlab summarize DIR` rebuilds it from its "
-                             "records.jsonl)") from None
+            raise ValueError(_not_numbers(path, c, exc)) from None
     return out
+
+
+CHUNK_BATCH_ROWS = 1 << 16  # chunk rows read at a time (``chunk_tokens_binned``)
+_NUMBER_TYPES = ("DOUBLE", "FLOAT", "INT64", "INT32")  # Parquet's, whose statistics are numbers
+
+
+def last_chunk_s(path: Path) -> float | None:
+    """The latest chunk instant (``t_s``) of a ``chunks.parquet``, on its run's clock: from
+    the row groups' statistics where every one has them (a file batchlab wrote), else read.
+    None when the file is missing or unreadable, has no chunks, or lacks ``t_s`` or
+    ``num_tokens`` (the throughput figure reads both: ``chunk_tokens_binned``)."""
+    if not path.exists():
+        return None
+    try:
+        with pq.ParquetFile(path) as file:
+            meta = file.metadata
+            names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+            if not {"t_s", "num_tokens"} <= set(names):
+                return None
+            column = names.index("t_s")
+            stats = [meta.row_group(g).column(column).statistics
+                     for g in range(meta.num_row_groups)]
+            if meta.schema.column(column).physical_type in _NUMBER_TYPES and all(
+                    s is not None and s.has_min_max for s in stats):
+                return max((float(s.max) for s in stats), default=None)
+            last = -np.inf
+            for batch in file.iter_batches(batch_size=CHUNK_BATCH_ROWS, columns=["t_s"]):
+                t_s = _number_column(path, batch, "t_s")
+                t_s = t_s[~np.isnan(t_s)]  # as statistics leave NaN out
+                if t_s.size:
+                    last = max(last, float(np.max(t_s)))
+    except _NotNumbers:
+        raise
+    except (OSError, ValueError):
+        return None
+    return None if last == -np.inf else last
+
+
+def chunk_tokens_binned(path: Path, origin_s: float, edges: np.ndarray) -> np.ndarray | None:
+    """The output tokens a ``chunks.parquet`` delivered in each slice of ``edges``, on a clock
+    that starts at ``origin_s`` of its run's (``plots.tokens_binned``), read a batch of rows
+    at a time: a whole trace's millions of chunks never in memory at once. None when the file
+    is missing or unreadable, or lacks ``t_s`` or ``num_tokens``."""
+    if not path.exists():
+        return None
+    counts = np.zeros(edges.size - 1)
+    try:
+        with pq.ParquetFile(path) as file:
+            if not {"t_s", "num_tokens"} <= set(file.schema_arrow.names):
+                return None
+            for batch in file.iter_batches(batch_size=CHUNK_BATCH_ROWS,
+                                           columns=["t_s", "num_tokens"]):
+                counts += tokens_binned(_number_column(path, batch, "t_s") - origin_s,
+                                        _number_column(path, batch, "num_tokens"), edges)
+    except _NotNumbers:
+        raise
+    except (OSError, ValueError):
+        return None
+    return counts
+
+
+class _NotNumbers(ValueError):
+    """A column of a results file that holds no numbers: bad input, said so."""
+
+
+def _number_column(path: Path, batch: pa.RecordBatch, name: str) -> np.ndarray:
+    try:
+        return numbers(batch.column(name))
+    except TypeError as exc:
+        raise _NotNumbers(_not_numbers(path, name, exc)) from None
+
+
+def _not_numbers(path: Path, column: str, exc: Exception) -> str:
+    return (f"{path}: column {column}: {exc} (not a file batchlab wrote as it is; a live "
+            "run's `batchlab summarize DIR` rebuilds it from its records.jsonl)")
 
 
 def classes_not_drawn(manifest: Mapping[str, Any]) -> str | None:

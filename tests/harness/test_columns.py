@@ -99,6 +99,23 @@ def test_a_dictionary_column_is_read_back_as_text_with_the_run_id(tmp_path: Path
         (t.chunk_times_s, t.chunk_num_tokens) for t in timelines]
 
 
+def test_statistics_are_written_for_numbers_not_for_text(tmp_path: Path) -> None:
+    """Each row group's least and greatest value of every numeric column, for readers that
+    skip row groups by them; none of a text column's (request IDs: of no use, and the cost of
+    a third of a whole trace's chunks.parquet)."""
+    write_parquet_atomic(chunks_table(_timelines()), tmp_path / "chunks.parquet")
+    write_parquet_atomic(pa.table({"name": ["a", "b"]}), tmp_path / "text.parquet")
+    stats = {}
+    for name in ("chunks.parquet", "text.parquet"):
+        group = pq.ParquetFile(tmp_path / name).metadata.row_group(0)
+        stats |= {group.column(i).path_in_schema: group.column(i).statistics
+                  for i in range(group.num_columns)}
+    assert {c: s is not None for c, s in stats.items()} == {
+        "request_id": False, "chunk_index": True, "t_s": True, "num_tokens": True,
+        "name": False}
+    assert (stats["chunk_index"].min, stats["chunk_index"].max) == (0, 2)
+
+
 # what a simulated run never needs: pandas (pa.array, to_numpy), the live client and its
 # engines (httpx), the scenario runner and the report (drawn by a child process)
 _NOT_FOR_A_SIMULATION = ("pandas", "pyarrow.compute", "httpx", "matplotlib", "harness.live",

@@ -33,9 +33,10 @@ def test_time_axes_start_at_the_first_arrival(tmp_path: Path,
     seen: dict[str, Any] = {}
 
     def capture(kind: str) -> Any:
-        def draw(series: Any, path: Path, **kwargs: Any) -> Path:
+        def draw(series: Any, *args: Any, **kwargs: Any) -> Path:
             seen[kind] = next(iter(series.values()))
-            return path
+            seen[f"{kind} args"] = args
+            return args[-1]
         return draw
 
     monkeypatch.setattr(plots, "throughput_over_time", capture("throughput"))
@@ -49,8 +50,13 @@ def test_time_axes_start_at_the_first_arrival(tmp_path: Path,
 
     chunk_t = pq.read_table(run / "chunks.parquet")["t_s"].to_numpy()
     step_t = pq.read_table(run / "steps.parquet")["t_s"].to_numpy()
-    t, _ = seen["throughput"]
-    assert t.min() == pytest.approx(chunk_t.min() - first)
-    assert t.max() == pytest.approx(chunk_t.max() - first)
+    rate, (edges, _) = seen["throughput"], seen["throughput args"]
+    # the slices run from the first arrival to the last token; the first token's falls in
+    # the slice its time since the first arrival says
+    assert edges[0] == 0 and edges[-1] == rate.last_s == pytest.approx(chunk_t.max() - first)
+    first_token = chunk_t.min() - first
+    assert first_token >= 0
+    assert np.flatnonzero(rate.counts)[0] == int(first_token // (edges[1] - edges[0]))
+    assert rate.counts.sum() == len(chunk_t)  # one token a chunk, every one of them counted
     assert seen["state"].t_s[0] == pytest.approx(step_t[0] - first)
-    assert t.min() >= 0 and seen["state"].t_s[0] >= 0
+    assert seen["state"].t_s[0] >= 0

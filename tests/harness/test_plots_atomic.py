@@ -15,7 +15,10 @@ from harness.report import plots
 
 def _draw(path: Path) -> Path | None:
     t_s = np.linspace(0.0, 10.0, 50)
-    return plots.throughput_over_time({"a": (t_s, np.ones_like(t_s))}, path)
+    edges = plots.token_bin_edges(10.0)
+    return plots.throughput_over_time(
+        {"a": plots.TokenRate(plots.tokens_binned(t_s, np.ones_like(t_s), edges), 10.0)},
+        edges, path)
 
 
 def test_a_figure_is_written_under_its_name(tmp_path: Path) -> None:

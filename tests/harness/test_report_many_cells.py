@@ -56,9 +56,13 @@ def _kv_only(names: Sequence[str], out: Path) -> Path | None:
 
 def _throughput(names: Sequence[str], out: Path) -> Path | None:
     rng = np.random.default_rng(len(names))
-    series = {name: (np.sort(rng.uniform(0, 30, 80)), rng.integers(1, 4, 80).astype(float))
-              for name in names}
-    return plots.throughput_over_time(series, out / "throughput.png")
+    edges = plots.token_bin_edges(30.0)
+    series = {}
+    for name in names:
+        t_s = np.sort(rng.uniform(0, 30, 80))
+        series[name] = plots.TokenRate(
+            plots.tokens_binned(t_s, rng.integers(1, 4, 80), edges), float(t_s[-1]))
+    return plots.throughput_over_time(series, edges, out / "throughput.png")
 
 
 def _sweep(names: Sequence[str], out: Path) -> Path | None:
