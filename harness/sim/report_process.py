@@ -6,13 +6,11 @@ process loads on another core while the simulation runs. As soon as the results 
 figure is drawn from are on disk, it forks a process that draws that figure
 (``harness.report.render.draw_run_figure``): the forked process starts with the report code
 loaded and warm, and the figures are drawn side by side, beside the parent writing the rest
-of the folder. A figure's process runs at a lower priority than the run (``FIGURE_NICENESS``):
-where cores are short, the run's files come first, and the figure drawn from the last of them
-(``chunks.parquet``) is not kept waiting by the figures drawn from the first. It draws without
-the cyclic garbage collector, which would walk the whole warm heap it was forked with for
-nothing: the process exits when the figure is drawn. The child writes ``report.md`` once
-every result is on disk and every figure drawn, as ``batchlab report`` would. The child only
-reads the folder, so a report that fails never costs a result::
+of the folder. A figure's process draws without the cyclic garbage collector, which would
+walk the whole warm heap it was forked with for nothing: the process exits when the figure is
+drawn. The child writes ``report.md`` once every result is on disk and every figure drawn, as
+``batchlab report`` would. The child only reads the folder, so a report that fails never
+costs a result::
 
     parent (the run)                              child process (main below)
     ReportProcess.start()  ── spawn ───────────►  import harness.report, draw a warm-up
@@ -247,11 +245,6 @@ def main() -> int:
     return 0  # stdin closed: the run ended without a report to render
 
 
-# how much lower a figure's process runs than the renderer that forked it (and the run): on a
-# machine with fewer cores than processes at work, the run writes the files the last figures
-# wait for before the first figures are drawn, rather than beside them at a third of a core
-FIGURE_NICENESS = 10
-
 # how a figure's process ended (_Figures): drawn, or nothing to draw; anything else (an
 # error, a signal) leaves the figure to the render, which draws it again and reports it
 _DRAWN, _NOTHING_TO_DRAW, _FAILED = 0, 3, 1
@@ -309,8 +302,6 @@ def _draw_and_exit(run_dir: Path, png: str) -> NoReturn:
     # code, about a quarter of a figure's CPU time (docs/architecture.md)
     gc.disable()
     try:
-        with contextlib.suppress(OSError):  # the run's own files come first (module doc)
-            os.nice(FIGURE_NICENESS)
         # the answer's pipe is the renderer's alone: the parent reads it to its end
         os.dup2(sys.stderr.fileno(), 1)
         from harness.report.render import draw_run_figure

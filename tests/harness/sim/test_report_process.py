@@ -19,7 +19,7 @@ import pytest
 from adapters.reference import ReferenceConfig
 from harness.report import render, render_run_report
 from harness.sim import run_simulation
-from harness.sim.report_process import FIGURE_NICENESS, ReportError, ReportProcess, _Figures
+from harness.sim.report_process import ReportError, ReportProcess, _Figures
 from harness.traces import Trace, TraceOptions, load_trace
 
 REPO = Path(__file__).resolve().parents[3]
@@ -142,14 +142,13 @@ needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here
 def _recording_draws(monkeypatch: pytest.MonkeyPatch, where: Path, *,
                      fail: str = "", empty: str = "") -> None:
     """``draw_run_figure`` as the figure processes call it, recording the process that drew
-    each figure in ``where/<png>.pid``, and how it ran (``where/<png>.how``: whether the
-    garbage collector was on, the process's niceness); ``fail`` raises, ``empty`` has nothing
-    to draw."""
+    each figure in ``where/<png>.pid``, and whether the garbage collector was on in it
+    (``where/<png>.gc``); ``fail`` raises, ``empty`` has nothing to draw."""
     real = render.draw_run_figure
 
     def draw(run_dir: Path, png: str) -> bool:
         (where / f"{png}.pid").write_text(str(os.getpid()))
-        (where / f"{png}.how").write_text(json.dumps([gc.isenabled(), os.nice(0)]))
+        (where / f"{png}.gc").write_text(json.dumps(gc.isenabled()))
         if png == fail:
             raise RuntimeError("a figure that fails (test)")
         return False if png == empty else real(run_dir, png)
@@ -173,12 +172,9 @@ def test_each_figure_is_drawn_in_a_process_of_its_own_as_a_render_draws_it(
     assert figures.wait() == dict.fromkeys(FIGURES, True)
     pids = {int((tmp_path / f"{png}.pid").read_text()) for png in FIGURES}
     assert len(pids) == len(FIGURES) and os.getpid() not in pids
-    # each without the garbage collector, below the process that forked it (this one, whose
-    # own collector and priority are as they were)
-    here = os.nice(0)
-    assert {png: json.loads((tmp_path / f"{png}.how").read_text()) for png in FIGURES} == (
-        {png: [False, min(here + FIGURE_NICENESS, 19)] for png in FIGURES})
-    assert gc.isenabled() and os.nice(0) == here
+    # each without the garbage collector (this process, which forked them, keeps its own)
+    assert {json.loads((tmp_path / f"{png}.gc").read_text()) for png in FIGURES} == {False}
+    assert gc.isenabled()
     drawn = {png: (run / png).read_bytes() for png in FIGURES}
     monkeypatch.undo()
     render_run_report(run)
@@ -212,13 +208,11 @@ def test_without_fork_the_figures_are_drawn_here(
     monkeypatch.delattr(os, "fork", raising=False)
     figures = _Figures()
     _start_all(figures, run)
-    here = os.nice(0)
     assert figures.wait() == {"latency_cdf.png": True, "throughput.png": True}
     assert {(tmp_path / f"{png}.pid").read_text() for png in FIGURES} == {str(os.getpid())}
-    # the drawing process is the renderer, which goes on to write report.md: as it was
-    assert {(tmp_path / f"{png}.how").read_text() for png in FIGURES} == {
-        json.dumps([True, here])}
-    assert gc.isenabled() and os.nice(0) == here
+    # the drawing process is the renderer, which goes on to write report.md: its collector on
+    assert {(tmp_path / f"{png}.gc").read_text() for png in FIGURES} == {"true"}
+    assert gc.isenabled()
 
 
 @needs_fork
