@@ -53,6 +53,22 @@ TRACE_NAME = "AzureLLMInferenceTrace_conv.csv"
 TARGET = 1.30  # whole command / core simulation (issue: the CLI adds at most 30%)
 
 
+def full_trace() -> Path | None:
+    """The whole Azure conversation trace in the shared traces folder; None, once it has said
+    so, when it is not there: as the tests that want the full traces do (README, "Traces"),
+    the script is skipped, and says why."""
+    folder = shared_traces_dir()
+    if folder is not None and (folder / TRACE_NAME).is_file():
+        return folder / TRACE_NAME
+    configured = os.environ.get(TRACES_DIR_ENV)
+    where = (folder or (Path(configured) if configured else default_traces_dir())) / TRACE_NAME
+    print(f"skipped: the full trace is not at {where} (set {TRACES_DIR_ENV} to the folder "
+          "that holds it, or pass a trace path: harness/data/azure_conv_excerpt.csv runs in "
+          "seconds, though on its requests the fixed costs weigh more than on the whole "
+          "trace)")
+    return None
+
+
 def _run(trace_requests: tuple, config: ReferenceConfig, *, decode_spans: bool
          ) -> tuple[SimulationResult, float, float]:
     t0, c0 = time.perf_counter(), time.process_time()
@@ -81,20 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="command-line runs and their core runs, best of N (1)")
     args = parser.parse_args(argv)
 
-    path: Path | None = Path(args.trace) if args.trace else None
+    path = Path(args.trace) if args.trace else full_trace()
     if path is None:
-        folder = shared_traces_dir()
-        if folder is None or not (folder / TRACE_NAME).is_file():
-            # as the tests that want the full traces do (README, "Traces"): skipped, and why
-            configured = os.environ.get(TRACES_DIR_ENV)
-            where = (folder or (Path(configured) if configured else default_traces_dir())
-                     ) / TRACE_NAME
-            print(f"skipped: the full trace is not at {where} (set {TRACES_DIR_ENV} to the "
-                  "folder that holds it, or pass a trace path: harness/data/"
-                  "azure_conv_excerpt.csv runs in seconds, though on its requests the "
-                  "command's fixed costs weigh more than on the whole trace)")
-            return 0
-        path = folder / TRACE_NAME
+        return 0
     t0 = time.perf_counter()
     try:
         trace = load_trace(path, TraceOptions(limit=args.limit))

@@ -20,6 +20,9 @@ BENCH = REPO / "bench"
 CASES = [
     ("simulate_speed.py", ["/nonexistent/trace.csv", "--no-cli"], "/nonexistent/trace.csv"),
     ("simulate_speed.py", ["--limit", "0"], "--limit"),
+    ("report_figures.py", ["/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
+    ("report_figures.py", ["--limit", "0"], "--limit"),
+    ("report_figures.py", ["--repeat", "0"], "--repeat"),
     ("served_vs_simulated.py", ["--trace", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
     ("served_vs_simulated.py", ["--limit", "0"], "--limit"),
     ("served_vs_simulated.py", ["--model", "no-such-model"], "model: unknown model"),
