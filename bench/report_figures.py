@@ -44,7 +44,7 @@ from arg_types import positive_int
 from simulate_speed import full_trace
 
 from harness.report import plots
-from harness.report.render import RUN_FIGURES, draw_run_figure
+from harness.report.render import RUN_FIGURES, draw_run_figure, warm_up
 from harness.report.runs import chunk_tokens_binned, first_arrival_s, last_chunk_s, read_columns
 from harness.results import CHUNKS_FILE
 from harness.sim.report_process import _draw_and_exit
@@ -79,8 +79,6 @@ def main(argv: list[str] | None = None) -> int:
                          else f"batchlab simulate exited with status {done.returncode}")
         num_chunks = pq.ParquetFile(run / CHUNKS_FILE).metadata.num_rows
         print(f"trace {path}: {num_chunks:,} chunks; llama-3.1-8b / h100-sxm, fcfs")
-        from harness.report.render import warm_up  # the report child's imports, from here
-
         warm_up(Path(tmp))  # as the report child does while the simulation runs
         figures: dict[str, list[Measure]] = {"collector on": [], "collector off": []}
         data: dict[str, list[Measure]] = {"all at once": [], "in batches": []}
