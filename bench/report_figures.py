@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         data: dict[str, list[Measure]] = {"all at once": [], "in batches": []}
         for _ in range(args.repeat):
             pngs = [f.png for f in RUN_FIGURES]
-            figures["collector on"].append(_forked([partial(_draw, run, p) for p in pngs]))
+            figures["collector on"].append(_forked([partial(draw_run_figure, run, p)
+                                                    for p in pngs]))
             figures["collector off"].append(_forked([partial(_draw_and_exit, run, p)
                                                      for p in pngs]))
             # as in the figure's process: without the collector
@@ -128,11 +129,6 @@ def _forked(jobs: list[Callable[[], object]], *, collector: bool = True) -> Meas
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
             after.ru_minflt - before.ru_minflt)
-
-
-def _draw(run: Path, png: str) -> None:
-    """The figure drawn with the garbage collector on (the baseline)."""
-    draw_run_figure(run, png)
 
 
 def _all_at_once(run: Path) -> list[float]:

@@ -431,9 +431,11 @@ def warm_up(tmp_dir: Path, *, stop: Callable[[], bool] = lambda: False) -> None:
         write_parquet_atomic(columns.table({"t_s": columns.floats(t_s),
                                             "num_tokens": columns.ints([1] * t_s.size)}), path)
         last = last_chunk_s(path)
-        edges = plots.token_bin_edges(last or 1.0)
+        if last is None:
+            return
+        edges = plots.token_bin_edges(last)
         counts = chunk_tokens_binned(path, 0.0, edges)
-        if last is not None and counts is not None:
+        if counts is not None:
             plots.throughput_over_time({"a": plots.TokenRate(counts, last)}, edges,
                                        tmp_dir / "throughput.png")
 
