@@ -24,6 +24,7 @@ from adapters.knobs import Knobs, ReferenceKnobs
 from harness.metrics import Slo
 
 if TYPE_CHECKING:
+    from harness.sim.report_process import ReportProcess
     from harness.traces import Trace
 
 Mode = Literal["simulate", "launch", "attach"]
@@ -140,6 +141,9 @@ class RunOptions:
     overwrite: bool = False  # replace another run's folder (harness.runfolder.claim_run_dir)
     closed_loop: ClosedLoop | None = None  # simulated: N users instead of trace arrivals
     early_stop: EarlyStop | None = None  # checked now and then; a reason stops the run
+    # simulated, with write_report: the report process the caller started before loading the
+    # engine (harness.sim.report_process); the run uses and closes it. None: the run starts one
+    report_process: ReportProcess | None = None
 
 
 class Target(Protocol):

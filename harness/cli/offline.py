@@ -34,13 +34,14 @@ from harness.cli.common import (
     refuse_cell,
     too_many_failed,
 )
-from harness.results import SUMMARY_FILE, nothing_served, read_summary
-from harness.sim.report_process import ReportError
-from harness.sim.target import SimulatedTarget  # not harness.targets: no live client to load
-from harness.target import ClosedLoop, RunOptions, TargetSpec
 
+# The engine, numpy and pyarrow are loaded by the commands that need them, not with this
+# module: `simulate` starts its report process first, so that the report code loads beside
+# them (cmd_simulate).
 if TYPE_CHECKING:
     from adapters.reference import ReferenceConfig
+    from harness.sim.report_process import ReportProcess
+    from harness.target import ClosedLoop, TargetSpec
 
 COSTMODEL_KNOBS = ("tensor_parallel_size", "weights_dtype", "kv_cache_dtype",
                    "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
@@ -63,6 +64,8 @@ def add_reference_options(p: argparse.ArgumentParser) -> None:
 
 
 def reference_spec(args: argparse.Namespace) -> TargetSpec:
+    from harness.target import TargetSpec
+
     return TargetSpec("reference", "simulate", knobs=knobs_from_args(args),
                       reference=reference_knobs_from_args(args), model=args.model, gpu=args.gpu,
                       profile=getattr(args, "profile", None))
@@ -70,6 +73,8 @@ def reference_spec(args: argparse.Namespace) -> TargetSpec:
 
 def reference_config(args: argparse.Namespace) -> ReferenceConfig:
     """The one route from command-line knobs to the reference (``SimulatedTarget.config``)."""
+    from harness.sim.target import SimulatedTarget  # not harness.targets: no live client
+
     try:
         return SimulatedTarget(reference_spec(args)).config()
     except ValueError as exc:
@@ -209,6 +214,8 @@ def add_load_mode_options(p: argparse.ArgumentParser) -> None:
 
 def closed_loop_from_args(args: argparse.Namespace) -> ClosedLoop | None:
     """The closed loop ``--mode closed --concurrency N [--think-time-s S]`` asks for."""
+    from harness.target import ClosedLoop
+
     if args.mode != "closed":
         if args.concurrency is not None or args.think_time_s:
             raise UserError("--concurrency and --think-time-s: only with --mode closed")
@@ -224,6 +231,28 @@ def closed_loop_from_args(args: argparse.Namespace) -> ClosedLoop | None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from harness.sim.report_process import ReportProcess, signals_deferred
+
+    # The report code takes longer to load than the rest of the command (about 0.7 s of a
+    # core against 0.3 s): its process starts before anything else is loaded, and loads on
+    # another core meanwhile. A command that fails before its run stops it (close).
+    reporter: ReportProcess | None = None
+    try:
+        if not args.no_report:
+            with signals_deferred():  # Ctrl-C now: raised once it is kept, then closed
+                reporter = ReportProcess.start()
+        return _simulate(args, reporter)
+    finally:
+        if reporter is not None:
+            reporter.close()
+
+
+def _simulate(args: argparse.Namespace, reporter: ReportProcess | None) -> int:
+    from harness.results import SUMMARY_FILE, nothing_served, read_summary
+    from harness.sim.report_process import ReportError
+    from harness.sim.target import SimulatedTarget
+    from harness.target import RunOptions
+
     config = reference_config(args)  # configuration errors before anything is written
     # --on-too-long drop|clip without --max-model-len: the engine's, which rejects the rest
     trace = load_trace(args, engine_max_model_len=config.resolved_max_model_len)
@@ -239,7 +268,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                                                      command=command_line(),
                                                      closed_loop=closed_loop,
                                                      overwrite=args.overwrite,
-                                                     write_report=not args.no_report))
+                                                     write_report=not args.no_report,
+                                                     report_process=reporter))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     except ReportError as exc:  # every result is on disk: its headline, then why no report

@@ -3,10 +3,20 @@
 ``simulate(requests, ReferenceConfig(...))`` runs a whole trace and returns a timeline per request
 and a row per step (``driver``); ``run_simulation`` writes that as a run folder with the same
 files as a live run, plus ``steps.parquet`` (``run``).
+
+The names below are loaded when first used, not when the package is: ``batchlab simulate``
+starts its report process (``harness.sim.report_process``, standard library only) before it
+loads the engine, numpy and pyarrow, so that the report code loads beside them.
 """
 
-from harness.sim.driver import SimulationResult, simulate
-from harness.sim.run import read_steps, reference_engine_manifest, run_simulation
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.sim.driver import SimulationResult, simulate
+    from harness.sim.run import read_steps, reference_engine_manifest, run_simulation
 
 __all__ = [
     "SimulationResult",
@@ -15,3 +25,15 @@ __all__ = [
     "run_simulation",
     "simulate",
 ]
+
+_HOME = {"SimulationResult": "driver", "simulate": "driver", "read_steps": "run",
+         "reference_engine_manifest": "run", "run_simulation": "run"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # found here from now on, without this call
+    return value

@@ -69,6 +69,7 @@ def run_simulation(
     closed_loop: ClosedLoop | None = None,
     early_stop: EarlyStop | None = None,
     overwrite: bool = False,
+    reporter: ReportProcess | None = None,
 ) -> dict[str, Any]:
     """Simulate ``trace`` on the reference engine and write the run folder; returns the summary.
 
@@ -80,11 +81,21 @@ def run_simulation(
     ``write_report``: ``report.md`` and its plots, by a child process started now, so that
     loading the plotting code overlaps the simulation; it draws each plot as soon as the file
     it is drawn from is on disk, and writes ``report.md`` once every result is
-    (``harness.sim.report_process``).
+    (``harness.sim.report_process``). ``reporter``: that child, started earlier by the caller
+    (``ReportProcess.start``, before loading this module) so that it loads beside the caller's
+    own imports; this call owns it from then on, and closes it. Ignored without
+    ``write_report``.
     """
     identity = RunIdentity("simulated", trace.digest, engine="reference")
-    run_id = claim_run_dir(out_dir, identity, overwrite=overwrite)
-    reporter: ReportProcess | None = None
+    if not write_report and reporter is not None:
+        reporter.close()
+        reporter = None
+    try:
+        run_id = claim_run_dir(out_dir, identity, overwrite=overwrite)
+    except BaseException:
+        if reporter is not None:
+            reporter.close()
+        raise
     try:
         # a Ctrl-C (or SIGTERM) that landed between the child's fork and the assignment would
         # leave the child running unseen, and the folder "starting": it waits until the child
@@ -93,7 +104,8 @@ def run_simulation(
                                interrupted="interrupted before the simulation started",
                                told="the simulation had not started: nothing was measured"
                                ), signals_deferred():
-            reporter = ReportProcess.start() if write_report else None
+            if write_report and reporter is None:
+                reporter = ReportProcess.start()
         summary = _run(trace, config, out_dir, run_id, identity, slo=slo, progress=progress,
                        command=command, knobs=knobs, closed_loop=closed_loop,
                        early_stop=early_stop, reporter=reporter)

@@ -35,4 +35,5 @@ class SimulatedTarget:
                               knobs=config.effective_knobs(),
                               write_report=options.write_report,
                               closed_loop=options.closed_loop, early_stop=options.early_stop,
-                              overwrite=options.overwrite)
+                              overwrite=options.overwrite,
+                              reporter=options.report_process)
