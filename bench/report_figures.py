@@ -10,8 +10,8 @@ alternates, N times each (``--repeat``, best of N printed, every time with ``--v
 
 1. The three run figures, each drawn in a process forked from this one, side by side:
    baseline, the cyclic garbage collector on in the forked processes (as before 2026-12-04);
-   then off, as ``_draw_and_exit`` draws them now. Their wall time, and the CPU time of the
-   three processes.
+   then off, as ``harness.report.side_by_side`` draws them now. Their wall time, and the CPU
+   time of the three processes.
 2. The throughput figure's data, in a forked process without the collector: baseline, every chunk of
    ``chunks.parquet`` read at once and binned (``read_columns``, then ``tokens_binned`` over
    the whole arrays: how the figure read it before 2026-12-04); then ``last_chunk_s`` and
@@ -46,8 +46,8 @@ from simulate_speed import full_trace
 from harness.report import plots
 from harness.report.render import RUN_FIGURES, draw_run_figure, warm_up
 from harness.report.runs import chunk_tokens_binned, first_arrival_s, last_chunk_s, read_columns
+from harness.report.side_by_side import _draw_and_exit
 from harness.results import CHUNKS_FILE
-from harness.sim.report_process import _draw_and_exit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             pngs = [f.png for f in RUN_FIGURES]
             figures["collector on"].append(_forked([partial(draw_run_figure, run, p)
                                                     for p in pngs]))
-            figures["collector off"].append(_forked([partial(_draw_and_exit, run, p)
+            figures["collector off"].append(_forked([partial(_draw_and_exit,
+                                                             partial(draw_run_figure, run, p))
                                                      for p in pngs]))
             # as in the figure's process: without the collector
             data["all at once"].append(_forked([partial(_all_at_once, run)], collector=False))

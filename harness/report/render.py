@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -69,6 +70,7 @@ from harness.report.sections import (
     reproduce_section,
     throughput_section,
 )
+from harness.report.side_by_side import SideBySide
 from harness.results import (
     CHUNKS_FILE,
     REPORT_FILE,
@@ -81,8 +83,28 @@ from harness.results import (
 def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Path,
                     *, draw: bool = True, drawn: Mapping[str, bool] | None = None) -> str:
     """The report's text; draws its plots into ``out_dir`` when ``draw``. ``drawn``: run
-    figures drawn already (``draw_run_figure``), by PNG name; they are not drawn again."""
+    figures drawn already (``draw_run_figure``), by PNG name; they are not drawn again.
+
+    The run figures are drawn side by side in processes forked first
+    (``harness.report.side_by_side``), while this one writes the text."""
     ok = [c for c in cells if c.ok]
+    figures = SideBySide()
+    try:
+        if draw and ok:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            runs = {c.name: c.run_dir for c in ok}
+            for figure in RUN_FIGURES:
+                if (drawn or {}).get(figure.png) is None:
+                    figures.start(figure.png, functools.partial(figure.draw, runs,
+                                                                out_dir / figure.png))
+        return _markdown(cells, ok, ctx, out_dir, draw=draw, drawn=drawn, figures=figures)
+    finally:
+        figures.stop()  # an error, or Ctrl-C, before they were waited for
+
+
+def _markdown(cells: Sequence[CellResult], ok: Sequence[CellResult], ctx: ReportContext,
+              out_dir: Path, *, draw: bool, drawn: Mapping[str, bool] | None,
+              figures: SideBySide) -> str:
     # a cell that ended early (interrupted, its engine gone) has partial figures: shown, but
     # no baseline, curve point, capacity evidence or sweep point
     whole = [c for c in ok if not c.ended_early] or ok
@@ -127,8 +149,8 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
         lines += failures_section(ok)
         lines += priority_section(ok, bases, ctx)
         lines += prediction_section(ok)
-    plotted = (_draw_plots(ok, out_dir, ctx, drawn or {}, whole=whole, capacity=capacity,
-                           target=target) if draw else [])
+    plotted = (_draw_plots(ok, out_dir, ctx, {**(drawn or {}), **figures.wait()},
+                           whole=whole, capacity=capacity, target=target) if draw else [])
     unread = unreadable_sources(ok) if draw else []
     if plotted or unread:
         lines += ["## Plots", ""]
@@ -350,7 +372,7 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
     runs = {c.name: c.run_dir for c in ok}
     for figure in RUN_FIGURES:
         done = drawn.get(figure.png)
-        if done is None:
+        if done is None:  # its process failed: drawn again here, where its error is raised
             done = figure.draw(runs, out_dir / figure.png)
         if done:
             plotted.append((figure.alt, figure.png))

@@ -1,16 +1,15 @@
 """A run's ``report.md`` rendered by a child process started before the run.
 
 Loading the report's plotting stack (matplotlib) and drawing a first figure costs about a
-second of one core, and each figure a few tenths more. Started before the simulation, a child
-process loads on another core while the simulation runs. As soon as the results files a
-figure is drawn from are on disk, it forks a process that draws that figure
-(``harness.report.render.draw_run_figure``): the forked process starts with the report code
-loaded and warm, and the figures are drawn side by side, beside the parent writing the rest
-of the folder. A figure's process draws without the cyclic garbage collector, which would
-walk the whole warm heap it was forked with for nothing: the process exits when the figure is
-drawn. The child writes ``report.md`` once every result is on disk and every figure drawn, as
-``batchlab report`` would. The child only reads the folder, so a report that fails never
-costs a result::
+second of one core, and each figure a few tenths more. Started before the simulation (by
+``batchlab simulate`` before it loads the engine, the results code and pyarrow), a child
+process loads on another core meanwhile. As soon as the results files a figure is drawn from
+are on disk, it forks a process that draws that figure
+(``harness.report.render.draw_run_figure``, forked by ``harness.report.side_by_side``): the
+forked process starts with the report code loaded and warm, and the figures are drawn side by
+side, beside the parent writing the rest of the folder. The child writes ``report.md`` once
+every result is on disk and every figure drawn, as ``batchlab report`` would. The child only
+reads the folder, so a report that fails never costs a result::
 
     parent (the run)                              child process (main below)
     ReportProcess.start()  ── spawn ───────────►  import harness.report, draw a warm-up
@@ -41,7 +40,7 @@ usual one-line error).
 from __future__ import annotations
 
 import contextlib
-import gc
+import functools
 import json
 import os
 import select
@@ -51,11 +50,13 @@ import sys
 import tempfile
 import threading
 import traceback
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.report.side_by_side import SideBySide
 
 # The child's command: `-c` rather than `-m`, which would run this module a second time
 # beside the copy that importing the harness.sim package loads.
@@ -219,18 +220,19 @@ def main() -> int:
     sys.stdout = sys.stderr  # nothing but the answer goes to the parent's pipe
     try:
         from harness.report.render import warm_up
+        from harness.report.side_by_side import SideBySide
     except ImportError as exc:  # the report's optional dependencies are missing
         unavailable: str | None = str(exc)
     else:
         unavailable = None
+        figures = SideBySide()
         with tempfile.TemporaryDirectory() as tmp:  # not when results arrive first (short runs)
             warm_up(Path(tmp), stop=lambda: bool(select.select([sys.stdin], [], [], 0)[0]))
-    figures = _Figures()
     for line in sys.stdin:
         message = json.loads(line)
         if "render" not in message:
             if unavailable is None:
-                figures.start(Path(message["run_dir"]), message["written"])
+                start_figures(figures, Path(message["run_dir"]), message["written"])
             continue
         if unavailable is not None:
             answer: dict[str, Any] = {"status": "unavailable", "reason": unavailable}
@@ -245,72 +247,17 @@ def main() -> int:
     return 0  # stdin closed: the run ended without a report to render
 
 
-# how a figure's process ended (_Figures): drawn, or nothing to draw; anything else (an
-# error, a signal) leaves the figure to the render, which draws it again and reports it
-_DRAWN, _NOTHING_TO_DRAW, _FAILED = 0, 3, 1
+def start_figures(figures: SideBySide, run_dir: Path, written: str) -> None:
+    """Start the run figures ``written`` was the last file of, each in a process forked from
+    this one (``harness.report.side_by_side``): the report code is loaded and warm in each,
+    and they are drawn side by side, on as many cores as the machine has, beside the parent
+    writing the rest of the folder. Where there is no fork, one after another here, where one
+    that fails is left to the render, which draws it again and reports its error."""
+    from harness.report.render import draw_run_figure, run_figures_after
 
-
-class _Figures:
-    """The run's figures, each drawn in a process forked from this one as soon as the files
-    it is drawn from are on disk: the report code is loaded and warm in each, and the figures
-    are drawn side by side, on as many cores as the machine has, beside the parent writing
-    the rest of the folder. Where there is no fork, one after another here."""
-
-    def __init__(self) -> None:
-        self._forked: dict[int, str] = {}  # pid -> PNG name
-        self._drawn: dict[str, bool] = {}
-
-    def start(self, run_dir: Path, written: str) -> None:
-        """Draw the figures ``written`` was the last file of."""
-        from harness.report.render import draw_run_figure, run_figures_after
-
-        for png in run_figures_after(written):
-            pid = -1
-            with contextlib.suppress(OSError, AttributeError), warnings.catch_warnings():
-                # Python 3.12+ warns of forking a process with threads (pyarrow's readers),
-                # after the fork: raised as an error (-W error), a forked process would go
-                # on unseen. Each process forked here draws and exits.
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()  # no fork (AttributeError), or none now: draw it here
-            if pid == 0:
-                _draw_and_exit(run_dir, png)
-            if pid > 0:
-                self._forked[pid] = png
-                continue
-            # a figure that fails here is drawn again by the render, which reports it
-            with contextlib.suppress(Exception):
-                self._drawn[png] = draw_run_figure(run_dir, png)
-
-    def wait(self) -> dict[str, bool]:
-        """{PNG name: whether there was anything to draw}, once every figure is drawn: the
-        render's ``drawn``."""
-        for pid, png in self._forked.items():
-            _, status = os.waitpid(pid, 0)
-            code = os.waitstatus_to_exitcode(status)
-            if code in (_DRAWN, _NOTHING_TO_DRAW):
-                self._drawn[png] = code == _DRAWN
-        self._forked.clear()
-        return dict(self._drawn)
-
-
-def _draw_and_exit(run_dir: Path, png: str) -> NoReturn:
-    """A forked figure process: draw ``png`` and exit, never returning into the loop it was
-    forked from."""
-    code = _FAILED  # until drawn: an error is the render's to raise, where it draws it again
-    # the process ends with the figure: the cyclic garbage collector would only walk (and
-    # copy, page by page, from the process it was forked from) the heap of the warm report
-    # code, about a quarter of a figure's CPU time (docs/architecture.md)
-    gc.disable()
-    try:
-        # the answer's pipe is the renderer's alone: the parent reads it to its end
-        os.dup2(sys.stderr.fileno(), 1)
-        from harness.report.render import draw_run_figure
-
-        code = _DRAWN if draw_run_figure(run_dir, png) else _NOTHING_TO_DRAW
-    finally:
+    for png in run_figures_after(written):
         with contextlib.suppress(Exception):
-            sys.stderr.flush()
-        os._exit(code)
+            figures.start(png, functools.partial(draw_run_figure, run_dir, png))
 
 
 def _render(run_dir: Path, drawn: dict[str, bool]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,12 +104,20 @@ def test_a_figure_of_predicted_runs_says_so_itself(tmp_path: Path,
     assert render._figure_note({"live": live}) is None
     assert render._figure_note({"sim": sim, "live": live}) == (
         "predicted by batchlab's reference engine: sim")
-    notes: list[str | None] = []
+    # the figure is drawn in a process of its own (harness.report.side_by_side): its note
+    # comes back through a file
+    notes = tmp_path / "notes.jsonl"
     real = plots.latency_cdfs
-    monkeypatch.setattr(plots, "latency_cdfs", lambda *a, **kw: (notes.append(kw.get("note")),
-                                                                 real(*a, **kw))[1])
+
+    def noted(*args: Any, **kwargs: Any) -> Path | None:
+        with notes.open("a") as f:
+            f.write(json.dumps(kwargs.get("note")) + "\n")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plots, "latency_cdfs", noted)
     assert main(["report", str(sim)]) == 0
-    assert notes == ["predicted by batchlab's reference engine, not measured"]
+    assert [json.loads(line) for line in notes.read_text().splitlines()] == [
+        "predicted by batchlab's reference engine, not measured"]
 
 
 def test_resummarising_under_another_slo_redraws_the_folders_report(

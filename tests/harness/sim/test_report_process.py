@@ -18,8 +18,9 @@ import pytest
 
 from adapters.reference import ReferenceConfig
 from harness.report import render, render_run_report
+from harness.report.side_by_side import SideBySide
 from harness.sim import run_simulation
-from harness.sim.report_process import ReportError, ReportProcess, _Figures
+from harness.sim.report_process import ReportError, ReportProcess, start_figures
 from harness.traces import Trace, TraceOptions, load_trace
 
 REPO = Path(__file__).resolve().parents[3]
@@ -156,9 +157,9 @@ def _recording_draws(monkeypatch: pytest.MonkeyPatch, where: Path, *,
     monkeypatch.setattr(render, "draw_run_figure", draw)
 
 
-def _start_all(figures: _Figures, run: Path) -> None:
+def _start_all(figures: SideBySide, run: Path) -> None:
     for name in ("steps.parquet", "requests.parquet", "chunks.parquet"):
-        figures.start(run, name)
+        start_figures(figures, run, name)
 
 
 @needs_fork
@@ -167,7 +168,7 @@ def test_each_figure_is_drawn_in_a_process_of_its_own_as_a_render_draws_it(
     run = tmp_path / "run"
     _simulate(run, write_report=False)
     _recording_draws(monkeypatch, tmp_path)
-    figures = _Figures()
+    figures = SideBySide()
     _start_all(figures, run)
     assert figures.wait() == dict.fromkeys(FIGURES, True)
     pids = {int((tmp_path / f"{png}.pid").read_text()) for png in FIGURES}
@@ -189,7 +190,7 @@ def test_a_figure_that_fails_in_its_process_is_left_to_the_render(
     run = tmp_path / "run"
     _simulate(run, write_report=False)
     _recording_draws(monkeypatch, tmp_path, fail="engine_state.png", empty="throughput.png")
-    figures = _Figures()
+    figures = SideBySide()
     _start_all(figures, run)
     drawn = figures.wait()
     assert drawn == {"latency_cdf.png": True, "throughput.png": False}
@@ -206,7 +207,7 @@ def test_without_fork_the_figures_are_drawn_here(
     _simulate(run, write_report=False)
     _recording_draws(monkeypatch, tmp_path, fail="engine_state.png")
     monkeypatch.delattr(os, "fork", raising=False)
-    figures = _Figures()
+    figures = SideBySide()
     _start_all(figures, run)
     assert figures.wait() == {"latency_cdf.png": True, "throughput.png": True}
     assert {(tmp_path / f"{png}.pid").read_text() for png in FIGURES} == {str(os.getpid())}

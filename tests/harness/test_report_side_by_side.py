@@ -1,0 +1,173 @@
+"""A report's run figures are drawn side by side, each in a process forked from the renderer,
+while it writes the text (harness.report.side_by_side): the same files as drawn one after
+another; a figure whose process fails is drawn again in the renderer, where its error is
+raised; no process is left drawing when the render fails; and where forking is not safe
+(other threads) or not possible, the figures are drawn in the renderer itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from adapters.reference import ReferenceConfig
+from harness.report import render, render_run_report
+from harness.report.side_by_side import SideBySide, can_fork
+from harness.sim import run_simulation
+from harness.traces import TraceOptions, load_trace
+
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+FIGURES = tuple(f.png for f in render.RUN_FIGURES)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("side") / "run"
+    trace = load_trace("synthetic", TraceOptions(num_requests=40, rate=20, prompt_tokens=64,
+                                                 output_tokens=16))
+    run_simulation(trace, ReferenceConfig(policy="fcfs"), out, write_report=False)
+    return out
+
+
+def _recorded(monkeypatch: pytest.MonkeyPatch, where: Path, *,
+              behaviour: Callable[[str], None] = lambda png: None) -> None:
+    """The run figures, each recording in ``where/<png>.pid`` the process that drew it, and
+    calling ``behaviour(png)`` first (to fail, or to block)."""
+    def recording(figure: render.RunFigure) -> render.RunFigure:
+        def draw(runs: Mapping[str, Path], path: Path) -> bool:
+            (where / f"{figure.png}.pid").write_text(str(os.getpid()))
+            behaviour(figure.png)
+            return figure.draw(runs, path)
+        return dataclasses.replace(figure, draw=draw)
+
+    monkeypatch.setattr(render, "RUN_FIGURES", tuple(recording(f) for f in render.RUN_FIGURES))
+
+
+def _drawers(where: Path) -> dict[str, int]:
+    return {png: int((where / f"{png}.pid").read_text()) for png in FIGURES
+            if (where / f"{png}.pid").exists()}
+
+
+@needs_fork
+def test_each_figure_is_drawn_in_a_process_of_its_own_and_the_same_as_here(
+        run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _recorded(monkeypatch, tmp_path)
+    render_run_report(run)
+    drawers = _drawers(tmp_path)
+    assert set(drawers) == set(FIGURES)
+    assert len(set(drawers.values())) == len(FIGURES) and os.getpid() not in drawers.values()
+    side_by_side = {png: (run / png).read_bytes() for png in FIGURES}
+    report = (run / "report.md").read_text()
+    assert all(f"]({png})" in report for png in FIGURES)
+
+    # drawn one after another in this process (no fork): the same files, the same report
+    monkeypatch.delattr(os, "fork")
+    render_run_report(run)
+    assert set(_drawers(tmp_path).values()) == {os.getpid()}
+    assert {png: (run / png).read_bytes() for png in FIGURES} == side_by_side
+    assert (run / "report.md").read_text() == report
+
+
+@needs_fork
+def test_a_figure_that_fails_in_its_process_is_drawn_again_here(
+        run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    renderer = os.getpid()
+
+    def fails_forked(png: str) -> None:
+        if png == "engine_state.png" and os.getpid() != renderer:
+            raise RuntimeError("only in a forked process (test)")
+
+    _recorded(monkeypatch, tmp_path, behaviour=fails_forked)
+    (run / "engine_state.png").unlink(missing_ok=True)
+    render_run_report(run)
+    assert _drawers(tmp_path)["engine_state.png"] == renderer  # the last to draw it
+    assert (run / "engine_state.png").exists()
+    assert "](engine_state.png)" in (run / "report.md").read_text()
+
+
+@needs_fork
+def test_a_figure_that_fails_raises_its_error_in_the_renderer(
+        run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fails(png: str) -> None:
+        if png == "throughput.png":
+            raise RuntimeError("a figure that fails (test)")
+
+    _recorded(monkeypatch, tmp_path, behaviour=fails)
+    with pytest.raises(RuntimeError, match="a figure that fails"):
+        render_run_report(run)
+
+
+@needs_fork
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for the processes")
+def test_a_render_that_fails_leaves_no_figure_being_drawn(
+        run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The figures' processes block until killed; the text fails once they all run."""
+    def block(png: str) -> None:
+        time.sleep(600)
+
+    _recorded(monkeypatch, tmp_path, behaviour=block)
+
+    def failing_section(*args: object, **kwargs: object) -> list[str]:
+        deadline = time.monotonic() + 60
+        while len(_drawers(tmp_path)) < len(FIGURES) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        raise RuntimeError("the text fails (test)")
+
+    monkeypatch.setattr(render, "latency_section", failing_section)
+    with pytest.raises(RuntimeError, match="the text fails"):
+        render_run_report(run)
+    drawers = _drawers(tmp_path)
+    assert len(drawers) == len(FIGURES)
+    for pid in drawers.values():  # killed and reaped: no such process, not even a zombie
+        assert not Path(f"/proc/{pid}").exists(), pid
+
+
+@pytest.fixture
+def another_thread() -> Iterator[None]:
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@needs_fork
+@pytest.mark.usefixtures("another_thread")
+def test_with_another_thread_running_the_figures_are_drawn_here(
+        run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not can_fork()
+    _recorded(monkeypatch, tmp_path)
+    render_run_report(run)
+    assert set(_drawers(tmp_path).values()) == {os.getpid()}
+    assert all((run / png).exists() for png in FIGURES)
+
+
+@needs_fork
+def test_side_by_side_answers_drawn_nothing_and_failed() -> None:
+    figures = SideBySide()
+    figures.start("drawn", lambda: True)
+    figures.start("nothing", lambda: False)
+    figures.start("failed", lambda: 1 / 0 == 0)
+    assert figures.wait() == {"drawn": True, "nothing": False}
+    assert figures.wait() == {"drawn": True, "nothing": False}  # waited for once
+    figures.stop()  # nothing left: a no-op
+
+
+def test_without_fork_side_by_side_draws_here_and_raises(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(os, "fork", raising=False)
+    figures = SideBySide()
+    drawn_in = []
+    figures.start("here", lambda: drawn_in.append(os.getpid()) is None)
+    assert drawn_in == [os.getpid()]
+    with pytest.raises(ZeroDivisionError):
+        figures.start("failed", lambda: 1 / 0 == 0)
+    assert figures.wait() == {"here": True}
