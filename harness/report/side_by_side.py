@@ -97,7 +97,9 @@ def _draw_and_exit(draw: Callable[[], bool]) -> NoReturn:
     code = FAILED  # until drawn: the caller draws it again, where its error is raised
     gc.disable()  # the process ends with the figure (module doc)
     try:
-        os.dup2(sys.stderr.fileno(), 1)
+        # standard error with no file of its own (closed, or a test's capture): output as is
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(sys.stderr.fileno(), 1)
         code = DRAWN if draw() else NOTHING_TO_DRAW
     finally:
         with contextlib.suppress(Exception):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -71,6 +72,19 @@ def test_each_figure_is_drawn_in_a_process_of_its_own_and_the_same_as_here(
     assert set(_drawers(tmp_path).values()) == {os.getpid()}
     assert {png: (run / png).read_bytes() for png in FIGURES} == side_by_side
     assert (run / "report.md").read_text() == report
+
+
+@needs_fork
+def test_figures_are_drawn_in_their_processes_when_stderr_has_no_file(
+        run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Under capsys, sys.stderr has no file descriptor for the forked process's stdout to be
+    pointed at: it draws all the same, not failing over to the renderer."""
+    with pytest.raises(OSError):  # io.UnsupportedOperation
+        sys.stderr.fileno()
+    _recorded(monkeypatch, tmp_path)
+    render_run_report(run)
+    assert os.getpid() not in _drawers(tmp_path).values()
 
 
 @needs_fork
