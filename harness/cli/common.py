@@ -223,7 +223,7 @@ def command_line() -> list[str]:
 
 def add_trace_options(p: argparse.ArgumentParser) -> None:
     """Trace options shared by simulate, replay, validate and trace info (docs/traces.md)."""
-    from harness.traces import ARRIVALS, FORMATS, ON_TOO_LONG
+    from harness.traces.names import ARRIVALS, FORMATS, ON_TOO_LONG
 
     g = p.add_argument_group(
         "trace", "which requests to send and when; see docs/traces.md for the order they apply in"

@@ -22,39 +22,72 @@ Modules: ``records`` (``TraceRequest``, ``Trace``, ``TraceError``, the rows on t
 ``formats`` (each file format's reader and detection), ``synthetic`` (arrival processes and
 lengths), ``options`` (``TraceOptions`` and the steps applying them), ``load`` (the pipeline),
 ``info`` (``describe``, ``arrivals_text``), ``data`` (bundled and shared trace folders),
+``names`` (the formats, arrival processes and too-long policies by name),
 ``bounds`` (the upper bounds on token counts, request counts, rates, time scales and
 timestamps that every loader and option checks, for the command line and scenario files to
 reuse).
+
+The names below are loaded when first used, not when the package is: the command line's
+parser needs only the format, arrival and too-long choices (``names``), and ``batchlab
+simulate`` starts its report process before it loads numpy and the readers.
 """
 
-from harness.traces.bounds import (
-    MAX_RATE_PER_S,
-    MAX_REQUESTS_PER_TRACE,
-    MAX_TIME_SCALE,
-    MAX_TIMESTAMP_S,
-    MAX_TOKENS_PER_REQUEST,
-    MIN_RATE_PER_S,
-    MIN_TIME_SCALE,
-    check_count,
-    check_rate,
-    check_time_scale,
-    check_timestamp_s,
-    check_tokens,
-)
-from harness.traces.data import DATA_DIR, REPO_ROOT, TRACES_DIR_ENV, shared_traces_dir
-from harness.traces.formats import MOONCAKE_BLOCK_TOKENS
-from harness.traces.info import arrivals_text, describe
-from harness.traces.load import load_trace
-from harness.traces.options import (
-    ARRIVALS,
-    CLASSES_NOT_DRAWN,
-    FORMATS,
-    ON_TOO_LONG,
-    PRIORITIES_FROM_TRACE,
-    TraceOptions,
-)
-from harness.traces.records import DIGEST_SCHEME, MixPart, Trace, TraceError, TraceRequest
-from harness.traces.synthetic import synthetic_arrivals_s
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.traces.bounds import (
+        MAX_RATE_PER_S,
+        MAX_REQUESTS_PER_TRACE,
+        MAX_TIME_SCALE,
+        MAX_TIMESTAMP_S,
+        MAX_TOKENS_PER_REQUEST,
+        MIN_RATE_PER_S,
+        MIN_TIME_SCALE,
+        check_count,
+        check_rate,
+        check_time_scale,
+        check_timestamp_s,
+        check_tokens,
+    )
+    from harness.traces.data import (
+        DATA_DIR,
+        REPO_ROOT,
+        TRACES_DIR_ENV,
+        shared_traces_dir,
+    )
+    from harness.traces.formats import (
+        MOONCAKE_BLOCK_TOKENS,
+    )
+    from harness.traces.info import (
+        arrivals_text,
+        describe,
+    )
+    from harness.traces.load import (
+        load_trace,
+    )
+    from harness.traces.names import (
+        ARRIVALS,
+        FORMATS,
+        ON_TOO_LONG,
+    )
+    from harness.traces.options import (
+        CLASSES_NOT_DRAWN,
+        PRIORITIES_FROM_TRACE,
+        TraceOptions,
+    )
+    from harness.traces.records import (
+        DIGEST_SCHEME,
+        MixPart,
+        Trace,
+        TraceError,
+        TraceRequest,
+    )
+    from harness.traces.synthetic import (
+        synthetic_arrivals_s,
+    )
 
 __all__ = [
     "ARRIVALS",
@@ -90,3 +123,29 @@ __all__ = [
     "shared_traces_dir",
     "synthetic_arrivals_s",
 ]
+
+# where each name lives: a module of this package
+_HOME = {name: module for module, names in {
+    "bounds": (
+        "MAX_RATE_PER_S", "MAX_REQUESTS_PER_TRACE", "MAX_TIMESTAMP_S", "MAX_TIME_SCALE",
+        "MAX_TOKENS_PER_REQUEST", "MIN_RATE_PER_S", "MIN_TIME_SCALE", "check_count", "check_rate",
+        "check_time_scale", "check_timestamp_s", "check_tokens",
+    ),
+    "data": ("DATA_DIR", "REPO_ROOT", "TRACES_DIR_ENV", "shared_traces_dir"),
+    "formats": ("MOONCAKE_BLOCK_TOKENS",),
+    "info": ("arrivals_text", "describe"),
+    "load": ("load_trace",),
+    "names": ("ARRIVALS", "FORMATS", "ON_TOO_LONG"),
+    "options": ("CLASSES_NOT_DRAWN", "PRIORITIES_FROM_TRACE", "TraceOptions"),
+    "records": ("DIGEST_SCHEME", "MixPart", "Trace", "TraceError", "TraceRequest"),
+    "synthetic": ("synthetic_arrivals_s",),
+}.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # found here from now on, without this call
+    return value

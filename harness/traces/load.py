@@ -14,8 +14,8 @@ import hashlib
 from pathlib import Path
 
 from harness.traces.formats import load_file
+from harness.traces.names import ARRIVALS
 from harness.traces.options import (
-    ARRIVALS,
     TraceOptions,
     apply_arrivals,
     apply_length_overrides,

@@ -27,6 +27,7 @@ from harness.traces.bounds import (
     check_time_scale,
     check_tokens,
 )
+from harness.traces.names import ARRIVALS, FORMATS, ON_TOO_LONG
 from harness.traces.records import MOONCAKE_BLOCK_TOKENS, Report, Row, TraceError, is_int
 from harness.traces.synthetic import (
     STREAM_ARRIVALS,
@@ -35,9 +36,6 @@ from harness.traces.synthetic import (
     synthetic_arrivals_s,
 )
 
-FORMATS = ("azure", "mooncake", "lengths", "vidur", "burstgpt", "synthetic")
-ARRIVALS = ("poisson", "gamma", "constant")
-ON_TOO_LONG = ("error", "drop", "clip")
 # An infinite rate (every request at 0 s) or burstiness (constant gaps) as a record spells it:
 # JSON has no infinity, and the writers' null (``results.finite_json``) would read as unset.
 INF = "inf"

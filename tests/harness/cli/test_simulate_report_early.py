@@ -1,6 +1,7 @@
-"""`batchlab simulate` starts its report process before it loads the engine, pyarrow and the
-results code, so that the report code loads beside them; a command that fails before its run
-leaves no report process behind."""
+"""`batchlab simulate` starts its report process before it loads numpy, pyarrow, the engine
+and the results code, so that the report code loads beside them; a command that fails before
+its run leaves no report process behind. The packages that load their names on first use for
+this (harness.sim, harness.traces) still export every name they list."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from harness.sim import report_process
 start = report_process.ReportProcess.start.__func__
 seen = {}
 def probe(cls):
-    seen.update({m: m in sys.modules for m in ("pyarrow", "harness.results",
+    seen.update({m: m in sys.modules for m in ("numpy", "pyarrow", "harness.results",
                                                "harness.sim.driver", "adapters.reference")})
     return start(cls)
 report_process.ReportProcess.start = classmethod(probe)
@@ -44,7 +45,7 @@ def test_the_report_process_starts_before_the_engine_is_loaded(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert answer["code"] == 0
-    assert answer["loaded"] == {"pyarrow": False, "harness.results": False,
+    assert answer["loaded"] == {"numpy": False, "pyarrow": False, "harness.results": False,
                                 "harness.sim.driver": False, "adapters.reference": False}
     assert (out / "report.md").exists() and (out / "latency_cdf.png").exists()
 
@@ -105,3 +106,23 @@ def test_a_process_handed_to_a_run_without_report_is_closed(tmp_path: Path) -> N
                    reporter=child)
     assert child._proc.poll() is not None
     assert not (tmp_path / "run" / "report.md").exists()
+
+
+@pytest.mark.parametrize("package", ["harness.sim", "harness.traces"])
+def test_a_package_loaded_on_first_use_exports_what_it_lists(package: str) -> None:
+    """Each listed name comes from its module, on first use, in a fresh interpreter (where
+    nothing else has loaded the package's modules); an unlisted one is an AttributeError."""
+    probe = (f"import importlib, {package} as p\n"
+             "for name in p.__all__:\n"
+             "    value = getattr(p, name)\n"
+             "    home = importlib.import_module(p.__name__ + '.' + p._HOME[name])\n"
+             "    assert value is getattr(home, name), name\n"
+             "assert sorted(p._HOME) == sorted(p.__all__)\n"
+             "try:\n"
+             "    p.no_such_name\n"
+             "except AttributeError as exc:\n"
+             "    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"module {package!r} has no attribute 'no_such_name'"
