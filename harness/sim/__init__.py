@@ -11,8 +11,9 @@ loads the engine, numpy and pyarrow, so that the report code loads beside them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from harness.lazy import names_on_first_use
 
 if TYPE_CHECKING:
     from harness.sim.driver import SimulationResult, simulate
@@ -30,10 +31,4 @@ _HOME = {"SimulationResult": "driver", "simulate": "driver", "read_steps": "run"
          "reference_engine_manifest": "run", "run_simulation": "run"}
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # found here from now on, without this call
-    return value
+__getattr__ = names_on_first_use(__name__, globals(), _HOME)

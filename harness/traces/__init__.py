@@ -34,8 +34,9 @@ simulate`` starts its report process before it loads numpy and the readers.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from harness.lazy import names_on_first_use
 
 if TYPE_CHECKING:
     from harness.traces.bounds import (
@@ -142,10 +143,4 @@ _HOME = {name: module for module, names in {
 }.items() for name in names}
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # found here from now on, without this call
-    return value
+__getattr__ = names_on_first_use(__name__, globals(), _HOME)
