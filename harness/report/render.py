@@ -88,13 +88,14 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
     The run figures are drawn side by side in processes forked first
     (``harness.report.side_by_side``), while this one writes the text."""
     ok = [c for c in cells if c.ok]
+    drawn = drawn or {}
     figures = SideBySide()
     try:
         if draw and ok:
             out_dir.mkdir(parents=True, exist_ok=True)
             runs = {c.name: c.run_dir for c in ok}
             for figure in RUN_FIGURES:
-                if (drawn or {}).get(figure.png) is None:
+                if figure.png not in drawn:
                     figures.start(figure.png, functools.partial(figure.draw, runs,
                                                                 out_dir / figure.png))
         return _markdown(cells, ok, ctx, out_dir, draw=draw, drawn=drawn, figures=figures)
@@ -103,7 +104,7 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
 
 
 def _markdown(cells: Sequence[CellResult], ok: Sequence[CellResult], ctx: ReportContext,
-              out_dir: Path, *, draw: bool, drawn: Mapping[str, bool] | None,
+              out_dir: Path, *, draw: bool, drawn: Mapping[str, bool],
               figures: SideBySide) -> str:
     # a cell that ended early (interrupted, its engine gone) has partial figures: shown, but
     # no baseline, curve point, capacity evidence or sweep point
@@ -149,7 +150,7 @@ def _markdown(cells: Sequence[CellResult], ok: Sequence[CellResult], ctx: Report
         lines += failures_section(ok)
         lines += priority_section(ok, bases, ctx)
         lines += prediction_section(ok)
-    plotted = (_draw_plots(ok, out_dir, ctx, {**(drawn or {}), **figures.wait()},
+    plotted = (_draw_plots(ok, out_dir, ctx, {**drawn, **figures.wait()},
                            whole=whole, capacity=capacity, target=target) if draw else [])
     unread = unreadable_sources(ok) if draw else []
     if plotted or unread:
