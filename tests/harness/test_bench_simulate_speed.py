@@ -1,12 +1,16 @@
 """bench/simulate_speed.py runs, and skips with its reason where the full trace is not (a fresh
-clone without ../shared/traces). Its timings are not checked: no test asserts a time."""
+clone without ../shared/traces). Its timings are not checked: no test asserts a time. It
+compiles the packages' bytecode before timing the command, and knows when it is current."""
 
 from __future__ import annotations
 
+import compileall
+import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "simulate_speed.py"
@@ -31,3 +35,26 @@ def test_on_a_given_trace_it_prints_its_figures_and_the_baseline(tmp_path: Path)
     assert "decode spans (default)" in done.stdout
     assert "baseline: step by step" in done.stdout
     assert "identical results: True" in done.stdout
+
+
+def _module() -> ModuleType:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        return importlib.import_module("simulate_speed")
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
+def test_bytecode_is_current_only_once_compiled_from_the_source_as_it_is(tmp_path: Path
+                                                                        ) -> None:
+    bench = _module()
+    source = tmp_path / "mod.py"
+    source.write_text("X = 1\n")
+    assert not bench._bytecode_current(source)  # never compiled
+    assert compileall.compile_file(source, quiet=1)
+    assert bench._bytecode_current(source)
+    source.write_text("X = 22\n")  # edited since: another size
+    os.utime(source, (1_000_000_000, 1_000_000_000))  # and another time
+    assert not bench._bytecode_current(source)
+    assert compileall.compile_file(source, quiet=1)
+    assert bench._bytecode_current(source)
