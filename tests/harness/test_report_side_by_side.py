@@ -1,7 +1,9 @@
 """A report's run figures are drawn side by side, each in a process forked from the renderer,
 while it writes the text (harness.report.side_by_side): the same files as drawn one after
 another; a figure whose process fails is drawn again in the renderer, where its error is
-raised; no process is left drawing when the render fails; and where forking is not safe
+raised, as is one whose process is still drawing at its deadline (a hang: killed, and said
+on standard error); no process is left drawing when the render fails; and where forking is
+not safe
 (other threads) or not possible, the figures are drawn in the renderer itself."""
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from adapters.reference import ReferenceConfig
-from harness.report import render, render_run_report
+from harness.report import render, render_run_report, side_by_side
 from harness.report.side_by_side import SideBySide, can_fork
 from harness.sim import run_simulation
 from harness.traces import TraceOptions, load_trace
@@ -105,6 +107,31 @@ def test_a_figure_that_fails_in_its_process_is_drawn_again_here(
 
 
 @needs_fork
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for the processes")
+def test_a_figure_whose_process_hangs_is_stopped_and_drawn_again_here(
+        run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    renderer = os.getpid()
+
+    def hangs_forked(png: str) -> None:
+        if png == "latency_cdf.png" and os.getpid() != renderer:
+            (tmp_path / "hung.pid").write_text(str(os.getpid()))
+            time.sleep(600)  # a lock the fork copied held, say
+
+    _recorded(monkeypatch, tmp_path, behaviour=hangs_forked)
+    monkeypatch.setattr(side_by_side, "FIGURE_TIMEOUT_S", 3.0)
+    (run / "latency_cdf.png").unlink(missing_ok=True)
+    render_run_report(run)
+    assert _drawers(tmp_path)["latency_cdf.png"] == renderer  # the last to draw it
+    assert (run / "latency_cdf.png").exists()
+    assert "](latency_cdf.png)" in (run / "report.md").read_text()
+    hung = int((tmp_path / "hung.pid").read_text())
+    assert not Path(f"/proc/{hung}").exists()  # killed and reaped
+    assert ("figure latency_cdf.png: its process was still drawing 3 s after it started, "
+            "and was stopped; drawn again in the renderer") in capfd.readouterr().err
+
+
+@needs_fork
 def test_a_figure_that_fails_raises_its_error_in_the_renderer(
         run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def fails(png: str) -> None:
@@ -173,6 +200,25 @@ def test_side_by_side_answers_drawn_nothing_and_failed() -> None:
     assert figures.wait() == {"drawn": True, "nothing": False}
     assert figures.wait() == {"drawn": True, "nothing": False}  # waited for once
     figures.stop()  # nothing left: a no-op
+
+
+@needs_fork
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for the processes")
+def test_side_by_side_stops_a_process_at_its_deadline_and_waits_for_the_others(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    def hangs() -> bool:
+        (tmp_path / "hung.pid").write_text(str(os.getpid()))
+        time.sleep(600)
+        return True
+
+    figures = SideBySide(timeout_s=2)
+    figures.start("hangs", hangs)
+    figures.start("drawn", lambda: True)
+    assert figures.wait() == {"drawn": True}
+    assert ("figure hangs: its process was still drawing 2 s after it started, and was "
+            "stopped; drawn again in the renderer") in capfd.readouterr().err
+    hung = int((tmp_path / "hung.pid").read_text())
+    assert not Path(f"/proc/{hung}").exists()  # killed and reaped
 
 
 def test_without_fork_side_by_side_draws_here_and_raises(
