@@ -1,6 +1,8 @@
-"""How long `batchlab report` takes with its run figures drawn side by side, each in a process
+"""How long `batchlab report` takes with its figures drawn side by side, each in a process
 forked from the renderer while it writes the text (``harness.report.side_by_side``), against
-the same command drawing them one after another in its own process.
+the same command drawing them one after another in its own process. The figures are the run
+figures and, in a scenario of a batch-size sweep or of several loads
+(``scenarios/batch-size.yaml``), the figures of its cells together.
 
 Runs SCENARIO (default: scenarios/quickstart.yaml, simulated, no GPU) once into a temporary
 folder with ``batchlab run``, then alternates, N times each (``--repeat``; best and median

@@ -85,8 +85,9 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
     """The report's text; draws its plots into ``out_dir`` when ``draw``. ``drawn``: run
     figures drawn already (``draw_run_figure``), by PNG name; they are not drawn again.
 
-    The run figures are drawn side by side in processes forked first
-    (``harness.report.side_by_side``), while this one writes the text."""
+    The figures are drawn side by side in forked processes (``harness.report.side_by_side``)
+    while this one writes the text: the run figures from the start, the figures of the cells
+    together (``scenario_figures``) once their data is gathered."""
     ok = [c for c in cells if c.ok]
     drawn = drawn or {}
     figures = SideBySide()
@@ -120,6 +121,12 @@ def _markdown(cells: Sequence[CellResult], ok: Sequence[CellResult], ctx: Report
     target = searches[0].target if searches else DEFAULT_TARGET
     capacity = capacity_rows(series, searches, target)
     unsearched = unsearched_settings(out_dir, ctx.scenario or {}, capacity)
+    # the figures of the cells together are drawn side by side too, from here on
+    scenario = (scenario_figures(ok, out_dir, ctx, whole=whole, capacity=capacity,
+                                 target=target, load=series) if draw and ok else [])
+    for plot in scenario:
+        if plot.png not in drawn:
+            figures.start(plot.png, plot.draw)
     lines = header(cells, base, ctx)
     lines += ["## Key findings", ""]
     predicted = predicted_text(ok)
@@ -150,8 +157,9 @@ def _markdown(cells: Sequence[CellResult], ok: Sequence[CellResult], ctx: Report
         lines += failures_section(ok)
         lines += priority_section(ok, bases, ctx)
         lines += prediction_section(ok)
-    plotted = (_draw_plots(ok, out_dir, ctx, {**drawn, **figures.wait()},
-                           whole=whole, capacity=capacity, target=target) if draw else [])
+    plotted = (_draw_plots(ok, out_dir, ctx, {**drawn, **figures.wait()}, whole=whole,
+                           capacity=capacity, target=target, scenario=scenario)
+               if draw else [])
     unread = unreadable_sources(ok) if draw else []
     if plotted or unread:
         lines += ["## Plots", ""]
@@ -361,11 +369,12 @@ def unreadable_sources(ok: Sequence[CellResult]) -> list[str]:
 
 def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
                 drawn: Mapping[str, bool], *, whole: Sequence[CellResult],
-                capacity: Sequence[CapacityRow] = (), target: float = DEFAULT_TARGET
-                ) -> list[tuple[str, str]]:
+                capacity: Sequence[CapacityRow] = (), target: float = DEFAULT_TARGET,
+                scenario: Sequence[ScenarioFigure] | None = None) -> list[tuple[str, str]]:
     """Draw every plot there is data for (but those in ``drawn``); return (alt text, file
     name) in report order. ``whole``: the cells that ran to their end, the only points of
-    the sweep and load-curve plots."""
+    the sweep and load-curve plots. ``scenario``: ``scenario_figures`` of the same cells,
+    when the caller has them already."""
     plotted: list[tuple[str, str]] = []
     if not ok:
         return plotted
@@ -377,6 +386,37 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
             done = figure.draw(runs, out_dir / figure.png)
         if done:
             plotted.append((figure.alt, figure.png))
+    if scenario is None:
+        scenario = scenario_figures(ok, out_dir, ctx, whole=whole, capacity=capacity,
+                                    target=target)
+    for plot in scenario:
+        done = drawn.get(plot.png)
+        if done is None:
+            done = plot.draw()
+        if done:
+            plotted.append((plot.alt, plot.png))
+    return plotted
+
+
+@dataclass(frozen=True)
+class ScenarioFigure:
+    """A figure of a scenario's cells together (the batch-size sweep, the load curves):
+    ``draw()`` draws ``png`` into the report's folder from data gathered already, and says
+    whether there was anything to draw."""
+
+    png: str
+    alt: str
+    draw: Callable[[], bool]
+
+
+def scenario_figures(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext, *,
+                     whole: Sequence[CellResult], capacity: Sequence[CapacityRow] = (),
+                     target: float = DEFAULT_TARGET, load: Sequence[Series] | None = None
+                     ) -> list[ScenarioFigure]:
+    """The figures of the cells together that there is data for, in report order, ready to
+    draw (``_draw_plots``, or side by side while the text is written). ``load``:
+    ``load_series(whole)``, when the caller has it already."""
+    figures: list[ScenarioFigure] = []
     sweep = sweep_cells(whole)
     if sweep:
         varying = varying_knobs(sweep)
@@ -402,11 +442,12 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
         tpot_slo = (ctx.slo or {}).get("tpot_s")
         note = _predicted_words([c.name for c in sweep if is_prediction(c.manifest)],
                                 [c.name for c in sweep])
-        if plots.batch_size_sweep(points, out_dir / "batch_size.png", tpot_slo_s=tpot_slo,
-                                  note=note):
-            plotted.append(("TPOT and throughput against max_num_seqs", "batch_size.png"))
+        figures.append(ScenarioFigure(
+            "batch_size.png", "TPOT and throughput against max_num_seqs",
+            _drew(functools.partial(plots.batch_size_sweep, points, out_dir / "batch_size.png",
+                                    tpot_slo_s=tpot_slo, note=note))))
     by_name = {c.name: c for c in ok}
-    load = load_series(whole)
+    load = load_series(whole) if load is None else load
     legend = _marked([s.key for s in load
                       if all(p.cell in by_name and is_prediction(by_name[p.cell].manifest)
                              for p in s.points)], [s.key for s in load])
@@ -423,13 +464,20 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
     note = _predicted_words([n for n in series_cells
                              if n in by_name and is_prediction(by_name[n].manifest)],
                             series_cells)
-    if curves and plots.throughput_latency(curves, out_dir / "throughput_latency.png",
-                                           slo=ctx.slo, note=note):
-        plotted.append(("Output tokens/s against TPOT and TTFT across load points, SLO lines "
-                        "drawn in" + (", the capacity at SLO marked"
-                                      if any(c.capacity for c in curves) else ""),
-                        "throughput_latency.png"))
-    return plotted
+    if curves:
+        figures.append(ScenarioFigure(
+            "throughput_latency.png",
+            "Output tokens/s against TPOT and TTFT across load points, SLO lines drawn in"
+            + (", the capacity at SLO marked" if any(c.capacity for c in curves) else ""),
+            _drew(functools.partial(plots.throughput_latency, curves,
+                                    out_dir / "throughput_latency.png", slo=ctx.slo,
+                                    note=note))))
+    return figures
+
+
+def _drew(draw: Callable[[], object]) -> Callable[[], bool]:
+    """``draw`` (a plot function, which returns its path or None), answering whether it drew."""
+    return lambda: bool(draw())
 
 
 def warm_up(tmp_dir: Path, *, stop: Callable[[], bool] = lambda: False) -> None:

@@ -1,5 +1,6 @@
-"""A report's run figures are drawn side by side, each in a process forked from the renderer,
-while it writes the text (harness.report.side_by_side): the same files as drawn one after
+"""A report's figures are drawn side by side, each in a process forked from the renderer,
+while it writes the text (harness.report.side_by_side): the run figures, and the figures of a
+scenario's cells together (batch-size sweep, load curves); the same files as drawn one after
 another; a figure whose process fails is drawn again in the renderer, where its error is
 raised, as is one whose process is still drawing at its deadline (a hang: killed, and said
 on standard error); no process is left drawing when the render fails; and where forking is
@@ -19,13 +20,25 @@ from pathlib import Path
 import pytest
 
 from adapters.reference import ReferenceConfig
-from harness.report import render, render_run_report, side_by_side
+from harness.report import (
+    load_scenario_dir,
+    plots,
+    render,
+    render_markdown,
+    render_run_report,
+    scenario_context,
+    side_by_side,
+)
 from harness.report.side_by_side import SideBySide, can_fork
 from harness.sim import run_simulation
 from harness.traces import TraceOptions, load_trace
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
 FIGURES = tuple(f.png for f in render.RUN_FIGURES)
+# a scenario of max_num_seqs caps at several rates: both figures of its cells together
+CURVES = Path(__file__).resolve().parent.parent / "data" / "report_golden" / "fixture-curves"
+SCENARIO_FIGURES = {"batch_size_sweep": "batch_size.png",
+                    "throughput_latency": "throughput_latency.png"}
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +87,34 @@ def test_each_figure_is_drawn_in_a_process_of_its_own_and_the_same_as_here(
     assert set(_drawers(tmp_path).values()) == {os.getpid()}
     assert {png: (run / png).read_bytes() for png in FIGURES} == side_by_side
     assert (run / "report.md").read_text() == report
+
+
+@needs_fork
+def test_a_scenarios_figures_of_its_cells_together_are_drawn_side_by_side_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    drawers = tmp_path / "drawers"
+    drawers.mkdir()
+    def recording(draw: Callable[..., object], png: str) -> Callable[..., object]:
+        def drawing(*args: object, **kwargs: object) -> object:
+            (drawers / f"{png}.pid").write_text(str(os.getpid()))
+            return draw(*args, **kwargs)
+        return drawing
+
+    for function, png in SCENARIO_FIGURES.items():
+        monkeypatch.setattr(plots, function, recording(getattr(plots, function), png))
+    meta, cells = load_scenario_dir(CURVES)
+    ctx = scenario_context(meta, cells, CURVES)
+
+    side_by_side_text = render_markdown(cells, ctx, tmp_path / "forked")
+    pids = {png: int((drawers / f"{png}.pid").read_text()) for png in SCENARIO_FIGURES.values()}
+    assert len(set(pids.values())) == len(pids) and os.getpid() not in pids.values()
+    assert all(f"]({png})" in side_by_side_text for png in pids)
+
+    monkeypatch.delattr(os, "fork")  # one after another, in this process
+    assert render_markdown(cells, ctx, tmp_path / "here") == side_by_side_text
+    assert {(drawers / f"{png}.pid").read_text() for png in pids} == {str(os.getpid())}
+    for png in (*pids, *FIGURES):
+        assert (tmp_path / "forked" / png).read_bytes() == (tmp_path / "here" / png).read_bytes()
 
 
 @needs_fork
