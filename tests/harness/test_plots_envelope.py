@@ -76,3 +76,31 @@ def test_a_series_identical_to_an_earlier_one_says_so_in_the_legend() -> None:
                       "cap-64": "cap-64", "cap-1024": "cap-1024 (same as cap-256)"}
     assert _same_as({"a": [t, None], "b": [t, None], "c": [t, t]}) == {
         "a": "a", "b": "b (same as a)", "c": "c"}
+
+
+def _sorted_envelope(t: np.ndarray, series: tuple, columns: int) -> np.ndarray:
+    """``envelope`` as it was first written: each column's run of points sorted by value."""
+    edges = np.linspace(t[0], t[-1], columns + 1)
+    col = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, columns - 1)
+    first = np.flatnonzero(np.r_[True, col[1:] != col[:-1]])
+    last = np.r_[first[1:], t.size] - 1
+    keep = [first, last]
+    for y in series:
+        by_value = np.lexsort((y, col))
+        keep += [by_value[first], by_value[last]]
+    return np.unique(np.concatenate(keep))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_points_kept_are_those_sorting_each_column_would_keep(seed: int) -> None:
+    """Ties (whole-number counts repeat within a column: the first lowest and the last
+    highest are kept), NaN (a KV usage not scraped) and integer columns."""
+    rng = np.random.default_rng(seed)
+    n, columns = 30_000, 40
+    t = np.sort(rng.uniform(0.0, 100.0, n))
+    counts = rng.integers(0, 4, n)  # ties everywhere
+    usage = rng.uniform(0.0, 1.0, n).round(1)
+    with_nan = usage.copy()
+    with_nan[rng.choice(n, 50, replace=False)] = np.nan
+    for series in ((counts,), (usage,), (with_nan,), (counts.astype(float), usage, with_nan)):
+        assert np.array_equal(envelope(t, series, columns), _sorted_envelope(t, series, columns))
