@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "simulate_speed.py"
 
@@ -58,3 +60,24 @@ def test_bytecode_is_current_only_once_compiled_from_the_source_as_it_is(tmp_pat
     assert not bench._bytecode_current(source)
     assert compileall.compile_file(source, quiet=1)
     assert bench._bytecode_current(source)
+
+
+def test_bytecode_it_could_not_write_is_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    bench = _module()
+    for package, module in (("harness", "mod"), ("adapters", "ok")):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / f"{module}.py").write_text("X = 1\n")
+    monkeypatch.setattr(bench, "__file__", str(tmp_path / "bench" / "simulate_speed.py"))
+    real = compileall.compile_dir
+
+    def read_only_harness(folder: Path, **kwargs: object) -> bool:
+        return False if Path(folder).name == "harness" else real(folder, **kwargs)
+
+    monkeypatch.setattr(bench.compileall, "compile_dir", read_only_harness)
+    said = bench._compiled()
+    assert "1 of 2 modules compiled first" in said
+    assert "; 1 could not be written, and the command compiles them at each start" in said
+    monkeypatch.setattr(bench.compileall, "compile_dir", real)
+    assert bench._compiled().endswith("1 of 2 modules compiled first, as an installed "
+                                      "package has them")  # the rest, now it can be
