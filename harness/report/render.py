@@ -94,11 +94,7 @@ def render_markdown(cells: Sequence[CellResult], ctx: ReportContext, out_dir: Pa
     try:
         if draw and ok:
             out_dir.mkdir(parents=True, exist_ok=True)
-            runs = {c.name: c.run_dir for c in ok}
-            for figure in RUN_FIGURES:
-                if figure.png not in drawn:
-                    figures.start(figure.png, functools.partial(figure.draw, runs,
-                                                                out_dir / figure.png))
+            _start(figures, run_figures(ok, out_dir), drawn)
         return _markdown(cells, ok, ctx, out_dir, draw=draw, drawn=drawn, figures=figures)
     finally:
         figures.stop()  # an error, or Ctrl-C, before they were waited for
@@ -124,9 +120,7 @@ def _markdown(cells: Sequence[CellResult], ok: Sequence[CellResult], ctx: Report
     # the figures of the cells together are drawn side by side too, from here on
     scenario = (scenario_figures(ok, out_dir, ctx, whole=whole, capacity=capacity,
                                  target=target, load=series) if draw and ok else [])
-    for plot in scenario:
-        if plot.png not in drawn:
-            figures.start(plot.png, plot.draw)
+    _start(figures, scenario, drawn)
     lines = header(cells, base, ctx)
     lines += ["## Key findings", ""]
     predicted = predicted_text(ok)
@@ -370,7 +364,7 @@ def unreadable_sources(ok: Sequence[CellResult]) -> list[str]:
 def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
                 drawn: Mapping[str, bool], *, whole: Sequence[CellResult],
                 capacity: Sequence[CapacityRow] = (), target: float = DEFAULT_TARGET,
-                scenario: Sequence[ScenarioFigure] | None = None) -> list[tuple[str, str]]:
+                scenario: Sequence[ReadyFigure] | None = None) -> list[tuple[str, str]]:
     """Draw every plot there is data for (but those in ``drawn``); return (alt text, file
     name) in report order. ``whole``: the cells that ran to their end, the only points of
     the sweep and load-curve plots. ``scenario``: ``scenario_figures`` of the same cells,
@@ -379,44 +373,51 @@ def _draw_plots(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext,
     if not ok:
         return plotted
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = {c.name: c.run_dir for c in ok}
-    for figure in RUN_FIGURES:
-        done = drawn.get(figure.png)
-        if done is None:  # its process failed: drawn again here, where its error is raised
-            done = figure.draw(runs, out_dir / figure.png)
-        if done:
-            plotted.append((figure.alt, figure.png))
     if scenario is None:
         scenario = scenario_figures(ok, out_dir, ctx, whole=whole, capacity=capacity,
                                     target=target)
-    for plot in scenario:
-        done = drawn.get(plot.png)
-        if done is None:
-            done = plot.draw()
+    for figure in (*run_figures(ok, out_dir), *scenario):
+        done = drawn.get(figure.png)
+        if done is None:  # its process failed: drawn again here, where its error is raised
+            done = figure.draw()
         if done:
-            plotted.append((plot.alt, plot.png))
+            plotted.append((figure.alt, figure.png))
     return plotted
 
 
 @dataclass(frozen=True)
-class ScenarioFigure:
-    """A figure of a scenario's cells together (the batch-size sweep, the load curves):
-    ``draw()`` draws ``png`` into the report's folder from data gathered already, and says
-    whether there was anything to draw."""
+class ReadyFigure:
+    """A figure of the report with its data chosen: ``draw()`` draws ``png`` into the
+    report's folder, and says whether there was anything to draw."""
 
     png: str
     alt: str
     draw: Callable[[], bool]
 
 
+def run_figures(ok: Sequence[CellResult], out_dir: Path) -> list[ReadyFigure]:
+    """The run figures (``RUN_FIGURES``) of the cells ``ok``, each a line per cell."""
+    runs = {c.name: c.run_dir for c in ok}
+    return [ReadyFigure(f.png, f.alt, functools.partial(f.draw, runs, out_dir / f.png))
+            for f in RUN_FIGURES]
+
+
+def _start(figures: SideBySide, ready: Sequence[ReadyFigure], drawn: Mapping[str, bool]
+           ) -> None:
+    """Start drawing each of ``ready`` side by side (``figures``) but those ``drawn``."""
+    for figure in ready:
+        if figure.png not in drawn:
+            figures.start(figure.png, figure.draw)
+
+
 def scenario_figures(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext, *,
                      whole: Sequence[CellResult], capacity: Sequence[CapacityRow] = (),
                      target: float = DEFAULT_TARGET, load: Sequence[Series] | None = None
-                     ) -> list[ScenarioFigure]:
+                     ) -> list[ReadyFigure]:
     """The figures of the cells together that there is data for, in report order, ready to
     draw (``_draw_plots``, or side by side while the text is written). ``load``:
     ``load_series(whole)``, when the caller has it already."""
-    figures: list[ScenarioFigure] = []
+    figures: list[ReadyFigure] = []
     sweep = sweep_cells(whole)
     if sweep:
         varying = varying_knobs(sweep)
@@ -442,7 +443,7 @@ def scenario_figures(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext
         tpot_slo = (ctx.slo or {}).get("tpot_s")
         note = _predicted_words([c.name for c in sweep if is_prediction(c.manifest)],
                                 [c.name for c in sweep])
-        figures.append(ScenarioFigure(
+        figures.append(ReadyFigure(
             "batch_size.png", "TPOT and throughput against max_num_seqs",
             _drew(functools.partial(plots.batch_size_sweep, points, out_dir / "batch_size.png",
                                     tpot_slo_s=tpot_slo, note=note))))
@@ -465,7 +466,7 @@ def scenario_figures(ok: Sequence[CellResult], out_dir: Path, ctx: ReportContext
                              if n in by_name and is_prediction(by_name[n].manifest)],
                             series_cells)
     if curves:
-        figures.append(ScenarioFigure(
+        figures.append(ReadyFigure(
             "throughput_latency.png",
             "Output tokens/s against TPOT and TTFT across load points, SLO lines drawn in"
             + (", the capacity at SLO marked" if any(c.capacity for c in curves) else ""),
