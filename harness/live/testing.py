@@ -167,6 +167,9 @@ class ScheduledStreamServer:
             self._writers.discard(writer)
             with contextlib.suppress(Exception):
                 writer.close()
+                # a connection the client reset leaves its error on the stream's close
+                # waiter: taken here, it is not logged as "never retrieved" when collected
+                await writer.wait_closed()
 
     async def _dispatch(self, method: str, path: str, headers: dict[str, str], body: bytes,
                         recv_ns: int, writer: asyncio.StreamWriter) -> bool:
